@@ -1,0 +1,251 @@
+"""The public Python API: :class:`Estimator` and its results.
+
+>>> est = Estimator("Qwen/Qwen3-32B-FP8", "h200_sxm", "trtllm", tp=2)   # doctest: +SKIP
+>>> est.prefill_ms(8, 4000), est.decode_ms(8, 4000, 500)                # doctest: +SKIP
+>>> est.static(8, 4000, 500).to_dict()                                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .data.database import PerfData
+from .data.model_configs import resolve_model
+from .engine.compiled import CompiledEngine
+from .errors import InvalidInputError
+from .interp.provenance import Prov
+from .models.plan import ParallelConfig, Plan, build_plan
+from .models.spec import ModelSpec, build_spec
+from .ops.base import DatabaseMode, OpDB, check_positive
+from .serving.backends import backend_defaults
+from .serving.memory import GB, MemoryBreakdown, memory_breakdown
+
+MAX_BATCH = 1_000_000
+MAX_TOKENS = 10_000_000
+#: decode steps are evaluated one by one up to this many; beyond, the mean is a trapezoid over
+#: this many evenly spaced KV lengths (the per-step curve is smooth and monotone)
+DECODE_SAMPLES = 256
+
+
+@dataclass
+class OpBreakdown:
+    op: str
+    count: int
+    prefill_ms: float
+    decode_ms: float
+    provenance: str
+    source: dict
+
+
+@dataclass
+class StaticResult:
+    model: str
+    system: str
+    backend: str
+    backend_version: str
+    tp: int
+    pp: int
+    batch_size: int
+    isl: int
+    osl: int
+    prefix: int
+    fits: bool
+    ttft_ms: float | None
+    tpot_ms: float | None
+    request_latency_ms: float | None
+    tokens_per_s_per_gpu: float | None
+    tokens_per_s_per_user: float | None
+    memory_gb_per_gpu: float
+    memory: dict
+    versions: dict
+    quant: dict
+    notes: list[str] = field(default_factory=list)
+    breakdown: list[OpBreakdown] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Estimator:
+    """One model on one system/backend/version with one parallel configuration, compiled once.
+
+    ``prefill_ms`` / ``decode_ms`` accept scalars or numpy arrays (broadcast together) and do no
+    I/O: simulators may call them in a loop.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        system: str,
+        backend: str,
+        backend_version: str | None = None,
+        tp: int = 1,
+        pp: int = 1,
+        *,
+        gemm_quant: str | None = None,
+        kv_cache_quant: str | None = None,
+        attention_quant: str | None = None,
+        database_mode: str | DatabaseMode = DatabaseMode.SILICON,
+        systems_path: str | Path | None = None,
+    ):
+        mode = DatabaseMode.parse(database_mode)
+        self.data = PerfData.open(system, backend, backend_version, systems_path)
+        mc = resolve_model(self.data.pack, model)
+        spec = build_spec(mc)
+        quant = spec.quant.with_overrides(gemm=gemm_quant, kv_cache=kv_cache_quant, attention=attention_quant)
+        spec = ModelSpec(**{**spec.__dict__, "quant": quant})
+        self.plan: Plan = build_plan(spec, ParallelConfig(int(tp), int(pp)))
+        self.db = OpDB(self.data, mode)
+        self.engine = CompiledEngine(self.plan, self.db)
+        self.backend = backend_defaults(backend)
+        self.memory: MemoryBreakdown = memory_breakdown(spec, self.plan.parallel, self.data.system, self.backend)
+        self._cache: dict = {}
+
+    @classmethod
+    def from_plan(cls, plan: Plan, system: str, backend: str, backend_version: str | None = None,
+                  database_mode: str | DatabaseMode = DatabaseMode.SILICON, systems_path=None) -> Estimator:
+        self = cls.__new__(cls)
+        self.data = PerfData.open(system, backend, backend_version, systems_path)
+        self.plan = plan
+        self.db = OpDB(self.data, DatabaseMode.parse(database_mode))
+        self.engine = CompiledEngine(plan, self.db)
+        self.backend = backend_defaults(backend)
+        self.memory = memory_breakdown(plan.model, plan.parallel, self.data.system, self.backend)
+        self._cache = {}
+        return self
+
+    # ---- properties -------------------------------------------------------------------------
+    @property
+    def spec(self) -> ModelSpec:
+        return self.plan.model
+
+    @property
+    def gpus(self) -> int:
+        return self.plan.parallel.gpus
+
+    @property
+    def version(self) -> str:
+        return self.data.version
+
+    # ---- hot path ---------------------------------------------------------------------------
+    def prefill_ms(self, batch_size, isl, prefix=0):
+        """Latency (ms) of one prefill step: ``batch_size`` sequences of ``isl`` new tokens."""
+        if np.isscalar(batch_size) and np.isscalar(isl) and np.isscalar(prefix):
+            key = ("p", batch_size, isl, prefix)
+            hit = self._cache.get(key)
+            if hit is None:
+                _check(batch_size, isl, prefix)
+                hit = self._cache[key] = float(self.engine.prefill_ms(batch_size, isl, prefix))
+            return hit
+        b, i, p = _check(batch_size, isl, prefix)
+        return self.engine.prefill_ms(b, i, p)
+
+    def decode_step_ms(self, batch_size, kv_len):
+        """Latency (ms) of one decode step at KV length ``kv_len`` (tokens incl. the new one)."""
+        b = check_positive("batch_size", batch_size, MAX_BATCH)
+        kv = check_positive("kv_len", kv_len, MAX_TOKENS)
+        return self.engine.decode_ms(b, kv)
+
+    def decode_ms(self, batch_size, isl, osl):
+        """Mean decode step (ms) over an output of ``osl`` tokens after a prompt of ``isl``."""
+        if np.isscalar(batch_size) and np.isscalar(isl) and np.isscalar(osl):
+            key = ("d", batch_size, isl, osl)
+            hit = self._cache.get(key)
+            if hit is None:
+                hit = self._cache[key] = float(self._decode_mean(batch_size, isl, osl))
+            return hit
+        return self._decode_mean(batch_size, isl, osl)
+
+    def _decode_mean(self, batch_size, isl, osl):
+        b, i, _ = _check(batch_size, isl, 0)
+        o = check_positive("osl", osl, MAX_TOKENS)
+        b, i, o = np.broadcast_arrays(b, i, o)
+        steps = np.maximum(o - 1.0, 1.0)[..., None]  # decode steps after the prefill's first token
+        j = np.arange(DECODE_SAMPLES, dtype=float)
+        exact = steps <= DECODE_SAMPLES
+        # KV length (incl. the new token) of decode step j is isl + 1 + j, j = 0 .. steps-1
+        frac = j / (DECODE_SAMPLES - 1)
+        kv = i[..., None] + 1.0 + np.where(exact, j, frac * (steps - 1.0))
+        per = self.engine.decode_ms(b[..., None], kv)
+        mask = np.where(exact, j < steps, True)
+        w = np.where(exact, 1.0, np.where((j == 0) | (j == DECODE_SAMPLES - 1), 0.5, 1.0)) * mask
+        return (per * w).sum(axis=-1) / w.sum(axis=-1)
+
+    # ---- static estimate ----------------------------------------------------------------------
+    def static(self, batch_size: int, isl: int, osl: int, prefix: int = 0, breakdown: bool = True) -> StaticResult:
+        _check(batch_size, isl, prefix)
+        check_positive("osl", osl, MAX_TOKENS)
+        b, isl, osl, prefix = int(batch_size), int(isl), int(osl), int(prefix)
+        mem = self.memory
+        tokens_needed = b * (isl + prefix + osl)
+        kv_tokens_alloc = b * (-(-(isl + prefix + osl) // mem.tokens_per_block) * mem.tokens_per_block)
+        used = mem.weights + mem.activations + mem.reserves + mem.kv_bytes(tokens_needed)
+        fits = kv_tokens_alloc <= mem.kv_capacity_tokens
+        notes = []
+        if self.spec.alias_note:
+            notes.append(self.spec.alias_note)
+        if self.spec.max_position and isl + prefix + osl > self.spec.max_position:
+            notes.append(f"isl+prefix+osl={isl + prefix + osl} exceeds the model's max_position_embeddings {self.spec.max_position}")
+        res = StaticResult(
+            model=self.spec.model_id, system=self.data.system.name, backend=self.data.backend,
+            backend_version=self.data.version, tp=self.plan.parallel.tp, pp=self.plan.parallel.pp,
+            batch_size=b, isl=isl, osl=osl, prefix=prefix, fits=fits,
+            ttft_ms=None, tpot_ms=None, request_latency_ms=None,
+            tokens_per_s_per_gpu=None, tokens_per_s_per_user=None,
+            memory_gb_per_gpu=used / GB,
+            memory={
+                "weights_gb": mem.weights / GB, "activations_gb": mem.activations / GB,
+                "reserves_gb": mem.reserves / GB, "kv_cache_gb": mem.kv_bytes(tokens_needed) / GB,
+                "capacity_gb": mem.capacity / GB, "kv_capacity_tokens": mem.kv_capacity_tokens,
+                "kv_tokens_needed": kv_tokens_alloc,
+            },
+            versions=self.versions(),
+            quant=asdict(self.spec.quant),
+            notes=notes,
+        )
+        if not fits:
+            res.notes.append(
+                f"does not fit: {b} x ({isl + prefix}+{osl}) tokens need {kv_tokens_alloc} KV slots "
+                f"({mem.kv_bytes(kv_tokens_alloc) / GB:.1f} GB); the KV budget holds {mem.kv_capacity_tokens} "
+                f"({mem.kv_budget / GB:.1f} GB of {mem.capacity / GB:.0f} GB after {mem.weights / GB:.1f} GB weights)"
+            )
+            return res
+        ttft = self.prefill_ms(b, isl, prefix)
+        tpot = self.decode_ms(b, isl + prefix, osl) if osl > 1 else 0.0
+        total = ttft + tpot * (osl - 1)
+        res.ttft_ms, res.tpot_ms, res.request_latency_ms = ttft, tpot, total
+        res.tokens_per_s_per_gpu = b * osl / (total / 1e3) / self.gpus
+        res.tokens_per_s_per_user = 1e3 / tpot if tpot > 0 else None
+        if breakdown:
+            res.breakdown = self.breakdown(b, isl, osl, prefix)
+        return res
+
+    def breakdown(self, batch_size, isl, osl, prefix=0) -> list[OpBreakdown]:
+        pre = self.engine.components(ctx_batch=batch_size, ctx_isl=isl, ctx_prefix=prefix)
+        mid_kv = isl + prefix + max(osl, 2) / 2.0
+        dec = self.engine.components(dec_batch=batch_size, dec_kv=mid_kv)
+        out = []
+        for c in self.engine.ops:
+            pv, pp = pre[c.name]
+            dv, dp = dec[c.name]
+            prov = Prov(int(max(np.max(pp), np.max(dp))))
+            src = c.resolved[0].describe() if len(c.resolved) == 1 else {"context": c.resolved[0].describe(), "generation": c.resolved[1].describe()}
+            out.append(OpBreakdown(c.name, c.op.count, float(pv), float(dv), prov.label, src))
+        return out
+
+    def versions(self) -> dict:
+        return {"data_version": self.data.version, "slots": self.data.versions.slots(), "tables": self.data.provenance()}
+
+
+def _check(batch, isl, prefix):
+    b = check_positive("batch_size", batch, MAX_BATCH)
+    i = check_positive("isl", isl, MAX_TOKENS)
+    p = np.asarray(prefix, dtype=float)
+    if not np.all(np.isfinite(p)) or np.any(p < 0):
+        raise InvalidInputError("prefix must be a finite number >= 0", f"got {p}")
+    if np.any(p > MAX_TOKENS):
+        raise InvalidInputError("prefix is absurdly large", f"the limit is {MAX_TOKENS}")
+    return b, i, p

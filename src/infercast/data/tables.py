@@ -1,0 +1,188 @@
+"""Perf tables: one parquet file -> a typed table of key columns and measured values.
+
+Normalisation on load:
+
+* descriptive columns ``framework``, ``version``, ``device`` are dropped (the directory is the
+  authoritative version; the column is provenance only);
+* every other non-measured column is a key (``op_name`` and ``kernel_source`` included);
+  ``string`` and ``large_string`` both become numpy unicode arrays, integers int64;
+* measured values are converted to milliseconds: ``latency`` is ms everywhere except
+  ``moe_a2a_perf`` (µs); ``*_us`` columns are µs; ``avg_ms`` is ms. The result always has a
+  ``latency`` column in ms when the table has one latency-like measure;
+* rows with identical keys (repeated runs) are aggregated by the **median** of each measured
+  column — robust to the occasional slow repeat, and equal to the value when all repeats agree.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import DataFileError, NotAvailableError
+
+DESCRIPTIVE = ("framework", "version", "device")
+MEASURED = {
+    "latency", "power", "power_limit", "avg_ms", "transmit_us", "notify_us",
+    "dispatch_transmit_us", "dispatch_notify_us", "combine_transmit_us", "combine_notify_us",
+    "dispatch_avg_t_us", "combine_avg_t_us", "dispatch_bandwidth_gbps", "combine_bandwidth_gbps",
+}
+#: tables whose ``latency`` column is in microseconds
+LATENCY_IN_US = {"moe_a2a"}
+
+LOAD_STATS: dict[str, float] = {}
+
+
+@dataclass
+class Table:
+    """A loaded perf table. ``keys`` and ``values`` map column name -> 1-D numpy array."""
+
+    stem: str
+    path: Path
+    keys: dict[str, np.ndarray]
+    values: dict[str, np.ndarray]
+    raw_rows: int
+    duplicate_keys: int = 0
+    _index_cache: dict = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.values.values()))) if self.values else 0
+
+    @property
+    def latency(self) -> np.ndarray:
+        return self.values["latency"]
+
+    def has(self, col: str) -> bool:
+        return col in self.keys
+
+    def unique(self, col: str) -> list:
+        if col not in self.keys:
+            return []
+        return sorted(np.unique(self.keys[col]).tolist())
+
+    def mask(self, **eq) -> np.ndarray:
+        m = np.ones(len(self), dtype=bool)
+        for col, val in eq.items():
+            if col not in self.keys:
+                raise NotAvailableError(
+                    f"table {self.stem} has no column {col!r}", str(self.path), self.keys
+                )
+            m &= self.keys[col] == val
+        return m
+
+    def select(self, mask: np.ndarray) -> Table:
+        return Table(
+            self.stem, self.path,
+            {k: v[mask] for k, v in self.keys.items()},
+            {k: v[mask] for k, v in self.values.items()},
+            int(mask.sum()), 0,
+        )
+
+    def where(self, **eq) -> Table:
+        return self.select(self.mask(**eq))
+
+
+def _is_lfs_pointer(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            return fh.read(40).startswith(b"version https://git-lfs")
+    except OSError:
+        return False
+
+
+def _column_to_numpy(col: pa.ChunkedArray) -> np.ndarray:
+    t = col.type
+    if pa.types.is_large_string(t) or pa.types.is_string(t):
+        enc = col.cast(pa.string()).combine_chunks().dictionary_encode()
+        words = np.asarray(enc.dictionary.to_pylist(), dtype=str)
+        return words[enc.indices.to_numpy(zero_copy_only=False)]
+    if pa.types.is_integer(t):
+        return col.to_numpy().astype(np.int64)
+    if pa.types.is_floating(t):
+        return col.to_numpy().astype(np.float64)
+    if pa.types.is_boolean(t):
+        return col.to_numpy(zero_copy_only=False).astype(bool)
+    return np.asarray(col.to_pylist(), dtype=object).astype(str)
+
+
+def _aggregate_duplicates(keys: dict[str, np.ndarray], values: dict[str, np.ndarray]):
+    n = len(next(iter(values.values())))
+    if n == 0 or not keys:
+        return keys, values, 0
+    codes = []
+    for arr in keys.values():
+        if arr.dtype.kind in "iub":
+            codes.append(arr.astype(np.int64))
+        else:
+            _, inv = np.unique(arr, return_inverse=True)
+            codes.append(inv.astype(np.int64))
+    order = np.lexsort(codes[::-1])
+    sorted_codes = np.stack([c[order] for c in codes], axis=1)
+    new_group = np.ones(n, dtype=bool)
+    new_group[1:] = np.any(sorted_codes[1:] != sorted_codes[:-1], axis=1)
+    starts = np.flatnonzero(new_group)
+    if len(starts) == n:
+        return keys, values, 0
+    ends = np.append(starts[1:], n)
+    out_keys = {k: v[order][starts] for k, v in keys.items()}
+    out_vals = {}
+    lengths = ends - starts
+    gid = np.repeat(np.arange(len(starts)), lengths)
+    lo = starts + (lengths - 1) // 2
+    hi = starts + lengths // 2
+    for k, v in values.items():
+        sv = v[order]
+        # sort values inside each group, then the median is the mean of the two middle ones
+        within = np.lexsort((sv, gid))
+        sv = sv[within]
+        out_vals[k] = 0.5 * (sv[lo] + sv[hi])
+    return out_keys, out_vals, int(np.count_nonzero(lengths > 1))
+
+
+def read_table(path: Path, stem: str | None = None) -> Table:
+    """Read and normalise one ``*_perf.parquet``. Raises :class:`DataFileError` on a bad file."""
+    path = Path(path)
+    stem = stem or path.name.removesuffix(".parquet").removesuffix("_perf")
+    if not path.exists():
+        raise DataFileError(f"perf table {path} does not exist")
+    if _is_lfs_pointer(path):
+        raise DataFileError(
+            f"perf table {path} is a Git LFS pointer, not data",
+            "fetch the real file (git lfs pull) or reinstall the pack",
+        )
+    t0 = time.perf_counter()
+    try:
+        at = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for a corrupt file
+        raise DataFileError(f"perf table {path} is unreadable", type(exc).__name__) from exc
+    keys: dict[str, np.ndarray] = {}
+    values: dict[str, np.ndarray] = {}
+    for name in at.column_names:
+        if name in DESCRIPTIVE:
+            continue
+        arr = _column_to_numpy(at.column(name))
+        if name in MEASURED:
+            arr = arr.astype(np.float64)
+            if name.endswith("_us") or (name == "latency" and stem in LATENCY_IN_US):
+                arr = arr / 1000.0
+                name = name[:-3] + "_ms" if name.endswith("_us") else name
+            values[name] = arr
+        else:
+            keys[name] = arr
+    if "latency" not in values and "avg_ms" in values:
+        values["latency"] = values.pop("avg_ms")
+    raw = at.num_rows
+    keys, values, ndup = _aggregate_duplicates(keys, values)
+    LOAD_STATS[str(path)] = time.perf_counter() - t0
+    return Table(stem, path, keys, values, raw, ndup)
+
+
+@lru_cache(maxsize=256)
+def cached_table(path: Path, stem: str) -> Table:
+    """Per-process cache: each file is read at most once."""
+    return read_table(path, stem)

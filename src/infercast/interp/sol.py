@@ -1,0 +1,115 @@
+"""Speed-of-light (roofline) times, in milliseconds, from the system spec. Vectorised over shapes.
+
+Every function returns ``(total, math, mem)``; ``total = max(math, mem) + constant latency``.
+Math time = FLOPs / tensor-core peak of the compute dtype; memory time = bytes moved /
+(HBM bandwidth x empirical efficiency). Comm times use the per-GPU link bandwidth of the group's
+tier (intra-node / intra-rack / inter-rack) and the system's P2P latency.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..data.system import SystemSpec
+from ..errors import InvalidConfigError
+
+ACT_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp4": 0.5, "int8": 1.0, "float32": 4.0}
+
+
+def _flops(system: SystemSpec, compute_dtype: str) -> float:
+    f = system.gpu.flops(compute_dtype)
+    if f is None:
+        hint = ""
+        if compute_dtype == "fp4":
+            hint = "no FP4 tensor cores before Blackwell"
+        elif compute_dtype == "fp8":
+            hint = "no FP8 tensor cores before Hopper/Ada"
+        raise InvalidConfigError(
+            f"{system.name} (sm{system.gpu.sm_version}) has no {compute_dtype} tensor cores",
+            hint,
+            system.gpu.tc_flops,
+        )
+    return f
+
+
+def _finish(system: SystemSpec, flops, nbytes, compute_dtype: str):
+    math = np.asarray(flops, dtype=float) / _flops(system, compute_dtype) * 1e3
+    mem = np.asarray(nbytes, dtype=float) / system.gpu.effective_mem_bw * 1e3
+    total = np.maximum(math, mem) + system.gpu.mem_latency_s * 1e3
+    return total, math, mem
+
+
+def gemm(system: SystemSpec, compute_dtype: str, weight_bytes: float, m, n, k):
+    m, n, k = (np.asarray(a, dtype=float) for a in (m, n, k))
+    act = ACT_BYTES.get(compute_dtype, 2.0)
+    nbytes = m * k * act + n * k * weight_bytes + m * n * 2.0
+    return _finish(system, 2.0 * m * n * k, nbytes, compute_dtype)
+
+
+def _attended(new, prefix, window):
+    """Sum over new tokens of keys attended (causal, optional sliding window)."""
+    new = np.asarray(new, dtype=float)
+    prefix = np.asarray(prefix, dtype=float)
+    full = new * prefix + new * (new + 1.0) / 2.0
+    if window:
+        w = float(window)
+        capped = new * w
+        return np.minimum(full, capped)
+    return full
+
+
+def context_attention(system, batch, isl, prefix, heads, kv_heads, head_dim, kv_bytes, window=0, compute_dtype="bfloat16"):
+    batch, isl, prefix = (np.asarray(a, dtype=float) for a in (batch, isl, prefix))
+    pairs = _attended(isl, prefix, window)
+    flops = 4.0 * batch * heads * head_dim * pairs
+    kv_len = isl + prefix if not window else np.minimum(isl + prefix, float(window) + isl)
+    nbytes = batch * (2.0 * isl * heads * head_dim * 2.0 + 2.0 * kv_len * kv_heads * head_dim * kv_bytes)
+    return _finish(system, flops, nbytes, compute_dtype)
+
+
+def generation_attention(system, batch, kv_len, heads, kv_heads, head_dim, kv_bytes, window=0, compute_dtype="bfloat16"):
+    batch, kv_len = np.asarray(batch, dtype=float), np.asarray(kv_len, dtype=float)
+    eff = np.minimum(kv_len, float(window)) if window else kv_len
+    flops = 4.0 * batch * heads * head_dim * eff
+    nbytes = batch * (2.0 * eff * kv_heads * head_dim * kv_bytes + 2.0 * heads * head_dim * 2.0)
+    return _finish(system, flops, nbytes, compute_dtype)
+
+
+def elementwise(system, nbytes):
+    nbytes = np.asarray(nbytes, dtype=float)
+    mem = nbytes / system.gpu.effective_mem_bw * 1e3
+    total = mem + system.gpu.mem_latency_s * 1e3
+    return total, np.zeros_like(mem), mem
+
+
+#: bytes each GPU sends per byte of message, by collective (ring algorithms)
+_COMM_FACTOR = {
+    "all_reduce": lambda g: 2.0 * (g - 1) / g,
+    "all_gather": lambda g: (g - 1) / g,
+    "reduce_scatter": lambda g: (g - 1) / g,
+    "alltoall": lambda g: (g - 1) / g,
+}
+
+
+def collective(system: SystemSpec, op: str, message_bytes, group: int):
+    """Ring-collective time over ``group`` GPUs for a message of ``message_bytes`` (full size)."""
+    message_bytes = np.asarray(message_bytes, dtype=float)
+    if group <= 1:
+        z = np.zeros_like(message_bytes)
+        return z, z, z
+    bw, tier = system.node.bandwidth_for_group(group)
+    lat = system.node.p2p_latency_s
+    if tier == "inter-rack" and system.node.inter_rack_latency_s:
+        lat += system.node.inter_rack_latency_s
+    if op not in _COMM_FACTOR:
+        raise InvalidConfigError(f"unknown collective {op!r}", available=_COMM_FACTOR)
+    mem = message_bytes * _COMM_FACTOR[op](group) / bw * 1e3
+    total = mem + lat * 1e3  # one link latency: the ring's steps pipeline behind it
+    return total, np.zeros_like(mem), mem
+
+
+def p2p(system: SystemSpec, message_bytes, inter_node: bool = False):
+    message_bytes = np.asarray(message_bytes, dtype=float)
+    bw = system.node.inter_node_bw if inter_node else system.node.intra_node_bw
+    mem = message_bytes / bw * 1e3
+    return mem + system.node.p2p_latency_s * 1e3, np.zeros_like(mem), mem

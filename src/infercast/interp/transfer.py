@@ -1,0 +1,122 @@
+"""Off-site transfer through utilisation.
+
+A *site* is the fixed part of an op's shape (GEMM ``(n, k)``; attention ``(heads, kv_heads)``);
+along a site's *curve* (``m``; ``batch x length``) the tables hold measured latencies. For a query
+site that was not collected:
+
+1. coordinates are compared in log2 space;
+2. if the query lies inside the collected lattice and every bracketing corner (2^d sites) was
+   collected, the corners are blended **multilinearly in log2 coordinates**;
+3. otherwise the nearest collected sites (at most ``k``) within ``gate`` log2 units are blended
+   by inverse squared distance; ties are broken by coordinates, ascending, so the answer is
+   deterministic;
+4. a query outside the lattice's hull is clamped to it first; the clamp distance must stay within
+   ``beyond_gate`` (utilisation is then held from the hull, which is sound only where throughput is
+   saturated — GEMM n/k beyond 65536 and the like);
+5. what is blended is utilisation ``u = SOL / measured`` at the same curve position, and the answer
+   is ``SOL(query) / u``. Outside the gates there is no answer: SILICON mode raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import product
+
+import numpy as np
+
+from .grid import Grid
+from .provenance import Prov
+
+DEFAULT_GATE = 1.5  # log2 units (a factor of ~2.8 along one axis)
+DEFAULT_BEYOND_GATE = 2.0  # clamp distance allowed outside the lattice hull
+DEFAULT_K = 4
+
+
+@dataclass(frozen=True)
+class SiteChoice:
+    indices: tuple[int, ...]
+    weights: tuple[float, ...]
+    how: str  # "exact" | "multilinear" | "idw"
+    clamp_distance: float
+
+
+def choose_sites(
+    query: Sequence[float],
+    sites: np.ndarray,
+    gate: float = DEFAULT_GATE,
+    beyond_gate: float = DEFAULT_BEYOND_GATE,
+    k: int = DEFAULT_K,
+) -> SiteChoice | None:
+    sites = np.asarray(sites, dtype=float).reshape(len(sites), -1)
+    q = np.asarray(query, dtype=float)
+    if len(sites) == 0 or np.any(q <= 0) or np.any(sites <= 0):
+        return None
+    hit = np.flatnonzero(np.all(sites == q, axis=1))
+    if len(hit):
+        return SiteChoice((int(hit[0]),), (1.0,), "exact", 0.0)
+    lq, ls = np.log2(q), np.log2(sites)
+    lqc = np.clip(lq, ls.min(axis=0), ls.max(axis=0))
+    clamp = float(np.linalg.norm(lq - lqc))
+    if clamp > beyond_gate:
+        return None
+    # multilinear over bracketing corners
+    index = {tuple(row): i for i, row in enumerate(ls.tolist())}
+    per_dim = []
+    for d in range(ls.shape[1]):
+        vals = np.unique(ls[:, d])
+        if lqc[d] in vals:
+            per_dim.append(((float(lqc[d]), 1.0),))
+            continue
+        j = np.searchsorted(vals, lqc[d]) - 1
+        lo, hi = vals[j], vals[j + 1]
+        t = (lqc[d] - lo) / (hi - lo)
+        per_dim.append(((float(lo), 1.0 - t), (float(hi), t)))
+    corners, weights, ok = [], [], True
+    for combo in product(*per_dim):
+        key = tuple(c for c, _ in combo)
+        w = float(np.prod([wt for _, wt in combo]))
+        if w == 0.0:
+            continue
+        if key not in index:
+            ok = False
+            break
+        corners.append(index[key])
+        weights.append(w)
+    if ok and corners:
+        how = "multilinear" if clamp == 0.0 else "multilinear-held"
+        return SiteChoice(tuple(corners), tuple(weights), how, clamp)
+    dist = np.linalg.norm(ls - lqc, axis=1)
+    order = np.lexsort(tuple(ls[:, d] for d in reversed(range(ls.shape[1]))) + (dist,))
+    chosen = [int(i) for i in order[:k] if dist[i] <= gate]
+    if not chosen:
+        return None
+    w = np.array([1.0 / dist[i] ** 2 for i in chosen])
+    w /= w.sum()
+    return SiteChoice(tuple(chosen), tuple(float(x) for x in w), "idw", clamp)
+
+
+def transfer_grid(
+    choice: SiteChoice,
+    site_grid: Callable[[int], Grid],
+    query_sol: Callable[..., np.ndarray],
+    site_labels: Sequence[str] = (),
+) -> Grid:
+    """Build the query site's grid from donor sites' grids through utilisation."""
+    grids = [site_grid(i) for i in choice.indices]
+    if choice.how == "exact":
+        return grids[0]
+    # evaluate on the union of the donors' axes (sorted, unique)
+    naxes = len(grids[0].axes)
+    axes = tuple(np.unique(np.concatenate([g.axes[a] for g in grids])) for a in range(naxes))
+    mesh = np.meshgrid(*axes, indexing="ij")
+    util = np.zeros(mesh[0].shape)
+    prov = np.full(mesh[0].shape, int(Prov.TRANSFERRED), dtype=np.int8)
+    for g, w in zip(grids, choice.weights):
+        v, p = g(*mesh)
+        util += w * (g.sol(*mesh) / v)
+        prov = np.maximum(prov, p)
+    values = query_sol(*mesh) / util
+    if choice.how.endswith("held"):
+        prov = np.maximum(prov, int(Prov.HELD)).astype(np.int8)
+    return Grid(axes, values, prov, query_sol, tuple(site_labels))

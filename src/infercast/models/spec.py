@@ -1,0 +1,163 @@
+"""HF config -> typed model spec, with quantisation inferred from the checkpoint's metadata."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from ..data.model_configs import ModelConfig
+from ..errors import InvalidConfigError, UnsupportedModelError
+
+from ..data.quant import COMPUTE_DTYPE, GEMM_QUANTS, KV_BYTES, KV_QUANTS, WEIGHT_BYTES  # noqa: F401
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    gemm: str = "bfloat16"
+    kv_cache: str = "bfloat16"
+    attention: str = "bfloat16"  # fmha compute dtype
+    moe: str | None = None
+    source: str = "default (bf16)"
+
+    def with_overrides(self, gemm=None, kv_cache=None, attention=None, moe=None) -> QuantSpec:
+        for val, allowed, flag in (
+            (gemm, GEMM_QUANTS, "--gemm-quant"),
+            (moe, GEMM_QUANTS, "--moe-quant"),
+            (kv_cache, KV_QUANTS, "--kv-cache-quant"),
+            (attention, KV_QUANTS, "--attention-quant"),
+        ):
+            if val is not None and val not in allowed:
+                raise InvalidConfigError(f"{flag} {val!r} is not a known quant mode", available=allowed)
+        if not any((gemm, kv_cache, attention, moe)):
+            return self
+        return replace(
+            self,
+            gemm=gemm or self.gemm,
+            kv_cache=kv_cache or self.kv_cache,
+            attention=attention or self.attention,
+            moe=moe or self.moe,
+            source=self.source + " + flags",
+        )
+
+
+def infer_quant(mc: ModelConfig, text_cfg: dict) -> QuantSpec:
+    """Quantisation from hf_quant_config.json, quantization_config, or the alias."""
+    gemm, kv, moe, src = "bfloat16", "bfloat16", None, "default (bf16)"
+    qc = text_cfg.get("quantization_config") or mc.config.get("quantization_config") or {}
+    hq = ((mc.hf_quant or {}).get("quantization") or {}) if mc.hf_quant else {}
+    algo = (hq.get("quant_algo") or qc.get("quant_algo") or "").lower()
+    method = (qc.get("quant_method") or "").lower()
+    if algo in ("nvfp4", "mixed_precision"):
+        gemm, src = "nvfp4", f"{'hf_quant_config' if hq else 'quantization_config'} quant_algo={algo.upper()}"
+    elif algo == "fp8":
+        gemm, src = "fp8", "quant_algo=FP8 (per-tensor)"
+    elif method == "fp8":
+        if qc.get("weight_block_size"):
+            gemm, src = "fp8_block", "quantization_config fp8 + weight_block_size"
+        else:
+            gemm, src = "fp8", "quantization_config fp8 (per-tensor)"
+    elif method == "mxfp4":
+        moe, src = "w4a16_mxfp4", "quantization_config mxfp4 (experts)"
+    elif method == "compressed-tensors":
+        groups = qc.get("config_groups") or {}
+        bits = {((g.get("weights") or {}).get("num_bits")) for g in groups.values()}
+        if 4 in bits:
+            moe, src = "int4_wo", "compressed-tensors int4 weights (experts)"
+    kv_algo = (hq.get("kv_cache_quant_algo") or qc.get("kv_cache_quant_algo") or "")
+    kv_scheme = qc.get("kv_cache_scheme") or {}
+    if str(kv_algo).lower() in ("fp8", "e4m3", "e5m2") or (
+        kv_scheme and kv_scheme.get("type") == "float" and (kv_scheme.get("num_bits") or 16) <= 8
+    ):
+        kv = "fp8"
+    if mc.quant_from_alias and gemm == "bfloat16":
+        gemm, src = mc.quant_from_alias, f"alias {mc.model_id}"
+    return QuantSpec(gemm=gemm, kv_cache=kv, moe=moe or gemm, source=src)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model_id: str
+    resolved_id: str
+    architecture: str
+    family: str
+    num_layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tie_embeddings: bool
+    sliding_window: int | None
+    max_position: int | None
+    quant: QuantSpec
+    alias_note: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelSpec:
+        d = dict(d)
+        d["quant"] = QuantSpec(**d["quant"])
+        return cls(**d)
+
+
+#: architecture -> family. Dense GQA decoders share one op plan.
+FAMILIES = {
+    "LlamaForCausalLM": "dense",
+    "MistralForCausalLM": "dense",
+    "Qwen2ForCausalLM": "dense",
+    "Qwen3ForCausalLM": "dense",
+    "MiMoForCausalLM": "dense",
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(FAMILIES)
+
+
+def _first(d: dict, *keys, default=None):
+    for k in keys:
+        if d.get(k) is not None:
+            return d[k]
+    return default
+
+
+def build_spec(mc: ModelConfig) -> ModelSpec:
+    cfg = mc.config
+    text = cfg.get("text_config") or cfg
+    archs = cfg.get("architectures") or text.get("architectures") or ["?"]
+    arch = archs[0]
+    family = FAMILIES.get(arch)
+    if family is None:
+        raise UnsupportedModelError(
+            f"model family {arch} ({mc.resolved_id}) is not modelled yet",
+            "dense GQA decoders are supported; MoE/MLA families arrive with the MoE work",
+            supported_architectures(),
+        )
+    hidden = int(text["hidden_size"])
+    heads = int(text["num_attention_heads"])
+    kv = int(_first(text, "num_key_value_heads", default=heads))
+    head_dim = int(_first(text, "head_dim", default=hidden // heads))
+    sw = text.get("sliding_window") if text.get("use_sliding_window", True) else None
+    max_pos = _first(text, "max_position_embeddings")
+    if sw is not None and max_pos is not None and int(sw) >= int(max_pos):
+        sw = None
+    return ModelSpec(
+        model_id=mc.model_id,
+        resolved_id=mc.resolved_id,
+        architecture=arch,
+        family=family,
+        num_layers=int(text["num_hidden_layers"]),
+        hidden=hidden,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        intermediate=int(text["intermediate_size"]),
+        vocab=int(_first(text, "vocab_size", default=cfg.get("vocab_size", 32000))),
+        tie_embeddings=bool(_first(text, "tie_word_embeddings", default=False)),
+        sliding_window=int(sw) if sw else None,
+        max_position=int(max_pos) if max_pos else None,
+        quant=infer_quant(mc, text),
+        alias_note=mc.alias_note,
+    )

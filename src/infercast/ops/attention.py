@@ -1,0 +1,137 @@
+"""GQA attention: context (prefill) and generation (decode), from the attention tables.
+
+Sites are ``(num_heads, num_kv_heads)`` per GPU at a fixed head_dim and window; curves are
+``batch x isl`` (context) and ``batch x step`` (generation; ``step`` = tokens already cached, so a
+decode token at KV length L is looked up at step L-1). Truncated corners of the collected grids
+(large batch x length) are filled by holding utilisation from the nearest smaller batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import NotAvailableError
+from ..interp import sol
+from ..interp.grid import Grid
+from ..interp.provenance import Prov
+from ..interp.transfer import choose_sites, transfer_grid
+from ..data.quant import KV_BYTES
+from .base import DatabaseMode, OpDB, Resolved, choose_kernel, fill_missing, sites_and_curves
+from .empirical import empirical_resolved
+
+CTX_BATCH = 2.0 ** np.arange(0, 9)
+CTX_ISL = np.array([1, 16, 32, 64, 128, 256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 10240, 12288, 16384], float)
+GEN_BATCH = 2.0 ** np.arange(0, 12)
+GEN_STEP = 2.0 ** np.arange(1, 18) - 1
+
+
+def _ctx_sol(db: OpDB, heads, kv_heads, head_dim, kv_quant, window):
+    kvb = KV_BYTES[kv_quant]
+
+    def f(batch, isl):
+        return sol.context_attention(db.system, batch, isl, 0.0, heads, kv_heads, head_dim, kvb, window)[0]
+
+    return f
+
+
+def _gen_sol(db: OpDB, heads, kv_heads, head_dim, kv_quant, window):
+    kvb = KV_BYTES[kv_quant]
+
+    def f(batch, step):
+        return sol.generation_attention(db.system, batch, np.asarray(step) + 1.0, heads, kv_heads, head_dim, kvb, window)[0]
+
+    return f
+
+
+def _lattice(db: OpDB, stem: str, head_dim: int, kv_quant: str, attn_quant: str, window: int):
+    table = db.table_or_none(stem)
+    if table is None:
+        return None
+    base = table.mask(head_dim=head_dim)
+    if table.has("window_size"):
+        base &= table.keys["window_size"] == window
+    elif window:
+        base &= False
+    if table.has("beam_width"):
+        base &= table.keys["beam_width"] == 1
+    if not base.any():
+        if db.mode is not DatabaseMode.SILICON:
+            return None
+        raise NotAvailableError(
+            f"no {stem} data for head_dim={head_dim} window={window} ({db.backend}, {db.system.name})",
+            "the table has no such shapes",
+            [f"head_dim={h}" for h in table.unique("head_dim")],
+        )
+    kernel = choose_kernel(table, db.backend, base)
+    combos = [(attn_quant, kv_quant), (kv_quant, kv_quant), ("bfloat16", kv_quant)]
+    kernels = [kernel] + [k for k in table.unique("kernel_source") if k != kernel]
+    for kern in kernels:
+        for ad, kd in combos:
+            m = base & (table.keys["kernel_source"] == kern) & (table.keys["kv_cache_dtype"] == kd)
+            if table.has("attn_dtype"):
+                m &= table.keys["attn_dtype"] == ad
+            if m.any():
+                curve = ("batch_size", "isl") if stem == "context_attention" else ("batch_size", "step")
+                sites, curves = sites_and_curves(table, m, ("num_heads", "num_key_value_heads"), curve)
+                return table, kern, (ad, kd), sites, curves
+    if db.mode is not DatabaseMode.SILICON:
+        return None
+    raise NotAvailableError(
+        f"no {stem} data with kv cache {kv_quant} ({db.backend}, {db.system.name})",
+        "no kernel was collected with that KV-cache dtype",
+        table.unique("kv_cache_dtype"),
+    )
+
+
+def _resolve(db: OpDB, stem: str, heads: int, kv_heads: int, head_dim: int, kv_quant: str, attn_quant: str, window: int) -> Resolved:
+    solfn = _ctx_sol if stem == "context_attention" else _gen_sol
+    sol_q = solfn(db, heads, kv_heads, head_dim, kv_quant, window)
+    axes = (CTX_BATCH, CTX_ISL) if stem == "context_attention" else (GEN_BATCH, GEN_STEP)
+    if db.mode is DatabaseMode.SOL:
+        mesh = np.meshgrid(*axes, indexing="ij")
+        v = sol_q(*mesh)
+        return Resolved(Grid(axes, v, np.full(v.shape, int(Prov.SOL), np.int8), sol_q), "sol", how="sol")
+    lat = db.memo((stem, head_dim, kv_quant, attn_quant, window), lambda: _lattice(db, stem, head_dim, kv_quant, attn_quant, window))
+    if lat is None:
+        return empirical_resolved(stem, sol_q, axes, None)
+    table, kernel, (ad, kd), sites, curves = lat
+
+    def site_grid(i: int) -> Grid:
+        def build():
+            h, kv = sites[i]
+            s = solfn(db, int(h), int(kv), head_dim, kd, window)
+            ax, vals = curves[i]
+            filled, prov = fill_missing(ax, vals, s)
+            return Grid(ax, filled, prov, s)
+
+        return db.memo((stem, head_dim, kd, ad, window, "site", i), build)
+
+    choice = None if db.mode is DatabaseMode.EMPIRICAL else choose_sites((heads, kv_heads), sites)
+    if choice is None:
+        if db.mode is not DatabaseMode.SILICON:
+            return empirical_resolved(stem, sol_q, axes, [site_grid(i) for i in range(len(sites))])
+        raise NotAvailableError(
+            f"{stem} heads={heads} kv_heads={kv_heads} head_dim={head_dim} is outside the collected sites' gates",
+            f"{db.backend} on {db.system.name}; use --database-mode HYBRID for an empirical estimate",
+            [f"{int(h)}/{int(k)}" for h, k in sites],
+        )
+    labels = tuple(f"(heads={int(sites[i][0])}, kv={int(sites[i][1])}) w={w:.2f}" for i, w in zip(choice.indices, choice.weights))
+    g = transfer_grid(choice, site_grid, sol_q, labels)
+    notes = () if (ad, kd) == (attn_quant, kv_quant) else (f"served by attn={ad} kv={kd} rows",)
+    return Resolved(g, stem, db.served_version(stem), kernel, choice.how, labels if choice.how != "exact" else (), notes)
+
+
+def resolve_context_attention(db: OpDB, heads, kv_heads, head_dim, kv_quant="bfloat16", attn_quant="bfloat16", window=0) -> Resolved:
+    return _resolve(db, "context_attention", heads, kv_heads, head_dim, kv_quant, attn_quant, window)
+
+
+def resolve_generation_attention(db: OpDB, heads, kv_heads, head_dim, kv_quant="bfloat16", attn_quant="bfloat16", window=0) -> Resolved:
+    return _resolve(db, "generation_attention", heads, kv_heads, head_dim, kv_quant, attn_quant, window)
+
+
+def prefix_fraction(isl, prefix):
+    """Share of a causal attention over ``isl + prefix`` tokens that the ``isl`` new tokens do."""
+    isl = np.asarray(isl, dtype=float)
+    prefix = np.asarray(prefix, dtype=float)
+    total = isl + prefix
+    return (isl * prefix + isl * (isl + 1.0) / 2.0) / (total * (total + 1.0) / 2.0)

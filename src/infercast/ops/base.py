@@ -1,0 +1,180 @@
+"""What every op family shares: the database handle, database modes, kernel choice, site caches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from ..data.database import PerfData
+from ..data.tables import Table
+from ..errors import InvalidInputError, NotAvailableError
+from ..interp.grid import Grid
+from ..interp.provenance import Prov
+
+
+class DatabaseMode(str, Enum):
+    SILICON = "SILICON"  # tables, interpolation, transfer inside the gates; else NotAvailable
+    HYBRID = "HYBRID"  # SILICON, else SOL / the family's learned utilisation
+    EMPIRICAL = "EMPIRICAL"  # SOL / learned utilisation everywhere
+    SOL = "SOL"  # speed of light only
+
+    @classmethod
+    def parse(cls, s: str | DatabaseMode) -> DatabaseMode:
+        try:
+            return cls(str(s.value if isinstance(s, DatabaseMode) else s).upper())
+        except ValueError:
+            raise InvalidInputError(f"unknown database mode {s!r}", available=[m.value for m in cls]) from None
+
+
+#: Preferred kernel_source (substring match, in order) where the backend's default is known and
+#: the row-count rule below would not find it. Sources: the serving engines run decode under CUDA
+#: graphs, so the graph-captured custom all-reduce is the one that matters.
+KERNEL_PREFERENCE: dict[tuple[str, str], tuple[str, ...]] = {
+    ("vllm", "custom_allreduce"): ("graph",),
+    ("sglang", "custom_allreduce"): ("graph",),
+}
+
+
+def choose_kernel(table: Table, backend: str, mask: np.ndarray | None = None) -> str | None:
+    """The backend's default kernel among the table's ``kernel_source`` values.
+
+    Rule: an explicit preference (``KERNEL_PREFERENCE``) if present; otherwise the kernel with the
+    most collected rows — collectors sweep the engine's default path the widest (e.g. vllm
+    ``DeepGemmFp8BlockScaledMMKernel`` for fp8_block, sglang ``fa3`` on sm90 / ``trtllm_mha`` on
+    sm100, vllm ``vllm_flash_attn_fa3`` on sm90); ties broken by name.
+    """
+    if not table.has("kernel_source"):
+        return None
+    ks = table.keys["kernel_source"] if mask is None else table.keys["kernel_source"][mask]
+    if len(ks) == 0:
+        return None
+    names, counts = np.unique(ks, return_counts=True)
+    for pref in KERNEL_PREFERENCE.get((backend, table.stem), ()):
+        hits = [n for n in names if pref in n]
+        if hits:
+            return sorted(hits)[0]
+    best = sorted(zip(-counts, names))[0][1]
+    return str(best)
+
+
+@dataclass
+class Resolved:
+    """One op's compiled lookup plus where it came from."""
+
+    grid: Grid | None
+    source: str  # table stem / "sol" / "analytic"
+    version: str | None = None
+    kernel: str | None = None
+    how: str = "exact"  # exact | multilinear | idw | sol | analytic | empirical
+    donors: tuple = ()
+    notes: tuple[str, ...] = ()
+    fixed_prov: Prov | None = None
+
+    def describe(self) -> dict:
+        d = {"source": self.source, "how": self.how}
+        if self.version:
+            d["version"] = self.version
+        if self.kernel:
+            d["kernel"] = self.kernel
+        if self.donors:
+            d["donor_sites"] = [str(s) for s in self.donors]
+        if self.notes:
+            d["notes"] = list(self.notes)
+        return d
+
+
+@dataclass
+class OpDB:
+    """Per-op-family access to one PerfData, with per-process caches of site curves."""
+
+    data: PerfData
+    mode: DatabaseMode = DatabaseMode.SILICON
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def system(self):
+        return self.data.system
+
+    @property
+    def backend(self) -> str:
+        return self.data.backend
+
+    def table_or_none(self, stem: str) -> Table | None:
+        if self.mode is DatabaseMode.SOL:
+            return None
+        try:
+            return self.data.table(stem)
+        except NotAvailableError:
+            if self.mode in (DatabaseMode.HYBRID, DatabaseMode.EMPIRICAL):
+                return None
+            raise
+
+    def served_version(self, stem: str) -> str | None:
+        loc = self.data.served.get(stem)
+        return f"{loc.served_by}" + ("" if loc.how == "direct" else f" ({loc.how})") if loc else None
+
+    def memo(self, key, build):
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+
+def sites_and_curves(table: Table, mask: np.ndarray, site_cols: tuple[str, ...], curve_cols: tuple[str, ...]):
+    """Group rows by site; return (site coords array, {site index: (axes, values, present mask)})."""
+    keys = {c: table.keys[c][mask].astype(float) for c in site_cols + curve_cols}
+    lat = table.latency[mask]
+    site_arr = np.stack([keys[c] for c in site_cols], axis=1) if site_cols else np.zeros((len(lat), 0))
+    uniq, inv = np.unique(site_arr, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    curves = {}
+    order = np.argsort(inv, kind="stable")
+    bounds = np.searchsorted(inv[order], np.arange(len(uniq) + 1))
+    for s in range(len(uniq)):
+        idx = order[bounds[s]:bounds[s + 1]]
+        axes = tuple(np.unique(keys[c][idx]) for c in curve_cols)
+        vals = np.full(tuple(len(a) for a in axes), np.nan)
+        pos = tuple(np.searchsorted(a, keys[c][idx]) for a, c in zip(axes, curve_cols))
+        vals[pos] = lat[idx]
+        curves[s] = (axes, vals)
+    return uniq, curves
+
+
+def fill_missing(axes, vals, sol):
+    """Fill truncated cells of a 2-D grid by holding utilisation from the nearest smaller batch
+    (first axis) at the same length, else from the nearest shorter length. Returns (values, prov)."""
+    vals = vals.copy()
+    prov = np.where(np.isnan(vals), int(Prov.HELD), int(Prov.EXACT)).astype(np.int8)
+    if not np.isnan(vals).any():
+        return vals, prov
+    a0, a1 = axes
+    measured = ~np.isnan(vals)
+    for i, j in zip(*np.nonzero(~measured)):
+        src = None
+        rows = np.flatnonzero(measured[:i, j]) if i > 0 else []
+        if len(rows):
+            src = (rows[-1], j)
+        else:
+            cols = np.flatnonzero(measured[i, :])
+            if len(cols):
+                src = (i, cols[np.argmin(np.abs(cols - j))])
+        if src is None:
+            cols_any = np.argwhere(measured)
+            src = tuple(cols_any[np.argmin(np.abs(cols_any - [i, j]).sum(axis=1))])
+        si, sj = src
+        vals[i, j] = vals[si, sj] * sol(a0[i], a1[j]) / sol(a0[si], a1[sj])
+    return vals, prov
+
+
+def check_positive(name: str, arr, upper: float | None = None) -> np.ndarray:
+    a = np.asarray(arr, dtype=float)
+    if a.size == 0:
+        raise InvalidInputError(f"{name} is empty")
+    if not np.all(np.isfinite(a)):
+        raise InvalidInputError(f"{name} must be finite", f"got {a[~np.isfinite(a)][:3].tolist()}")
+    if np.any(a <= 0):
+        raise InvalidInputError(f"{name} must be > 0", f"got {a[a <= 0][:3].tolist()}")
+    if upper is not None and np.any(a > upper):
+        raise InvalidInputError(f"{name} is absurdly large", f"got {a.max():.0f}, the limit is {upper:.0f}")
+    return a

@@ -1,0 +1,86 @@
+"""Collectives and point-to-point transfers.
+
+All-reduce (the TP reduction after attention and FFN) comes from the backend's
+``custom_allreduce`` table for its group size, else from the system's NCCL table; other collectives
+from NCCL. ``message_size`` in both tables is an element count (16-bit elements here), the curve
+axis. P2P (pipeline stage boundaries) has no table in the pack: it is analytic from the link
+bandwidth and the system's P2P latency.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InvalidConfigError, NotAvailableError
+from ..interp import sol
+from ..interp.grid import Grid
+from ..interp.provenance import Prov
+from .base import DatabaseMode, OpDB, Resolved, choose_kernel
+from .empirical import empirical_resolved
+
+MSG_AXIS = 2.0 ** np.arange(7, 30)
+ELEMENT_BYTES = 2.0
+
+
+def _sol_fn(db: OpDB, op: str, group: int):
+    def f(elements):
+        return sol.collective(db.system, op, np.asarray(elements) * ELEMENT_BYTES, group)[0]
+
+    return f
+
+
+def _curve(table, mask, sol_q):
+    ms = table.keys["message_size"][mask].astype(float)
+    lat = table.latency[mask]
+    order = np.argsort(ms)
+    return Grid((ms[order],), lat[order], np.zeros(len(ms), np.int8), sol_q)
+
+
+def resolve_collective(db: OpDB, op: str, group: int) -> Resolved:
+    """``op`` in all_reduce / all_gather / reduce_scatter / alltoall over ``group`` GPUs."""
+    sol_q = _sol_fn(db, op, group)
+    if group <= 1:
+        raise InvalidConfigError(f"a {op} needs at least 2 GPUs, got {group}")
+    if db.mode is DatabaseMode.SOL:
+        return Resolved(Grid((MSG_AXIS,), sol_q(MSG_AXIS), np.full(len(MSG_AXIS), int(Prov.SOL), np.int8), sol_q), "sol", how="sol")
+    tried = []
+    if op == "all_reduce":
+        t = db.table_or_none("custom_allreduce")
+        if t is not None:
+            m = t.mask(num_gpus=group)
+            if t.has("allreduce_dtype"):
+                m &= t.keys["allreduce_dtype"] == "bfloat16"
+            if m.any():
+                kernel = choose_kernel(t, db.backend, m)
+                m &= t.keys["kernel_source"] == kernel
+                return Resolved(_curve(t, m, sol_q), "custom_allreduce", db.served_version("custom_allreduce"), kernel)
+            tried.append(f"custom_allreduce has num_gpus {t.unique('num_gpus')}")
+    try:
+        nt = db.data.comm_library_table() if db.mode is not DatabaseMode.SOL else None
+    except NotAvailableError:
+        if db.mode is DatabaseMode.SILICON:
+            raise
+        nt = None
+    if nt is not None:
+        m = nt.mask(op_name=op, num_gpus=group)
+        if nt.has("nccl_dtype"):
+            m &= nt.keys["nccl_dtype"] == "half"
+        if m.any():
+            loc = db.data.served.get("nccl") or db.data.served.get("oneccl")
+            return Resolved(_curve(nt, m, sol_q), "nccl", loc.served_by if loc else None, "NCCL")
+        tried.append(f"nccl {op} has num_gpus {nt.unique('num_gpus')}")
+    if db.mode is DatabaseMode.SILICON:
+        raise NotAvailableError(
+            f"no measured {op} over {group} GPUs on {db.system.name}",
+            "; ".join(tried) or "no comm tables",
+        )
+    return empirical_resolved("comm", sol_q, (MSG_AXIS,), None)
+
+
+def p2p_ms(db: OpDB, nbytes, inter_node: bool = False):
+    return sol.p2p(db.system, nbytes, inter_node)[0]
+
+
+def elementwise_ms(db: OpDB, nbytes):
+    """Memory-bound elementwise kernels (norms, activations, residual adds, RoPE, embedding)."""
+    return sol.elementwise(db.system, nbytes)[0]

@@ -1,0 +1,83 @@
+"""GEMM: latency of an (m x k) @ (k x n) product in a weight quant mode, from ``gemm_perf``.
+
+Sites are ``(n, k)``; the curve axis is ``m`` (tokens). Off-lattice ``(n, k)`` (e.g. a TP shard of
+an FFN width) is transferred through utilisation (:mod:`infercast.interp.transfer`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import NotAvailableError
+from ..interp import sol
+from ..interp.grid import Grid
+from ..interp.provenance import Prov
+from ..interp.transfer import choose_sites, transfer_grid
+from ..data.quant import COMPUTE_DTYPE, WEIGHT_BYTES
+from .base import DatabaseMode, OpDB, Resolved, choose_kernel, sites_and_curves
+from .empirical import empirical_resolved
+
+#: the tokens axis used for SOL / empirical grids (same span as the collected m axis)
+M_AXIS = np.unique(np.concatenate([np.arange(1, 17), 2.0 ** np.arange(4, 18)]))
+
+
+def gemm_sol_fn(db: OpDB, quant: str, n: int, k: int):
+    cdt = COMPUTE_DTYPE[quant]
+    wb = WEIGHT_BYTES[quant]
+    system = db.system
+
+    def f(m):
+        return sol.gemm(system, cdt, wb, m, n, k)[0]
+
+    return f
+
+
+def _lattice(db: OpDB, quant: str):
+    table = db.table_or_none("gemm")
+    if table is None:
+        return None
+    m = table.mask(gemm_dtype=quant)
+    if not m.any():
+        if db.mode is DatabaseMode.HYBRID:
+            return None
+        raise NotAvailableError(
+            f"no {quant} GEMM data for {db.backend} on {db.system.name}",
+            "the gemm table was not collected in this quant mode",
+            table.unique("gemm_dtype"),
+        )
+    kernel = choose_kernel(table, db.backend, m)
+    m &= table.keys["kernel_source"] == kernel
+    sites, curves = sites_and_curves(table, m, ("n", "k"), ("m",))
+    return table, kernel, sites, curves
+
+
+def resolve_gemm(db: OpDB, quant: str, n: int, k: int) -> Resolved:
+    """Compile the m-curve of one GEMM shape."""
+    sol_q = gemm_sol_fn(db, quant, n, k)
+    sol_q(1.0)  # raises early if the GPU has no tensor cores for the quant mode
+    if db.mode is DatabaseMode.SOL:
+        g = Grid((M_AXIS,), sol_q(M_AXIS), np.full(len(M_AXIS), int(Prov.SOL), np.int8), sol_q)
+        return Resolved(g, "sol", how="sol")
+    lat = db.memo(("gemm-lattice", quant), lambda: _lattice(db, quant))
+    if lat is None:
+        return empirical_resolved("gemm", sol_q, (M_AXIS,), None)
+    table, kernel, sites, curves = lat
+
+    def site_grid(i: int) -> Grid:
+        (axis,), vals = curves[i]
+        n_i, k_i = sites[i]
+        return Grid((axis,), vals, np.zeros(len(axis), np.int8), gemm_sol_fn(db, quant, int(n_i), int(k_i)))
+
+    choice = None if db.mode is DatabaseMode.EMPIRICAL else choose_sites((n, k), sites)
+    if choice is None:
+        if db.mode in (DatabaseMode.HYBRID, DatabaseMode.EMPIRICAL):
+            donors = [site_grid(i) for i in range(len(sites))]
+            return empirical_resolved("gemm", sol_q, (M_AXIS,), donors)
+        raise NotAvailableError(
+            f"GEMM {quant} n={n} k={k} is outside the collected (n, k) lattice's gates",
+            f"{len(sites)} sites collected for {db.backend} on {db.system.name}; use --database-mode HYBRID for an empirical estimate",
+        )
+    labels = tuple(f"(n={int(sites[i][0])}, k={int(sites[i][1])}) w={w:.2f}" for i, w in zip(choice.indices, choice.weights))
+    g = transfer_grid(choice, site_grid, sol_q, labels)
+    return Resolved(g, "gemm", db.served_version("gemm"), kernel, choice.how, labels if choice.how != "exact" else ())
+

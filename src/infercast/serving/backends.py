@@ -1,0 +1,43 @@
+"""Per-backend serving defaults that move the numbers. Each is a named parameter with its source.
+
+Values are the engines' documented defaults for the versions in the pack:
+
+* ``kv_memory_fraction`` / ``fraction_of``: how the engine sizes its KV cache.
+  TensorRT-LLM ``KvCacheConfig.free_gpu_memory_fraction`` = 0.9 of the memory *free after* weights
+  and activations; vLLM ``gpu_memory_utilization`` = 0.9 of *total* GPU memory for everything;
+  SGLang ``mem_fraction_static`` ~0.88 of total for weights + KV on large GPUs (it is picked from
+  GPU memory size; 0.88 is the value for 80+ GB parts).
+* ``tokens_per_block``: KV paging granularity (trtllm 32, vllm 16, sglang page size 1).
+* ``max_num_tokens``: token budget of one step (trtllm ``max_num_tokens`` 8192, vLLM
+  ``max_num_batched_tokens`` 8192 for online serving, SGLang ``chunked_prefill_size`` 8192).
+* ``max_batch_size``: sequences per step (trtllm 2048, vLLM ``max_num_seqs`` 1024 (v1 engine on
+  H100-class GPUs), SGLang ``max_running_requests`` bounded by the KV pool -> 4096 here).
+* ``step_overhead_ms``: host-side scheduling / launch cost per iteration not in the kernel
+  tables. A starting point; the serving model calibrates it on the dev rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BackendDefaults:
+    name: str
+    kv_memory_fraction: float
+    fraction_of: str  # "free" (after weights + activations) | "total"
+    tokens_per_block: int
+    max_num_tokens: int
+    max_batch_size: int
+    step_overhead_ms: float
+
+
+BACKENDS = {
+    "trtllm": BackendDefaults("trtllm", 0.90, "free", 32, 8192, 2048, 0.0),
+    "vllm": BackendDefaults("vllm", 0.90, "total", 16, 8192, 1024, 0.0),
+    "sglang": BackendDefaults("sglang", 0.88, "total", 1, 8192, 4096, 0.0),
+}
+
+
+def backend_defaults(name: str) -> BackendDefaults:
+    return BACKENDS[name]

@@ -1,0 +1,255 @@
+"""Error statistics of predicted against measured latencies.
+
+All ratios are fractions (0.2 = 20%). ``APE = |pred - meas| / meas``; the signed
+relative error is ``(pred - meas) / meas`` (negative = under-prediction). A statistic
+with no data is ``None`` so summaries serialise to JSON as-is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from infercast.errors import InvalidInputError
+from infercast.validate.silicon import SiliconRow
+
+__all__ = [
+    "RowResult",
+    "WITHIN",
+    "STAT_KEYS",
+    "SUMMARY_KEYS",
+    "error_stats",
+    "ape",
+    "signed_error",
+    "summarize",
+    "GROUPABLE",
+]
+
+#: Threshold of the "within" share (APE <= WITHIN counts as a hit).
+WITHIN = 0.20
+_EPS = 1e-12  # so that exactly 20% off, computed in floating point, still counts
+
+#: Keys returned by :func:`error_stats`.
+STAT_KEYS: tuple[str, ...] = ("n", "median_ape", "mape", "within20", "bias", "gmr")
+
+#: Keys of every (overall or group) summary block.
+SUMMARY_KEYS: tuple[str, ...] = (
+    "rows",
+    "predicted",
+    "coverage",
+    "ttft_n",
+    "tpot_n",
+    "ttft_median_ape",
+    "tpot_median_ape",
+    "ttft_mape",
+    "tpot_mape",
+    "ttft_within20",
+    "tpot_within20",
+    "ttft_bias",
+    "tpot_bias",
+    "ttft_gmr",
+    "tpot_gmr",
+)
+
+
+@dataclass(frozen=True)
+class RowResult:
+    """The outcome of predicting one silicon row.
+
+    ``ttft_ms`` / ``tpot_ms`` are ``None`` when the row could not be predicted; then
+    ``error`` holds the reason (``"<ErrorClass>: <message>"``) and ``error_kind`` the
+    error class name. ``note`` is free text from the predictor (e.g. a fallback it used).
+    """
+
+    row: SiliconRow
+    ttft_ms: float | None
+    tpot_ms: float | None
+    error: str | None = None
+    note: str | None = None
+    error_kind: str | None = None
+
+    @property
+    def predicted(self) -> bool:
+        return self.error is None and self.ttft_ms is not None and self.tpot_ms is not None
+
+    @property
+    def ttft_ape(self) -> float | None:
+        return _row_ape(self.ttft_ms, self.row.measured_ttft_ms)
+
+    @property
+    def tpot_ape(self) -> float | None:
+        return _row_ape(self.tpot_ms, self.row.measured_tpot_ms)
+
+    @property
+    def ttft_signed(self) -> float | None:
+        return _row_signed(self.ttft_ms, self.row.measured_ttft_ms)
+
+    @property
+    def tpot_signed(self) -> float | None:
+        return _row_signed(self.tpot_ms, self.row.measured_tpot_ms)
+
+
+def _row_signed(pred: float | None, meas: float | None) -> float | None:
+    if pred is None or meas is None or not np.isfinite(pred) or not np.isfinite(meas) or meas <= 0:
+        return None
+    return (pred - meas) / meas
+
+
+def _row_ape(pred: float | None, meas: float | None) -> float | None:
+    s = _row_signed(pred, meas)
+    return None if s is None else abs(s)
+
+
+# --------------------------------------------------------------------------- arrays
+
+
+def _as_float_array(values: Iterable[float | None] | np.ndarray) -> np.ndarray:
+    if isinstance(values, np.ndarray):
+        return values.astype(float, copy=False)
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
+def _valid(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
+    if pred.shape != meas.shape:
+        raise InvalidInputError(
+            "predicted and measured arrays differ in shape", f"{pred.shape} vs {meas.shape}"
+        )
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(pred) & np.isfinite(meas) & (meas > 0)
+
+
+def signed_error(pred: Any, meas: Any) -> np.ndarray:
+    """``(pred - meas) / meas`` element-wise; NaN where either side is missing."""
+    p, m = _as_float_array(pred), _as_float_array(meas)
+    ok = _valid(p, m)
+    out = np.full(p.shape, np.nan)
+    out[ok] = (p[ok] - m[ok]) / m[ok]
+    return out
+
+
+def ape(pred: Any, meas: Any) -> np.ndarray:
+    """Absolute percentage error as a fraction, element-wise; NaN where missing."""
+    return np.abs(signed_error(pred, meas))
+
+
+def _f(x: Any) -> float | None:
+    x = float(x)
+    return x if np.isfinite(x) else None
+
+
+def error_stats(pred: Any, meas: Any) -> dict[str, Any]:
+    """Statistics over the pairs where both values are finite and ``meas > 0``.
+
+    Returns ``n`` (pairs used), ``median_ape``, ``mape`` (mean APE), ``within20``
+    (share with APE <= 20%), ``bias`` (median signed relative error) and ``gmr``
+    (geometric-mean ratio pred/meas, over the pairs with ``pred > 0``).
+    """
+    p, m = _as_float_array(pred), _as_float_array(meas)
+    ok = _valid(p, m)
+    n = int(ok.sum())
+    if n == 0:
+        return {"n": 0, "median_ape": None, "mape": None, "within20": None, "bias": None, "gmr": None}
+    pv, mv = p[ok], m[ok]
+    signed = (pv - mv) / mv
+    absolute = np.abs(signed)
+    pos = pv > 0
+    gmr = _f(np.exp(np.mean(np.log(pv[pos] / mv[pos])))) if pos.any() else None
+    return {
+        "n": n,
+        "median_ape": _f(np.median(absolute)),
+        "mape": _f(np.mean(absolute)),
+        "within20": _f(np.mean(absolute <= WITHIN + _EPS)),
+        "bias": _f(np.median(signed)),
+        "gmr": gmr,
+    }
+
+
+# --------------------------------------------------------------------------- summaries
+
+
+def _block(results: Sequence[RowResult]) -> dict[str, Any]:
+    rows = len(results)
+    predicted = sum(1 for r in results if r.predicted)
+    out: dict[str, Any] = {
+        "rows": rows,
+        "predicted": predicted,
+        "coverage": (predicted / rows) if rows else None,
+    }
+    for metric in ("ttft", "tpot"):
+        pred = np.array(
+            [
+                getattr(r, f"{metric}_ms") if r.predicted else np.nan
+                for r in results
+            ],
+            dtype=float,
+        )
+        meas = _as_float_array(getattr(r.row, f"measured_{metric}_ms") for r in results)
+        stats = error_stats(pred, meas)
+        out[f"{metric}_n"] = stats["n"]
+        for key in ("median_ape", "mape", "within20", "bias", "gmr"):
+            out[f"{metric}_{key}"] = stats[key]
+    return {k: out[k] for k in SUMMARY_KEYS}
+
+
+#: Row attributes :func:`summarize` can group by (any other name must be a SiliconRow attribute).
+GROUPABLE: tuple[str, ...] = (
+    "mode",
+    "backend",
+    "backend_version",
+    "system",
+    "model",
+    "precision",
+    "gemm_quant",
+    "moe_quant",
+    "isl",
+    "osl",
+    "concurrency",
+    "concurrency_source",
+    "fully_specified",
+)
+
+
+def _group_key(by: str) -> Callable[[RowResult], str]:
+    probe = SiliconRow.__dataclass_fields__
+    if by not in probe and not isinstance(getattr(SiliconRow, by, None), property):
+        raise InvalidInputError(f"cannot group validation results by {by!r}", available=GROUPABLE)
+
+    def key(r: RowResult) -> str:
+        value = getattr(r.row, by)
+        return "(none)" if value is None or value == "" else str(value)
+
+    return key
+
+
+def _sort_key(label: str) -> tuple[int, float, str]:
+    try:
+        return (0, float(label), label)
+    except ValueError:
+        return (1, 0.0, label)
+
+
+def summarize(
+    records: Iterable[RowResult],
+    by: Sequence[str] = ("mode", "backend", "system", "model"),
+) -> dict[str, Any]:
+    """Overall statistics plus one breakdown per ``by`` attribute.
+
+    Returns ``{<SUMMARY_KEYS>..., "by": {attr: {value: {<SUMMARY_KEYS>...}}}}``.
+    ``coverage`` = predicted / rows; APE statistics use the predicted rows that
+    have a measured value. Group values are strings (``"(none)"`` for missing),
+    ordered numerically when they are numbers, else alphabetically.
+    """
+    results = list(records)
+    summary = _block(results)
+    groups: dict[str, dict[str, Any]] = {}
+    for attr in by:
+        keyf = _group_key(attr)
+        buckets: dict[str, list[RowResult]] = {}
+        for r in results:
+            buckets.setdefault(keyf(r), []).append(r)
+        groups[attr] = {label: _block(buckets[label]) for label in sorted(buckets, key=_sort_key)}
+    summary["by"] = groups
+    return summary

@@ -1,0 +1,453 @@
+"""Tests of the fidelity harness: silicon CSV reader, metrics, runner and report writers."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from infercast.errors import (
+    DataFileError,
+    InfercastError,
+    InvalidInputError,
+    NotAvailableError,
+    UnknownSystemError,
+)
+from infercast.validate import (
+    RowResult,
+    SiliconRow,
+    WorkerSpec,
+    error_stats,
+    load_ids,
+    load_rows,
+    plot_error_vs_concurrency,
+    render_console,
+    run_validation,
+    summarize,
+    write_all,
+)
+
+HEADER = (
+    "id,silicon_data_source,backend,backend_version,model_path,system,precision,mode,isl,osl,"
+    "gemm_quant_mode,moe_quant_mode,batch_size,tp_size,pp_size,attention_dp_size,moe_tp_size,"
+    "moe_ep_size,prefill_batch_size,prefill_num_workers,prefill_tp_size,prefill_pp_size,"
+    "prefill_attention_dp_size,prefill_moe_tp_size,prefill_moe_ep_size,decode_batch_size,"
+    "decode_num_workers,decode_tp_size,decode_pp_size,decode_attention_dp_size,decode_moe_tp_size,"
+    "decode_moe_ep_size,silicon_ttft_ms,silicon_tpot_ms"
+).split(",")
+
+REAL_CSV = Path("/tmp/venv/lib/python3.11/site-packages/aiconfigurator_core/systems/silicon_sample.csv")
+FIDELITY = Path("/work/shared/fidelity")
+
+
+def _agg(id_, source, ttft, tpot, *, system="h100_sxm", bs="8", tp="2", pp="1", adp="", moe_tp="", moe_ep="0"):
+    return {
+        "id": id_,
+        "silicon_data_source": source,
+        "backend": "trtllm",
+        "backend_version": "1.0.0rc3",
+        "model_path": "Qwen/Qwen3-32B",
+        "system": system,
+        "precision": "fp8",
+        "mode": "agg",
+        "isl": "1024",
+        "osl": "128",
+        "gemm_quant_mode": "fp8",
+        "moe_quant_mode": "",
+        "batch_size": bs,
+        "tp_size": tp,
+        "pp_size": pp,
+        "attention_dp_size": adp,
+        "moe_tp_size": moe_tp,
+        "moe_ep_size": moe_ep,
+        "silicon_ttft_ms": ttft,
+        "silicon_tpot_ms": tpot,
+    }
+
+
+def _disagg(id_, source, ttft, tpot, *, workers: tuple[str, str] = ("", ""), decode_bs=""):
+    return {
+        "id": id_,
+        "silicon_data_source": source,
+        "backend": "sglang",
+        "backend_version": "",
+        "model_path": "deepseek-ai/DeepSeek-R1",
+        "system": "b200_sxm",
+        "precision": "fp4",
+        "mode": "disagg",
+        "isl": "8192",
+        "osl": "1024",
+        "gemm_quant_mode": "nvfp4",
+        "moe_quant_mode": "nvfp4",
+        "prefill_batch_size": "1.0" if workers[0] else "",
+        "prefill_num_workers": workers[0],
+        "prefill_tp_size": "4.0",
+        "prefill_pp_size": "1.0",
+        "prefill_attention_dp_size": "1.0",
+        "prefill_moe_tp_size": "1.0",
+        "prefill_moe_ep_size": "4.0",
+        "decode_batch_size": decode_bs,
+        "decode_num_workers": workers[1],
+        "decode_tp_size": "8.0",
+        "decode_pp_size": "1.0",
+        "decode_attention_dp_size": "1.0",
+        "decode_moe_tp_size": "1.0",
+        "decode_moe_ep_size": "8.0",
+        "silicon_ttft_ms": ttft,
+        "silicon_tpot_ms": tpot,
+    }
+
+
+ROWS = [
+    # 1: agg, concurrency in the source; empty/0 sizes mean 1. Predicted x1.1.
+    _agg("qwen_h100_trtllm_agg_1024x128_c8_a", "source_file=a.csv; silicon_concurrency=8; wip=False", "100", "10"),
+    # 2: agg, concurrency only in the id; unparsable pp_size; attention DP 2. Predicted x1.5.
+    _agg("qwen_h100_trtllm_agg_1024x128_c16_b", "source_file=b.csv", "200", "20", pp="x", adp="2.0"),
+    # 3: disagg with worker counts (fully specified). Predicted x0.8.
+    _disagg(
+        "dsr1_b200_sglang_disagg_8192x1024_c32_cfg1",
+        "db-dump/2026-04-27; config_id=1; silicon_concurrency=32; measured=2026-01-01",
+        "400",
+        "40",
+        workers=("1.0", "2.0"),
+        decode_bs="16.0",
+    ),
+    # 4 and 7: disagg without worker counts -> the fake predictor cannot do them.
+    _disagg("dsr1_b200_sglang_disagg_8192x1024_c64_tp8_ep8_4", "source_file=c.csv; silicon_concurrency=64", "500", "50"),
+    # 5: agg with a NaN TTFT. Predicted x1.1 on TPOT.
+    _agg("qwen_h100_trtllm_agg_1024x128_c32_e", "silicon_concurrency=32", "nan", "30", bs="32"),
+    # 6: agg with the system value missing -> the fake predictor raises UnknownSystemError.
+    _agg("qwen_x_trtllm_agg_1024x128_c4_f", "silicon_concurrency=4", "60", "6", system="", bs="4"),
+    _disagg("dsr1_b200_sglang_disagg_8192x1024_c128_tp8_ep8_7", "source_file=c.csv; silicon_concurrency=128", "700", "70"),
+]
+
+FACTOR = {
+    "qwen_h100_trtllm_agg_1024x128_c8_a": 1.1,
+    "qwen_h100_trtllm_agg_1024x128_c16_b": 1.5,
+    "dsr1_b200_sglang_disagg_8192x1024_c32_cfg1": 0.8,
+    "qwen_h100_trtllm_agg_1024x128_c32_e": 1.1,
+}
+
+
+def _write(path: Path, rows, header=HEADER) -> Path:
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=header, restval="")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: v for k, v in r.items() if k in header})
+    return path
+
+
+def fake_predictor(row: SiliconRow) -> tuple[float, float]:
+    if not row.system:
+        raise UnknownSystemError(f"unknown system {row.system!r}", available=["h100_sxm"])
+    if not row.fully_specified:
+        raise NotAvailableError("disagg row lacks worker counts")
+    f = FACTOR[row.id]
+    ttft = (row.measured_ttft_ms or 300.0) * f
+    return ttft, row.measured_tpot_ms * f
+
+
+@pytest.fixture()
+def sample(tmp_path: Path) -> Path:
+    return _write(tmp_path / "silicon.csv", ROWS)
+
+
+@pytest.fixture()
+def rows(sample: Path) -> list[SiliconRow]:
+    return load_rows(sample)
+
+
+# --------------------------------------------------------------------------- reader
+
+
+def test_parsed_fields(rows: list[SiliconRow]) -> None:
+    assert len(rows) == 7
+    a, b, c, d, e, f, g = rows
+    assert a.id == "qwen_h100_trtllm_agg_1024x128_c8_a"
+    assert (a.backend, a.backend_version, a.model, a.system, a.mode) == (
+        "trtllm",
+        "1.0.0rc3",
+        "Qwen/Qwen3-32B",
+        "h100_sxm",
+        "agg",
+    )
+    assert (a.isl, a.osl, a.concurrency, a.concurrency_source) == (1024, 128, 8, "source")
+    assert (a.gemm_quant, a.moe_quant) == ("fp8", None)
+    assert (a.measured_ttft_ms, a.measured_tpot_ms) == (100.0, 10.0)
+    assert a.worker == WorkerSpec(batch_size=8, tp=2, pp=1, attention_dp=1, moe_tp=1, moe_ep=1)
+    assert a.prefill is None and a.decode is None and a.fully_specified
+    assert a.problems == ()
+    assert a.clients_per_replica() == 8.0
+
+    assert (b.concurrency, b.concurrency_source) == (16, "id")
+    assert b.worker == WorkerSpec(batch_size=8, tp=2, pp=1, attention_dp=2, moe_tp=1, moe_ep=1)
+    assert b.implied_concurrency == 16
+    assert b.clients_per_rank() == 8.0
+    assert b.problems == ("pp_size: unparsable number 'x'",)
+
+    assert c.mode == "disagg" and c.worker is None and c.backend_version is None
+    assert c.prefill == WorkerSpec(batch_size=1, tp=4, pp=1, attention_dp=1, moe_tp=1, moe_ep=4)
+    assert c.decode == WorkerSpec(batch_size=16, tp=8, pp=1, attention_dp=1, moe_tp=1, moe_ep=8)
+    assert (c.prefill_workers, c.decode_workers, c.concurrency) == (1, 2, 32)
+    assert c.fully_specified and c.implied_concurrency == 32
+    assert c.clients_per_replica("decode") == 16.0 and c.clients_per_replica("prefill") == 32.0
+    assert c.problems == ()
+
+    assert d.mode == "disagg" and not d.fully_specified
+    assert (d.prefill_workers, d.decode_workers, d.concurrency) == (None, None, 64)
+    assert d.decode is not None and d.decode.batch_size is None
+    assert d.clients_per_replica() is None and d.problems == ()
+
+    assert e.measured_ttft_ms is None and e.measured_tpot_ms == 30.0 and not e.measured
+    assert e.problems == ("silicon_ttft_ms: NaN",)
+
+    assert f.system == "" and f.problems == ("system: missing value",)
+    assert g.concurrency == 128
+
+
+def test_problem_kinds(tmp_path: Path) -> None:
+    bad = [
+        _agg("m_agg_1024x128_c_x", "source_file=z.csv", "-1", "", bs="12", adp="2"),
+        _agg("m_agg_1024x128_c4_y", "silicon_concurrency=8", "1", "2"),
+        dict(_agg("m_1024x128_c4_z", "silicon_concurrency=4", "1", "2"), mode="", isl="abc"),
+    ]
+    rows = load_rows(_write(tmp_path / "bad.csv", bad))
+    x, y, z = rows
+    assert (x.concurrency, x.concurrency_source) == (24, "derived")
+    assert x.measured_ttft_ms is None and x.measured_tpot_ms is None
+    assert x.problems == (
+        "silicon_ttft_ms: non-positive (-1)",
+        "silicon_tpot_ms: missing value",
+        "concurrency: not in silicon_data_source or id; derived from the batch columns as 24",
+    )
+    assert y.concurrency == 8 and y.problems == (
+        "concurrency: silicon_concurrency=8 disagrees with id token _c4_; using 8",
+    )
+    assert z.mode == "agg" and z.isl is None
+    assert z.problems == ("mode: missing value; taken as 'agg'", "isl: unparsable number 'abc'")
+
+
+def test_short_row_and_duplicate_id(tmp_path: Path) -> None:
+    path = tmp_path / "short.csv"
+    good = _agg("m_agg_1024x128_c4_y", "silicon_concurrency=4", "1", "2")
+    _write(path, [good, good])
+    with path.open("a") as fh:
+        fh.write("m_agg_1024x128_c2_short,silicon_concurrency=2,vllm\n")
+    rows = load_rows(path)
+    assert len(rows) == 3
+    assert rows[1].problems == ("id: duplicate of the row on line 2",)
+    short = rows[2]
+    assert short.backend == "vllm" and short.concurrency == 2
+    assert "model_path: missing value" in short.problems
+    assert "silicon_tpot_ms: missing value" in short.problems
+
+
+def test_ids_filter_and_load_ids(sample: Path, tmp_path: Path) -> None:
+    ids_file = tmp_path / "ids.txt"
+    ids_file.write_text("# dev\nqwen_h100_trtllm_agg_1024x128_c8_a\n\n  dsr1_b200_sglang_disagg_8192x1024_c32_cfg1  \n")
+    ids = load_ids(ids_file)
+    assert ids == {"qwen_h100_trtllm_agg_1024x128_c8_a", "dsr1_b200_sglang_disagg_8192x1024_c32_cfg1"}
+    assert [r.id for r in load_rows(sample, ids)] == [
+        "qwen_h100_trtllm_agg_1024x128_c8_a",
+        "dsr1_b200_sglang_disagg_8192x1024_c32_cfg1",
+    ]
+    with pytest.raises(DataFileError):
+        load_ids(tmp_path / "nope.txt")
+    with pytest.raises(DataFileError):
+        load_rows(tmp_path / "nope.csv")
+
+
+def test_missing_columns(tmp_path: Path) -> None:
+    header = [h for h in HEADER if h not in ("isl", "silicon_tpot_ms")]
+    path = _write(tmp_path / "cols.csv", ROWS[:1], header=header)
+    with pytest.raises(InvalidInputError) as info:
+        load_rows(path)
+    msg = str(info.value)
+    assert "lacks required columns: isl, silicon_tpot_ms" in msg
+    assert "columns found: id, silicon_data_source, backend" in msg
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(InvalidInputError, match="no header row"):
+        load_rows(empty)
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def test_error_stats_by_hand() -> None:
+    nan = float("nan")
+    s = error_stats([110.0, 300.0, nan, 80.0, 5.0], [100.0, 200.0, 50.0, 100.0, nan])
+    assert s["n"] == 3
+    assert s["median_ape"] == pytest.approx(0.2)
+    assert s["mape"] == pytest.approx((0.1 + 0.5 + 0.2) / 3)
+    assert s["within20"] == pytest.approx(2 / 3)
+    assert s["bias"] == pytest.approx(0.1)
+    assert s["gmr"] == pytest.approx((1.1 * 1.5 * 0.8) ** (1 / 3))
+    empty = error_stats([nan], [1.0])
+    assert empty == {"n": 0, "median_ape": None, "mape": None, "within20": None, "bias": None, "gmr": None}
+    with pytest.raises(InvalidInputError):
+        error_stats([1.0, 2.0], [1.0])
+
+
+def test_run_and_summarize(rows: list[SiliconRow]) -> None:
+    results = run_validation(rows, fake_predictor)
+    assert [r.predicted for r in results] == [True, True, True, False, True, False, False]
+    assert results[3].error == "NotAvailableError: disagg row lacks worker counts"
+    assert results[3].error_kind == "NotAvailableError"
+    assert results[5].error.startswith("UnknownSystemError: unknown system ''")
+
+    s = summarize(results)
+    assert (s["rows"], s["predicted"]) == (7, 4)
+    assert s["coverage"] == pytest.approx(4 / 7)
+    # TTFT: APEs 0.1, 0.5, 0.2 (row 5 has no measured TTFT).
+    assert s["ttft_n"] == 3
+    assert s["ttft_median_ape"] == pytest.approx(0.2)
+    assert s["ttft_mape"] == pytest.approx(0.8 / 3)
+    assert s["ttft_within20"] == pytest.approx(2 / 3)
+    assert s["ttft_bias"] == pytest.approx(0.1)
+    assert s["ttft_gmr"] == pytest.approx((1.1 * 1.5 * 0.8) ** (1 / 3))
+    # TPOT: APEs 0.1, 0.5, 0.2, 0.1; signed -0.2, 0.1, 0.1, 0.5.
+    assert s["tpot_n"] == 4
+    assert s["tpot_median_ape"] == pytest.approx(0.15)
+    assert s["tpot_mape"] == pytest.approx(0.9 / 4)
+    assert s["tpot_within20"] == pytest.approx(0.75)
+    assert s["tpot_bias"] == pytest.approx(0.1)
+    assert s["tpot_gmr"] == pytest.approx((1.1 * 1.5 * 0.8 * 1.1) ** 0.25)
+
+    assert list(s["by"]) == ["mode", "backend", "system", "model"]
+    agg, dis = s["by"]["mode"]["agg"], s["by"]["mode"]["disagg"]
+    assert (agg["rows"], agg["predicted"], dis["rows"], dis["predicted"]) == (4, 3, 3, 1)
+    assert agg["ttft_median_ape"] == pytest.approx(0.3)
+    assert dis["tpot_median_ape"] == pytest.approx(0.2) and dis["tpot_bias"] == pytest.approx(-0.2)
+    assert list(s["by"]["system"]) == ["(none)", "b200_sxm", "h100_sxm"]
+    assert s["by"]["system"]["(none)"]["coverage"] == 0.0
+    assert s["by"]["system"]["(none)"]["ttft_median_ape"] is None
+    json.dumps(s)  # JSON-serialisable as-is
+
+    with pytest.raises(InvalidInputError, match="cannot group"):
+        summarize(results, by=("colour",))
+
+
+def test_runner_contract(rows: list[SiliconRow]) -> None:
+    def buggy(row: SiliconRow) -> tuple[float, float]:
+        raise ZeroDivisionError("bug")
+
+    with pytest.raises(ZeroDivisionError):
+        run_validation(rows, buggy)
+
+    out = run_validation(rows[:2], lambda r: (float("nan"), 1.0, "nearest version"))
+    assert out[0].error == "InvalidPrediction: predicted TTFT is not a finite positive latency (nan)"
+    assert out[0].note == "nearest version" and not out[0].predicted
+
+    seen = []
+    out = run_validation(rows[:2], lambda r: (1.0, 2.0, "n"), progress=lambda i, n: seen.append((i, n)))
+    assert seen == [(1, 2), (2, 2)] and out[1].note == "n"
+    with pytest.raises(TypeError):
+        run_validation(rows[:1], lambda r: 5.0)  # type: ignore[arg-type, return-value]
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def test_reports_written(rows: list[SiliconRow], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Force the "matplotlib missing" path so this test does not depend on it.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    results = run_validation(rows, fake_predictor)
+    summary = summarize(results)
+    written = write_all(results, tmp_path / "out", summary=summary, meta={"ids": "test"})
+    assert set(written) == {"csv", "json", "markdown", "html"}
+    assert plot_error_vs_concurrency(results, tmp_path / "p.png") is None
+
+    with written["csv"].open() as fh:
+        table = list(csv.DictReader(fh))
+    assert len(table) == 7
+    first = table[0]
+    assert first["id"] == "qwen_h100_trtllm_agg_1024x128_c8_a" and first["concurrency"] == "8"
+    assert float(first["predicted_ttft_ms"]) == pytest.approx(110.0)
+    assert float(first["ttft_ape"]) == pytest.approx(0.1)
+    assert table[3]["predicted_ttft_ms"] == "" and table[3]["error"].startswith("NotAvailableError")
+    assert table[4]["measured_ttft_ms"] == "" and table[4]["ttft_ape"] == ""
+
+    assert json.loads(written["json"].read_text())["predicted"] == 4
+
+    md = written["markdown"].read_text()
+    for heading in (
+        "## Overall",
+        "## By mode",
+        "## By backend",
+        "## By system",
+        "## By model",
+        "## Worst 20 rows by TTFT APE",
+        "## Worst 20 rows by TPOT APE",
+        "## Unpredictable rows",
+        "## Input data issues",
+    ):
+        assert heading in md
+    assert "| 2 | NotAvailableError: disagg row lacks worker counts |" in md
+    assert "| 1 | UnknownSystemError: unknown system ''" in md
+    assert "| 2 | NotAvailableError |" in md and "| 1 | UnknownSystemError |" in md
+    assert "| agg | 3/4 | 75.0% | 30.0% |" in md
+    assert "Plot not available" in md
+    # Worst TTFT row first: row 2 at +50%.
+    worst = md.split("## Worst 20 rows by TTFT APE", 1)[1]
+    assert worst.index("qwen_h100_trtllm_agg_1024x128_c16_b") < worst.index("qwen_h100_trtllm_agg_1024x128_c8_a")
+    assert "+50.0%" in worst
+
+    page = written["html"].read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<table>" in page and "Unpredictable rows" in page
+    assert "unknown system &#x27;&#x27;" in page
+
+    console = render_console(summary)
+    from rich.console import Console
+
+    con = Console(record=True, width=200)
+    con.print(console)
+    text = con.export_text()
+    assert "mode=agg" in text and "backend=sglang" in text
+
+
+def test_plot_when_matplotlib_present(rows: list[SiliconRow], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    results = run_validation(rows, fake_predictor)
+    written = write_all(results, tmp_path / "out")
+    png = written["plot"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "data:image/png;base64," in written["html"].read_text()
+    assert "![signed error vs concurrency](error_vs_concurrency.png)" in written["markdown"].read_text()
+
+
+# --------------------------------------------------------------------------- real data
+
+
+@pytest.mark.skipif(
+    not (REAL_CSV.exists() and (FIDELITY / "dev_fullspec_ids.txt").exists()),
+    reason="silicon_sample.csv or the dev id lists are not available",
+)
+def test_real_csv_dev_fullspec() -> None:
+    ids = load_ids(FIDELITY / "dev_fullspec_ids.txt")
+    rows = load_rows(REAL_CSV, ids)
+    assert len(rows) == 1924
+    assert {r.id for r in rows} == ids
+    assert all(r.fully_specified for r in rows)
+    assert all(r.concurrency is not None and r.concurrency > 0 for r in rows)
+    assert all(r.measured and r.isl and r.osl for r in rows)
+    # Structured facts from the fidelity README (counted on these dev rows, no per-row output).
+    assert sum(r.mode == "disagg" for r in rows) == 132
+    assert all(isinstance(r.worker, WorkerSpec) for r in rows if r.mode == "agg")
+
+
+def test_rowresult_properties(rows: list[SiliconRow]) -> None:
+    r = RowResult(rows[0], 90.0, 12.0)
+    assert r.predicted and r.ttft_signed == pytest.approx(-0.1) and r.tpot_ape == pytest.approx(0.2)
+    missing = RowResult(rows[4], 1.0, 1.0)
+    assert missing.ttft_ape is None and not math.isnan(missing.tpot_ape or 0.0)
+    failed = RowResult(rows[0], None, None, error="X: y", error_kind="X")
+    assert not failed.predicted and failed.ttft_ape is None
+    assert issubclass(NotAvailableError, InfercastError)
