@@ -59,6 +59,31 @@ def choose_kernel(table: Table, backend: str, mask: np.ndarray | None = None) ->
     return str(best)
 
 
+def merge_kernels(table: Table, mask: np.ndarray, key_cols: tuple[str, ...], backend: str) -> tuple[np.ndarray, list[str]]:
+    """Union of kernels, in priority order, by shape: a point the default kernel lacks is taken from
+    the next kernel that has it. Engines dispatch by shape (vLLM's fp8 block-scaled linear runs
+    FlashInfer at small m and DeepGEMM from m=32 up), and the tables split the same way."""
+    order = []
+    remaining = mask.copy()
+    while remaining.any():
+        k = choose_kernel(table, backend, remaining)
+        order.append(k)
+        remaining &= table.keys["kernel_source"] != k
+    if len(order) <= 1:
+        return mask, order
+    keys = np.stack([table.keys[c].astype(float) for c in key_cols], axis=1)
+    seen: set = set()
+    out = np.zeros_like(mask)
+    for k in order:
+        rows = np.flatnonzero(mask & (table.keys["kernel_source"] == k))
+        for r in rows:
+            t = tuple(keys[r])
+            if t not in seen:
+                seen.add(t)
+                out[r] = True
+    return out, order
+
+
 @dataclass
 class Resolved:
     """One op's compiled lookup plus where it came from."""

@@ -14,7 +14,7 @@ from ..interp.grid import Grid
 from ..interp.provenance import Prov
 from ..interp.transfer import choose_sites, transfer_grid
 from ..data.quant import COMPUTE_DTYPE, WEIGHT_BYTES
-from .base import DatabaseMode, OpDB, Resolved, choose_kernel, sites_and_curves
+from .base import DatabaseMode, OpDB, Resolved, merge_kernels, sites_and_curves
 from .empirical import empirical_resolved
 
 #: the tokens axis used for SOL / empirical grids (same span as the collected m axis)
@@ -45,8 +45,8 @@ def _lattice(db: OpDB, quant: str):
             "the gemm table was not collected in this quant mode",
             table.unique("gemm_dtype"),
         )
-    kernel = choose_kernel(table, db.backend, m)
-    m &= table.keys["kernel_source"] == kernel
+    m, kernels = merge_kernels(table, m, ("n", "k", "m"), db.backend)
+    kernel = "+".join(kernels)
     sites, curves = sites_and_curves(table, m, ("n", "k"), ("m",))
     return table, kernel, sites, curves
 

@@ -1,0 +1,171 @@
+"""The ``infercast`` command line. Any :class:`InfercastError` -> one line on stderr, exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import InfercastError
+
+EXIT_USAGE = 2
+
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--systems-path", help="a pack's systems/ directory (default: $INFERCAST_SYSTEMS_PATH, then the installed aiconfigurator-core data)")
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="HF id (as in the pack's model_configs/), alias, or a local config path")
+    p.add_argument("--system", required=True, help="system name, e.g. h200_sxm (see `infercast systems`)")
+    p.add_argument("--backend", required=True, choices=["trtllm", "vllm", "sglang"])
+    p.add_argument("--backend-version", default=None, help="data version or slot alias current/previous/next (default: current)")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel size")
+    p.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
+    p.add_argument("--gemm-quant", default=None, help="override the GEMM weight quant mode (bfloat16, fp8, fp8_block, nvfp4, ...)")
+    p.add_argument("--kv-cache-quant", default=None, help="override the KV cache dtype (bfloat16, fp8)")
+    p.add_argument("--attention-quant", default=None, help="override the attention compute dtype (bfloat16, fp8)")
+    p.add_argument("--database-mode", default="SILICON", help="SILICON (default), HYBRID, EMPIRICAL or SOL")
+    _add_data_args(p)
+
+
+def _estimator(a):
+    from ..api import Estimator
+
+    return Estimator(
+        a.model, a.system, a.backend, a.backend_version, a.tp, a.pp,
+        gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
+        database_mode=a.database_mode, systems_path=a.systems_path,
+    )
+
+
+def cmd_estimate(a) -> int:
+    est = _estimator(a)
+    res = est.static(a.batch, a.isl, a.osl, a.prefix)
+    if a.plan_out:
+        Path(a.plan_out).write_text(est.plan.to_json())
+    if a.json:
+        print(json.dumps(res.to_dict(), indent=1, default=str))
+        return 0
+    from ..report.console import print_static
+
+    print_static(res, explain=a.explain)
+    return 0
+
+
+def cmd_systems(a) -> int:
+    from ..data.pack import find_pack
+    from ..data.system import list_systems, load_system
+    from ..data.versions import backends_for, version_info
+
+    pack = find_pack(a.systems_path)
+    rows = []
+    for name in list_systems(pack):
+        spec = load_system(pack, name)
+        for be in backends_for(spec):
+            info = version_info(pack, spec, be)
+            rows.append({"system": name, "backend": be, "slots": info.slots(), "collected": list(info.collected)})
+        if not backends_for(spec):
+            rows.append({"system": name, "backend": None, "slots": {}, "collected": []})
+    if a.json:
+        print(json.dumps({"pack": str(pack.systems_dir), "origin": pack.origin, "systems": rows}, indent=1))
+        return 0
+    from ..report.console import print_systems
+
+    print_systems(pack, rows)
+    return 0
+
+
+def cmd_models(a) -> int:
+    from ..data.model_configs import pack_model_ids, resolve_model
+    from ..data.pack import find_pack
+    from ..models.spec import FAMILIES
+
+    pack = find_pack(a.systems_path)
+    out = []
+    for mid in pack_model_ids(pack):
+        mc = resolve_model(pack, mid)
+        cfg = mc.config.get("text_config") or mc.config
+        arch = (mc.config.get("architectures") or cfg.get("architectures") or ["?"])[0]
+        out.append({"model": mid, "architecture": arch, "supported": arch in FAMILIES})
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    from ..report.console import print_models
+
+    print_models(out)
+    return 0
+
+
+def cmd_data_fetch(a) -> int:
+    from ..data.pack import fetch_pack
+
+    path = fetch_pack(Path(a.dest) if a.dest else None)
+    print(f"pack data extracted to {path}")
+    return 0
+
+
+def cmd_validate(a) -> int:
+    from ..validate.cli import run_validate
+
+    return run_validate(a)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="infercast", description="Predict LLM serving performance on GPUs from measured per-operator tables.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    e = sub.add_parser("estimate", help="static estimate: TTFT, TPOT, throughput, memory for one configuration")
+    _add_model_args(e)
+    e.add_argument("--batch", type=int, default=1, help="concurrent requests in the batch")
+    e.add_argument("--isl", type=int, required=True, help="input sequence length (new tokens per request)")
+    e.add_argument("--osl", type=int, required=True, help="output sequence length")
+    e.add_argument("--prefix", type=int, default=0, help="cached prefix tokens per request")
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument("--explain", action="store_true", help="show each op's data source and provenance")
+    e.add_argument("--plan-out", help="write the compiled op plan (JSON) to this file")
+    e.set_defaults(func=cmd_estimate)
+
+    s = sub.add_parser("systems", help="list systems, backends and data versions in the pack")
+    s.add_argument("--json", action="store_true")
+    _add_data_args(s)
+    s.set_defaults(func=cmd_systems)
+
+    m = sub.add_parser("models", help="list model ids in the pack and whether their family is supported")
+    m.add_argument("--json", action="store_true")
+    _add_data_args(m)
+    m.set_defaults(func=cmd_models)
+
+    d = sub.add_parser("data", help="manage the perf-data pack")
+    dsub = d.add_subparsers(dest="data_command", required=True)
+    f = dsub.add_parser("fetch", help="download the aiconfigurator-core wheel with pip and extract only its data into the user cache")
+    f.add_argument("--dest", help="target directory (default: the user cache)")
+    f.set_defaults(func=cmd_data_fetch)
+
+    v = sub.add_parser("validate", help="predict measured silicon rows and report the error")
+    v.add_argument("--silicon", help="CSV of measurements (default: the pack's silicon_sample.csv)")
+    v.add_argument("--ids", help="file of row ids to use (one per line)")
+    v.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    v.add_argument("--out", help="directory for per-row CSV and Markdown/HTML reports")
+    v.add_argument("--static", action="store_true", help="use the static (single batch) model instead of the serving model")
+    v.add_argument("--database-mode", default="SILICON")
+    _add_data_args(v)
+    v.set_defaults(func=cmd_validate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    try:
+        return int(a.func(a) or 0)
+    except InfercastError as exc:
+        print(f"infercast: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

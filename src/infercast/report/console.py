@@ -1,0 +1,92 @@
+"""Readable terminal output (rich)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _console() -> Console:
+    return Console(highlight=False)
+
+
+def _f(x, fmt="{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def print_static(res, explain: bool = False) -> None:
+    c = _console()
+    title = (
+        f"{res.model} on {res.system} · {res.backend} {res.backend_version} · TP{res.tp} PP{res.pp} · "
+        f"batch {res.batch_size} · isl {res.isl} osl {res.osl}" + (f" prefix {res.prefix}" if res.prefix else "")
+    )
+    c.print(f"[bold]{title}[/bold]")
+    q = res.quant
+    c.print(f"quant: gemm {q['gemm']}, kv cache {q['kv_cache']}, attention {q['attention']}  ({q['source']})")
+    for n in res.notes:
+        c.print(f"[yellow]note:[/yellow] {n}")
+    m = res.memory
+    c.print(
+        f"memory/GPU: {res.memory_gb_per_gpu:.1f} GB of {m['capacity_gb']:.0f} GB  (weights {m['weights_gb']:.1f}, "
+        f"KV {m['kv_cache_gb']:.1f}, activations {m['activations_gb']:.1f}, reserves {m['reserves_gb']:.1f}; "
+        f"KV capacity {m['kv_capacity_tokens']:,} tokens)"
+    )
+    if not res.fits:
+        c.print("[bold red]does not fit[/bold red]: no latency is reported for a configuration that cannot run")
+        return
+    t = Table(show_header=True, header_style="bold")
+    for col in ("TTFT ms", "TPOT ms", "request ms", "tok/s/GPU", "tok/s/user"):
+        t.add_column(col, justify="right")
+    t.add_row(_f(res.ttft_ms), _f(res.tpot_ms, "{:.3f}"), _f(res.request_latency_ms, "{:.0f}"),
+              _f(res.tokens_per_s_per_gpu, "{:.1f}"), _f(res.tokens_per_s_per_user, "{:.1f}"))
+    c.print(t)
+    if res.breakdown:
+        b = Table(title="per-op (all layers)", show_header=True, header_style="bold")
+        b.add_column("op")
+        b.add_column("count", justify="right")
+        b.add_column("prefill ms", justify="right")
+        b.add_column("decode ms", justify="right")
+        b.add_column("provenance")
+        if explain:
+            b.add_column("source")
+        for row in res.breakdown:
+            cells = [row.op, str(row.count), f"{row.prefill_ms:.3f}", f"{row.decode_ms:.4f}", row.provenance]
+            if explain:
+                cells.append(_source_text(row.source))
+            b.add_row(*cells)
+        c.print(b)
+    c.print(f"data: {res.versions['tables']}")
+
+
+def _source_text(src: dict) -> str:
+    if "context" in src:
+        return "ctx: " + _source_text(src["context"]) + " | gen: " + _source_text(src["generation"])
+    parts = [src.get("source", "?")]
+    for k in ("version", "kernel", "how"):
+        if src.get(k):
+            parts.append(str(src[k]))
+    if src.get("donor_sites"):
+        parts.append("from " + "; ".join(src["donor_sites"]))
+    return " ".join(parts)
+
+
+def print_systems(pack, rows) -> None:
+    c = _console()
+    c.print(f"pack: {pack.systems_dir} ({pack.origin})")
+    t = Table(show_header=True, header_style="bold")
+    for col in ("system", "backend", "current", "previous", "next", "collected versions"):
+        t.add_column(col)
+    for r in rows:
+        s = r["slots"]
+        t.add_row(r["system"], r["backend"] or "(no data)", s.get("current", "-"), s.get("previous", "-"), s.get("next", "-"), ", ".join(r["collected"]))
+    c.print(t)
+
+
+def print_models(rows) -> None:
+    t = Table(show_header=True, header_style="bold")
+    t.add_column("model")
+    t.add_column("architecture")
+    t.add_column("supported")
+    for r in rows:
+        t.add_row(r["model"], r["architecture"], "yes" if r["supported"] else "not yet")
+    _console().print(t)
