@@ -44,6 +44,7 @@ class CompiledEngine:
         self.plan = plan
         self.db = db
         self.ops: list[CompiledOp] = [self._compile(op) for op in plan.ops]
+        self._tokenwise_memo: dict = {}
 
     def _compile(self, op: PlanOp) -> CompiledOp:
         p = op.params
@@ -121,6 +122,30 @@ class CompiledEngine:
             else:
                 out[c.name] = self._tokenwise(c, tokens, seqs)
         return out
+
+    def mixed_step_ms(self, ctx_batch, ctx_isl, ctx_prefix, dec_batch: float, dec_kv: float) -> float:
+        """One step carrying several prefill groups (arrays: sequences, new tokens, prefix each)
+        and ``dec_batch`` decodes at mean KV length ``dec_kv``: token-wise ops run once over all
+        tokens, attention per group."""
+        cb = np.asarray(ctx_batch, dtype=float)
+        ci = np.asarray(ctx_isl, dtype=float)
+        cp = np.asarray(ctx_prefix, dtype=float)
+        tokens = float((cb * ci).sum()) + dec_batch
+        seqs = float(cb.sum()) + dec_batch
+        key = (tokens, seqs)
+        total = self._tokenwise_memo.get(key)
+        if total is None:
+            t_arr, s_arr = np.array([tokens]), np.array([seqs])
+            total = sum(float(self._tokenwise(c, t_arr, s_arr)[0][0]) for c in self.ops if c.op.kind != "attention")
+            if len(self._tokenwise_memo) < 200_000:
+                self._tokenwise_memo[key] = total
+        attn = [c for c in self.ops if c.op.kind == "attention"]
+        if cb.size and cb.sum() > 0:
+            total += sum(float(self._context_attention(c, cb, ci, cp)[0].sum()) for c in attn)
+        if dec_batch > 0:
+            b, kv = np.array([dec_batch]), np.array([dec_kv])
+            total += sum(float(self._generation_attention(c, b, kv)[0][0]) for c in attn)
+        return total
 
     def step_ms(self, **shape) -> np.ndarray:
         comps = self.components(**shape)

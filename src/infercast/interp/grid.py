@@ -67,10 +67,12 @@ class Grid:
         if len(coords) != len(self.axes):
             raise ValueError(f"grid has {len(self.axes)} axes, got {len(coords)} coordinates")
         if len(self.axes) == 1:
+            n = len(self.axes[0])
             i, t, qc = _locate(self.axes[0], coords[0])
-            v = _blend(self.values[i], self.values[np.minimum(i + 1, len(self.axes[0]) - 1)], t)
-            p = np.maximum(self.prov[i], self.prov[np.minimum(i + 1, len(self.axes[0]) - 1)])
-            on = np.isin(qc, self.axes[0])
+            i1 = np.minimum(i + 1, n - 1)
+            v = _blend(self.values[i], self.values[i1], t)
+            on = (t == 0.0) | (t == 1.0)
+            p = np.where(t == 0.0, self.prov[i], np.where(t == 1.0, self.prov[i1], np.maximum(self.prov[i], self.prov[i1])))
             clamped = (qc,)
         else:
             (i, ti, qa), (j, tj, qb) = _locate(self.axes[0], coords[0]), _locate(self.axes[1], coords[1])
@@ -80,16 +82,17 @@ class Grid:
             top = _blend(V[i, j], V[i1, j], ti)
             bot = _blend(V[i, j1], V[i1, j1], ti)
             v = _blend(top, bot, tj)
+            on = ((ti == 0.0) | (ti == 1.0)) & ((tj == 0.0) | (tj == 1.0))
             P = self.prov
-            p = np.maximum.reduce([P[i, j], P[i1, j], P[i, j1], P[i1, j1]])
-            on = np.isin(qa, self.axes[0]) & np.isin(qb, self.axes[1])
             # an exact hit only depends on its own cell
-            p = np.where(on & (ti == 0) & (tj == 0), P[i, j], p)
+            ci = np.where(ti == 1.0, i1, i)
+            cj = np.where(tj == 1.0, j1, j)
+            p = np.where(on, P[ci, cj], np.maximum.reduce([P[i, j], P[i1, j], P[i, j1], P[i1, j1]]))
             clamped = (qa, qb)
         p = np.where(on, p, np.maximum(p, Prov.INTERPOLATED))
-        outside = np.zeros(v.shape, dtype=bool)
-        for c, qc in zip(coords, clamped):
-            outside |= c != qc
+        outside = coords[0] != clamped[0]
+        for c, qc in zip(coords[1:], clamped[1:]):
+            outside = outside | (c != qc)
         if outside.any():
             if self.sol is None:
                 raise ValueError("query outside the grid and no SOL function to hold utilisation")

@@ -41,3 +41,51 @@ BACKENDS = {
 
 def backend_defaults(name: str) -> BackendDefaults:
     return BACKENDS[name]
+
+
+@dataclass(frozen=True)
+class SchedulerParams:
+    """How a backend's scheduler composes steps (see :mod:`infercast.serving.sim`).
+
+    * ``mixed``: prefill rides in the same step as decodes (TensorRT-LLM in-flight batching, vLLM
+      chunked prefill) or runs as separate steps that pause decoding (SGLang without
+      ``--enable-mixed-chunk``, its default).
+    * ``chunked``: a prompt longer than the room left in the budget is split across steps (vLLM and
+      SGLang chunked prefill; TensorRT-LLM is modelled chunked too, since its serving recipes enable
+      it for long prompts).
+    * ``max_num_tokens``: the step's token budget; ``min_prefill_chunk``: the least prefill work a
+      step takes when decodes fill the budget.
+    * ``max_batch_size``: running requests at most.
+    * ``step_overhead_ms``: host time per step not in the kernel tables (scheduling, sampling,
+      launch gaps).
+    * ``arrival_delay_ms``: client and front-end time between a request's send and its arrival in
+      the scheduler's queue (HTTP, tokenisation); it also delays the first token as seen by the
+      client.
+    * ``requests_per_client``: how many requests each benchmark client sends (the benchmark
+      length; the first wave of a closed-loop benchmark starts synchronised).
+    * ``kv_reserve_full``: admission reserves a request's whole ``isl + osl`` KV up front
+      (TensorRT-LLM's default ``GUARANTEED_NO_EVICT`` capacity policy) or allocates on demand
+      (vLLM, SGLang: a running request holds ``isl + osl/2`` tokens on average; preemption keeps the
+      pool full rather than idle).
+    """
+
+    mixed: bool
+    chunked: bool
+    max_num_tokens: int
+    max_batch_size: int
+    step_overhead_ms: float
+    arrival_delay_ms: float
+    requests_per_client: float
+    kv_reserve_full: bool
+    min_prefill_chunk: int = 256
+
+
+SCHEDULERS = {
+    "trtllm": SchedulerParams(True, True, 8192, 2048, 0.0, 1.0, 10.0, True),
+    "vllm": SchedulerParams(True, True, 8192, 1024, 0.0, 1.0, 10.0, False),
+    "sglang": SchedulerParams(False, True, 8192, 4096, 0.0, 1.0, 10.0, False),
+}
+
+
+def scheduler_params(name: str) -> SchedulerParams:
+    return SCHEDULERS[name]

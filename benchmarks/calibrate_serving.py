@@ -1,0 +1,87 @@
+"""Calibrate the serving model's named parameters on the DEV silicon rows only.
+
+    python -m benchmarks.calibrate_serving [--grid]
+
+Loads the dev fully specified rows, builds each row's estimator once, then evaluates the
+serving model under candidate scheduler parameters and prints median APE per backend. Only
+ids from ../shared/fidelity/dev_fullspec_ids.txt are read; held-out rows are never touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import time
+from pathlib import Path
+
+import numpy as np
+
+from infercast.errors import InfercastError
+from infercast.serving.backends import scheduler_params
+from infercast.serving.agg import serve_agg
+from infercast.validate.cli import default_silicon_csv
+from infercast.validate.predict import EstimatorCache
+from infercast.validate.silicon import load_ids, load_rows
+
+DEV_IDS = Path(__file__).resolve().parents[2] / "shared" / "fidelity" / "dev_fullspec_ids.txt"
+
+
+def prepare(stride: int = 1):
+    rows = [r for r in load_rows(default_silicon_csv(), load_ids(DEV_IDS)) if r.mode == "agg"][::stride]
+    cache = EstimatorCache()
+    ready = []
+    for r in rows:
+        try:
+            est = cache.get(r, r.worker.tp, r.worker.pp)
+        except InfercastError:
+            continue
+        if r.measured_ttft_ms and r.measured_tpot_ms:
+            ready.append((r, est))
+    return ready
+
+
+def evaluate(ready, overrides: dict):
+    out = {}
+    for r, est in ready:
+        p = dataclasses.replace(scheduler_params(r.backend), **overrides.get(r.backend, overrides.get("*", {})))
+        conc = float(r.concurrency or r.worker.batch_size)
+        try:
+            res = serve_agg(est.engine, max(1, round(conc / max(r.worker.attention_dp, 1))), r.isl, r.osl, p, est.memory.kv_capacity_tokens, est.gpus)
+        except InfercastError:
+            continue
+        out.setdefault(r.backend, []).append((res.ttft_ms / r.measured_ttft_ms, res.tpot_ms / r.measured_tpot_ms))
+    table = {}
+    for be, v in sorted(out.items()):
+        a = np.array(v)
+        table[be] = (len(a), float(np.median(np.abs(a[:, 0] - 1))), float(np.median(np.abs(a[:, 1] - 1))),
+                     float(np.exp(np.mean(np.log(a[:, 0])))), float(np.exp(np.mean(np.log(a[:, 1])))))
+    allv = np.array([x for v in out.values() for x in v])
+    table["all"] = (len(allv), float(np.median(np.abs(allv[:, 0] - 1))), float(np.median(np.abs(allv[:, 1] - 1))),
+                    float(np.exp(np.mean(np.log(allv[:, 0])))), float(np.exp(np.mean(np.log(allv[:, 1])))))
+    return table
+
+
+def show(label, table):
+    for be, (n, t, p, gt, gp) in table.items():
+        print(f"{label:40s} {be:7s} n={n:4d} TTFT medAPE {t:6.1%} GMR {gt:5.2f} | TPOT medAPE {p:6.1%} GMR {gp:5.2f}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--stride", type=int, default=1)
+    ap.add_argument("--rpc", default="10")
+    ap.add_argument("--delay", default="1")
+    ap.add_argument("--overhead", default="0")
+    a = ap.parse_args()
+    t0 = time.time()
+    ready = prepare(a.stride)
+    print(f"{len(ready)} rows ready in {time.time() - t0:.1f}s")
+    for rpc, delay, ovh in itertools.product(*(map(float, x.split(",")) for x in (a.rpc, a.delay, a.overhead))):
+        t0 = time.time()
+        tab = evaluate(ready, {"*": {"requests_per_client": rpc, "arrival_delay_ms": delay, "step_overhead_ms": ovh}})
+        show(f"rpc={rpc} delay={delay} ovh={ovh} ({time.time() - t0:.0f}s)", tab)
+
+
+if __name__ == "__main__":
+    main()

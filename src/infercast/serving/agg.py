@@ -1,0 +1,171 @@
+"""Aggregated serving: a closed-loop benchmark against a continuously batching engine.
+
+Two regimes make up what a benchmark client measures:
+
+1. the *first wave*: all clients start together, so their first requests queue for prefill
+   behind each other. :func:`infercast.serving.sim.simulate` plays that wave exactly (cohorts,
+   token budget, chunking, KV admission);
+2. the *steady state*: afterwards, jitter in the clients and the front end spreads requests over
+   the cycle (measured TTFT at low concurrency is one step of wait plus one mixed prefill step,
+   not a whole batch's prefill), which :func:`solve_steady` solves analytically (below).
+
+Mean TTFT = (first wave + (k - 1) x steady) / k for ``k = requests_per_client``; TPOT and
+throughput are the steady state's.
+
+The steady state, solved analytically (milliseconds per configuration, no event loop):
+
+The benchmark: ``C`` clients per engine replica, each sending its next request (``isl`` new
+tokens, ``osl`` output tokens) the moment the previous one completes. The engine runs one step
+after another; a step carries every running decode (one token each) and, within a token budget,
+prefill tokens of waiting requests (chunked when a prompt exceeds the budget left by the decodes).
+
+Steady state, per step (a *fluid* model: averages, not individual requests):
+
+* ``D`` requests decode each step; each spends ``osl - 1`` steps decoding, so completions per step
+  ``lam = D / (osl - 1)`` and prefill tokens per step ``lam * isl``;
+* the other ``W = C - D`` requests are between arrival and first token. A new request arrives
+  while a step is running (its predecessor finished at the end of the previous one) and waits
+  for it (``WAIT_STEPS``), then takes ``n_chunks`` steps to prefill, so by Little's law
+  ``W = lam * (1 + n_chunks)``
+  when prefill capacity is not binding: ``D = C (osl-1) / (osl-1 + 1 + n_chunks)``;
+* the decode set is capped by the token budget (prefill + decode tokens per step <= budget), the
+  KV-cache capacity (tokens of running requests) and the backend's max running requests; above a
+  cap the excess clients queue, and TTFT grows by their wait (Little's law again).
+
+Step times come from the compiled engine (:meth:`CompiledEngine.step_ms`): a mixed step of ``D``
+decodes at the mean KV length ``isl + osl/2`` plus one prefill chunk (with its prefix), or a
+decode-only step. Backends that do not mix prefill and decode in one step (SGLang's default)
+run separate prefill steps that pause decodes. Per-step host overhead and the request's
+front-end overhead (HTTP, tokenisation, detokenisation) are named parameters in
+:mod:`.backends`.
+
+Reported: mean TTFT, mean TPOT (= mean step time seen by a decoding request), request latency,
+throughput per GPU and per user.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from .backends import SchedulerParams
+
+#: steps a new request waits before its first prefill chunk: it arrives while a step runs
+WAIT_STEPS = 1.0
+
+
+@dataclass
+class ServingResult:
+    concurrency: float
+    ttft_ms: float
+    tpot_ms: float
+    request_latency_ms: float
+    tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+    decode_batch: float  # mean running decodes per step
+    queued: float  # clients waiting for a slot (capacity-bound)
+    prefill_chunks: int
+    step_ms: float
+    bound: str  # what limits the decode batch: clients / token budget / kv cache / max requests
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _steps(engine, d, isl, osl, chunk, chunk_prefix, n_prefill_in_step, mixed: bool):
+    """(decode-only step, step carrying prefill, prefill-only step) in ms."""
+    kv = isl + osl / 2.0
+    dec = float(engine.step_ms(dec_batch=d, dec_kv=kv)) if d > 0 else 0.0
+    if mixed:
+        mix = float(engine.step_ms(ctx_batch=n_prefill_in_step, ctx_isl=chunk, ctx_prefix=chunk_prefix, dec_batch=d, dec_kv=kv))
+        pre = mix
+    else:
+        pre = float(engine.step_ms(ctx_batch=n_prefill_in_step, ctx_isl=chunk, ctx_prefix=chunk_prefix))
+        mix = pre
+    return dec, mix, pre
+
+
+def solve_steady(
+    engine,
+    concurrency: float,
+    isl: int,
+    osl: int,
+    params: SchedulerParams,
+    kv_capacity_tokens: float,
+    gpus: int,
+    iterations: int = 6,
+) -> ServingResult:
+    C = float(concurrency)
+    out_steps = max(osl - 1, 1)
+    budget = float(params.max_num_tokens)
+    # caps on the decoding set
+    footprint = float(isl + osl) if params.kv_reserve_full else float(isl + osl / 2.0)
+    kv_cap = kv_capacity_tokens / footprint if kv_capacity_tokens > 0 else 0.0
+    caps = {"kv cache": kv_cap, "max requests": float(params.max_batch_size)}
+    if params.mixed:
+        # D decodes + lam*isl prefill tokens per step must fit the budget
+        caps["token budget"] = budget * out_steps / (out_steps + isl)
+    d = C * out_steps / (out_steps + 2.0)
+    n_chunks = 1
+    for _ in range(iterations):
+        room = budget - (d if params.mixed else 0.0)
+        room = max(room, params.min_prefill_chunk)
+        n_chunks = max(1, math.ceil(isl / room))
+        d_free = C * out_steps / (out_steps + WAIT_STEPS + n_chunks)
+        d = min([d_free, *caps.values()])
+    cap_name, cap_val = min(caps.items(), key=lambda kv: kv[1])
+    d_free = C * out_steps / (out_steps + WAIT_STEPS + n_chunks)
+    bound = cap_name if cap_val < d_free else "clients"
+    d = max(d, 0.0)
+    lam = d / out_steps  # completions (= new prefills) per step
+    chunk = isl / n_chunks
+    prefix = (isl - chunk) / 2.0  # mean prefix of a chunk of a chunked prompt
+    # prefill chunks per step: one, unless arrivals outpace single-chunk steps
+    chunk_load = lam * n_chunks  # prefill chunks needed per step
+    per_step = max(1.0, chunk_load)
+    frac = min(1.0, chunk_load)  # share of steps carrying prefill work
+    dec, mix, pre = _steps(engine, d, isl, osl, chunk, prefix, per_step, params.mixed)
+    ovh = params.step_overhead_ms
+    if params.mixed:
+        t_avg = (1.0 - frac) * dec + frac * mix + ovh
+        t_prefill_step = mix + ovh
+        tpot = t_avg
+    else:
+        # prefill steps pause decoding: a decode token waits for the decode step and, on average,
+        # for the prefill steps scheduled in between
+        t_dec = dec + ovh
+        t_pre = pre + ovh
+        t_avg = t_dec + chunk_load * t_pre / per_step
+        t_prefill_step = t_pre
+        tpot = t_avg
+    queued = max(0.0, C - d - lam * (WAIT_STEPS + n_chunks))
+    wait_ms = WAIT_STEPS * t_avg + (queued / lam * t_avg if lam > 0 else 0.0)
+    ttft = wait_ms + n_chunks * t_prefill_step + params.arrival_delay_ms
+    latency = ttft + tpot * out_steps
+    tput_gpu = (C / latency) * osl * 1e3 / gpus if latency > 0 else 0.0
+    return ServingResult(
+        concurrency=C,
+        ttft_ms=ttft,
+        tpot_ms=tpot,
+        request_latency_ms=latency,
+        tokens_per_s_per_gpu=tput_gpu,
+        tokens_per_s_per_user=1e3 / tpot if tpot > 0 else 0.0,
+        decode_batch=d,
+        queued=queued,
+        prefill_chunks=n_chunks,
+        step_ms=t_avg,
+        bound=bound,
+    )
+
+
+
+def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacity_tokens, gpus) -> ServingResult:
+    """Mean TTFT/TPOT a closed-loop benchmark client reports (first wave + steady state)."""
+    from .sim import simulate
+
+    steady = solve_steady(engine, concurrency, isl, osl, params, kv_capacity_tokens, gpus)
+    k = max(params.requests_per_client, 1.0)
+    first = simulate(engine, int(round(concurrency)), isl, osl, params, kv_capacity_tokens, gpus, requests_per_client=1)
+    steady.ttft_ms = (first.ttft_ms + (k - 1.0) * steady.ttft_ms) / k
+    steady.request_latency_ms = steady.ttft_ms + steady.tpot_ms * max(osl - 1, 1)
+    return steady

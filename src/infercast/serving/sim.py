@@ -1,0 +1,225 @@
+"""Aggregated serving: an iteration-level model of continuous batching under a closed-loop load.
+
+The benchmark: ``C`` clients per engine replica start together and each sends its next request
+(``isl`` new tokens, ``osl`` output tokens) as soon as the previous one completes, until
+``requests_per_client`` requests each have been sent. Mean TTFT / TPOT are over all requests, as
+a benchmark client reports them.
+
+The engine runs steps back to back. Each step carries every running decode (one token each) and,
+within the token budget (``max_num_tokens``), prefill work of waiting requests, first come first
+served; a prompt that does not fit the room left is chunked (``min_prefill_chunk`` at least).
+Backends that do not mix prefill and decode (SGLang's default) run a prefill step that pauses
+decoding whenever requests wait. A request is admitted only if the KV cache can hold its whole
+``isl + osl`` and the running set is below ``max_batch_size``. A request that arrives while a step
+runs is scheduled at the next step boundary (plus ``arrival_delay_ms`` of front-end time).
+
+Requests that arrive together and are scheduled together stay together: the simulation tracks
+*cohorts* (n identical requests in the same state), not requests, and jumps over runs of
+decode-only steps in one vectorised engine call, so one configuration costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..errors import InvalidConfigError
+from .backends import SchedulerParams
+
+
+class DoesNotFitError(InvalidConfigError):
+    """The configuration cannot hold even one request."""
+
+
+@dataclass
+class _Cohort:
+    n: int
+    arrival: float  # ms
+    remaining: float  # prefill tokens left per request
+    done_prefill: float = 0.0  # prefill tokens already processed per request (prefix of the next chunk)
+    first_token: float = -1.0
+    generated: int = 0
+
+
+@dataclass
+class ServingResult:
+    concurrency: float
+    ttft_ms: float
+    tpot_ms: float
+    request_latency_ms: float
+    tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+    mean_decode_batch: float
+    steps: int
+    ttft_p50_ms: float
+    ttft_p90_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p90_ms: float
+    tpot_p99_ms: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _wpct(values, weights, q):
+    v = np.asarray(values, float)
+    w = np.asarray(weights, float)
+    o = np.argsort(v)
+    cw = np.cumsum(w[o])
+    return float(v[o][np.searchsorted(cw, q / 100.0 * cw[-1])])
+
+
+def simulate(
+    engine,
+    concurrency: int,
+    isl: int,
+    osl: int,
+    params: SchedulerParams,
+    kv_capacity_tokens: float,
+    gpus: int,
+    requests_per_client: float | None = None,
+    max_events: int = 200_000,
+) -> ServingResult:
+    C = int(concurrency)
+    osl = int(osl)
+    isl = int(isl)
+    rpc = params.requests_per_client if requests_per_client is None else requests_per_client
+    total_requests = max(C, int(round(rpc * C)))
+    budget = float(params.max_num_tokens)
+    per_req_kv = float(isl + osl) if params.kv_reserve_full else float(isl + osl / 2.0)
+    kv_slots = math.inf if kv_capacity_tokens <= 0 else kv_capacity_tokens
+    ovh = params.step_overhead_ms
+    if isl + osl > kv_slots:
+        raise DoesNotFitError(
+            f"one request of {isl}+{osl} tokens needs more KV cache than the worker has ({int(kv_capacity_tokens)} tokens)"
+        )
+
+    waiting: list[_Cohort] = [_Cohort(C, 0.0, float(isl))]
+    running: list[_Cohort] = []  # decoding
+    issued = C
+    t = 0.0
+    ttft_v, tpot_v, lat_v, w_v = [], [], [], []
+    dec_batch_time = 0.0
+    steps = 0
+    events = 0
+
+    def complete(c: _Cohort, now: float):
+        nonlocal issued
+        ttft_v.append(c.first_token - c.arrival)
+        tpot_v.append((now - c.first_token) / max(osl - 1, 1))
+        lat_v.append(now - c.arrival)
+        w_v.append(c.n)
+        new = min(c.n, total_requests - issued)
+        if new > 0:
+            issued += new
+            waiting.append(_Cohort(new, now + params.arrival_delay_ms, float(isl)))
+
+    while (waiting or running) and events < max_events:
+        events += 1
+        in_flight = sum(c.n for c in running)
+        kv_used = in_flight * per_req_kv
+        # --- admit prefill work (FCFS) among requests that have arrived by now
+        ready = [c for c in waiting if c.arrival <= t + 1e-9]
+        groups = []  # (n, chunk tokens, prefix)
+        if ready:
+            room = budget - (in_flight if params.mixed else 0.0)
+            room = max(room, float(params.min_prefill_chunk))
+            for c in ready:
+                if room <= 0:
+                    break
+                started = c.done_prefill > 0
+                # requests not yet holding KV must be admissible
+                free_seq = params.max_batch_size - in_flight - sum(g[1] for g in groups if g[0].done_prefill == 0)
+                free_kv = (kv_slots - kv_used) // per_req_kv if not started else c.n
+                can = int(min(c.n, free_kv if not started else c.n, free_seq if not started else c.n))
+                if can <= 0:
+                    break
+                whole = int(min(can, room // c.remaining))
+                if whole >= 1:
+                    take, chunk = whole, c.remaining
+                elif params.chunked:
+                    take, chunk = 1, room
+                else:
+                    break
+                if take < c.n:
+                    rest = _Cohort(c.n - take, c.arrival, c.remaining, c.done_prefill)
+                    waiting.insert(waiting.index(c) + 1, rest)
+                    c.n = take
+                groups.append((c, take, chunk))
+                room -= take * chunk
+                if not started:
+                    kv_used += take * per_req_kv
+        # --- run the step
+        if groups:
+            cb = np.array([g[1] for g in groups], float)
+            ci = np.array([g[2] for g in groups], float)
+            cp = np.array([g[0].done_prefill for g in groups], float)
+            if params.mixed and running:
+                kv_mean = sum(c.n * (isl + c.generated) for c in running) / in_flight
+                dt = engine.mixed_step_ms(cb, ci, cp, float(in_flight), kv_mean) + ovh
+                dec_n = in_flight
+            else:
+                dt = engine.mixed_step_ms(cb, ci, cp, 0.0, 1.0) + ovh
+                dec_n = 0
+            t += dt
+            steps += 1
+            dec_batch_time += dec_n * dt
+            if dec_n:
+                for c in list(running):
+                    c.generated += 1
+                    if c.generated >= osl:
+                        running.remove(c)
+                        complete(c, t)
+            for c, take, chunk in groups:
+                c.remaining -= chunk
+                c.done_prefill += chunk
+                if c.remaining <= 1e-9:
+                    waiting.remove(c)
+                    c.first_token = t
+                    c.generated = 1
+                    if osl <= 1:
+                        complete(c, t)
+                    else:
+                        running.append(c)
+            continue
+        if not running:
+            # nothing runnable: jump to the next arrival
+            t = max(t, min(c.arrival for c in waiting))
+            continue
+        # --- a run of decode-only steps until the next completion or arrival
+        k = min(osl - c.generated for c in running)
+        pending = [c.arrival for c in waiting if c.arrival > t]
+        blocked = [c for c in waiting if c.arrival <= t]  # waiting but not admissible now
+        base_kv = sum(c.n * (isl + c.generated) for c in running) / in_flight
+        j = np.arange(k, dtype=float)
+        dts = np.asarray(engine.step_ms(dec_batch=float(in_flight), dec_kv=base_kv + j), float) + ovh
+        if pending and not blocked:
+            ends = t + np.cumsum(dts)
+            # stop after the step during which the next request arrives
+            idx = int(np.searchsorted(ends, min(pending), side="left"))
+            k = min(k, idx + 1)
+            dts = dts[:k]
+        t += float(dts.sum())
+        steps += k
+        dec_batch_time += in_flight * float(dts.sum())
+        for c in list(running):
+            c.generated += k
+            if c.generated >= osl:
+                running.remove(c)
+                complete(c, t)
+
+    w = np.asarray(w_v, float)
+    ttft = float(np.dot(ttft_v, w) / w.sum())
+    tpot = float(np.dot(tpot_v, w) / w.sum())
+    lat = float(np.dot(lat_v, w) / w.sum())
+    tput = total_requests * osl / (t / 1e3) / gpus if t > 0 else 0.0
+    return ServingResult(
+        concurrency=C, ttft_ms=ttft, tpot_ms=tpot, request_latency_ms=lat,
+        tokens_per_s_per_gpu=tput, tokens_per_s_per_user=1e3 / tpot if tpot > 0 else 0.0,
+        mean_decode_batch=dec_batch_time / t if t > 0 else 0.0, steps=steps,
+        ttft_p50_ms=_wpct(ttft_v, w, 50), ttft_p90_ms=_wpct(ttft_v, w, 90), ttft_p99_ms=_wpct(ttft_v, w, 99),
+        tpot_p50_ms=_wpct(tpot_v, w, 50), tpot_p90_ms=_wpct(tpot_v, w, 90), tpot_p99_ms=_wpct(tpot_v, w, 99),
+    )

@@ -1,0 +1,54 @@
+"""``infercast validate``: predict measured rows and report the error."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..data.pack import find_pack
+from ..errors import DataFileError
+from .metrics import summarize
+from .predict import EstimatorCache, static_predictor
+from .report import render_console, run_validation, write_all
+from .silicon import load_ids, load_rows
+
+
+def default_silicon_csv(systems_path=None) -> Path:
+    pack = find_pack(systems_path)
+    path = pack.systems_dir / "silicon_sample.csv"
+    if not path.exists():
+        raise DataFileError(f"no silicon_sample.csv in {pack.systems_dir}", "pass --silicon CSV")
+    return path
+
+
+def make_predictor(kind: str, systems_path=None, database_mode="SILICON"):
+    cache = EstimatorCache(systems_path, database_mode)
+    if kind == "static":
+        return static_predictor(cache)
+    from .serving_predict import serving_predictor
+
+    return serving_predictor(cache)
+
+
+def run_validate(a) -> int:
+    csv_path = Path(a.silicon) if a.silicon else default_silicon_csv(a.systems_path)
+    ids = load_ids(a.ids) if a.ids else None
+    rows = load_rows(csv_path, ids)
+    predictor = make_predictor("static" if a.static else "serving", a.systems_path, a.database_mode)
+    t0 = time.perf_counter()
+    results = run_validation(rows, predictor)
+    elapsed = time.perf_counter() - t0
+    summary = summarize(results)
+    summary["seconds"] = round(elapsed, 2)
+    summary["model"] = "static" if a.static else "serving"
+    if a.out:
+        write_all(results, a.out, summary=summary, meta={"csv": str(csv_path), "ids": a.ids, "model": summary["model"]})
+    if a.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        from rich.console import Console
+
+        Console().print(render_console(summary))
+        print(f"{summary['predicted']}/{summary['rows']} rows predicted in {elapsed:.1f} s")
+    return 0

@@ -1,0 +1,207 @@
+"""Integration on the real aiconfigurator-core pack (skipped when it is not installed).
+
+One module-scoped sweep builds every Estimator once (dense models x systems x backends x TP) and
+records a static estimate at batch 8, isl 2048, osl 256; the tests then check sanity properties
+over the whole table and report every offending row at once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from infercast import Estimator
+from infercast.cli.main import main
+from infercast.data.model_configs import resolve_model
+from infercast.data.pack import find_pack
+from infercast.errors import InfercastError
+from infercast.models.spec import build_spec
+
+pytestmark = pytest.mark.real_pack
+
+MODELS = ["meta-llama/Meta-Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-70B", "Qwen/Qwen3-32B", "Qwen/Qwen3-32B-FP8"]
+SYSTEMS = ["h100_sxm", "h200_sxm", "b200_sxm"]
+BACKENDS = ["trtllm", "vllm", "sglang"]
+TPS = [1, 2, 4, 8]
+BATCH, ISL, OSL = 8, 2048, 256
+#: doubling TP may cost at most this much TTFT (more GPUs should not be much slower)
+TP_SLACK = 1.15
+
+
+@pytest.fixture(scope="module")
+def sweep(real_pack_available):
+    rows = {}
+    for system in SYSTEMS:
+        for backend in BACKENDS:
+            for model in MODELS:
+                for tp in TPS:
+                    key = (system, backend, model, tp)
+                    try:
+                        est = Estimator(model, system, backend, tp=tp)
+                        rows[key] = est.static(BATCH, ISL, OSL, breakdown=False)
+                    except InfercastError as exc:
+                        rows[key] = exc
+    return rows
+
+
+def _table(rows) -> str:
+    out = []
+    for (system, backend, model, tp), r in sorted(rows.items()):
+        if isinstance(r, Exception):
+            cell = f"ERROR {type(r).__name__}: {r}"
+        elif not r.fits:
+            cell = f"does not fit ({r.memory_gb_per_gpu:.1f} GB)"
+        else:
+            cell = f"ttft {r.ttft_ms:9.2f}  tpot {r.tpot_ms:7.3f}"
+        out.append(f"{system:9s} {backend:7s} {model:32s} tp{tp}  {cell}")
+    return "\n".join(out)
+
+
+def test_every_estimate_is_sane(sweep):
+    problems = []
+    for key, r in sweep.items():
+        if isinstance(r, Exception):
+            problems.append(f"{key}: raised {type(r).__name__}: {r}")
+            continue
+        if not r.fits:
+            if r.ttft_ms is not None or not any("does not fit" in n for n in r.notes):
+                problems.append(f"{key}: fits=False but ttft={r.ttft_ms} notes={r.notes}")
+            continue
+        for name in ("ttft_ms", "tpot_ms", "tokens_per_s_per_gpu", "memory_gb_per_gpu"):
+            v = getattr(r, name)
+            if not (isinstance(v, float) and math.isfinite(v) and v > 0):
+                problems.append(f"{key}: {name}={v!r}")
+        if r.ttft_ms is not None and r.tpot_ms is not None and not r.tpot_ms < r.ttft_ms:
+            problems.append(f"{key}: tpot {r.tpot_ms:.3f} >= ttft {r.ttft_ms:.3f} at isl {ISL}")
+        if r.memory_gb_per_gpu > r.memory["capacity_gb"]:
+            problems.append(f"{key}: fits but uses {r.memory_gb_per_gpu:.1f} GB of {r.memory['capacity_gb']:.1f}")
+    assert not problems, "\n".join(problems) + "\n\n" + _table(sweep)
+
+
+def test_ttft_does_not_grow_when_tp_doubles(sweep):
+    problems = []
+    for system in SYSTEMS:
+        for backend in BACKENDS:
+            for model in MODELS:
+                for tp in TPS[:-1]:
+                    a, b = sweep[(system, backend, model, tp)], sweep[(system, backend, model, 2 * tp)]
+                    if isinstance(a, Exception) or isinstance(b, Exception) or not (a.fits and b.fits):
+                        continue
+                    if b.ttft_ms > TP_SLACK * a.ttft_ms:
+                        problems.append(
+                            f"{system} {backend} {model}: ttft tp{tp} {a.ttft_ms:.1f} -> tp{2 * tp} {b.ttft_ms:.1f}"
+                        )
+    assert not problems, "\n".join(problems)
+
+
+def test_everything_fits_at_tp8_and_70b_does_not_fit_one_h100(sweep):
+    for system in SYSTEMS:
+        for backend in BACKENDS:
+            for model in MODELS:
+                r = sweep[(system, backend, model, 8)]
+                assert not isinstance(r, Exception) and r.fits, (system, backend, model, r)
+    r = sweep[("h100_sxm", "trtllm", "meta-llama/Meta-Llama-3.1-70B", 1)]
+    assert r.fits is False
+    assert 135 < r.memory["weights_gb"] < 145  # ~70.6e9 bf16 parameters
+
+
+def test_fp8_prefill_faster_than_bf16(sweep):
+    bf16 = sweep[("h200_sxm", "trtllm", "Qwen/Qwen3-32B", 1)]
+    fp8 = sweep[("h200_sxm", "trtllm", "Qwen/Qwen3-32B-FP8", 1)]
+    assert bf16.fits and fp8.fits
+    assert fp8.ttft_ms < bf16.ttft_ms
+    assert fp8.quant["gemm"] == "fp8_block" and bf16.quant["gemm"] == "bfloat16"
+    assert fp8.memory["weights_gb"] < 0.6 * bf16.memory["weights_gb"]
+
+
+def test_faster_gpu_is_faster(sweep):
+    """B200 prefill beats H100 for the same model/backend/TP (2x+ the dense FLOPs)."""
+    problems = []
+    for backend in BACKENDS:
+        for model in MODELS:
+            for tp in TPS:
+                h, b = sweep[("h100_sxm", backend, model, tp)], sweep[("b200_sxm", backend, model, tp)]
+                if isinstance(h, Exception) or isinstance(b, Exception) or not (h.fits and b.fits):
+                    continue
+                if not b.ttft_ms < h.ttft_ms:
+                    problems.append(f"{backend} {model} tp{tp}: b200 {b.ttft_ms:.1f} vs h100 {h.ttft_ms:.1f}")
+    assert not problems, "\n".join(problems)
+
+
+def test_reported_versions_are_the_current_slots(sweep):
+    r = sweep[("h200_sxm", "trtllm", "Qwen/Qwen3-32B", 2)]
+    assert r.backend_version == r.versions["slots"]["current"]
+    assert {"gemm", "context_attention", "generation_attention"} <= set(r.versions["tables"])
+
+
+# ---------------------------------------------------------------------------------------------
+# model aliases on the real pack
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "asked,resolved,quant",
+    [
+        ("meta-llama/Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B", None),
+        ("nvidia/Qwen3-32B-NVFP4", "Qwen/Qwen3-32B", "nvfp4"),
+        ("zhipuai/GLM-5", "zai-org/GLM-5", None),
+        ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Meta-Llama-3.1-8B", None),
+        ("Qwen/Qwen3-32B", "Qwen/Qwen3-32B", None),
+    ],
+)
+def test_real_model_aliases(real_pack_available, asked, resolved, quant):
+    pack = find_pack()
+    mc = resolve_model(pack, asked)
+    assert mc.resolved_id == resolved
+    assert mc.quant_from_alias == quant
+    if asked == resolved:
+        assert mc.alias_note is None
+    else:
+        assert mc.alias_note and asked in mc.alias_note and resolved in mc.alias_note
+    if quant:
+        assert quant in mc.alias_note
+        assert build_spec(mc).quant.gemm == quant
+
+
+def test_real_pack_is_found_without_arguments(real_pack_available):
+    pack = find_pack()
+    assert pack.origin == "installed aiconfigurator-core"
+    assert (pack.systems_dir / "h200_sxm.yaml").is_file()
+    assert pack.model_configs_dir is not None
+
+
+def test_alias_note_reaches_static_result(real_pack_available):
+    r = Estimator("meta-llama/Llama-3.1-8B-Instruct", "h200_sxm", "trtllm").static(1, 128, 8, breakdown=False)
+    assert r.model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert any("Meta-Llama-3.1-8B" in n for n in r.notes)
+
+
+# ---------------------------------------------------------------------------------------------
+# listing commands
+# ---------------------------------------------------------------------------------------------
+def test_cli_systems_json(real_pack_available, capsys):
+    assert main(["systems", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["origin"] == "installed aiconfigurator-core"
+    rows = {(r["system"], r["backend"]): r for r in d["systems"]}
+    for be in BACKENDS:
+        assert ("h200_sxm", be) in rows
+        assert rows[("h200_sxm", be)]["slots"]["current"] in rows[("h200_sxm", be)]["collected"]
+
+
+def test_cli_models_json(real_pack_available, capsys):
+    assert main(["models", "--json"]) == 0
+    rows = {r["model"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["Qwen/Qwen3-32B"]["supported"] is True
+    assert rows["Qwen/Qwen3-32B"]["architecture"] == "Qwen3ForCausalLM"
+    assert rows["meta-llama/Meta-Llama-3.1-70B"]["supported"] is True
+    assert rows["deepseek-ai/DeepSeek-V3"]["supported"] is False
+
+
+def test_cli_estimate_real_pack(real_pack_available, capsys):
+    argv = ["estimate", "--model", "Qwen/Qwen3-32B", "--system", "h200_sxm", "--backend", "vllm",
+            "--tp", "2", "--batch", "8", "--isl", "2048", "--osl", "256", "--json"]
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    direct = Estimator("Qwen/Qwen3-32B", "h200_sxm", "vllm", tp=2).static(8, 2048, 256, breakdown=False)
+    assert d["ttft_ms"] == direct.ttft_ms and d["tpot_ms"] == direct.tpot_ms
