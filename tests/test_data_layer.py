@@ -248,10 +248,6 @@ def test_next_version_gemm_is_served_by_1_0_data(synth):
 
 
 def test_reuse_yaml_is_honoured(synth):
-    pytest.skip(
-        "BUG: versions._reuse_target compares reuse.yaml `table: gemm_perf` with the stem 'gemm', "
-        "so the declared reuse is never found and gemm 1.1 is reported as a backfill"
-    )
     d = _open(synth, "trtllm", "1.1")
     d.table("gemm")
     loc = d.served["gemm"]

@@ -132,10 +132,6 @@ def test_on_grid_gemm_fp8_equals_formula(est_fp8, name, n, k):
 
 
 def test_on_grid_gemm_bf16_uses_default_kernel(est):
-    pytest.skip(
-        "BUG: ops.base.choose_kernel counts rows after duplicate aggregation; torch_flow and "
-        "alt_kernel both have 467 bf16 keys, the tie is broken by name and alt_kernel (1.1x) wins"
-    )
     r = op(est, "o_gemm").resolved[0]
     assert r.kernel.split("+")[0] == sp.GEMM_DEFAULT_KERNEL
     np.testing.assert_array_equal(r.grid(GEMM_M)[0], sp.gemm_ms("bfloat16", GEMM_M, 256, 256))

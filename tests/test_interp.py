@@ -267,10 +267,6 @@ def test_choose_none_outside_gates():
 
 
 def test_choose_no_sites_is_none():
-    pytest.skip(
-        "BUG: choose_sites reshapes `sites` with reshape(len(sites), -1) before its "
-        "`len(sites) == 0` guard, so an empty site list raises ValueError instead of returning None"
-    )
     assert choose_sites((64.0, 64.0), np.zeros((0, 2))) is None
 
 

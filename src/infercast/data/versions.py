@@ -150,7 +150,7 @@ def _reuse_target(data_dir: Path, backend: str, version: str, stem: str) -> str 
             except yaml.YAMLError as exc:
                 raise DataFileError(f"cannot parse {ry}", str(exc)) from exc
             for entry in doc.get("reuse") or []:
-                if entry.get("table") == stem and entry.get("from_version") is not None:
+                if entry.get("table") in (stem, f"{stem}_perf") and entry.get("from_version") is not None:
                     return str(entry["from_version"])
     return None
 

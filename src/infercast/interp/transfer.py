@@ -48,9 +48,11 @@ def choose_sites(
     beyond_gate: float = DEFAULT_BEYOND_GATE,
     k: int = DEFAULT_K,
 ) -> SiteChoice | None:
-    sites = np.asarray(sites, dtype=float).reshape(len(sites), -1)
     q = np.asarray(query, dtype=float)
-    if len(sites) == 0 or np.any(q <= 0) or np.any(sites <= 0):
+    if len(sites) == 0:
+        return None
+    sites = np.asarray(sites, dtype=float).reshape(len(sites), -1)
+    if np.any(q <= 0) or np.any(sites <= 0):
         return None
     hit = np.flatnonzero(np.all(sites == q, axis=1))
     if len(hit):

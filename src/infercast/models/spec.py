@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from ..data.model_configs import ModelConfig
-from ..errors import InvalidConfigError, UnsupportedModelError
+from ..errors import InvalidConfigError, InvalidInputError, UnsupportedModelError
 
 from ..data.quant import COMPUTE_DTYPE, GEMM_QUANTS, KV_BYTES, KV_QUANTS, WEIGHT_BYTES  # noqa: F401
 
@@ -124,6 +124,18 @@ def _first(d: dict, *keys, default=None):
 
 
 def build_spec(mc: ModelConfig) -> ModelSpec:
+    if not isinstance(mc.config, dict):
+        raise InvalidInputError(f"model config {mc.resolved_id} is not a JSON object")
+    try:
+        return _build_spec(mc)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as exc:
+        if isinstance(exc, InvalidInputError):
+            raise
+        what = f"missing field {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+        raise InvalidInputError(f"model config {mc.resolved_id} is malformed", what) from None
+
+
+def _build_spec(mc: ModelConfig) -> ModelSpec:
     cfg = mc.config
     text = cfg.get("text_config") or cfg
     archs = cfg.get("architectures") or text.get("architectures") or ["?"]
@@ -137,6 +149,8 @@ def build_spec(mc: ModelConfig) -> ModelSpec:
         )
     hidden = int(text["hidden_size"])
     heads = int(text["num_attention_heads"])
+    if hidden <= 0 or heads <= 0:
+        raise InvalidInputError(f"model config {mc.resolved_id} is malformed", "hidden_size and num_attention_heads must be > 0")
     kv = int(_first(text, "num_key_value_heads", default=heads))
     head_dim = int(_first(text, "head_dim", default=hidden // heads))
     sw = text.get("sliding_window") if text.get("use_sliding_window", True) else None

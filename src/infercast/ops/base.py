@@ -32,6 +32,7 @@ class DatabaseMode(str, Enum):
 #: the row-count rule below would not find it. Sources: the serving engines run decode under CUDA
 #: graphs, so the graph-captured custom all-reduce is the one that matters.
 KERNEL_PREFERENCE: dict[tuple[str, str], tuple[str, ...]] = {
+    ("trtllm", "gemm"): ("torch_flow",),  # TensorRT-LLM's PyTorch-flow linear (Hopper default)
     ("vllm", "custom_allreduce"): ("graph",),
     ("sglang", "custom_allreduce"): ("graph",),
 }
