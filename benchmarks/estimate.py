@@ -14,7 +14,7 @@
     its perf tables, the second finds them in the per-process table cache. Plus the time
     ``infercast.data.tables.read_table`` takes on the largest ``*_perf.parquet`` (by rows) in the pack.
 
-Whole run: about 15-25 s on 2 cores.
+Whole run: about 13-18 s on 2 cores.
 """
 
 from __future__ import annotations

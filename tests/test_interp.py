@@ -16,9 +16,10 @@ from infercast.interp.transfer import choose_sites, transfer_grid
 HYP = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _grid1(xs, vs, sol=None, prov=None):
+def _grid1(xs, vs, sol=None, prov=None, scale="log"):
     xs = np.asarray(xs, float)
-    return Grid((xs,), np.asarray(vs, float), np.zeros(len(xs), np.int8) if prov is None else np.asarray(prov, np.int8), sol)
+    prov = np.zeros(len(xs), np.int8) if prov is None else np.asarray(prov, np.int8)
+    return Grid((xs,), np.asarray(vs, float), prov, sol, scales=(scale,))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,11 +91,36 @@ def test_power_law_curves_reproduced_exactly():
 def test_2d_power_law_surface_reproduced():
     a0, a1 = 2.0 ** np.arange(0, 6), 2.0 ** np.arange(4, 12)
     A, B = np.meshgrid(a0, a1, indexing="ij")
-    g = Grid((a0, a1), 1e-3 * A * B**2, np.zeros(A.shape, np.int8))
+    g = Grid((a0, a1), 1e-3 * A * B**2, np.zeros(A.shape, np.int8), scales=("log", "log"))
     qa, qb = np.array([1.3, 5.0, 31.0]), np.array([17.0, 100.0, 2000.0])
     v, p = g(qa, qb)
     np.testing.assert_allclose(v, 1e-3 * qa * qb**2, rtol=1e-12)
     assert p.tolist() == [Prov.INTERPOLATED] * 3
+
+
+def test_linear_axis_blend_and_affine_curves_exact():
+    xs = np.array([1.0, 2.0, 4.0, 16.0, 64.0])
+    g = _grid1(xs, 0.02 + 3e-3 * xs, scale="linear")
+    q = np.array([1.5, 3.0, 10.0, 50.0])
+    np.testing.assert_allclose(g(q)[0], 0.02 + 3e-3 * q, rtol=1e-13)
+    g2 = _grid1([16.0, 64.0], [0.25, 3.0], scale="linear")
+    assert float(g2(40.0)[0]) == pytest.approx(0.25 + (3.0 - 0.25) * (40.0 - 16.0) / 48.0, rel=1e-14)
+
+
+def test_scalar_path_agrees_with_vectorised():
+    a0, a1 = np.array([1.0, 2.0, 8.0]), np.array([16.0, 64.0, 256.0])
+    rng = np.random.default_rng(3)
+    vals = rng.uniform(0.1, 5.0, size=(3, 3))
+    for scales in (("linear", "log"), ("linear", "linear"), ("log", "log")):
+        g = Grid((a0, a1), vals, np.zeros((3, 3), np.int8), lambda b, s: np.asarray(b, float) * np.asarray(s, float), scales=scales)
+        for qa, qb in ((1.0, 16.0), (1.5, 20.0), (8.0, 256.0), (3.0, 100.0), (20.0, 1000.0), (0.5, 8.0)):
+            v, p = g(qa, qb)
+            sv, sp_ = g.scalar(qa, qb)
+            assert sv == pytest.approx(float(v), rel=1e-12) and sp_ == int(p)
+    g1 = _grid1([1.0, 4.0, 16.0], [1.0, 2.0, 5.0], sol=lambda m: np.asarray(m, float), scale="linear")
+    for q in (1.0, 2.0, 4.0, 9.0, 16.0, 40.0):
+        v, p = g1(q)
+        assert g1.scalar(q) == (pytest.approx(float(v), rel=1e-12), int(p))
 
 
 def test_nonpositive_neighbour_blends_linearly():

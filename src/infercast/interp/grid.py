@@ -4,12 +4,17 @@ A :class:`Grid` holds one op's latency on a rectilinear grid of 1 or 2 curve axe
 ``m``; attention: ``batch x length``), already filled (missing cells held, off-site shapes
 transferred) at compile time, plus a provenance code per cell.
 
-Between grid points values are interpolated **piecewise power-law** (linear in log(x), log(y)):
-latency curves are power laws over wide ranges (flat when memory-latency bound, linear in m or
-batch when throughput bound, quadratic in context length), and a power law between neighbours
-reproduces each of those regimes exactly where a linear blend would bend. At a grid point the
-weights are exactly 0/1, so an exact hit returns the stored value bit for bit
-(``v0**1 * v1**0 == v0``).
+Between grid points each axis is interpolated in its own space, chosen by leave-one-out on the
+real tables (``python -m benchmarks.interp_loo``):
+
+* ``linear`` (position and value linear): GEMM ``m``, attention ``batch``, generation ``step``,
+  collective message size. Latency along these axes is a fixed cost plus a linear term, which a
+  linear blend reproduces and a log-log blend over-predicts (LOO median APE 1.3-3.5% linear vs
+  1.5-3.6% power law, with a +1-3% bias for the power law);
+* ``log`` (piecewise power law, linear in log x and log y): context-attention length, where
+  cost grows quadratically (LOO median 3.5% power law vs 4.8% linear).
+
+At a grid point the weights are exactly 0/1, so an exact hit returns the stored value bit for bit.
 
 Outside the grid the query is clamped to the boundary and scaled by the speed-of-light ratio
 ``SOL(query) / SOL(boundary)``: the boundary's utilisation is held (see :mod:`.transfer` for
@@ -18,16 +23,20 @@ when that is allowed).
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .provenance import Prov
 
+LINEAR, LOG = "linear", "log"
 
-def _locate(axis: np.ndarray, q: np.ndarray):
-    """Index of the left neighbour and the log-space weight of the right one (q clamped)."""
+
+def _locate(axis: np.ndarray, q: np.ndarray, scale: str):
+    """Index of the left neighbour and the weight of the right one (q clamped)."""
     qc = np.clip(q, axis[0], axis[-1])
     if len(axis) == 1:
         return np.zeros(q.shape, dtype=np.intp), np.zeros(q.shape), qc
@@ -35,15 +44,44 @@ def _locate(axis: np.ndarray, q: np.ndarray):
     i = np.clip(i, 0, len(axis) - 2)
     x0, x1 = axis[i], axis[i + 1]
     with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(qc <= x0, 0.0, np.where(qc >= x1, 1.0, np.log(qc / x0) / np.log(x1 / x0)))
+        if scale == LOG:
+            inner = np.log(qc / x0) / np.log(x1 / x0)
+        else:
+            inner = (qc - x0) / (x1 - x0)
+        t = np.where(qc <= x0, 0.0, np.where(qc >= x1, 1.0, inner))
     return i, t, qc
 
 
-def _blend(v0, v1, t):
-    pos = (v0 > 0) & (v1 > 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        geo = np.power(v0, 1.0 - t) * np.power(v1, t)
-    return np.where(pos, geo, v0 * (1.0 - t) + v1 * t)
+def _blend(v0, v1, t, scale: str):
+    if scale == LOG:
+        pos = (v0 > 0) & (v1 > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            geo = np.power(v0, 1.0 - t) * np.power(v1, t)
+        return np.where(pos, geo, v0 * (1.0 - t) + v1 * t)
+    return v0 * (1.0 - t) + v1 * t
+
+
+def _locate1(axis: list, q: float, scale: str):
+    if q <= axis[0]:
+        return 0, 0.0, axis[0]
+    if q >= axis[-1]:
+        return max(len(axis) - 2, 0), (1.0 if len(axis) > 1 else 0.0), axis[-1]
+    i = bisect_right(axis, q) - 1
+    x0, x1 = axis[i], axis[i + 1]
+    if q == x0:
+        return i, 0.0, q
+    t = math.log(q / x0) / math.log(x1 / x0) if scale == LOG else (q - x0) / (x1 - x0)
+    return i, t, q
+
+
+def _blend1(v0: float, v1: float, t: float, scale: str) -> float:
+    if t == 0.0:
+        return v0
+    if t == 1.0:
+        return v1
+    if scale == LOG and v0 > 0 and v1 > 0:
+        return v0 ** (1.0 - t) * v1**t
+    return v0 * (1.0 - t) + v1 * t
 
 
 SolFn = Callable[..., np.ndarray]
@@ -56,10 +94,22 @@ class Grid:
     prov: np.ndarray  # int8 Prov codes, same shape
     sol: SolFn | None = None  # sol(*coords) -> ms, for holding utilisation beyond the grid
     sites: tuple = ()  # transfer donors (for --explain)
+    scales: tuple[str, ...] = ()  # per axis: "linear" or "log" (default linear)
+    _py: tuple = field(default=(), repr=False)
 
     def __post_init__(self):
         self.axes = tuple(np.asarray(a, dtype=float) for a in self.axes)
         self.values = np.asarray(self.values, dtype=float)
+        self.prov = np.asarray(self.prov, dtype=np.int8)
+        if not self.scales:
+            self.scales = (LINEAR,) * len(self.axes)
+        if len(self.scales) != len(self.axes) or any(s not in (LINEAR, LOG) for s in self.scales):
+            raise ValueError(f"scales must be one of linear/log per axis, got {self.scales}")
+        self._py = (
+            tuple(a.tolist() for a in self.axes),
+            self.values.tolist(),
+            self.prov.tolist(),
+        )
 
     def __call__(self, *coords) -> tuple[np.ndarray, np.ndarray]:
         """Latency (ms) and provenance codes for arrays of coordinates (broadcast together)."""
@@ -67,21 +117,23 @@ class Grid:
         if len(coords) != len(self.axes):
             raise ValueError(f"grid has {len(self.axes)} axes, got {len(coords)} coordinates")
         if len(self.axes) == 1:
+            sc = self.scales[0]
             n = len(self.axes[0])
-            i, t, qc = _locate(self.axes[0], coords[0])
+            i, t, qc = _locate(self.axes[0], coords[0], sc)
             i1 = np.minimum(i + 1, n - 1)
-            v = _blend(self.values[i], self.values[i1], t)
+            v = _blend(self.values[i], self.values[i1], t, sc)
             on = (t == 0.0) | (t == 1.0)
             p = np.where(t == 0.0, self.prov[i], np.where(t == 1.0, self.prov[i1], np.maximum(self.prov[i], self.prov[i1])))
             clamped = (qc,)
         else:
-            (i, ti, qa), (j, tj, qb) = _locate(self.axes[0], coords[0]), _locate(self.axes[1], coords[1])
+            sa, sb = self.scales
+            (i, ti, qa), (j, tj, qb) = _locate(self.axes[0], coords[0], sa), _locate(self.axes[1], coords[1], sb)
             ni, nj = len(self.axes[0]), len(self.axes[1])
             i1, j1 = np.minimum(i + 1, ni - 1), np.minimum(j + 1, nj - 1)
             V = self.values
-            top = _blend(V[i, j], V[i1, j], ti)
-            bot = _blend(V[i, j1], V[i1, j1], ti)
-            v = _blend(top, bot, tj)
+            top = _blend(V[i, j], V[i1, j], ti, sa)
+            bot = _blend(V[i, j1], V[i1, j1], ti, sa)
+            v = _blend(top, bot, tj, sb)
             on = ((ti == 0.0) | (ti == 1.0)) & ((tj == 0.0) | (tj == 1.0))
             P = self.prov
             # an exact hit only depends on its own cell
@@ -100,3 +152,38 @@ class Grid:
             v = np.where(outside, v * ratio, v)
             p = np.where(outside, np.maximum(p, Prov.HELD), p)
         return v, p.astype(np.int8)
+
+    def scalar(self, *coords: float) -> tuple[float, int]:
+        """Same as calling with scalars, in plain Python (no numpy overhead): the hot path of a
+        simulator asking one shape at a time. Agrees with :meth:`__call__` to rounding."""
+        axes, V, P = self._py
+        if len(axes) == 1:
+            sc = self.scales[0]
+            q = float(coords[0])
+            i, t, qc = _locate1(axes[0], q, sc)
+            i1 = min(i + 1, len(axes[0]) - 1)
+            v = _blend1(V[i], V[i1], t, sc)
+            p = P[i] if t == 0.0 else P[i1] if t == 1.0 else max(P[i], P[i1], int(Prov.INTERPOLATED))
+            clamped = (qc,)
+            q_all = (q,)
+        else:
+            sa, sb = self.scales
+            qa_, qb_ = float(coords[0]), float(coords[1])
+            i, ti, qa = _locate1(axes[0], qa_, sa)
+            j, tj, qb = _locate1(axes[1], qb_, sb)
+            i1, j1 = min(i + 1, len(axes[0]) - 1), min(j + 1, len(axes[1]) - 1)
+            top = _blend1(V[i][j], V[i1][j], ti, sa)
+            bot = _blend1(V[i][j1], V[i1][j1], ti, sa)
+            v = _blend1(top, bot, tj, sb)
+            if ti in (0.0, 1.0) and tj in (0.0, 1.0):
+                p = P[i1 if ti == 1.0 else i][j1 if tj == 1.0 else j]
+            else:
+                p = max(P[i][j], P[i1][j], P[i][j1], P[i1][j1], int(Prov.INTERPOLATED))
+            clamped = (qa, qb)
+            q_all = (qa_, qb_)
+        if q_all != clamped:
+            if self.sol is None:
+                raise ValueError("query outside the grid and no SOL function to hold utilisation")
+            v = v * float(self.sol(*q_all)) / float(self.sol(*clamped))
+            p = max(p, int(Prov.HELD))
+        return v, p

@@ -47,10 +47,14 @@ def choose_sites(
     gate: float = DEFAULT_GATE,
     beyond_gate: float = DEFAULT_BEYOND_GATE,
     k: int = DEFAULT_K,
+    weights: Sequence[float] | None = None,
 ) -> SiteChoice | None:
+    """``weights`` scale each coordinate's log2 distance (a larger weight makes donors that
+    differ along that coordinate look further away)."""
     q = np.asarray(query, dtype=float)
     if len(sites) == 0:
         return None
+    dist_w = 1.0 if weights is None else np.asarray(weights, dtype=float)
     sites = np.asarray(sites, dtype=float).reshape(len(sites), -1)
     if np.any(q <= 0) or np.any(sites <= 0):
         return None
@@ -59,7 +63,7 @@ def choose_sites(
         return SiteChoice((int(hit[0]),), (1.0,), "exact", 0.0)
     lq, ls = np.log2(q), np.log2(sites)
     lqc = np.clip(lq, ls.min(axis=0), ls.max(axis=0))
-    clamp = float(np.linalg.norm(lq - lqc))
+    clamp = float(np.linalg.norm((lq - lqc) * dist_w))
     if clamp > beyond_gate:
         return None
     # multilinear over bracketing corners
@@ -74,7 +78,7 @@ def choose_sites(
         lo, hi = vals[j], vals[j + 1]
         t = (lqc[d] - lo) / (hi - lo)
         per_dim.append(((float(lo), 1.0 - t), (float(hi), t)))
-    corners, weights, ok = [], [], True
+    corners, cweights, ok = [], [], True
     for combo in product(*per_dim):
         key = tuple(c for c, _ in combo)
         w = float(np.prod([wt for _, wt in combo]))
@@ -84,11 +88,11 @@ def choose_sites(
             ok = False
             break
         corners.append(index[key])
-        weights.append(w)
+        cweights.append(w)
     if ok and corners:
         how = "multilinear" if clamp == 0.0 else "multilinear-held"
-        return SiteChoice(tuple(corners), tuple(weights), how, clamp)
-    dist = np.linalg.norm(ls - lqc, axis=1)
+        return SiteChoice(tuple(corners), tuple(cweights), how, clamp)
+    dist = np.linalg.norm((ls - lqc) * dist_w, axis=1)
     order = np.lexsort(tuple(ls[:, d] for d in reversed(range(ls.shape[1]))) + (dist,))
     chosen = [int(i) for i in order[:k] if dist[i] <= gate]
     if not chosen:
@@ -121,4 +125,4 @@ def transfer_grid(
     values = query_sol(*mesh) / util
     if choice.how.endswith("held"):
         prov = np.maximum(prov, int(Prov.HELD)).astype(np.int8)
-    return Grid(axes, values, prov, query_sol, tuple(site_labels))
+    return Grid(axes, values, prov, query_sol, tuple(site_labels), scales=grids[0].scales)

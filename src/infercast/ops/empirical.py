@@ -33,6 +33,7 @@ def empirical_resolved(
     sol_q: Callable[..., np.ndarray],
     axes: tuple[np.ndarray, ...],
     site_grids: Sequence[Grid] | None,
+    scales: tuple[str, ...] = (),
 ) -> Resolved:
     mesh = np.meshgrid(*axes, indexing="ij")
     if site_grids:
@@ -42,5 +43,5 @@ def empirical_resolved(
         util = np.full(mesh[0].shape, DEFAULT_UTILISATION.get(family, 0.5))
         note = f"no {family} data: default utilisation {DEFAULT_UTILISATION.get(family, 0.5)}"
     values = sol_q(*mesh) / util
-    g = Grid(axes, values, np.full(values.shape, int(Prov.EMPIRICAL), np.int8), sol_q)
+    g = Grid(axes, values, np.full(values.shape, int(Prov.EMPIRICAL), np.int8), sol_q, scales=scales)
     return Resolved(g, family, how="empirical", notes=(note,))
