@@ -138,13 +138,26 @@ class Estimator:
             hit = self._cache.get(key)
             if hit is None:
                 _check(batch_size, isl, prefix)
-                hit = self._cache[key] = float(self.engine.prefill_ms(batch_size, isl, prefix))
+                hit = self._remember(key, self.engine.prefill_scalar(float(batch_size), float(isl), float(prefix)))
             return hit
         b, i, p = _check(batch_size, isl, prefix)
         return self.engine.prefill_ms(b, i, p)
 
+    #: scalar results kept per Estimator (a simulator repeats shapes); cleared when full
+    CACHE_LIMIT = 100_000
+
+    def _remember(self, key, value: float) -> float:
+        if len(self._cache) >= self.CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[key] = value
+        return value
+
     def decode_step_ms(self, batch_size, kv_len):
         """Latency (ms) of one decode step at KV length ``kv_len`` (tokens incl. the new one)."""
+        if np.isscalar(batch_size) and np.isscalar(kv_len):
+            check_positive("batch_size", batch_size, MAX_BATCH)
+            check_positive("kv_len", kv_len, MAX_TOKENS)
+            return self.engine.decode_scalar(float(batch_size), float(kv_len))
         b = check_positive("batch_size", batch_size, MAX_BATCH)
         kv = check_positive("kv_len", kv_len, MAX_TOKENS)
         return self.engine.decode_ms(b, kv)
@@ -155,7 +168,7 @@ class Estimator:
             key = ("d", batch_size, isl, osl)
             hit = self._cache.get(key)
             if hit is None:
-                hit = self._cache[key] = float(self._decode_mean(batch_size, isl, osl))
+                hit = self._remember(key, float(self._decode_mean(batch_size, isl, osl)))
             return hit
         return self._decode_mean(batch_size, isl, osl)
 

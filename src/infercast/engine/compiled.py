@@ -8,11 +8,20 @@ A *step* is one forward pass of the engine over a batch:
 * ``prefill(batch, isl, prefix)``: ``batch`` sequences each adding ``isl`` new tokens on top of
   ``prefix`` cached ones (a prefill or a prefill chunk);
 * ``decode(batch, kv_len)``: ``batch`` sequences each adding one token at KV length ``kv_len``;
-* ``mixed(...)``: both in one step (continuous batching with chunked prefill): token-wise ops run
-  once over all tokens, attention runs per part.
+* ``mixed_step_ms(...)``: both in one step (continuous batching with chunked prefill):
+  token-wise ops run once over all tokens, attention runs per part.
 
-Context attention with a cached prefix is the full causal attention over ``isl + prefix`` scaled
-by the share of query-key pairs the new tokens own (:func:`prefix_fraction`).
+Op kinds and how they are evaluated:
+
+* token-wise with a table grid (``gemm``, ``moe``, collectives, ``moe_dispatch``): the op's 1-D
+  grid at ``tokens x params["x_per_token"]`` (elements for collectives; 1 for GEMM/MoE);
+* ``attention`` / ``mla``: a context grid over ``(batch, length)`` and a generation grid over
+  ``(batch, cached tokens)``; a cached prefix scales the full causal attention over
+  ``isl + prefix`` by the share of query-key pairs the new tokens own (:func:`prefix_fraction`);
+* analytic (``elementwise``, ``p2p``): bytes over bandwidth plus a constant latency.
+
+Every evaluator has a plain-Python scalar twin (:meth:`Grid.scalar`) for callers asking one
+shape at a time; the two agree to rounding.
 """
 
 from __future__ import annotations
@@ -25,18 +34,28 @@ from ..interp.provenance import Prov
 from ..models.plan import Plan, PlanOp
 from ..ops.attention import prefix_fraction, resolve_context_attention, resolve_generation_attention
 from ..ops.base import OpDB, Resolved
-from ..ops.comm import elementwise_ms, p2p_ms, resolve_collective
-from ..ops.gemm import resolve_gemm
+
+GRID_KINDS = ("gemm", "moe", "allreduce", "allgather", "reduce_scatter", "alltoall", "moe_dispatch")
+ATTENTION_KINDS = ("attention", "mla")
+ANALYTIC_KINDS = ("elementwise", "p2p")
 
 
 @dataclass
 class CompiledOp:
     op: PlanOp
-    resolved: tuple[Resolved, ...]  # gemm/comm: 1; attention: (context, generation)
+    resolved: tuple[Resolved, ...]  # token-wise: 1; attention-like: (context, generation)
+    x_per_token: float = 1.0
+    # analytic ops: ms = count * (units * ms_per_unit + fixed_ms)
+    ms_per_unit: float = 0.0
+    fixed_ms: float = 0.0
 
     @property
     def name(self) -> str:
         return self.op.name
+
+
+def _collective_name(kind: str) -> str:
+    return {"allreduce": "all_reduce", "allgather": "all_gather", "reduce_scatter": "reduce_scatter", "alltoall": "alltoall"}[kind]
 
 
 class CompiledEngine:
@@ -44,47 +63,73 @@ class CompiledEngine:
         self.plan = plan
         self.db = db
         self.ops: list[CompiledOp] = [self._compile(op) for op in plan.ops]
+        self._grid_ops = [c for c in self.ops if c.op.kind in GRID_KINDS]
+        self._attn_ops = [c for c in self.ops if c.op.kind in ATTENTION_KINDS]
+        self._analytic_ops = [c for c in self.ops if c.op.kind in ANALYTIC_KINDS]
         self._tokenwise_memo: dict = {}
 
     def _compile(self, op: PlanOp) -> CompiledOp:
+        from ..ops.comm import resolve_collective
+        from ..ops.gemm import resolve_gemm
+
         p = op.params
         if op.kind == "gemm":
             return CompiledOp(op, (resolve_gemm(self.db, p["quant"], int(p["n"]), int(p["k"])),))
+        if op.kind in ("allreduce", "allgather", "reduce_scatter", "alltoall"):
+            r = resolve_collective(self.db, _collective_name(op.kind), int(p["group"]))
+            return CompiledOp(op, (r,), x_per_token=float(p["elements_per_token"]))
+        if op.kind == "moe":
+            from ..ops.moe import resolve_moe
+
+            r = resolve_moe(
+                self.db, quant=p["quant"], hidden=int(p["hidden"]), inter=int(p["inter"]), topk=int(p["topk"]),
+                experts=int(p["experts"]), moe_tp=int(p["moe_tp"]), moe_ep=int(p["moe_ep"]),
+                distribution=p.get("distribution", "balanced"), gated=bool(p.get("gated", True)),
+            )
+            return CompiledOp(op, (r,), x_per_token=float(p.get("tokens_multiplier", 1.0)))
+        if op.kind == "moe_dispatch":
+            from ..ops.moe import resolve_moe_dispatch
+
+            rc = resolve_moe_dispatch(self.db, phase=p.get("phase", "generation"), hidden=int(p["hidden"]), topk=int(p["topk"]),
+                                      experts=int(p["experts"]), ep=int(p["ep"]), quant=p.get("quant", "bfloat16"))
+            return CompiledOp(op, (rc,))
         if op.kind == "attention":
             args = (int(p["heads"]), int(p["kv_heads"]), int(p["head_dim"]), p["kv_quant"], p["attn_quant"], int(p["window"]))
             return CompiledOp(op, (resolve_context_attention(self.db, *args), resolve_generation_attention(self.db, *args)))
-        if op.kind in ("allreduce", "allgather"):
-            coll = "all_reduce" if op.kind == "allreduce" else "all_gather"
-            return CompiledOp(op, (resolve_collective(self.db, coll, int(p["group"])),))
+        if op.kind == "mla":
+            from ..ops.mla import resolve_mla
+
+            kw = {k: p[k] for k in ("hidden", "heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                    "qk_rope_head_dim", "v_head_dim", "gemm_quant", "kv_quant")}
+            kw["model_id"] = p.get("model_id")
+            return CompiledOp(op, (resolve_mla(self.db, "context", **kw), resolve_mla(self.db, "generation", **kw)))
         if op.kind == "elementwise":
-            return CompiledOp(op, (Resolved(None, "sol", how="analytic", fixed_prov=Prov.ANALYTIC),))
+            g = self.db.system.gpu
+            return CompiledOp(op, (Resolved(None, "sol", how="analytic", fixed_prov=Prov.ANALYTIC),),
+                              x_per_token=float(p["bytes_per_token"]), ms_per_unit=1e3 / g.effective_mem_bw, fixed_ms=g.mem_latency_s * 1e3)
         if op.kind == "p2p":
-            return CompiledOp(op, (Resolved(None, "analytic", how="analytic", fixed_prov=Prov.ANALYTIC),))
+            n = self.db.system.node
+            bw = n.inter_node_bw if p.get("inter_node") else n.intra_node_bw
+            return CompiledOp(op, (Resolved(None, "analytic", how="analytic", fixed_prov=Prov.ANALYTIC),),
+                              x_per_token=float(p["bytes_per_token"]), ms_per_unit=1e3 / bw, fixed_ms=n.p2p_latency_s * 1e3)
         raise ValueError(f"unknown op kind {op.kind!r}")
 
-    # ---- per-op evaluation -------------------------------------------------------------------
+    # ---- vectorised per-op evaluation ------------------------------------------------------------
     def _tokenwise(self, c: CompiledOp, tokens: np.ndarray, seqs: np.ndarray):
-        op, p = c.op, c.op.params
-        n = tokens if op.tokens == "all" else seqs
+        n = tokens if c.op.tokens == "all" else seqs
         active = n > 0
         n_eval = np.where(active, n, 1.0)
-        if op.kind == "gemm":
-            v, pr = c.resolved[0].grid(n_eval)
-        elif op.kind in ("allreduce", "allgather"):
-            v, pr = c.resolved[0].grid(n_eval * p["elements_per_token"])
-        elif op.kind == "elementwise":
-            v, pr = elementwise_ms(self.db, n_eval * p["bytes_per_token"]), np.full(n_eval.shape, int(Prov.ANALYTIC), np.int8)
-        elif op.kind == "p2p":
-            v, pr = p2p_ms(self.db, n_eval * p["bytes_per_token"]), np.full(n_eval.shape, int(Prov.ANALYTIC), np.int8)
+        if c.op.kind in ANALYTIC_KINDS:
+            v = n_eval * c.x_per_token * c.ms_per_unit + c.fixed_ms
+            pr = np.full(n_eval.shape, int(Prov.ANALYTIC), np.int8)
         else:
-            raise ValueError(op.kind)
-        return np.where(active, v * op.count, 0.0), pr
+            v, pr = c.resolved[0].grid(n_eval * c.x_per_token)
+        return np.where(active, v * c.op.count, 0.0), pr
 
     def _context_attention(self, c: CompiledOp, batch, isl, prefix):
         active = batch > 0
         b = np.where(active, batch, 1.0)
-        total = isl + prefix
-        v, pr = c.resolved[0].grid(b, total)
+        v, pr = c.resolved[0].grid(b, isl + prefix)
         v = np.where(prefix > 0, v * prefix_fraction(isl, prefix), v)
         return np.where(active, v * c.op.count, 0.0), pr
 
@@ -115,37 +160,13 @@ class CompiledEngine:
         for c in self.ops:
             if phase is not None and c.op.phase not in ("both", phase):
                 continue
-            if c.op.kind == "attention":
+            if c.op.kind in ATTENTION_KINDS:
                 vc, pc = self._context_attention(c, ctx_batch, ctx_isl, ctx_prefix)
                 vg, pg = self._generation_attention(c, dec_batch, dec_kv)
                 out[c.name] = (vc + vg, np.maximum(np.where(ctx_batch > 0, pc, 0), np.where(dec_batch > 0, pg, 0)).astype(np.int8))
             else:
                 out[c.name] = self._tokenwise(c, tokens, seqs)
         return out
-
-    def mixed_step_ms(self, ctx_batch, ctx_isl, ctx_prefix, dec_batch: float, dec_kv: float) -> float:
-        """One step carrying several prefill groups (arrays: sequences, new tokens, prefix each)
-        and ``dec_batch`` decodes at mean KV length ``dec_kv``: token-wise ops run once over all
-        tokens, attention per group."""
-        cb = np.asarray(ctx_batch, dtype=float)
-        ci = np.asarray(ctx_isl, dtype=float)
-        cp = np.asarray(ctx_prefix, dtype=float)
-        tokens = float((cb * ci).sum()) + dec_batch
-        seqs = float(cb.sum()) + dec_batch
-        key = (tokens, seqs)
-        total = self._tokenwise_memo.get(key)
-        if total is None:
-            t_arr, s_arr = np.array([tokens]), np.array([seqs])
-            total = sum(float(self._tokenwise(c, t_arr, s_arr)[0][0]) for c in self.ops if c.op.kind != "attention")
-            if len(self._tokenwise_memo) < 200_000:
-                self._tokenwise_memo[key] = total
-        attn = [c for c in self.ops if c.op.kind == "attention"]
-        if cb.size and cb.sum() > 0:
-            total += sum(float(self._context_attention(c, cb, ci, cp)[0].sum()) for c in attn)
-        if dec_batch > 0:
-            b, kv = np.array([dec_batch]), np.array([dec_kv])
-            total += sum(float(self._generation_attention(c, b, kv)[0][0]) for c in attn)
-        return total
 
     def step_ms(self, **shape) -> np.ndarray:
         comps = self.components(**shape)
@@ -157,11 +178,65 @@ class CompiledEngine:
     def decode_ms(self, batch, kv_len) -> np.ndarray:
         return self.step_ms(dec_batch=batch, dec_kv=kv_len, phase="decode")
 
+    # ---- scalar twins (plain Python, no numpy per call) -----------------------------------------
+    def tokenwise_scalar(self, tokens: float, seqs: float) -> float:
+        """Sum of every token-wise op for one step of ``tokens`` tokens over ``seqs`` sequences."""
+        key = (tokens, seqs)
+        hit = self._tokenwise_memo.get(key)
+        if hit is not None:
+            return hit
+        total = 0.0
+        for c in self._grid_ops:
+            n = tokens if c.op.tokens == "all" else seqs
+            if n > 0:
+                total += c.resolved[0].grid.scalar(n * c.x_per_token)[0] * c.op.count
+        for c in self._analytic_ops:
+            n = tokens if c.op.tokens == "all" else seqs
+            if n > 0:
+                total += (n * c.x_per_token * c.ms_per_unit + c.fixed_ms) * c.op.count
+        if len(self._tokenwise_memo) >= 100_000:
+            self._tokenwise_memo.clear()
+        self._tokenwise_memo[key] = total
+        return total
+
+    def context_attention_scalar(self, batch: float, isl: float, prefix: float = 0.0) -> float:
+        if batch <= 0:
+            return 0.0
+        frac = 1.0
+        if prefix > 0:
+            tot = isl + prefix
+            frac = (isl * prefix + isl * (isl + 1.0) / 2.0) / (tot * (tot + 1.0) / 2.0)
+        return sum(c.resolved[0].grid.scalar(batch, isl + prefix)[0] * c.op.count for c in self._attn_ops) * frac
+
+    def generation_attention_scalar(self, batch: float, kv_len: float) -> float:
+        if batch <= 0:
+            return 0.0
+        step = max(kv_len - 1.0, 1.0)
+        return sum(c.resolved[1].grid.scalar(batch, step)[0] * c.op.count for c in self._attn_ops)
+
+    def prefill_scalar(self, batch: float, isl: float, prefix: float = 0.0) -> float:
+        return self.tokenwise_scalar(batch * isl, batch) + self.context_attention_scalar(batch, isl, prefix)
+
+    def decode_scalar(self, batch: float, kv_len: float) -> float:
+        return self.tokenwise_scalar(batch, batch) + self.generation_attention_scalar(batch, kv_len)
+
+    def mixed_step_ms(self, ctx_batch, ctx_isl, ctx_prefix, dec_batch: float, dec_kv: float) -> float:
+        """One step carrying several prefill groups (sequences, new tokens, prefix each) and
+        ``dec_batch`` decodes at mean KV length ``dec_kv``: token-wise ops run once over all
+        tokens, attention per group."""
+        groups = list(zip(np.atleast_1d(ctx_batch).tolist(), np.atleast_1d(ctx_isl).tolist(), np.atleast_1d(ctx_prefix).tolist()))
+        tokens = sum(b * i for b, i, _ in groups) + dec_batch
+        seqs = sum(b for b, _, _ in groups) + dec_batch
+        total = self.tokenwise_scalar(float(tokens), float(seqs))
+        for b, i, p in groups:
+            total += self.context_attention_scalar(b, i, p)
+        return total + self.generation_attention_scalar(dec_batch, dec_kv)
+
     def describe_ops(self) -> list[dict]:
         rows = []
         for c in self.ops:
-            d = {"op": c.name, "kind": c.op.kind, "count": c.op.count, **{k: v for k, v in c.op.params.items()}}
-            if c.op.kind == "attention":
+            d = {"op": c.name, "kind": c.op.kind, "count": c.op.count, **dict(c.op.params.items())}
+            if c.op.kind in ATTENTION_KINDS:
                 d["context"] = c.resolved[0].describe()
                 d["generation"] = c.resolved[1].describe()
             else:

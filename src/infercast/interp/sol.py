@@ -113,3 +113,79 @@ def p2p(system: SystemSpec, message_bytes, inter_node: bool = False):
     bw = system.node.inter_node_bw if inter_node else system.node.intra_node_bw
     mem = message_bytes / bw * 1e3
     return mem + system.node.p2p_latency_s * 1e3, np.zeros_like(mem), mem
+
+
+# --------------------------------------------------------------------------------------------
+# Mixture of experts
+# --------------------------------------------------------------------------------------------
+
+
+def moe_touched_experts(num_tokens, topk: int, experts: int, moe_ep: int):
+    """Expected number of this rank's experts that receive at least one token.
+
+    Under uniform routing a token picks ``topk`` distinct experts out of ``experts``, so a given
+    expert is missed by one token with probability ``1 - topk/experts`` and by all ``T`` tokens
+    with probability ``(1 - topk/experts)^T``; the rank holds ``experts/moe_ep`` experts. (This is
+    the without-replacement form of ``1 - (1 - 1/E)^(T*topk)``: one token touches exactly
+    ``topk`` experts, not slightly fewer.)
+    """
+    t = np.asarray(num_tokens, dtype=float)
+    e = float(experts)
+    e_local = e / float(moe_ep)
+    p_hit = min(float(topk) / e, 1.0)
+    if p_hit >= 1.0:
+        return np.full(t.shape, e_local)
+    return e_local * -np.expm1(t * np.log1p(-p_hit))
+
+
+def moe(
+    system: SystemSpec,
+    compute_dtype: str,
+    weight_bytes: float,
+    num_tokens,
+    hidden: int,
+    inter: int,
+    topk: int,
+    experts: int,
+    moe_tp: int,
+    moe_ep: int,
+    gated: bool = True,
+):
+    """Routed-expert block (gate/up + activation + down) on one rank of a ``moe_tp x moe_ep`` group.
+
+    ``num_tokens`` = tokens entering the MoE block (before dispatch). Under balanced routing each
+    EP rank computes ``rows = num_tokens * topk / moe_ep`` expert rows, each through a per-expert
+    FFN of width ``inter / moe_tp``:
+
+    * math = ``2 * rows * hidden * inter_local * (3 if gated else 2)`` FLOPs (gate+up+down, or
+      up+down for a non-gated e.g. relu^2 expert);
+    * memory = weights of the experts actually touched on this rank
+      (:func:`moe_touched_experts` x ``hidden * inter_local * (3|2) * weight_bytes``) plus
+      activations: the input rows at the compute dtype's width, the output rows in bf16, and the
+      intermediate ``rows x inter_local`` written and read once in bf16.
+    """
+    t = np.asarray(num_tokens, dtype=float)
+    mats = 3.0 if gated else 2.0
+    inter_local = float(inter) / float(moe_tp)
+    rows = t * float(topk) / float(moe_ep)
+    flops = 2.0 * rows * hidden * inter_local * mats
+    touched = moe_touched_experts(t, topk, experts, moe_ep)
+    act = ACT_BYTES.get(compute_dtype, 2.0)
+    weights = touched * hidden * inter_local * mats * weight_bytes
+    acts = rows * (hidden * act + hidden * 2.0 + 2.0 * inter_local * 2.0)
+    return _finish(system, flops, weights + acts, compute_dtype)
+
+
+def moe_a2a(system: SystemSpec, num_tokens, hidden: int, topk: int, ep: int, dispatch_bytes: float = 2.0, combine_bytes: float = 2.0):
+    """Expert-parallel all-to-all, dispatch + combine, for ``num_tokens`` tokens on one rank.
+
+    Dispatch sends each token's hidden vector to the ranks of its ``topk`` experts
+    (``num_tokens * topk * hidden`` elements at ``dispatch_bytes``, of which ``(ep-1)/ep`` leave
+    the rank); combine returns the expert outputs (same count at ``combine_bytes``, bf16). Each
+    direction is one ring all-to-all (:func:`collective`), so each pays one link latency.
+    """
+    t = np.asarray(num_tokens, dtype=float)
+    elems = t * float(topk) * float(hidden)
+    d_total, _, d_mem = collective(system, "alltoall", elems * dispatch_bytes, ep)
+    c_total, _, c_mem = collective(system, "alltoall", elems * combine_bytes, ep)
+    return d_total + c_total, np.zeros_like(d_mem), d_mem + c_mem

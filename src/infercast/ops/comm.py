@@ -3,8 +3,8 @@
 All-reduce (the TP reduction after attention and FFN) comes from the backend's
 ``custom_allreduce`` table for its group size, else from the system's NCCL table; other collectives
 from NCCL. ``message_size`` in both tables is an element count (16-bit elements here), the curve
-axis. P2P (pipeline stage boundaries) has no table in the pack: it is analytic from the link
-bandwidth and the system's P2P latency.
+axis. P2P (pipeline stage boundaries) has no table in the pack: the engine evaluates it analytically
+from the link bandwidth and the system's P2P latency.
 """
 
 from __future__ import annotations
@@ -75,12 +75,3 @@ def resolve_collective(db: OpDB, op: str, group: int) -> Resolved:
             "; ".join(tried) or "no comm tables",
         )
     return empirical_resolved("comm", sol_q, (MSG_AXIS,), None)
-
-
-def p2p_ms(db: OpDB, nbytes, inter_node: bool = False):
-    return sol.p2p(db.system, nbytes, inter_node)[0]
-
-
-def elementwise_ms(db: OpDB, nbytes):
-    """Memory-bound elementwise kernels (norms, activations, residual adds, RoPE, embedding)."""
-    return sol.elementwise(db.system, nbytes)[0]
