@@ -33,7 +33,7 @@ def prepare(stride: int = 1):
     ready = []
     for r in rows:
         try:
-            est = cache.get(r, r.worker.tp, r.worker.pp)
+            est = cache.get(r, r.worker)
         except InfercastError:
             continue
         if r.measured_ttft_ms and r.measured_tpot_ms:

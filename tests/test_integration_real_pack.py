@@ -195,7 +195,8 @@ def test_cli_models_json(real_pack_available, capsys):
     assert rows["Qwen/Qwen3-32B"]["supported"] is True
     assert rows["Qwen/Qwen3-32B"]["architecture"] == "Qwen3ForCausalLM"
     assert rows["meta-llama/Meta-Llama-3.1-70B"]["supported"] is True
-    assert rows["deepseek-ai/DeepSeek-V3"]["supported"] is False
+    assert rows["deepseek-ai/DeepSeek-V3"]["supported"] is True
+    assert rows["deepseek-ai/DeepSeek-V4-Flash"]["supported"] is False
 
 
 def test_cli_estimate_real_pack(real_pack_available, capsys):

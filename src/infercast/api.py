@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +48,9 @@ class StaticResult:
     backend_version: str
     tp: int
     pp: int
+    attention_dp: int
+    moe_tp: int
+    moe_ep: int
     batch_size: int
     isl: int
     osl: int
@@ -85,9 +88,13 @@ class Estimator:
         tp: int = 1,
         pp: int = 1,
         *,
+        attention_dp: int = 1,
+        moe_tp: int | None = None,
+        moe_ep: int | None = None,
         gemm_quant: str | None = None,
         kv_cache_quant: str | None = None,
         attention_quant: str | None = None,
+        moe_quant: str | None = None,
         database_mode: str | DatabaseMode = DatabaseMode.SILICON,
         systems_path: str | Path | None = None,
     ):
@@ -95,9 +102,15 @@ class Estimator:
         self.data = PerfData.open(system, backend, backend_version, systems_path)
         mc = resolve_model(self.data.pack, model)
         spec = build_spec(mc)
-        quant = spec.quant.with_overrides(gemm=gemm_quant, kv_cache=kv_cache_quant, attention=attention_quant)
-        spec = ModelSpec(**{**spec.__dict__, "quant": quant})
-        self.plan: Plan = build_plan(spec, ParallelConfig(int(tp), int(pp)))
+        quant = spec.quant.with_overrides(gemm=gemm_quant, kv_cache=kv_cache_quant, attention=attention_quant, moe=moe_quant)
+        if spec.moe is None:
+            quant = replace(quant, moe=None)
+        elif gemm_quant and not moe_quant and spec.quant.moe == spec.quant.gemm:
+            quant = replace(quant, moe=gemm_quant)  # one checkpoint precision for both
+        spec = replace(spec, quant=quant)
+        par = ParallelConfig(_int("tp", tp), _int("pp", pp), _int("attention_dp", attention_dp),
+                             None if moe_tp is None else _int("moe_tp", moe_tp), None if moe_ep is None else _int("moe_ep", moe_ep))
+        self.plan: Plan = build_plan(spec, par)
         self.db = OpDB(self.data, mode)
         self.engine = CompiledEngine(self.plan, self.db)
         self.backend = backend_defaults(backend)
@@ -137,7 +150,7 @@ class Estimator:
             key = ("p", batch_size, isl, prefix)
             hit = self._cache.get(key)
             if hit is None:
-                _check(batch_size, isl, prefix)
+                _check_scalar(batch_size, isl, prefix)
                 hit = self._remember(key, self.engine.prefill_scalar(float(batch_size), float(isl), float(prefix)))
             return hit
         b, i, p = _check(batch_size, isl, prefix)
@@ -155,8 +168,7 @@ class Estimator:
     def decode_step_ms(self, batch_size, kv_len):
         """Latency (ms) of one decode step at KV length ``kv_len`` (tokens incl. the new one)."""
         if np.isscalar(batch_size) and np.isscalar(kv_len):
-            check_positive("batch_size", batch_size, MAX_BATCH)
-            check_positive("kv_len", kv_len, MAX_TOKENS)
+            _check_scalar(batch_size, kv_len, 0.0, "kv_len")
             return self.engine.decode_scalar(float(batch_size), float(kv_len))
         b = check_positive("batch_size", batch_size, MAX_BATCH)
         kv = check_positive("kv_len", kv_len, MAX_TOKENS)
@@ -205,6 +217,7 @@ class Estimator:
         res = StaticResult(
             model=self.spec.model_id, system=self.data.system.name, backend=self.data.backend,
             backend_version=self.data.version, tp=self.plan.parallel.tp, pp=self.plan.parallel.pp,
+            attention_dp=self.plan.parallel.attention_dp, moe_tp=self.plan.parallel.etp, moe_ep=self.plan.parallel.ep,
             batch_size=b, isl=isl, osl=osl, prefix=prefix, fits=fits,
             ttft_ms=None, tpot_ms=None, request_latency_ms=None,
             tokens_per_s_per_gpu=None, tokens_per_s_per_user=None,
@@ -253,9 +266,28 @@ class Estimator:
         return {"data_version": self.data.version, "slots": self.data.versions.slots(), "tables": self.data.provenance()}
 
 
-def _check(batch, isl, prefix):
+def _int(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) and not (isinstance(v, float) and v.is_integer()):
+        raise InvalidInputError(f"{name} must be a positive integer", f"got {v!r}")
+    if int(v) < 1:
+        raise InvalidInputError(f"{name} must be a positive integer", f"got {v!r}")
+    return int(v)
+
+
+def _check_scalar(batch, isl, prefix, isl_name: str = "isl") -> None:
+    """Plain-Python twin of :func:`_check` for one shape (the simulator hot path)."""
+    try:
+        b, i, p = float(batch), float(isl), float(prefix)
+    except (TypeError, ValueError):
+        raise InvalidInputError("batch_size, isl and prefix must be numbers", f"got {batch!r}, {isl!r}, {prefix!r}") from None
+    if 0.0 < b <= MAX_BATCH and 0.0 < i <= MAX_TOKENS and 0.0 <= p <= MAX_TOKENS:
+        return
+    _check(batch, isl, prefix, isl_name)
+
+
+def _check(batch, isl, prefix, isl_name: str = "isl"):
     b = check_positive("batch_size", batch, MAX_BATCH)
-    i = check_positive("isl", isl, MAX_TOKENS)
+    i = check_positive(isl_name, isl, MAX_TOKENS)
     p = np.asarray(prefix, dtype=float)
     if not np.all(np.isfinite(p)) or np.any(p < 0):
         raise InvalidInputError("prefix must be a finite number >= 0", f"got {p}")

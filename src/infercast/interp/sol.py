@@ -189,3 +189,112 @@ def moe_a2a(system: SystemSpec, num_tokens, hidden: int, topk: int, ep: int, dis
     d_total, _, d_mem = collective(system, "alltoall", elems * dispatch_bytes, ep)
     c_total, _, c_mem = collective(system, "alltoall", elems * combine_bytes, ep)
     return d_total + c_total, np.zeros_like(d_mem), d_mem + c_mem
+
+
+# --- DeepSeek-style multi-head latent attention (MLA) -------------------------------------------
+
+
+def _mla_time(system: SystemSpec, gemm_flops, gemm_compute: str, attn_flops, attn_compute: str, nbytes):
+    """Roofline with two compute dtypes: projection GEMMs at the weight quant's compute dtype,
+    the attention core at its own (bf16 in every engine the pack measures)."""
+    gemm_flops = np.asarray(gemm_flops, dtype=float)
+    attn_flops = np.asarray(attn_flops, dtype=float)
+    math = attn_flops / _flops(system, attn_compute) * 1e3
+    if np.any(gemm_flops):
+        math = math + gemm_flops / _flops(system, gemm_compute) * 1e3
+    mem = np.asarray(nbytes, dtype=float) / system.gpu.effective_mem_bw * 1e3
+    total = np.maximum(math, mem) + system.gpu.mem_latency_s * 1e3
+    return total, math, mem
+
+
+def _mla_projection_weights(heads, hidden, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim) -> float:
+    """Weight elements of the projections every new token goes through on one GPU: the query path
+    (q_a + q_b, or q_proj without a q LoRA), kv_a (hidden -> latent + rope key) and o_proj.
+    ``heads`` is the per-GPU head count (q_b / o_proj are split by heads, q_a / kv_a replicated)."""
+    qk = float(qk_nope_head_dim + qk_rope_head_dim)
+    if q_lora_rank:
+        w_q = float(hidden) * q_lora_rank + float(q_lora_rank) * heads * qk
+    else:
+        w_q = float(hidden) * heads * qk
+    return w_q + float(hidden) * (kv_lora_rank + qk_rope_head_dim) + float(heads) * v_head_dim * hidden
+
+
+def mla_context(
+    system: SystemSpec, batch, isl, prefix, heads: int, hidden: int, q_lora_rank: int | None,
+    kv_lora_rank: int, qk_nope_head_dim: int, qk_rope_head_dim: int, v_head_dim: int,
+    weight_bytes: float, kv_bytes: float, gemm_compute_dtype: str = "bfloat16",
+    attn_compute_dtype: str = "bfloat16", projections: bool = True,
+):
+    """MLA prefill of ``isl`` new tokens per request after ``prefix`` cached ones (one layer, one GPU).
+
+    Standard (non-absorbed) form, as every engine runs prefill:
+
+    * projections (``projections=True``): q path + kv_a + o_proj on the ``batch*isl`` new tokens,
+      and the kv_b up-projection (latent -> per-head nope key and value) on every key token
+      (``batch*(isl+prefix)``: a cached prefix is stored as latent and must be expanded again);
+    * attention: causal pairs x heads x ``2*(qk_nope+qk_rope) + 2*v_head`` FLOPs (QK^T and PV);
+    * memory: projection weights at ``weight_bytes``, the hidden states in and out (bf16), the
+      expanded q/k/v and the attention output (bf16), the latent cache written for the new tokens
+      and read for the prefix (``kv_lora_rank + qk_rope_head_dim`` per token at ``kv_bytes``).
+
+    ``projections=False`` gives the attention core alone (what ``context_mla_perf`` times).
+    """
+    batch, isl, prefix = (np.asarray(a, dtype=float) for a in (batch, isl, prefix))
+    qk = float(qk_nope_head_dim + qk_rope_head_dim)
+    latent = float(kv_lora_rank + qk_rope_head_dim)
+    new = batch * isl
+    keys = batch * (isl + prefix)
+    pairs = batch * _attended(isl, prefix, 0)
+    attn_flops = 2.0 * pairs * heads * (qk + v_head_dim)
+    nbytes = 2.0 * (new * heads * qk + keys * heads * (qk + v_head_dim) + new * heads * v_head_dim)
+    nbytes = nbytes + new * latent * kv_bytes + batch * prefix * latent * kv_bytes
+    gemm_flops = np.zeros_like(attn_flops)
+    if projections:
+        w_tok = _mla_projection_weights(heads, hidden, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
+        w_kvb = float(kv_lora_rank) * heads * (qk_nope_head_dim + v_head_dim)
+        gemm_flops = 2.0 * new * w_tok + 2.0 * keys * w_kvb
+        nbytes = nbytes + (w_tok + w_kvb) * weight_bytes + 2.0 * 2.0 * new * hidden
+    return _mla_time(system, gemm_flops, gemm_compute_dtype, attn_flops, attn_compute_dtype, nbytes)
+
+
+def mla_generation(
+    system: SystemSpec, batch, kv_len, heads: int, hidden: int, q_lora_rank: int | None,
+    kv_lora_rank: int, qk_nope_head_dim: int, qk_rope_head_dim: int, v_head_dim: int,
+    weight_bytes: float, kv_bytes: float, gemm_compute_dtype: str = "bfloat16",
+    attn_compute_dtype: str = "bfloat16", projections: bool = True,
+):
+    """MLA decode of one token per request attending ``kv_len`` keys (one layer, one GPU).
+
+    Absorbed form, as every engine runs decode: the per-head nope query is multiplied into the
+    latent space (``q_nope @ W_UK``, the ``mla_gen_pre`` BMM), attention runs over the latent cache
+    directly (per head and key: ``2*(kv_lora_rank+qk_rope)`` FLOPs for QK^T, ``2*kv_lora_rank``
+    for PV) and the latent output is projected to ``v_head_dim`` (``@ W_UV``, ``mla_gen_post``).
+
+    * projections (``projections=True``): q path + kv_a + o_proj + the two absorbed BMMs;
+    * memory: those weights at ``weight_bytes``, the latent cache read (``batch*kv_len*
+      (kv_lora_rank+qk_rope)*kv_bytes`` — one latent vector per token shared by all heads),
+      the absorbed query and latent output (bf16), the hidden states in and out (bf16).
+
+    ``projections=False`` gives the attention core alone (what ``generation_mla_perf`` times).
+    """
+    batch, kv_len = np.asarray(batch, dtype=float), np.asarray(kv_len, dtype=float)
+    latent = float(kv_lora_rank + qk_rope_head_dim)
+    attn_flops = 2.0 * batch * heads * kv_len * (2.0 * kv_lora_rank + qk_rope_head_dim)
+    nbytes = batch * kv_len * latent * kv_bytes + 2.0 * batch * heads * (latent + kv_lora_rank)
+    gemm_flops = np.zeros_like(attn_flops)
+    if projections:
+        w_tok = _mla_projection_weights(heads, hidden, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
+        w_bmm = float(heads) * kv_lora_rank * (qk_nope_head_dim + v_head_dim)
+        gemm_flops = 2.0 * batch * (w_tok + w_bmm)
+        nbytes = nbytes + (w_tok + w_bmm) * weight_bytes + 2.0 * 2.0 * batch * hidden
+    return _mla_time(system, gemm_flops, gemm_compute_dtype, attn_flops, attn_compute_dtype, nbytes)
+
+
+def mla_bmm(system: SystemSpec, compute_dtype: str, weight_bytes: float, num_tokens, heads: int, k: int, n: int):
+    """One absorbed MLA BMM: ``heads`` independent ``(num_tokens x k) @ (k x n)`` products
+    (``mla_gen_pre``: k = qk_nope_head_dim, n = kv_lora_rank; ``mla_gen_post``: k = kv_lora_rank,
+    n = v_head_dim). Activations in and out are bf16, weights at ``weight_bytes``."""
+    t = np.asarray(num_tokens, dtype=float)
+    flops = 2.0 * t * heads * k * n
+    nbytes = float(heads) * k * n * weight_bytes + 2.0 * t * heads * (k + n)
+    return _finish(system, flops, nbytes, compute_dtype)

@@ -23,15 +23,39 @@ PLAN_SCHEMA_VERSION = 1
 
 @dataclass(frozen=True)
 class ParallelConfig:
+    """Parallelism of one engine replica.
+
+    ``tp`` x ``attention_dp`` GPUs run attention (each attention-DP rank serves its own requests);
+    the MoE block runs over ``moe_tp`` x ``moe_ep`` GPUs, which must be the same GPUs
+    (``tp x attention_dp == moe_tp x moe_ep``); ``pp`` stages multiply the GPU count.
+    ``moe_tp``/``moe_ep`` default to pure TP for the experts.
+    """
+
     tp: int = 1
     pp: int = 1
+    attention_dp: int = 1
+    moe_tp: int | None = None
+    moe_ep: int | None = None
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.attention_dp * self.pp
+
+    @property
+    def width(self) -> int:
+        return self.tp * self.attention_dp
+
+    @property
+    def ep(self) -> int:
+        return self.moe_ep or 1
+
+    @property
+    def etp(self) -> int:
+        return self.moe_tp or self.width // self.ep
 
     def check(self, spec: ModelSpec, gpus_per_node: int | None = None) -> None:
-        for name, v in (("tp", self.tp), ("pp", self.pp)):
+        for name, v in (("tp", self.tp), ("pp", self.pp), ("attention-dp", self.attention_dp),
+                        ("moe-tp", self.moe_tp or 1), ("moe-ep", self.moe_ep or 1)):
             if not isinstance(v, int) or v < 1:
                 raise InvalidInputError(f"--{name} must be a positive integer, got {v!r}")
             if v & (v - 1):
@@ -43,15 +67,34 @@ class ParallelConfig:
                 "each GPU must hold whole heads",
                 [f"tp={d}" for d in divs],
             )
-        if self.tp > spec.num_kv_heads and self.tp % spec.num_kv_heads:
+        if spec.mla is None and self.tp > spec.num_kv_heads and self.tp % spec.num_kv_heads:
             raise InvalidConfigError(
                 f"TP {self.tp} is not a multiple of the {spec.num_kv_heads} KV heads",
                 "KV heads are replicated only in whole groups",
             )
-        if spec.intermediate % self.tp:
-            raise InvalidConfigError(f"TP {self.tp} does not divide the FFN width {spec.intermediate}")
         if self.pp > spec.num_layers:
             raise InvalidConfigError(f"PP {self.pp} exceeds the {spec.num_layers} layers")
+        if spec.moe is None:
+            if self.attention_dp > 1 or (self.moe_ep or 1) > 1 or (self.moe_tp not in (None, self.tp)):
+                raise InvalidConfigError(
+                    f"{spec.resolved_id} is a dense model: attention-DP and MoE parallelism do not apply",
+                    "run more replicas instead of attention-DP",
+                )
+            if spec.intermediate % self.tp:
+                raise InvalidConfigError(f"TP {self.tp} does not divide the FFN width {spec.intermediate}")
+            return
+        if self.etp * self.ep != self.width:
+            raise InvalidConfigError(
+                f"MoE width moe_tp x moe_ep = {self.etp} x {self.ep} does not equal attention tp x dp = {self.tp} x {self.attention_dp}",
+                "the experts are spread over the same GPUs that run attention",
+            )
+        m = spec.moe
+        if m.experts % self.ep:
+            raise InvalidConfigError(f"moe-ep {self.ep} does not divide the {m.experts} experts")
+        if m.inter % self.etp:
+            raise InvalidConfigError(f"moe-tp {self.etp} does not divide the expert width {m.inter}")
+        if m.shared_inter % self.tp or (m.dense_inter and m.dense_inter % self.tp):
+            raise InvalidConfigError(f"TP {self.tp} does not divide the shared-expert / dense FFN width")
 
 
 @dataclass(frozen=True)
@@ -102,46 +145,117 @@ def kv_heads_per_gpu(spec: ModelSpec, tp: int) -> int:
     return max(1, spec.num_kv_heads // tp)
 
 
-def dense_plan(spec: ModelSpec, par: ParallelConfig) -> Plan:
-    par.check(spec)
-    tp, L = par.tp, spec.num_layers
-    h, hd = spec.hidden, spec.head_dim
+def _attention_ops(spec: ModelSpec, par: ParallelConfig) -> list[PlanOp]:
+    """Norm, QKV, RoPE, attention, output projection (+ TP all-reduce) for every layer."""
+    tp, L, h = par.tp, spec.num_layers, spec.hidden
+    q, act = spec.quant, 2
     heads = spec.num_heads // tp
-    kvh = kv_heads_per_gpu(spec, tp)
-    inter = spec.intermediate // tp
-    q = spec.quant
-    act = 2  # bf16 activations
+    ops = [PlanOp("input_norm", "elementwise", L, params={"bytes_per_token": h * act * 3})]
+    if spec.mla is not None:
+        m = spec.mla
+        ops.append(PlanOp(
+            "mla", "mla", L,
+            params={"hidden": h, "heads": heads, "q_lora_rank": m.q_lora_rank, "kv_lora_rank": m.kv_lora_rank,
+                    "qk_nope_head_dim": m.qk_nope_head_dim, "qk_rope_head_dim": m.qk_rope_head_dim,
+                    "v_head_dim": m.v_head_dim, "gemm_quant": q.gemm, "kv_quant": q.kv_cache,
+                    "model_id": spec.resolved_id},
+        ))
+    else:
+        hd = spec.head_dim
+        kvh = kv_heads_per_gpu(spec, tp)
+        ops.append(PlanOp("qkv_gemm", "gemm", L, params={"n": (heads + 2 * kvh) * hd, "k": h, "quant": q.gemm}))
+        ops.append(PlanOp("rope", "elementwise", L, params={"bytes_per_token": (heads + kvh) * hd * act * 2}))
+        windows = spec.layer_windows or (spec.sliding_window or 0,) * L
+        for w in sorted(set(windows)):
+            n = sum(1 for x in windows if x == w)
+            name = "attention" if len(set(windows)) == 1 else ("attention_full" if w == 0 else f"attention_window{w}")
+            ops.append(PlanOp(
+                name, "attention", n,
+                params={"heads": heads, "kv_heads": kvh, "head_dim": hd, "window": w,
+                        "kv_quant": q.kv_cache, "attn_quant": q.attention},
+            ))
+        ops.append(PlanOp("o_gemm", "gemm", L, params={"n": h, "k": heads * hd, "quant": q.gemm}))
+    if tp > 1:
+        ops.append(PlanOp("attn_allreduce", "allreduce", L, params={"elements_per_token": h, "group": tp}))
+    ops.append(PlanOp("post_attn_norm", "elementwise", L, params={"bytes_per_token": h * act * 4}))
+    return ops
+
+
+def _dense_ffn_ops(name: str, count: int, hidden: int, inter_per_gpu: int, quant: str) -> list[PlanOp]:
+    return [
+        PlanOp(f"{name}gate_up_gemm", "gemm", count, params={"n": 2 * inter_per_gpu, "k": hidden, "quant": quant}),
+        PlanOp(f"{name}activation", "elementwise", count, params={"bytes_per_token": inter_per_gpu * 2 * 3}),
+        PlanOp(f"{name}down_gemm", "gemm", count, params={"n": hidden, "k": inter_per_gpu, "quant": quant}),
+    ]
+
+
+def _ends(spec: ModelSpec, par: ParallelConfig) -> list[PlanOp]:
+    tp, h = par.tp, spec.hidden
     ops = [
-        PlanOp("embedding", "elementwise", 1, params={"bytes_per_token": h * act * 2}),
-        PlanOp("input_norm", "elementwise", L, params={"bytes_per_token": h * act * 3}),
-        PlanOp("qkv_gemm", "gemm", L, params={"n": (heads + 2 * kvh) * hd, "k": h, "quant": q.gemm}),
-        PlanOp("rope", "elementwise", L, params={"bytes_per_token": (heads + kvh) * hd * act * 2}),
-        PlanOp(
-            "attention", "attention", L,
-            params={"heads": heads, "kv_heads": kvh, "head_dim": hd, "window": spec.sliding_window or 0,
-                    "kv_quant": q.kv_cache, "attn_quant": q.attention},
-        ),
-        PlanOp("o_gemm", "gemm", L, params={"n": h, "k": heads * hd, "quant": q.gemm}),
-        PlanOp("post_attn_norm", "elementwise", L, params={"bytes_per_token": h * act * 4}),
-        PlanOp("gate_up_gemm", "gemm", L, params={"n": 2 * inter, "k": h, "quant": q.gemm}),
-        PlanOp("activation", "elementwise", L, params={"bytes_per_token": inter * act * 3}),
-        PlanOp("down_gemm", "gemm", L, params={"n": h, "k": inter, "quant": q.gemm}),
-        PlanOp("final_norm", "elementwise", 1, params={"bytes_per_token": h * act * 3}),
+        PlanOp("embedding", "elementwise", 1, params={"bytes_per_token": h * 2 * 2}),
+        PlanOp("final_norm", "elementwise", 1, params={"bytes_per_token": h * 2 * 3}),
         PlanOp("lm_head", "gemm", 1, tokens="last", params={"n": spec.vocab // tp, "k": h, "quant": "bfloat16"}),
     ]
     if tp > 1:
         ops += [
             PlanOp("embedding_allreduce", "allreduce", 1, params={"elements_per_token": h, "group": tp}),
-            PlanOp("attn_allreduce", "allreduce", L, params={"elements_per_token": h, "group": tp}),
-            PlanOp("ffn_allreduce", "allreduce", L, params={"elements_per_token": h, "group": tp}),
             PlanOp("logits_allgather", "allgather", 1, tokens="last", params={"elements_per_token": spec.vocab, "group": tp}),
         ]
     if par.pp > 1:
-        ops.append(PlanOp("pp_p2p", "p2p", par.pp - 1, params={"bytes_per_token": h * act}))
-    return Plan(spec, par, tuple(ops))
+        ops.append(PlanOp("pp_p2p", "p2p", par.pp - 1, params={"bytes_per_token": h * 2}))
+    return ops
+
+
+def dense_plan(spec: ModelSpec, par: ParallelConfig) -> Plan:
+    par.check(spec)
+    tp, L = par.tp, spec.num_layers
+    ops = _attention_ops(spec, par)
+    ops += _dense_ffn_ops("", L, spec.hidden, spec.intermediate // tp, spec.quant.gemm)
+    if tp > 1:
+        ops.append(PlanOp("ffn_allreduce", "allreduce", L, params={"elements_per_token": spec.hidden, "group": tp}))
+    return Plan(spec, par, tuple(ops + _ends(spec, par)))
+
+
+def moe_plan(spec: ModelSpec, par: ParallelConfig) -> Plan:
+    """GQA or MLA attention + MoE FFN (DeepSeek/Kimi: first layers dense, shared experts).
+
+    MoE block per layer: router GEMM on this rank's tokens; with attention-DP the ranks' tokens
+    are all-gathered over the replica before the experts and reduce-scattered after (the experts
+    see ``tokens x attention_dp``); with pure TP attention the block ends in the TP all-reduce.
+    Shared experts are a dense MLP split over attention TP, on this rank's tokens.
+    """
+    par.check(spec)
+    m = spec.moe
+    tp, L, h = par.tp, spec.num_layers, spec.hidden
+    q = spec.quant
+    moe_layers = L - m.first_dense_layers
+    ops = _attention_ops(spec, par)
+    if m.first_dense_layers:
+        ops += _dense_ffn_ops("dense_", m.first_dense_layers, h, m.dense_inter // tp, q.gemm)
+        if tp > 1:
+            ops.append(PlanOp("dense_ffn_allreduce", "allreduce", m.first_dense_layers, params={"elements_per_token": h, "group": tp}))
+    ops.append(PlanOp("router_gemm", "gemm", moe_layers, params={"n": m.experts, "k": h, "quant": "bfloat16"}))
+    adp = par.attention_dp
+    if adp > 1:
+        ops.append(PlanOp("moe_allgather", "allgather", moe_layers, params={"elements_per_token": h * adp, "group": par.width}))
+    ops.append(PlanOp(
+        "moe_experts", "moe", moe_layers,
+        params={"quant": q.moe or q.gemm, "hidden": h, "inter": m.inter, "topk": m.topk, "experts": m.experts,
+                "moe_tp": par.etp, "moe_ep": par.ep, "gated": m.gated, "tokens_multiplier": adp,
+                "distribution": "balanced"},
+    ))
+    if m.shared_inter:
+        ops += _dense_ffn_ops("shared_", moe_layers, h, m.shared_inter // tp, q.gemm)
+    if adp > 1:
+        ops.append(PlanOp("moe_reduce_scatter", "reduce_scatter", moe_layers, params={"elements_per_token": h * adp, "group": par.width}))
+    elif tp > 1:
+        ops.append(PlanOp("moe_allreduce", "allreduce", moe_layers, params={"elements_per_token": h, "group": tp}))
+    return Plan(spec, par, tuple(ops + _ends(spec, par)))
 
 
 def build_plan(spec: ModelSpec, par: ParallelConfig) -> Plan:
     if spec.family == "dense":
         return dense_plan(spec, par)
+    if spec.family in ("moe", "mla_moe"):
+        return moe_plan(spec, par)
     raise InvalidConfigError(f"no op plan for family {spec.family!r}")

@@ -74,6 +74,26 @@ def infer_quant(mc: ModelConfig, text_cfg: dict) -> QuantSpec:
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    experts: int
+    topk: int
+    inter: int  # per-expert FFN width
+    shared_inter: int = 0  # total width of the shared expert(s), 0 if none
+    first_dense_layers: int = 0  # leading layers with a dense FFN instead of MoE
+    dense_inter: int = 0  # width of those dense FFNs
+    gated: bool = True  # SwiGLU experts (gate+up); False for relu^2 experts
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     model_id: str
     resolved_id: str
@@ -91,6 +111,9 @@ class ModelSpec:
     max_position: int | None
     quant: QuantSpec
     alias_note: str | None = None
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    layer_windows: tuple[int, ...] | None = None  # per-layer sliding window (0 = full attention)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -99,6 +122,12 @@ class ModelSpec:
     def from_dict(cls, d: dict) -> ModelSpec:
         d = dict(d)
         d["quant"] = QuantSpec(**d["quant"])
+        if d.get("moe"):
+            d["moe"] = MoESpec(**d["moe"])
+        if d.get("mla"):
+            d["mla"] = MLASpec(**d["mla"])
+        if d.get("layer_windows") is not None:
+            d["layer_windows"] = tuple(d["layer_windows"])
         return cls(**d)
 
 
@@ -109,6 +138,13 @@ FAMILIES = {
     "Qwen2ForCausalLM": "dense",
     "Qwen3ForCausalLM": "dense",
     "MiMoForCausalLM": "dense",
+    "Qwen3MoeForCausalLM": "moe",
+    "Qwen2MoeForCausalLM": "moe",
+    "MixtralForCausalLM": "moe",
+    "GptOssForCausalLM": "moe",
+    "MiniMaxM2ForCausalLM": "moe",
+    "DeepseekV3ForCausalLM": "mla_moe",
+    "KimiK25ForConditionalGeneration": "mla_moe",
 }
 
 
@@ -140,11 +176,13 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
     text = cfg.get("text_config") or cfg
     archs = cfg.get("architectures") or text.get("architectures") or ["?"]
     arch = archs[0]
+    if arch not in FAMILIES and (text.get("architectures") or [None])[0] in FAMILIES:
+        arch = text["architectures"][0]
     family = FAMILIES.get(arch)
     if family is None:
         raise UnsupportedModelError(
             f"model family {arch} ({mc.resolved_id}) is not modelled yet",
-            "dense GQA decoders are supported; MoE/MLA families arrive with the MoE work",
+            "supported: dense GQA decoders, GQA + MoE, and DeepSeek-style MLA + MoE",
             supported_architectures(),
         )
     hidden = int(text["hidden_size"])
@@ -157,6 +195,32 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
     max_pos = _first(text, "max_position_embeddings")
     if sw is not None and max_pos is not None and int(sw) >= int(max_pos):
         sw = None
+    moe = mla = None
+    windows = None
+    inter = _first(text, "intermediate_size", default=0)
+    if family in ("moe", "mla_moe"):
+        experts = int(_first(text, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts"))
+        topk = int(_first(text, "num_experts_per_tok", "moe_top_k", "top_k_experts"))
+        expert_inter = int(_first(text, "moe_intermediate_size", default=inter))
+        n_shared = int(_first(text, "n_shared_experts", "num_shared_experts", default=0) or 0)
+        shared_inter = int(_first(text, "shared_expert_intermediate_size", "shared_intermediate_size", default=n_shared * expert_inter) or 0)
+        first_dense = int(_first(text, "first_k_dense_replace", default=0) or 0)
+        moe = MoESpec(experts, topk, expert_inter, shared_inter, first_dense, int(inter) if first_dense else 0, True)
+    if family == "mla_moe":
+        mla = MLASpec(
+            q_lora_rank=int(text["q_lora_rank"]) if text.get("q_lora_rank") else None,
+            kv_lora_rank=int(text["kv_lora_rank"]),
+            qk_nope_head_dim=int(text["qk_nope_head_dim"]),
+            qk_rope_head_dim=int(text["qk_rope_head_dim"]),
+            v_head_dim=int(text["v_head_dim"]),
+        )
+        kv = heads
+        head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    lt = text.get("layer_types")
+    if lt and text.get("sliding_window"):
+        w = int(text["sliding_window"])
+        windows = tuple(w if t == "sliding_attention" else 0 for t in lt)
+        sw = None
     return ModelSpec(
         model_id=mc.model_id,
         resolved_id=mc.resolved_id,
@@ -167,11 +231,14 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
         num_heads=heads,
         num_kv_heads=kv,
         head_dim=head_dim,
-        intermediate=int(text["intermediate_size"]),
+        intermediate=int(inter),
         vocab=int(_first(text, "vocab_size", default=cfg.get("vocab_size", 32000))),
         tie_embeddings=bool(_first(text, "tie_word_embeddings", default=False)),
         sliding_window=int(sw) if sw else None,
         max_position=int(max_pos) if max_pos else None,
         quant=infer_quant(mc, text),
         alias_note=mc.alias_note,
+        moe=moe,
+        mla=mla,
+        layer_windows=windows,
     )

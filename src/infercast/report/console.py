@@ -17,7 +17,10 @@ def _f(x, fmt="{:.2f}") -> str:
 def print_static(res, explain: bool = False) -> None:
     c = _console()
     title = (
-        f"{res.model} on {res.system} · {res.backend} {res.backend_version} · TP{res.tp} PP{res.pp} · "
+        f"{res.model} on {res.system} · {res.backend} {res.backend_version} · TP{res.tp} PP{res.pp}"
+        + (f" DP{res.attention_dp}" if res.attention_dp > 1 else "")
+        + (f" EP{res.moe_ep} ETP{res.moe_tp}" if res.moe_ep > 1 else "")
+        + " · "
         f"batch {res.batch_size} · isl {res.isl} osl {res.osl}" + (f" prefix {res.prefix}" if res.prefix else "")
     )
     c.print(f"[bold]{title}[/bold]")

@@ -4,7 +4,10 @@ Weights: linear layers at the GEMM quant's bytes per weight (scales included), e
 and norms in bf16; vocab-parallel embedding / LM head split over TP; each pipeline stage holds
 ``layers / pp`` layers, the first also the embedding and the last the LM head (the larger stage
 is what must fit). KV bytes per token per GPU = 2 (K and V) x layers per stage x KV heads per GPU
-x head_dim x KV dtype bytes. Reserves: the system's ``misc.other_mem`` (runtime, CUDA graphs)
+x head_dim x KV dtype bytes (MLA: the compressed latent per layer; sliding-window layers hold
+only their window and are left out). MoE: routed experts split over moe_tp x moe_ep at the MoE
+quant, shared experts and dense layers over TP. Each attention-DP rank has its own KV pool.
+Reserves: the system's ``misc.other_mem`` (runtime, CUDA graphs)
 plus ``misc.nccl_mem`` for the TP group. Activations: the peak of one step at the backend's
 token budget (hidden states, QKV, FFN intermediate) plus logits for the largest batch.
 """
@@ -42,35 +45,65 @@ class MemoryBreakdown:
         return asdict(self)
 
 
-def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig) -> float:
-    tp, pp = par.tp, par.pp
-    h, hd = spec.hidden, spec.head_dim
+def _attention_weights(spec: ModelSpec, tp: int, wb: float) -> float:
+    h = spec.hidden
+    if spec.mla is not None:
+        m = spec.mla
+        heads = spec.num_heads // tp
+        q = (h * m.q_lora_rank + m.q_lora_rank * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)) if m.q_lora_rank \
+            else h * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+        kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+        o = heads * m.v_head_dim * h
+        return (q + kv + o) * wb
     heads = spec.num_heads // tp
     kvh = kv_heads_per_gpu(spec, tp)
+    return (h * (heads + 2 * kvh) * spec.head_dim + heads * spec.head_dim * h) * wb
+
+
+def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig) -> float:
+    """Weight bytes on the most loaded GPU (a pipeline stage holds ``ceil(layers / pp)`` layers)."""
+    tp, pp = par.tp, par.pp
+    h = spec.hidden
     wb = WEIGHT_BYTES[spec.quant.gemm]
-    per_layer = (
-        h * (heads + 2 * kvh) * hd * wb  # qkv
-        + heads * hd * h * wb  # o
-        + 3 * h * (spec.intermediate // tp) * wb  # gate, up, down
-        + 2 * h * 2.0  # norms
-    )
-    layers = math.ceil(spec.num_layers / pp)
+    L = spec.num_layers
+    stage = math.ceil(L / pp) / L  # share of the layers on one stage
+    attn = _attention_weights(spec, tp, wb) + 2 * h * 2.0  # + norms
+    m = spec.moe
+    if m is None:
+        ffn_total = L * 3 * h * (spec.intermediate // tp) * wb
+    else:
+        mb = WEIGHT_BYTES[spec.quant.moe or spec.quant.gemm]
+        moe_layers = L - m.first_dense_layers
+        experts = m.experts * 3 * h * m.inter * mb / (par.etp * par.ep) if m.gated else m.experts * 2 * h * m.inter * mb / (par.etp * par.ep)
+        shared = 3 * h * (m.shared_inter // tp) * wb
+        router = h * m.experts * 2.0
+        dense = m.first_dense_layers * 3 * h * (m.dense_inter // tp) * wb
+        ffn_total = moe_layers * (experts + shared + router) + dense
+    layers = (L * attn + ffn_total) * stage
     embed = spec.vocab * h * 2.0 / tp
     head = 0.0 if (spec.tie_embeddings and pp == 1) else spec.vocab * h * 2.0 / tp
     ends = embed + head if pp == 1 else max(embed, head + h * 2.0)
-    return layers * per_layer + ends
+    return layers + ends
 
 
 def kv_bytes_per_token(spec: ModelSpec, par: ParallelConfig) -> float:
+    """KV-cache bytes per token on one GPU: K and V per KV head for GQA, the compressed latent
+    (``kv_lora_rank + qk_rope_head_dim``, replicated on every TP rank) for MLA."""
     layers = math.ceil(spec.num_layers / par.pp)
-    return 2.0 * layers * kv_heads_per_gpu(spec, par.tp) * spec.head_dim * KV_BYTES[spec.quant.kv_cache]
+    kvb = KV_BYTES[spec.quant.kv_cache]
+    if spec.mla is not None:
+        return layers * (spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim) * kvb
+    windows = spec.layer_windows
+    return 2.0 * layers * kv_heads_per_gpu(spec, par.tp) * spec.head_dim * kvb if not windows else \
+        2.0 * kv_heads_per_gpu(spec, par.tp) * spec.head_dim * kvb * math.ceil(sum(1 for w in windows if w == 0) / par.pp)
 
 
 def activation_bytes(spec: ModelSpec, par: ParallelConfig, be: BackendDefaults) -> float:
     t = be.max_num_tokens
     tp = par.tp
     qkv = (spec.num_heads // tp + 2 * kv_heads_per_gpu(spec, tp)) * spec.head_dim
-    per_token = (4 * spec.hidden + 2 * (spec.intermediate // tp) + qkv) * 2.0
+    ffn = spec.intermediate // tp if spec.moe is None else max(spec.moe.dense_inter // tp, spec.moe.inter * spec.moe.topk // max(par.etp, 1))
+    per_token = (4 * spec.hidden + 2 * ffn + qkv) * 2.0
     logits = be.max_batch_size * (spec.vocab / tp) * 4.0
     return t * per_token + logits
 
@@ -78,7 +111,7 @@ def activation_bytes(spec: ModelSpec, par: ParallelConfig, be: BackendDefaults) 
 def memory_breakdown(spec: ModelSpec, par: ParallelConfig, system: SystemSpec, be: BackendDefaults) -> MemoryBreakdown:
     weights = weight_bytes_per_gpu(spec, par)
     acts = activation_bytes(spec, par, be)
-    reserves = float(system.other_mem + system.nccl_mem_for(par.tp))
+    reserves = float(system.other_mem + system.nccl_mem_for(par.width))
     cap = float(system.gpu.mem_capacity)
     if be.fraction_of == "free":
         budget = be.kv_memory_fraction * (cap - weights - acts - reserves)

@@ -30,17 +30,22 @@ class EstimatorCache:
         self.database_mode = database_mode
         self._cache: dict = {}
 
-    def get(self, row: SiliconRow, tp: int, pp: int) -> Estimator:
+    def get(self, row: SiliconRow, w) -> Estimator:
+        """The estimator for a row's model/system/backend and one worker's parallelism ``w``."""
         kv = _kv_quant(row)
-        key = (row.model, row.system, row.backend, row.gemm_quant, kv, tp, pp)
+        moe_q = _quant(row.moe_quant)
+        key = (row.model, row.system, row.backend, row.gemm_quant, moe_q, kv, w.tp, w.pp, w.attention_dp, w.moe_tp, w.moe_ep)
         hit = self._cache.get(key)
         if isinstance(hit, InfercastError):
             raise hit
         if hit is None:
             try:
+                moe_tp, moe_ep = _moe_layout(w)
                 hit = Estimator(
-                    row.model, row.system, row.backend, None, tp, pp,
-                    gemm_quant=_gemm_quant(row), kv_cache_quant=kv, database_mode=self.database_mode, systems_path=self.systems_path,
+                    row.model, row.system, row.backend, None, w.tp, w.pp,
+                    attention_dp=w.attention_dp, moe_tp=moe_tp, moe_ep=moe_ep,
+                    gemm_quant=_gemm_quant(row), moe_quant=moe_q, kv_cache_quant=kv,
+                    database_mode=self.database_mode, systems_path=self.systems_path,
                 )
             except InfercastError as exc:
                 self._cache[key] = exc
@@ -49,9 +54,27 @@ class EstimatorCache:
         return hit
 
 
-def _gemm_quant(row: SiliconRow) -> str | None:
-    q = (row.gemm_quant or "").strip().lower()
+def _moe_layout(w) -> tuple[int | None, int | None]:
+    """The row's (moe_tp, moe_ep), or None to derive them, when they do not span the replica.
+
+    Rows leave MoE sizes empty for dense models and sometimes for MoE ones; the width rule
+    (moe_tp x moe_ep == tp x attention_dp) then decides: keep moe_ep when it divides the width
+    and derive moe_tp."""
+    width = w.tp * w.attention_dp
+    if w.moe_tp * w.moe_ep == width:
+        return (None if w.moe_ep == 1 and w.moe_tp == width else w.moe_tp), (None if w.moe_ep == 1 else w.moe_ep)
+    if w.moe_ep > 1 and width % w.moe_ep == 0:
+        return None, w.moe_ep
+    return None, None
+
+
+def _quant(q: str | None) -> str | None:
+    q = (q or "").strip().lower()
     return q or None
+
+
+def _gemm_quant(row: SiliconRow) -> str | None:
+    return _quant(row.gemm_quant)
 
 
 def _kv_quant(row: SiliconRow) -> str | None:
@@ -70,7 +93,7 @@ def static_predictor(cache: EstimatorCache) -> Predictor:
         if row.mode != "agg":
             raise UnsupportedModelError("disaggregated rows need the serving model", "run without --static")
         w = row.worker
-        est = cache.get(row, w.tp, w.pp)
+        est = cache.get(row, w)
         conc = row.concurrency or w.batch_size
         batch = max(1, round(conc / max(w.attention_dp, 1)))
         ttft = est.prefill_ms(batch, row.isl)

@@ -14,7 +14,7 @@ def serving_predictor(cache: EstimatorCache, params=None):
         if row.mode != "agg":
             raise UnsupportedModelError("disaggregated serving is not modelled yet")
         w = row.worker
-        est = cache.get(row, w.tp, w.pp)
+        est = cache.get(row, w)
         conc = float(row.concurrency or w.batch_size)
         per_replica = max(1, round(conc / max(w.attention_dp, 1)))
         p = (params or {}).get(row.backend) or scheduler_params(row.backend)

@@ -1,0 +1,521 @@
+"""Mixture of experts: the routed-expert grouped GEMM block and its expert-parallel all-to-all.
+
+**Expert block** (:func:`resolve_moe`, table ``moe_perf``). One row = gate/up GEMM + activation +
+down GEMM over the local experts of one rank of a ``moe_tp x moe_ep`` group, for ``num_tokens``
+tokens entering the block on that rank before dispatch (the caller passes tokens x attention-DP
+when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, experts)`` at a fixed
+``(moe_tp, moe_ep)``; the curve axis is ``num_tokens``. Rules, each backed by the pack:
+
+* **quant** = the table's ``moe_dtype`` (bfloat16, fp8, fp8_block, nvfp4, w4a16_mxfp4,
+  w4a8_mxfp4_mxfp8, int4_wo, w4afp8). ``"mxfp4"`` is an alias: on a GPU with FP4 tensor cores
+  (an ``fp4`` FLOPS entry in the system YAML; sm >= 100 in this pack) it means
+  ``w4a8_mxfp4_mxfp8`` (TensorRT-LLM / SGLang run MXFP4 experts with MXFP8 activations there),
+  otherwise ``w4a16_mxfp4`` (Hopper, Ada, Xe: weight-only MXFP4, bf16 math). The other form is the
+  fallback when the preferred one lacks the query's site: rtx_pro_6000_server has only
+  ``w4a8_mxfp4_mxfp8`` under trtllm but only ``w4a16_mxfp4`` under vllm/sglang, and b200 vllm has
+  ``w4a8_mxfp4_mxfp8`` only for (4096, 2048, 6, 256)/(7168, 3072, 6, 384), not gpt-oss
+  (2880, 2880, 4, 128), which it has as ``w4a16_mxfp4``. The choice is recorded in the notes.
+* **kernel**: TensorRT-LLM splits non-gated (relu^2, Nemotron) experts into kernels named
+  ``*nongated*`` (``moe_torch_flow_nongated``); ``gated=True`` excludes them, ``gated=False``
+  keeps only them. Where the quant mode has no such kernel (every vLLM / SGLang table: their
+  Nemotron shapes are collected with the engine's one MoE kernel) the flag does not filter. If the
+  requested class is empty the other class's rows are used and utilisation is carried across
+  through the gated/non-gated speed of light (noted). Among the remaining kernels,
+  :func:`~infercast.ops.base.merge_kernels` (default = most rows, others fill shapes it lacks).
+* **distribution**: the requested routing skew; if absent, ``balanced``; if that is absent too
+  (a100 trtllm/vllm, b60 collect only power-law routing), the least skewed power law. Noted.
+* **(moe_tp, moe_ep)** is never transferred: a pair not collected for the site raises
+  :class:`~infercast.errors.NotAvailableError` in SILICON listing the collected pairs (HYBRID
+  answers empirically).
+* **off-site shapes** transfer through utilisation (:mod:`infercast.interp.transfer`) over log2
+  ``(hidden, inter, topk, experts)`` among sites collected at the same ``(moe_tp, moe_ep)``,
+  with :func:`infercast.interp.sol.moe` as the speed of light.
+* beyond the collected ``num_tokens`` range (1...16384 in most files) the grid holds the boundary
+  utilisation (SOL ratio).
+
+The ``num_tokens`` axis interpolates **linearly** (:data:`TOKEN_SCALE`): leave-one-out over every
+balanced ``moe_perf`` curve on h200_sxm and b200_sxm (trtllm/vllm/sglang, 15k-67k held-out points
+each) gives median APE 1.4-1.8% linear vs 1.7-2.0% power law (bias -0.1..-0.3% vs +0.8%).
+
+**Dispatch + combine** (:func:`resolve_moe_dispatch`, table ``moe_a2a_perf``, latency converted
+to ms by the reader): DeepEP high-throughput kernels for the context phase, low-latency kernels
+for generation (:data:`A2A_BACKENDS`); sites ``(hidden, topk, experts)`` at the collected
+``ep_size``; dispatch and combine are resolved separately (each transferred through
+:func:`infercast.interp.sol.collective`) and summed. Without a table, the ep size or a site
+within the gates, the cost falls back to two NCCL all-to-alls (dispatch + combine) with
+``message = tokens * topk * hidden`` 16-bit elements each — the per-rank send buffer when every
+token's hidden vector goes to each of its ``topk`` experts' ranks (NCCL's ``alltoall``
+``message_size`` is the per-rank buffer in elements, of which ``(ep-1)/ep`` leaves the rank).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..data.quant import COMPUTE_DTYPE, WEIGHT_BYTES
+from ..errors import InvalidInputError, NotAvailableError
+from ..interp import sol
+from ..interp.grid import Grid
+from ..interp.provenance import Prov
+from ..interp.transfer import SiteChoice, choose_sites, transfer_grid
+from .base import DatabaseMode, OpDB, Resolved, merge_kernels, sites_and_curves
+from .comm import resolve_collective
+from .empirical import empirical_resolved
+
+#: the tokens axis of SOL / empirical grids (the collected num_tokens list of moe_perf)
+TOKENS_AXIS = np.array(
+    [1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 128, 160, 192, 256, 320, 384, 512, 768, 1024, 1536, 2048,
+     3072, 4096, 6144, 8192, 12288, 16384], dtype=float,
+)
+#: tokens axis of SOL / empirical all-to-all grids (the collected moe_a2a num_tokens span)
+A2A_TOKENS_AXIS = 2.0 ** np.arange(0, 17)
+#: interpolation space of the num_tokens axis (see the module docstring for the LOO numbers)
+TOKEN_SCALE = ("linear",)
+
+SITE_COLS = ("hidden_size", "inter_size", "topk", "num_experts")
+PAIR_COLS = ("moe_tp_size", "moe_ep_size")
+MOE_QUANTS = ("bfloat16", "fp8", "fp8_block", "nvfp4", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8", "int4_wo", "w4afp8")
+MXFP4_ALIAS = "mxfp4"
+NONGATED_TAG = "nongated"
+DEFAULT_DISTRIBUTION = "balanced"
+
+#: serving backend -> phase -> moe_a2a comm_backend (DeepEP high-throughput / low-latency)
+A2A_BACKENDS = {
+    "trtllm": {"context": "trtllm_deepep_ht", "generation": "trtllm_deepep_ll"},
+    "vllm": {"context": "deepep_ht", "generation": "deepep_ll"},
+    "sglang": {"context": "deepep_ht", "generation": "deepep_ll"},
+}
+PHASE_ALIASES = {"context": "context", "prefill": "context", "generation": "generation", "decode": "generation"}
+#: MoE quant -> activation dtype the dispatch may send (first choice; bf16 is always the fallback)
+A2A_DISPATCH_DTYPE = {"fp8": "fp8", "fp8_block": "fp8", "w4afp8": "fp8", "w4a8_mxfp4_mxfp8": "fp8", "nvfp4": "nvfp4"}
+A2A_DTYPE_BYTES = {"bfloat16": 2.0, "default": 2.0, "fp8": 1.0, "nvfp4": 0.5 + 1.0 / 16, "fp4": 0.5 + 1.0 / 16}
+#: NCCL fallback: 16-bit elements (as ops.comm)
+NCCL_ELEMENT_BYTES = 2.0
+
+
+# ----------------------------------------------------------------------------------------------
+# validation and quant aliases
+# ----------------------------------------------------------------------------------------------
+
+
+def _positive_int(name: str, v) -> int:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise InvalidInputError(f"{name} must be a positive integer", f"got {v!r}") from None
+    if not math.isfinite(f) or f <= 0 or f != int(f):
+        raise InvalidInputError(f"{name} must be a positive integer", f"got {v!r}")
+    return int(f)
+
+
+def _check_shape(hidden, inter, topk, experts, moe_tp=1, moe_ep=1):
+    hidden, inter, topk, experts = (_positive_int(n, v) for n, v in
+                                    (("hidden", hidden), ("inter", inter), ("topk", topk), ("experts", experts)))
+    moe_tp, moe_ep = _positive_int("moe_tp", moe_tp), _positive_int("moe_ep", moe_ep)
+    if topk > experts:
+        raise InvalidInputError(f"topk={topk} exceeds the number of experts ({experts})")
+    if moe_ep > experts:
+        raise InvalidInputError(f"moe_ep={moe_ep} exceeds the number of experts ({experts})", "every EP rank needs an expert")
+    return hidden, inter, topk, experts, moe_tp, moe_ep
+
+
+def has_fp4_hardware(system) -> bool:
+    """FP4 tensor cores: the system YAML lists ``fp4_tc_flops`` (exactly the sm >= 100 systems
+    of this pack: b200/b300/gb200/gb300 sm100/103, rtx_pro_6000_server sm120)."""
+    return system.gpu.flops("fp4") is not None
+
+
+def quant_candidates(system, quant: str) -> tuple[str, ...]:
+    """Table ``moe_dtype`` values to try for ``quant``, in order (the alias rule; see module doc)."""
+    if quant == MXFP4_ALIAS:
+        if has_fp4_hardware(system):
+            return ("w4a8_mxfp4_mxfp8", "w4a16_mxfp4")
+        return ("w4a16_mxfp4", "w4a8_mxfp4_mxfp8")
+    if quant not in WEIGHT_BYTES:
+        raise InvalidInputError(f"unknown MoE quant mode {quant!r}", available=[*MOE_QUANTS, MXFP4_ALIAS])
+    return (quant,)
+
+
+def moe_sol_fn(db: OpDB, quant: str, hidden, inter, topk, experts, moe_tp, moe_ep, gated: bool = True):
+    cdt = COMPUTE_DTYPE[quant]
+    wb = WEIGHT_BYTES[quant]
+    system = db.system
+
+    def f(tokens):
+        return sol.moe(system, cdt, wb, tokens, hidden, inter, topk, experts, moe_tp, moe_ep, gated)[0]
+
+    return f
+
+
+def _power_law_exponent(dist: str) -> float:
+    m = re.search(r"([0-9]+(?:\.[0-9]+)?)", dist)
+    return float(m.group(1)) if m else math.inf
+
+
+def _pick_distribution(available: list[str], requested: str) -> tuple[str, tuple[str, ...]]:
+    if requested in available:
+        return requested, ()
+    if DEFAULT_DISTRIBUTION in available:
+        return DEFAULT_DISTRIBUTION, (f"distribution {requested!r} not collected; using {DEFAULT_DISTRIBUTION!r}",)
+    best = sorted(available, key=lambda d: (_power_law_exponent(d), d))[0]
+    asked = repr(requested) if requested == DEFAULT_DISTRIBUTION else f"{requested!r} and {DEFAULT_DISTRIBUTION!r}"
+    return best, (f"distribution {asked} not collected; using the least skewed {best!r}",)
+
+
+# ----------------------------------------------------------------------------------------------
+# the expert-block lattice
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Lattice:
+    table: object
+    quant: str
+    kernel: str
+    distribution: str
+    site_gated: bool | None  # gating of the collected rows; None = the kernels do not say
+    sites: np.ndarray  # (n, 6): hidden, inter, topk, experts, moe_tp, moe_ep
+    curves: dict
+    notes: tuple[str, ...]
+
+
+def _lattice(db: OpDB, quant: str, gated: bool, distribution: str) -> _Lattice | None:
+    """Rows of one quant mode, kernel class and routing distribution, grouped by site and pair.
+    None when the table (HYBRID/EMPIRICAL) or the quant mode is missing."""
+    table = db.table_or_none("moe")
+    if table is None:
+        return None
+    base = table.mask(moe_dtype=quant)
+    if not base.any():
+        return None
+    notes: list[str] = []
+    dists = sorted(np.unique(table.keys["distribution"][base]).tolist()) if table.has("distribution") else []
+    dist = distribution
+    if table.has("distribution"):
+        dist, dnotes = _pick_distribution(dists, distribution)
+        notes.extend(dnotes)
+        base &= table.keys["distribution"] == dist
+    kernels = np.unique(table.keys["kernel_source"][base]).tolist() if table.has("kernel_source") else []
+    nongated = [k for k in kernels if NONGATED_TAG in k]
+    site_gated: bool | None = None  # None: kernel names do not tell gated from non-gated
+    if nongated:
+        gated_k = [k for k in kernels if NONGATED_TAG not in k]
+        want, site_gated = (gated_k, True) if gated else (nongated, False)
+        if not want:  # only the other activation type was collected: carry utilisation across
+            want, site_gated = (nongated, False) if gated else (gated_k, True)
+            notes.append(
+                f"no {'gated' if gated else 'non-gated'} {quant} MoE kernel collected; utilisation "
+                f"carried over from the {'non-gated' if gated else 'gated'} kernels"
+            )
+        base &= np.isin(table.keys["kernel_source"], want)
+    if table.has("kernel_source"):
+        base, order = merge_kernels(table, base, SITE_COLS + PAIR_COLS + ("num_tokens",), db.backend)
+        kernel = "+".join(order)
+    else:
+        kernel = None
+    sites, curves = sites_and_curves(table, base, SITE_COLS + PAIR_COLS, ("num_tokens",))
+    return _Lattice(table, quant, kernel, dist, site_gated, sites, curves, tuple(notes))
+
+
+def _get_lattice(db: OpDB, quant: str, gated: bool, distribution: str) -> _Lattice | None:
+    return db.memo(("moe-lattice", quant, bool(gated), distribution), lambda: _lattice(db, quant, gated, distribution))
+
+
+def _site_grid(db: OpDB, lat: _Lattice, i: int, query_gated: bool) -> Grid:
+    gated = query_gated if lat.site_gated is None else lat.site_gated
+
+    def build():
+        h, n, k, e, tp, ep = (int(x) for x in lat.sites[i])
+        s = moe_sol_fn(db, lat.quant, h, n, k, e, tp, ep, gated)
+        (axis,), vals = lat.curves[i]
+        return Grid((axis,), vals, np.zeros(len(axis), np.int8), s, scales=TOKEN_SCALE)
+
+    return db.memo(("moe-site", lat.quant, lat.distribution, lat.kernel, gated, i), build)
+
+
+def _site_label(row) -> str:
+    h, n, k, e, tp, ep = (int(x) for x in row)
+    return f"(hidden={h}, inter={n}, topk={k}, experts={e}, tp={tp}, ep={ep})"
+
+
+def _pairs_str(sites: np.ndarray) -> list[str]:
+    return [f"tp{int(tp)}xep{int(ep)}" for tp, ep in sorted({(int(a), int(b)) for a, b in sites[:, 4:6]})]
+
+
+def _score(lat: _Lattice | None, query: tuple, tp: int, ep: int) -> int:
+    if lat is None or len(lat.sites) == 0:
+        return 0
+    site_hit = np.all(lat.sites[:, :4] == np.asarray(query, float), axis=1)
+    pair_hit = (lat.sites[:, 4] == tp) & (lat.sites[:, 5] == ep)
+    if (site_hit & pair_hit).any():
+        return 3
+    if site_hit.any():
+        return 2
+    return 1
+
+
+def resolve_moe(
+    db: OpDB,
+    *,
+    quant: str,
+    hidden: int,
+    inter: int,
+    topk: int,
+    experts: int,
+    moe_tp: int,
+    moe_ep: int,
+    distribution: str = DEFAULT_DISTRIBUTION,
+    gated: bool = True,
+) -> Resolved:
+    """Compile the routed-expert block's ``num_tokens`` curve (ms per MoE layer on one rank)."""
+    hidden, inter, topk, experts, moe_tp, moe_ep = _check_shape(hidden, inter, topk, experts, moe_tp, moe_ep)
+    gated = bool(gated)
+    candidates = quant_candidates(db.system, quant)
+    query = (hidden, inter, topk, experts)
+    notes: list[str] = []
+
+    q = candidates[0]
+    lat = None
+    if db.mode is not DatabaseMode.SOL:
+        lats = [(c, _get_lattice(db, c, gated, distribution)) for c in candidates]
+        scored = [(_score(lt, query, moe_tp, moe_ep), -i, c, lt) for i, (c, lt) in enumerate(lats)]
+        best = max(scored, key=lambda s: (s[0], s[1]))
+        if best[0] > 0:
+            q, lat = best[2], best[3]
+        if quant == MXFP4_ALIAS:
+            notes.append(
+                f"mxfp4 -> {q} ({'FP4 tensor cores' if has_fp4_hardware(db.system) else 'no FP4 tensor cores'}"
+                f"{'' if q == candidates[0] else '; preferred ' + candidates[0] + ' lacks this site'})"
+            )
+    elif quant == MXFP4_ALIAS:
+        notes.append(f"mxfp4 -> {q}")
+
+    sol_q = moe_sol_fn(db, q, hidden, inter, topk, experts, moe_tp, moe_ep, gated)
+    sol_q(1.0)  # raises early if the GPU has no tensor cores for the compute dtype
+    axes = (TOKENS_AXIS,)
+    if db.mode is DatabaseMode.SOL:
+        g = Grid(axes, sol_q(TOKENS_AXIS), np.full(len(TOKENS_AXIS), int(Prov.SOL), np.int8), sol_q, scales=TOKEN_SCALE)
+        return Resolved(g, "sol", how="sol", notes=tuple(notes))
+
+    def empirical(donor_idx=None, why: str | None = None) -> Resolved:
+        donors = None
+        if lat is not None and donor_idx is not None and len(donor_idx):
+            donors = [_site_grid(db, lat, int(i), gated) for i in donor_idx]
+        r = empirical_resolved("moe", sol_q, axes, donors, TOKEN_SCALE)
+        extra = (why,) if why else ()
+        return replace(r, notes=tuple(notes) + (lat.notes if lat else ()) + extra + r.notes)
+
+    if lat is None:
+        table = db.table_or_none("moe")
+        if table is None:
+            return empirical(why="no moe table")
+        if db.mode is DatabaseMode.SILICON:
+            raise NotAvailableError(
+                f"no {quant} MoE data for {db.backend} on {db.system.name}",
+                "the moe table was not collected in this quant mode"
+                + (f" (tried {', '.join(candidates)})" if len(candidates) > 1 else ""),
+                table.unique("moe_dtype"),
+            )
+        return empirical(why=f"no {quant} rows in the moe table")
+    notes.extend(lat.notes)
+    sites = lat.sites
+    pair_hit = (sites[:, 4] == moe_tp) & (sites[:, 5] == moe_ep)
+    site_hit = np.all(sites[:, :4] == np.asarray(query, float), axis=1)
+    same_pair = np.flatnonzero(pair_hit)
+    shape = f"MoE {q} hidden={hidden} inter={inter} topk={topk} experts={experts}"
+
+    if site_hit.any() and not (site_hit & pair_hit).any():
+        if db.mode is DatabaseMode.SILICON:
+            raise NotAvailableError(
+                f"{shape} was not collected at moe_tp={moe_tp} moe_ep={moe_ep}",
+                f"{db.backend} on {db.system.name}; (moe_tp, moe_ep) is never transferred — "
+                "use a collected pair, or --database-mode HYBRID for an empirical estimate",
+                _pairs_str(sites[site_hit]),
+            )
+        return empirical(same_pair if len(same_pair) else np.arange(len(sites)), f"moe_tp={moe_tp} moe_ep={moe_ep} not collected for this shape")
+    if not len(same_pair):
+        if db.mode is DatabaseMode.SILICON:
+            raise NotAvailableError(
+                f"{shape}: no site was collected at moe_tp={moe_tp} moe_ep={moe_ep}",
+                f"{db.backend} on {db.system.name}; use a collected pair, or --database-mode HYBRID",
+                _pairs_str(sites),
+            )
+        return empirical(np.arange(len(sites)), f"moe_tp={moe_tp} moe_ep={moe_ep} not collected")
+
+    choice = None if db.mode is DatabaseMode.EMPIRICAL else choose_sites(query, sites[same_pair, :4])
+    if choice is None:
+        if db.mode is DatabaseMode.SILICON:
+            raise NotAvailableError(
+                f"{shape} (moe_tp={moe_tp}, moe_ep={moe_ep}) is outside the collected sites' gates",
+                f"{db.backend} on {db.system.name}; use --database-mode HYBRID for an empirical estimate",
+                [f"{int(h)}/{int(n)}/{int(k)}/{int(e)}" for h, n, k, e in sites[same_pair, :4]],
+            )
+        return empirical(same_pair, None if db.mode is DatabaseMode.EMPIRICAL else "shape outside the collected sites' gates")
+    choice = SiteChoice(tuple(int(same_pair[i]) for i in choice.indices), choice.weights, choice.how, choice.clamp_distance)
+    cross = lat.site_gated is not None and lat.site_gated != gated
+    if cross and choice.how == "exact":
+        choice = replace(choice, how="activation-transfer")
+    labels = tuple(f"{_site_label(sites[i])} w={w:.2f}" for i, w in zip(choice.indices, choice.weights))
+    g = transfer_grid(choice, lambda i: _site_grid(db, lat, i, gated), sol_q, labels)
+    return Resolved(
+        g, "moe", db.served_version("moe"), lat.kernel, choice.how,
+        labels if choice.how != "exact" else (), tuple(notes),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# expert-parallel all-to-all (dispatch + combine)
+# ----------------------------------------------------------------------------------------------
+
+
+def _a2a_sol_fn(db: OpDB, hidden: int, topk: int, ep: int, dispatch_bytes: float, combine_bytes: float = 2.0, part: str = "both"):
+    """SOL of dispatch, combine or both (:func:`infercast.interp.sol.moe_a2a`) over tokens per rank."""
+    system = db.system
+
+    def f(tokens):
+        elems = np.asarray(tokens, dtype=float) * float(topk) * float(hidden)
+        if part == "dispatch":
+            return sol.collective(system, "alltoall", elems * dispatch_bytes, ep)[0]
+        if part == "combine":
+            return sol.collective(system, "alltoall", elems * combine_bytes, ep)[0]
+        return sol.moe_a2a(system, tokens, hidden, topk, ep, dispatch_bytes, combine_bytes)[0]
+
+    return f
+
+
+def _a2a_from_table(db: OpDB, table, comm_backend: str, phase: str, hidden: int, topk: int, experts: int, ep: int, quant: str):
+    """(Resolved | None, reason) from moe_a2a; None + reason when it cannot answer."""
+    K = table.keys
+    m = table.mask(comm_backend=comm_backend) if table.has("comm_backend") else np.zeros(len(table), bool)
+    if not m.any():
+        return None, f"moe_a2a has no {comm_backend} rows (has {', '.join(table.unique('comm_backend'))})"
+    eps = sorted(np.unique(K["ep_size"][m]).tolist())
+    m &= K["ep_size"] == ep
+    if not m.any():
+        return None, f"moe_a2a {comm_backend} has ep_size {eps}, not {ep}"
+    if table.has("node_num"):
+        nodes = max(1, -(-ep // max(1, db.system.node.gpus_per_node)))
+        if (m & (K["node_num"] == nodes)).any():
+            m &= K["node_num"] == nodes
+        else:
+            return None, f"moe_a2a {comm_backend} ep={ep} has node_num {sorted(np.unique(K['node_num'][m]).tolist())}, not {nodes}"
+    # comm dtype: the quant's dispatch dtype first, then bf16 / vllm's "default"
+    first = A2A_DISPATCH_DTYPE.get(quant, "bfloat16")
+    cands = [c for c in dict.fromkeys((first, "bfloat16", "default")) if (m & (K["comm_dtype"] == c)).any()] if table.has("comm_dtype") else [None]
+    if not cands:
+        return None, f"moe_a2a {comm_backend} has comm_dtype {table.unique('comm_dtype')}"
+    query = (hidden, topk, experts)
+    best = None
+    for c in cands:
+        mc = m if c is None else m & (K["comm_dtype"] == c)
+        if table.has("sms"):
+            sms_vals, counts = np.unique(K["sms"][mc], return_counts=True)
+            sms = sms_vals[np.lexsort((sms_vals, -counts))[0]]
+            mc = mc & (K["sms"] == sms)
+        per_phase = {}
+        for ph in ("dispatch", "combine"):
+            mp = mc & (K["phase"] == ph)
+            per_phase[ph] = sites_and_curves(table, mp, ("hidden_size", "topk", "num_experts"), ("num_tokens",))
+        s_d, s_c = per_phase["dispatch"][0], per_phase["combine"][0]
+        common = [tuple(r) for r in s_d.tolist() if tuple(r) in {tuple(x) for x in s_c.tolist()}]
+        if not common:
+            continue
+        hit = tuple(float(x) for x in query) in common
+        if best is None or (hit and not best[2]):
+            best = (c, per_phase, hit, np.asarray(common, float))
+        if hit:
+            break
+    if best is None:
+        return None, f"moe_a2a {comm_backend} ep={ep} has no site with both dispatch and combine"
+    cdt, per_phase, _, common = best
+    choice = choose_sites(query, common)
+    if choice is None:
+        return None, (f"moe_a2a {comm_backend} sites {[tuple(int(x) for x in r) for r in common]} "
+                      f"are beyond the gates of hidden={hidden} topk={topk} experts={experts}")
+    dbytes = A2A_DTYPE_BYTES.get(cdt, 2.0)
+    grids = {}
+    for ph in ("dispatch", "combine"):
+        sites_ph, curves_ph = per_phase[ph]
+        index = {tuple(r): j for j, r in enumerate(sites_ph.tolist())}
+
+        def site_grid(i, ph=ph, sites_ph=sites_ph, curves_ph=curves_ph, index=index):
+            h, k, e = (int(x) for x in common[i])
+            (axis,), vals = curves_ph[index[tuple(common[i].tolist())]]
+            return Grid((axis,), vals, np.zeros(len(axis), np.int8), _a2a_sol_fn(db, h, k, ep, dbytes, part=ph), scales=("linear",))
+
+        grids[ph] = transfer_grid(choice, site_grid, _a2a_sol_fn(db, hidden, topk, ep, dbytes, part=ph))
+    axis = np.unique(np.concatenate([grids["dispatch"].axes[0], grids["combine"].axes[0]]))
+    vd, pd = grids["dispatch"](axis)
+    vc, pc = grids["combine"](axis)
+    total_sol = _a2a_sol_fn(db, hidden, topk, ep, dbytes)
+    labels = tuple(f"(hidden={int(common[i][0])}, topk={int(common[i][1])}, experts={int(common[i][2])}) w={w:.2f}"
+                   for i, w in zip(choice.indices, choice.weights))
+    g = Grid((axis,), vd + vc, np.maximum(pd, pc), total_sol, labels if choice.how != "exact" else (), scales=("linear",))
+    notes = (f"{comm_backend} dispatch+combine, comm_dtype={cdt}",)
+    return Resolved(g, "moe_a2a", db.served_version("moe_a2a"), comm_backend, choice.how,
+                    labels if choice.how != "exact" else (), notes), None
+
+
+def resolve_moe_dispatch(
+    db: OpDB,
+    *,
+    phase: str,
+    hidden: int,
+    topk: int,
+    experts: int,
+    ep: int,
+    quant: str,
+) -> Resolved | None:
+    """All-to-all dispatch + combine per MoE layer (ms) as a curve over tokens per rank.
+
+    ``None`` when ``ep == 1`` (no expert parallelism, nothing to exchange). ``phase`` is
+    ``context`` (DeepEP high-throughput) or ``generation`` (low-latency); ``prefill`` / ``decode``
+    are accepted as aliases. Like :mod:`infercast.ops.comm`'s collectives, the answer comes from
+    measurements (moe_a2a, else NCCL) in every database mode but SOL; SILICON raises only when
+    neither table covers ``ep`` (HYBRID/EMPIRICAL then get the NCCL op's empirical estimate).
+    """
+    hidden, _, topk, experts, _, ep = _check_shape(hidden, 1, topk, experts, 1, ep)
+    ph = PHASE_ALIASES.get(str(phase).lower())
+    if ph is None:
+        raise InvalidInputError(f"unknown phase {phase!r}", available=sorted(PHASE_ALIASES))
+    if quant != MXFP4_ALIAS and quant not in WEIGHT_BYTES:
+        raise InvalidInputError(f"unknown MoE quant mode {quant!r}", available=[*MOE_QUANTS, MXFP4_ALIAS])
+    if ep == 1:
+        return None
+    backends = A2A_BACKENDS.get(db.backend, A2A_BACKENDS["vllm"])
+    comm_backend = backends[ph]
+    nccl_sol = _a2a_sol_fn(db, hidden, topk, ep, NCCL_ELEMENT_BYTES)
+    if db.mode is DatabaseMode.SOL:
+        axis = A2A_TOKENS_AXIS
+        g = Grid((axis,), nccl_sol(axis), np.full(len(axis), int(Prov.SOL), np.int8), nccl_sol, scales=("linear",))
+        return Resolved(g, "sol", how="sol", notes=("dispatch+combine as two all-to-alls of tokens*topk*hidden bf16 elements",))
+    try:
+        table = db.table_or_none("moe_a2a")
+        why = None if table is not None else "no moe_a2a table"
+    except NotAvailableError as exc:
+        table, why = None, exc.what
+    if table is not None:
+        res, why = _a2a_from_table(db, table, comm_backend, ph, hidden, topk, experts, ep, quant)
+        if res is not None:
+            return res
+    # fallback: two NCCL all-to-alls of tokens*topk*hidden 16-bit elements (dispatch + combine)
+    try:
+        rc = resolve_collective(db, "alltoall", ep)
+    except NotAvailableError as exc:
+        raise NotAvailableError(
+            f"no measured MoE all-to-all over ep={ep} on {db.system.name} ({db.backend}, {ph})",
+            f"{why}; NCCL fallback: {exc.what}" + (f": {exc.why}" if exc.why else ""),
+            exc.available,
+        ) from None
+    kh = float(topk * hidden)
+    src = rc.grid
+    axis = src.axes[0] / kh
+    g = Grid((axis,), 2.0 * src.values, src.prov, nccl_sol, scales=("linear",))
+    notes = (
+        f"{why}; fallback: NCCL alltoall x2 (dispatch + combine), message = tokens*topk*hidden = tokens*{int(kh)} bf16 elements",
+    ) + tuple(rc.notes)
+    return Resolved(g, rc.source, rc.version, "NCCL alltoall", rc.how, rc.donors, notes)

@@ -1,0 +1,432 @@
+"""MoE ops: the routed-expert block (``moe_perf``) and its all-to-all (``moe_a2a_perf`` / NCCL).
+
+(a) real pack (skipped when aiconfigurator-core is not installed): exact table values, the quant
+alias and kernel rules, (moe_tp, moe_ep) gating, dispatch + combine and the NCCL fallback;
+(b) synthetic: a tiny ``moe_perf`` (and ``moe_a2a_perf``) written next to the synthetic pack's
+tables, with latencies from closed forms so exact hits, interpolation and transfer through
+utilisation can be checked to rounding.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import synthpack as sp
+from infercast.data.database import PerfData
+from infercast.data.quant import COMPUTE_DTYPE, WEIGHT_BYTES
+from infercast.errors import InvalidInputError, NotAvailableError
+from infercast.interp import sol
+from infercast.interp.provenance import Prov
+from infercast.ops.base import DatabaseMode, OpDB
+from infercast.ops.comm import resolve_collective
+from infercast.ops.moe import TOKEN_SCALE, quant_candidates, resolve_moe, resolve_moe_dispatch
+
+DSV3 = dict(hidden=7168, inter=2048, topk=8, experts=256)
+GPT_OSS = dict(hidden=2880, inter=2880, topk=4, experts=128)
+QWEN3_235B = dict(hidden=4096, inter=1536, topk=8, experts=128)
+NEMOTRON_NANO = dict(hidden=2688, inter=1856, topk=6, experts=128)
+
+
+# ----------------------------------------------------------------------------------------------
+# speed of light
+# ----------------------------------------------------------------------------------------------
+
+
+def test_sol_touched_experts_and_gating(synth):
+    from infercast.data.system import load_system
+    from infercast.data.pack import find_pack
+
+    system = load_system(find_pack(str(synth.systems_dir)), sp.SYSTEM)
+    # one token touches exactly topk experts: topk/ep of them on this rank
+    assert sol.moe_touched_experts(1, 8, 256, 8) == pytest.approx(1.0)
+    assert sol.moe_touched_experts(1, 8, 256, 1) == pytest.approx(8.0)
+    # many tokens touch every local expert
+    assert sol.moe_touched_experts(1e6, 8, 256, 8) == pytest.approx(32.0)
+    t = np.array([1.0, 16.0, 1024.0])
+    _, m_g, _ = sol.moe(system, "bfloat16", 2.0, t, 1024, 512, 2, 8, 1, 1, gated=True)
+    _, m_n, _ = sol.moe(system, "bfloat16", 2.0, t, 1024, 512, 2, 8, 1, 1, gated=False)
+    np.testing.assert_allclose(m_g / m_n, 1.5)
+    # EP splits the rows, TP splits the width: math per rank scales 1/(tp*ep)
+    _, m_tp, _ = sol.moe(system, "bfloat16", 2.0, t, 1024, 512, 2, 8, 2, 1)
+    _, m_ep, _ = sol.moe(system, "bfloat16", 2.0, t, 1024, 512, 2, 8, 1, 2)
+    np.testing.assert_allclose(m_tp, m_g / 2)
+    np.testing.assert_allclose(m_ep, m_g / 2)
+
+
+# ----------------------------------------------------------------------------------------------
+# (a) real pack
+# ----------------------------------------------------------------------------------------------
+
+
+def _db(system: str, backend: str, mode: str = "SILICON") -> OpDB:
+    return OpDB(PerfData.open(system, backend), DatabaseMode.parse(mode))
+
+
+def _raw_moe(db: OpDB, quant, hidden, inter, topk, experts, tp, ep, kernel, distribution="balanced"):
+    """The parquet rows of one curve, read with pyarrow directly (no infercast reader)."""
+    path = db.data.served["moe"].path
+    t = pq.read_table(path)
+    cols = {c: t.column(c).to_pylist() for c in
+            ("moe_dtype", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size",
+             "distribution", "kernel_source", "num_tokens", "latency")}
+    want = (quant, hidden, inter, topk, experts, tp, ep, distribution, kernel)
+    rows = [(n, lat) for *key, n, lat in zip(*cols.values()) if tuple(key) == want]
+    rows.sort()
+    assert rows, f"no raw rows for {want}"
+    tokens = np.array([r[0] for r in rows], float)
+    assert len(np.unique(tokens)) == len(tokens), "duplicate keys: compare medians instead"
+    return tokens, np.array([r[1] for r in rows])
+
+
+@pytest.mark.real_pack
+def test_deepseek_v3_exact_and_monotone(real_pack_available):
+    db = _db("h200_sxm", "trtllm")
+    r = resolve_moe(db, quant="fp8_block", moe_tp=1, moe_ep=8, **DSV3)
+    assert r.source == "moe" and r.how == "exact"
+    assert r.version == "1.3.0rc20"
+    tokens, lat = _raw_moe(db, "fp8_block", 7168, 2048, 8, 256, 1, 8, r.kernel)
+    v, p = r.grid(tokens)
+    np.testing.assert_array_equal(v, lat)
+    assert (p == Prov.EXACT).all()
+    # scalar path agrees
+    for n, want in zip(tokens[::5], lat[::5]):
+        assert r.grid.scalar(n)[0] == want
+    q = np.unique(np.concatenate([np.geomspace(1, 65536, 300), tokens]))
+    vq, pq_ = r.grid(q)
+    assert np.all(np.diff(vq) >= 0), "latency must not fall as tokens grow"
+    assert (pq_[q > tokens.max()] == Prov.HELD).all()
+
+
+@pytest.mark.real_pack
+def test_gpt_oss_quant_alias(real_pack_available):
+    h200 = _db("h200_sxm", "trtllm")
+    r = resolve_moe(h200, quant="w4a16_mxfp4", moe_tp=1, moe_ep=1, **GPT_OSS)
+    assert r.how == "exact" and r.kernel == "moe_torch_flow"
+    # the alias picks weight-only MXFP4 on Hopper (no FP4 tensor cores) ...
+    assert quant_candidates(h200.system, "mxfp4")[0] == "w4a16_mxfp4"
+    ra = resolve_moe(h200, quant="mxfp4", moe_tp=1, moe_ep=1, **GPT_OSS)
+    np.testing.assert_array_equal(ra.grid.values, r.grid.values)
+    assert any("w4a16_mxfp4" in n for n in ra.notes)
+    # ... and MXFP4 x MXFP8 on Blackwell
+    b200 = _db("b200_sxm", "trtllm")
+    assert quant_candidates(b200.system, "mxfp4")[0] == "w4a8_mxfp4_mxfp8"
+    rb = resolve_moe(b200, quant="mxfp4", moe_tp=1, moe_ep=1, **GPT_OSS)
+    assert rb.how == "exact" and any("w4a8_mxfp4_mxfp8" in n for n in rb.notes)
+    tokens, lat = _raw_moe(b200, "w4a8_mxfp4_mxfp8", 2880, 2880, 4, 128, 1, 1, rb.kernel)
+    np.testing.assert_array_equal(rb.grid(tokens)[0], lat)
+    # b200 vLLM collected gpt-oss only as w4a16_mxfp4: the alias falls back to the site that exists
+    rv = resolve_moe(_db("b200_sxm", "vllm"), quant="mxfp4", moe_tp=1, moe_ep=1, **GPT_OSS)
+    assert rv.how == "exact" and any("-> w4a16_mxfp4" in n for n in rv.notes)
+
+
+@pytest.mark.real_pack
+def test_qwen3_235b_tp_and_ep(real_pack_available):
+    db = _db("h200_sxm", "trtllm")
+    tp4 = resolve_moe(db, quant="bfloat16", moe_tp=4, moe_ep=1, **QWEN3_235B)
+    ep4 = resolve_moe(db, quant="bfloat16", moe_tp=1, moe_ep=4, **QWEN3_235B)
+    for r, (tp, ep) in ((tp4, (4, 1)), (ep4, (1, 4))):
+        assert r.how == "exact" and "nongated" not in r.kernel
+        tokens, lat = _raw_moe(db, "bfloat16", 4096, 1536, 8, 128, tp, ep, r.kernel)
+        np.testing.assert_array_equal(r.grid(tokens)[0], lat)
+    assert not np.array_equal(tp4.grid.values, ep4.grid.values)
+
+
+@pytest.mark.real_pack
+def test_uncollected_pair_lists_pairs(real_pack_available):
+    db = _db("h200_sxm", "trtllm")
+    with pytest.raises(NotAvailableError) as ei:
+        resolve_moe(db, quant="fp8_block", moe_tp=3, moe_ep=8, **DSV3)
+    assert "tp1xep8" in ei.value.available and "moe_tp=3" in str(ei.value)
+    # tp8 exists for other fp8_block sites, not for Qwen3-235B: the error lists that site's pairs
+    with pytest.raises(NotAvailableError) as ei:
+        resolve_moe(db, quant="fp8_block", moe_tp=8, moe_ep=1, **QWEN3_235B)
+    assert "tp4xep1" in ei.value.available and "tp8xep1" not in ei.value.available
+    # HYBRID answers empirically
+    r = resolve_moe(_db("h200_sxm", "trtllm", "HYBRID"), quant="fp8_block", moe_tp=3, moe_ep=8, **DSV3)
+    assert r.how == "empirical" and (r.grid.prov == Prov.EMPIRICAL).all()
+    assert np.all(r.grid.values > 0)
+
+
+@pytest.mark.real_pack
+def test_gated_kernel_rule(real_pack_available):
+    db = _db("h200_sxm", "trtllm")
+    r = resolve_moe(db, quant="bfloat16", moe_tp=1, moe_ep=8, gated=False, **NEMOTRON_NANO)
+    assert r.kernel == "moe_torch_flow_nongated" and r.how == "exact"
+    tokens, lat = _raw_moe(db, "bfloat16", 2688, 1856, 6, 128, 1, 8, "moe_torch_flow_nongated")
+    np.testing.assert_array_equal(r.grid(tokens)[0], lat)
+    g = resolve_moe(db, quant="bfloat16", moe_tp=1, moe_ep=8, gated=True, **QWEN3_235B)
+    assert "nongated" not in g.kernel
+    # vLLM names no non-gated kernel: the flag does not filter, the Nemotron site is still exact
+    rv = resolve_moe(_db("h200_sxm", "vllm"), quant="bfloat16", moe_tp=1, moe_ep=8, gated=False, **NEMOTRON_NANO)
+    assert rv.how == "exact"
+
+
+@pytest.mark.real_pack
+def test_off_site_shape_transfers(real_pack_available):
+    db = _db("h200_sxm", "trtllm")
+    r = resolve_moe(db, quant="fp8_block", hidden=5120, inter=2048, topk=8, experts=256, moe_tp=1, moe_ep=8)
+    assert r.how in ("idw", "multilinear") and r.donors
+    assert (r.grid.prov >= Prov.TRANSFERRED).all()
+    lo = resolve_moe(db, quant="fp8_block", hidden=4096, inter=2048, topk=8, experts=256, moe_tp=1, moe_ep=8)
+    hi = resolve_moe(db, quant="fp8_block", hidden=6144, inter=2048, topk=8, experts=256, moe_tp=1, moe_ep=8)
+    t = np.array([64.0, 1024.0, 8192.0])
+    v, lo_v, hi_v = r.grid(t)[0], lo.grid(t)[0], hi.grid(t)[0]
+    assert np.all(v > 0.8 * lo_v) and np.all(v < 1.2 * hi_v)
+
+
+A2A_TOKENS = np.array([16.0, 128.0, 256.0, 1024.0, 4096.0])
+
+
+@pytest.mark.real_pack
+@pytest.mark.parametrize("backend", ["trtllm", "vllm"])
+@pytest.mark.parametrize("phase", ["context", "generation"])
+def test_dispatch_ep8_positive_increasing(real_pack_available, backend, phase):
+    db = _db("h200_sxm", backend)
+    r = resolve_moe_dispatch(db, phase=phase, hidden=7168, topk=8, experts=256, ep=8, quant="fp8_block")
+    assert r is not None and r.source == "moe_a2a" and r.how == "exact"
+    want = {"trtllm": {"context": "trtllm_deepep_ht", "generation": "trtllm_deepep_ll"},
+            "vllm": {"context": "deepep_ht", "generation": "deepep_ll"}}[backend][phase]
+    assert r.kernel == want
+    if backend == "trtllm":
+        assert r.version == "1.3.0rc11 (backfill)"
+    v, _ = r.grid(A2A_TOKENS)
+    assert np.all(v > 0) and np.all(np.diff(v) > 0)
+
+
+@pytest.mark.real_pack
+def test_dispatch_is_dispatch_plus_combine(real_pack_available):
+    db = _db("h200_sxm", "vllm")
+    r = resolve_moe_dispatch(db, phase="context", hidden=7168, topk=8, experts=256, ep=8, quant="bfloat16")
+    t = pq.read_table(db.data.served["moe_a2a"].path).to_pandas()
+    s = t[(t.comm_backend == "deepep_ht") & (t.hidden_size == 7168) & (t.topk == 8) & (t.num_experts == 256) & (t.ep_size == 8)]
+    d = s[s.phase == "dispatch"].set_index("num_tokens").latency.sort_index()
+    c = s[s.phase == "combine"].set_index("num_tokens").latency.sort_index()
+    total_ms = (d + c).values / 1000.0  # moe_a2a latency is in microseconds
+    v, p = r.grid(d.index.values.astype(float))
+    np.testing.assert_allclose(v, total_ms, rtol=1e-12)
+    assert (p == Prov.EXACT).all()
+
+
+@pytest.mark.real_pack
+def test_dispatch_nccl_fallback(real_pack_available):
+    db = _db("h200_sxm", "trtllm")  # moe_a2a has ep_size 8 only
+    r = resolve_moe_dispatch(db, phase="context", hidden=7168, topk=8, experts=256, ep=4, quant="fp8_block")
+    assert r.source == "nccl" and any("NCCL alltoall x2" in n for n in r.notes)
+    nccl = resolve_collective(db, "alltoall", 4).grid
+    tokens = np.array([1.0, 8.0, 64.0, 512.0])
+    np.testing.assert_allclose(r.grid(tokens)[0], 2.0 * nccl(tokens * 8 * 7168)[0], rtol=1e-12)
+    assert np.all(np.diff(r.grid(tokens)[0]) > 0)
+    # SGLang has no moe_a2a table at all: NCCL too
+    rs = resolve_moe_dispatch(_db("h200_sxm", "sglang"), phase="generation", hidden=7168, topk=8, experts=256, ep=8, quant="fp8_block")
+    assert rs.source == "nccl"
+    assert resolve_moe_dispatch(db, phase="context", hidden=7168, topk=8, experts=256, ep=1, quant="fp8_block") is None
+
+
+# ----------------------------------------------------------------------------------------------
+# (b) synthetic pack
+# ----------------------------------------------------------------------------------------------
+
+SYN_TOKENS = (1, 2, 4, 8, 16, 64, 256, 1024, 4096)
+SYN_SITES = ((1024, 512, 2, 8), (4096, 512, 2, 8))
+SYN_PAIRS = ((1, 1), (1, 2), (2, 1))
+SYN_UTIL = {"moe_torch_flow_cutlass": 0.5, "moe_torch_flow_nongated": 0.4, "alt_cutlass": 0.3}
+SYN_SKEW = {"balanced": 1.0, "power_law_1.2": 1.7}
+NONGATED_SITE = (1024, 512, 2, 8)
+A2A_SITE = (1024, 2, 8)
+A2A_EP = 2
+
+
+def _syn_lat(system, quant, tokens, site, tp, ep, kernel, dist):
+    h, n, k, e = site
+    gated = "nongated" not in kernel
+    s = sol.moe(system, COMPUTE_DTYPE[quant], WEIGHT_BYTES[quant], np.asarray(tokens, float), h, n, k, e, tp, ep, gated)[0]
+    return s / SYN_UTIL[kernel] * SYN_SKEW[dist]
+
+
+def _a2a_us(phase, tokens):
+    t = np.asarray(tokens, float)
+    return (20.0 + 0.05 * t) if phase == "dispatch" else (15.0 + 0.04 * t)
+
+
+def _write(path, cols, types):
+    schema = pa.schema([(c, types[c]) for c in cols])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_arrays([pa.array(cols[c], type=types[c]) for c in cols], schema=schema), path)
+
+
+@pytest.fixture(scope="module")
+def moe_pack(tmp_path_factory):
+    from infercast.data.pack import find_pack
+    from infercast.data.system import load_system
+
+    root = tmp_path_factory.mktemp("moepack")
+    pack = sp.make_pack(root)
+    system = load_system(find_pack(str(pack.systems_dir)), sp.SYSTEM)
+    data = pack.systems_dir / "data" / sp.SYSTEM
+    rows = []
+    for site, (tp, ep), dist in itertools.product(SYN_SITES, SYN_PAIRS, SYN_SKEW):
+        kernels = ["moe_torch_flow_cutlass"]
+        if site == NONGATED_SITE:
+            kernels.append("moe_torch_flow_nongated")
+        for kern in kernels:
+            for n in SYN_TOKENS:
+                rows.append(("bfloat16", n, *site, tp, ep, dist, kern))
+    # a second, smaller kernel: merge_kernels keeps the default where both have a point
+    for n in SYN_TOKENS[:3]:
+        rows.append(("bfloat16", n, *SYN_SITES[1], 1, 1, "balanced", "alt_cutlass"))
+    # fp8: only a non-gated kernel was collected (exercises the cross-activation carry-over)
+    for n in SYN_TOKENS:
+        rows.append(("fp8", n, *NONGATED_SITE, 1, 1, "balanced", "moe_torch_flow_nongated"))
+    q, n_, h, i, k, e, tp, ep, dist, kern = (list(c) for c in zip(*rows))
+    lat = [float(_syn_lat(system, r[0], r[1], r[2:6], r[6], r[7], r[9], r[8])) for r in rows]
+    N = len(rows)
+    cols = {
+        "framework": ["TRTLLM"] * N, "version": ["1.0"] * N, "device": [sp.DEVICE] * N,
+        "op_name": ["moe"] * N, "kernel_source": kern, "moe_dtype": q, "num_tokens": n_,
+        "hidden_size": h, "inter_size": i, "topk": k, "num_experts": e, "moe_tp_size": tp,
+        "moe_ep_size": ep, "distribution": dist, "latency": lat,
+    }
+    types = {c: (pa.string() if isinstance(v[0], str) else pa.float64() if isinstance(v[0], float) else pa.int64())
+             for c, v in cols.items()}
+    _write(data / "moe" / "trtllm" / sp.TRTLLM_CURRENT / "moe_perf.parquet", cols, types)
+    # moe_a2a: latency in microseconds, dispatch and combine at one site, ep 2
+    arows = [(cb, ph, n) for cb in ("trtllm_deepep_ht", "trtllm_deepep_ll") for ph in ("dispatch", "combine") for n in SYN_TOKENS]
+    cb_c, ph_c, n_c = (list(c) for c in zip(*arows))
+    M = len(arows)
+    acols = {
+        "framework": ["TRTLLM"] * M, "version": ["1.0"] * M, "device": [sp.DEVICE] * M,
+        "op_name": ["moe_a2a"] * M, "kernel_source": ["deepep"] * M, "comm_backend": cb_c, "phase": ph_c,
+        "comm_dtype": ["bfloat16"] * M, "ep_size": [A2A_EP] * M, "node_num": [1] * M,
+        "hidden_size": [A2A_SITE[0]] * M, "topk": [A2A_SITE[1]] * M, "num_experts": [A2A_SITE[2]] * M,
+        "num_tokens": n_c, "sms": [0] * M,
+        "transmit_us": [float(_a2a_us(p, n)) for p, n in zip(ph_c, n_c)], "notify_us": [0.0] * M,
+        "latency": [float(_a2a_us(p, n)) for p, n in zip(ph_c, n_c)],
+    }
+    atypes = {c: (pa.string() if isinstance(v[0], str) else pa.float64() if isinstance(v[0], float) else pa.int64())
+              for c, v in acols.items()}
+    _write(data / "comm" / "trtllm" / sp.TRTLLM_CURRENT / "moe_a2a_perf.parquet", acols, atypes)
+    return pack, system
+
+
+def _sdb(moe_pack, mode="SILICON") -> OpDB:
+    pack, _ = moe_pack
+    return OpDB(PerfData.open(sp.SYSTEM, "trtllm", None, pack.systems_dir), DatabaseMode.parse(mode))
+
+
+@pytest.mark.parametrize("pair", SYN_PAIRS)
+@pytest.mark.parametrize("site", SYN_SITES)
+def test_synth_exact_hits(moe_pack, site, pair):
+    _, system = moe_pack
+    h, n, k, e = site
+    r = resolve_moe(_sdb(moe_pack), quant="bfloat16", hidden=h, inter=n, topk=k, experts=e, moe_tp=pair[0], moe_ep=pair[1])
+    assert r.how == "exact" and r.version == sp.TRTLLM_CURRENT
+    assert r.kernel.split("+")[0] == "moe_torch_flow_cutlass"
+    t = np.array(SYN_TOKENS, float)
+    v, p = r.grid(t)
+    want = _syn_lat(system, "bfloat16", t, site, *pair, "moe_torch_flow_cutlass", "balanced")
+    np.testing.assert_array_equal(v, want.astype(float))  # stored doubles, bit for bit
+    assert (p == Prov.EXACT).all()
+
+
+def test_synth_interpolation_between_points(moe_pack):
+    _, system = moe_pack
+    r = resolve_moe(_sdb(moe_pack), quant="bfloat16", hidden=1024, inter=512, topk=2, experts=8, moe_tp=1, moe_ep=1)
+    assert TOKEN_SCALE == ("linear",) and r.grid.scales == TOKEN_SCALE
+    t = np.array(SYN_TOKENS, float)
+    lat = _syn_lat(system, "bfloat16", t, (1024, 512, 2, 8), 1, 1, "moe_torch_flow_cutlass", "balanced")
+    for j in range(len(t) - 1):
+        for frac in (0.25, 0.5, 0.9):
+            q = t[j] + frac * (t[j + 1] - t[j])
+            want = lat[j] + frac * (lat[j + 1] - lat[j])  # linear in tokens (the LOO-chosen rule)
+            v, p = r.grid(np.array([q]))
+            assert v[0] == pytest.approx(want, rel=1e-12)
+            assert p[0] == Prov.INTERPOLATED
+            assert r.grid.scalar(q)[0] == pytest.approx(want, rel=1e-12)
+    # beyond the last point: utilisation held (value / SOL constant), flagged HELD
+    big = np.array([8192.0, 20000.0])
+    vb, pb = r.grid(big)
+    np.testing.assert_allclose(vb, _syn_lat(system, "bfloat16", big, (1024, 512, 2, 8), 1, 1, "moe_torch_flow_cutlass", "balanced"), rtol=1e-12)
+    assert (pb == Prov.HELD).all()
+
+
+@pytest.mark.parametrize("hidden", [2048, 3000, 8192])
+def test_synth_transfer_is_exact_for_constant_utilisation(moe_pack, hidden):
+    _, system = moe_pack
+    r = resolve_moe(_sdb(moe_pack), quant="bfloat16", hidden=hidden, inter=512, topk=2, experts=8, moe_tp=1, moe_ep=2)
+    assert r.how != "exact" and r.donors
+    # exact on the donors' tokens and beyond them (held through the SOL ratio); between tokens
+    # the transferred curve is interpolated like any other
+    t = np.array(SYN_TOKENS + (8192, 30000), float)
+    want = _syn_lat(system, "bfloat16", t, (hidden, 512, 2, 8), 1, 2, "moe_torch_flow_cutlass", "balanced")
+    np.testing.assert_allclose(r.grid(t)[0], want, rtol=1e-12)
+    assert (r.grid(t)[1] >= Prov.TRANSFERRED).all()
+
+
+def test_synth_gated_and_distribution(moe_pack):
+    _, system = moe_pack
+    db = _sdb(moe_pack)
+    t = np.array(SYN_TOKENS, float)
+    ng = resolve_moe(db, quant="bfloat16", hidden=1024, inter=512, topk=2, experts=8, moe_tp=1, moe_ep=1, gated=False)
+    assert ng.kernel == "moe_torch_flow_nongated"
+    np.testing.assert_array_equal(ng.grid(t)[0], _syn_lat(system, "bfloat16", t, NONGATED_SITE, 1, 1, "moe_torch_flow_nongated", "balanced"))
+    # non-gated rows exist only at hidden 1024: 4096 holds that site's (constant) utilisation
+    x = resolve_moe(db, quant="bfloat16", hidden=4096, inter=512, topk=2, experts=8, moe_tp=1, moe_ep=1, gated=False)
+    assert x.how == "multilinear-held" and x.kernel == "moe_torch_flow_nongated"
+    np.testing.assert_allclose(x.grid(t)[0], _syn_lat(system, "bfloat16", t, (4096, 512, 2, 8), 1, 1, "moe_torch_flow_nongated", "balanced"), rtol=1e-12)
+    # fp8 has only a non-gated kernel: a gated query carries its utilisation across activations
+    c = resolve_moe(db, quant="fp8", hidden=1024, inter=512, topk=2, experts=8, moe_tp=1, moe_ep=1, gated=True)
+    assert c.how == "activation-transfer" and any("carried over" in n for n in c.notes)
+    want = _syn_lat(system, "fp8", t, NONGATED_SITE, 1, 1, "moe_torch_flow_nongated", "balanced") * 1.5
+    sol_g = sol.moe(system, "fp8", 1.0, t, 1024, 512, 2, 8, 1, 1, True)[0]
+    sol_n = sol.moe(system, "fp8", 1.0, t, 1024, 512, 2, 8, 1, 1, False)[0]
+    np.testing.assert_allclose(c.grid(t)[0], want / 1.5 * sol_g / sol_n, rtol=1e-12)
+    skew = resolve_moe(db, quant="bfloat16", hidden=1024, inter=512, topk=2, experts=8, moe_tp=1, moe_ep=1, distribution="power_law_1.2")
+    np.testing.assert_array_equal(skew.grid(t)[0], _syn_lat(system, "bfloat16", t, (1024, 512, 2, 8), 1, 1, "moe_torch_flow_cutlass", "power_law_1.2"))
+    miss = resolve_moe(db, quant="bfloat16", hidden=1024, inter=512, topk=2, experts=8, moe_tp=1, moe_ep=1, distribution="power_law_1.01")
+    assert any("power_law_1.01" in n and "balanced" in n for n in miss.notes)
+
+
+def test_synth_errors_and_modes(moe_pack):
+    db = _sdb(moe_pack)
+    with pytest.raises(NotAvailableError) as ei:
+        resolve_moe(db, quant="bfloat16", hidden=1024, inter=512, topk=2, experts=8, moe_tp=2, moe_ep=2)
+    assert set(ei.value.available) == {"tp1xep1", "tp1xep2", "tp2xep1"}
+    with pytest.raises(NotAvailableError) as ei:
+        resolve_moe(db, quant="fp8_block", hidden=1024, inter=512, topk=2, experts=8, moe_tp=1, moe_ep=1)
+    assert ei.value.available == ["bfloat16", "fp8"]
+    with pytest.raises(NotAvailableError):  # far outside the gates
+        resolve_moe(db, quant="bfloat16", hidden=1024, inter=65536, topk=2, experts=8, moe_tp=1, moe_ep=1)
+    with pytest.raises(InvalidInputError):
+        resolve_moe(db, quant="int3", hidden=1024, inter=512, topk=2, experts=8, moe_tp=1, moe_ep=1)
+    with pytest.raises(InvalidInputError):
+        resolve_moe(db, quant="bfloat16", hidden=1024, inter=512, topk=9, experts=8, moe_tp=1, moe_ep=1)
+    with pytest.raises(InvalidInputError):
+        resolve_moe(db, quant="bfloat16", hidden=0, inter=512, topk=2, experts=8, moe_tp=1, moe_ep=1)
+    hy = resolve_moe(_sdb(moe_pack, "HYBRID"), quant="bfloat16", hidden=1024, inter=512, topk=2, experts=8, moe_tp=2, moe_ep=2)
+    assert hy.how == "empirical" and np.all(hy.grid.values > 0)
+    s = resolve_moe(_sdb(moe_pack, "SOL"), quant="bfloat16", hidden=1024, inter=512, topk=2, experts=8, moe_tp=1, moe_ep=1)
+    assert s.how == "sol" and (s.grid.prov == Prov.SOL).all()
+
+
+def test_synth_dispatch_from_table_and_nccl(moe_pack):
+    db = _sdb(moe_pack)
+    t = np.array(SYN_TOKENS, float)
+    h, k, e = A2A_SITE
+    for phase in ("context", "generation"):
+        r = resolve_moe_dispatch(db, phase=phase, hidden=h, topk=k, experts=e, ep=A2A_EP, quant="bfloat16")
+        assert r.source == "moe_a2a" and r.how == "exact"
+        v, p = r.grid(t)
+        np.testing.assert_allclose(v, (_a2a_us("dispatch", t) + _a2a_us("combine", t)) / 1000.0, rtol=1e-12)
+        assert (p == Prov.EXACT).all()
+    # ep 4 has no moe_a2a rows: two NCCL all-to-alls of tokens*topk*hidden elements
+    r4 = resolve_moe_dispatch(db, phase="context", hidden=h, topk=k, experts=e, ep=4, quant="bfloat16")
+    assert r4.source == "nccl"
+    tok = np.array([2.0, 16.0, 64.0, 1024.0])  # message 2^12 .. 2^21 elements: collected sizes
+    np.testing.assert_allclose(r4.grid(tok)[0], 2.0 * np.asarray(sp.nccl_ms("alltoall", tok * k * h, 4)), rtol=1e-12)
+    with pytest.raises(InvalidInputError):
+        resolve_moe_dispatch(db, phase="warmup", hidden=h, topk=k, experts=e, ep=2, quant="bfloat16")
