@@ -108,8 +108,8 @@ class Estimator:
         elif gemm_quant and not moe_quant and spec.quant.moe == spec.quant.gemm:
             quant = replace(quant, moe=gemm_quant)  # one checkpoint precision for both
         spec = replace(spec, quant=quant)
-        par = ParallelConfig(_int("tp", tp), _int("pp", pp), _int("attention_dp", attention_dp),
-                             None if moe_tp is None else _int("moe_tp", moe_tp), None if moe_ep is None else _int("moe_ep", moe_ep))
+        par = ParallelConfig(_int("--tp", tp), _int("--pp", pp), _int("--attention-dp", attention_dp),
+                             None if moe_tp is None else _int("--moe-tp", moe_tp), None if moe_ep is None else _int("--moe-ep", moe_ep))
         self.plan: Plan = build_plan(spec, par)
         self.db = OpDB(self.data, mode)
         self.engine = CompiledEngine(self.plan, self.db)

@@ -86,6 +86,10 @@ CTX_BATCH = 2.0 ** np.arange(0, 9)
 CTX_ISL = np.array([1, 16, 32, 64, 128, 256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 10240, 12288, 16384, 32768], float)
 GEN_BATCH = 2.0 ** np.arange(0, 11)
 GEN_STEP = 2.0 ** np.arange(1, 18) - 1
+#: interpolation space per axis (see infercast.interp.grid), as for GQA attention: batch and
+#: cached length are linear (a fixed cost plus a term linear in each), prefill length is a power law
+CTX_SCALES = ("linear", "log")
+GEN_SCALES = ("linear", "linear")
 
 
 @dataclass(frozen=True)
@@ -167,12 +171,16 @@ def _axes(phase: str):
     return (CTX_BATCH, CTX_ISL) if phase == "context" else (GEN_BATCH, GEN_STEP)
 
 
+def _scales(phase: str):
+    return CTX_SCALES if phase == "context" else GEN_SCALES
+
+
 def _redim(g: Grid, query_sol) -> Grid:
     """Carry a grid to other dimensions at equal utilisation (SOL ratio); provenance transferred."""
     mesh = np.meshgrid(*g.axes, indexing="ij")
     values = g.values * query_sol(*mesh) / g.sol(*mesh)
     prov = np.maximum(g.prov, int(Prov.TRANSFERRED)).astype(np.int8)
-    return Grid(g.axes, values, prov, query_sol, g.sites)
+    return Grid(g.axes, values, prov, query_sol, g.sites, scales=g.scales)
 
 
 # --------------------------------------------------------------------------------------------
@@ -344,7 +352,7 @@ def _resolve_module(db: OpDB, phase: str, lat: _Lattice, heads: int, dims: MLADi
             s = mla_sol_fn(db, phase, h, dims, lat.gemm_type, lat.kv_quant)
             ax, vals = lat.curves[i]
             filled, prov = fill_missing(ax, vals, s)
-            return Grid(ax, filled, prov, s)
+            return Grid(ax, filled, prov, s, scales=_scales(phase))
 
         return db.memo(("mla-module-site", phase, lat.gemm_type, lat.kv_quant, dims, id(lat), i), build)
 
@@ -358,7 +366,10 @@ def _resolve_module(db: OpDB, phase: str, lat: _Lattice, heads: int, dims: MLADi
     return r, None
 
 
-def _curve_site_grid(db: OpDB, lat: _Lattice, i: int, sol_for_heads, key):
+def _curve_site_grid(db: OpDB, lat: _Lattice, i: int, sol_for_heads, key, scales):
+    """One collected site as a Grid: 2-D curves get their truncated corners held
+    (:func:`fill_missing`); a 1-D curve's axis holds only measured points already."""
+
     def build():
         h = int(lat.sites[i][0])
         s = sol_for_heads(h)
@@ -366,13 +377,8 @@ def _curve_site_grid(db: OpDB, lat: _Lattice, i: int, sol_for_heads, key):
         if len(ax) == 2:
             filled, prov = fill_missing(ax, vals, s)
         else:
-            filled = vals.copy()
-            prov = np.where(np.isnan(vals), int(Prov.HELD), int(Prov.EXACT)).astype(np.int8)
-            if np.isnan(filled).any():  # 1-D: interpolate the holes in log-log
-                ok = ~np.isnan(filled)
-                x = np.log(ax[0])
-                filled[~ok] = np.exp(np.interp(x[~ok], x[ok], np.log(filled[ok])))
-        return Grid(ax, filled, prov, s)
+            filled, prov = vals, np.full(vals.shape, int(Prov.EXACT), np.int8)
+        return Grid(ax, filled, prov, s, scales=scales)
 
     return db.memo(key + (i,), build)
 
@@ -390,7 +396,7 @@ def _resolve_kernel_path(db: OpDB, phase: str, heads: int, dims: MLADims, gemm_q
         return mla_sol_fn(db, phase, h, d, "bfloat16", kv_quant, projections=False)
 
     def core_site(i):
-        return _curve_site_grid(db, core, i, core_sol, ("mla-kernel-site", phase, kv_quant, attn_quant))
+        return _curve_site_grid(db, core, i, core_sol, ("mla-kernel-site", phase, kv_quant, attn_quant), _scales(phase))
 
     choice = _site_choice(db, core, heads)
     if choice is None:
@@ -420,7 +426,7 @@ def _resolve_kernel_path(db: OpDB, phase: str, heads: int, dims: MLADims, gemm_q
                 return _bmm_sol_fn(db, op, d, dt, h)
 
             def bsite(i, lat=lat, bsol=bsol, op=op):
-                return _curve_site_grid(db, lat, i, bsol, ("mla-bmm-site", op, lat.gemm_type))
+                return _curve_site_grid(db, lat, i, bsol, ("mla-bmm-site", op, lat.gemm_type), ("linear",))
 
             bchoice = _site_choice(db, lat, heads)
             if bchoice is None:
@@ -429,7 +435,7 @@ def _resolve_kernel_path(db: OpDB, phase: str, heads: int, dims: MLADims, gemm_q
             gb = transfer_grid(bchoice, bsite, bsol(heads), blabels)
             if (dims.qk_nope_head_dim, dims.kv_lora_rank, dims.v_head_dim) != (tdims.qk_nope_head_dim, tdims.kv_lora_rank, tdims.v_head_dim):
                 qs = bsol(heads, dims)
-                gb = Grid(gb.axes, gb.values * qs(gb.axes[0]) / gb.sol(gb.axes[0]), np.maximum(gb.prov, int(Prov.TRANSFERRED)).astype(np.int8), qs, gb.sites)
+                gb = Grid(gb.axes, gb.values * qs(gb.axes[0]) / gb.sol(gb.axes[0]), np.maximum(gb.prov, int(Prov.TRANSFERRED)).astype(np.int8), qs, gb.sites, scales=gb.scales)
             v, p = gb(batch)
             total += v
             prov = np.maximum(prov, p)
@@ -454,7 +460,7 @@ def _resolve_kernel_path(db: OpDB, phase: str, heads: int, dims: MLADims, gemm_q
         comps.append(f"gemm {name} n={n} k={k} {gemm_quant} ({r.version or r.source}, {r.how})")
 
     module_sol = mla_sol_fn(db, phase, heads, dims, gemm_quant, kv_quant)
-    g = Grid(g_core.axes, total, prov.astype(np.int8), module_sol, g_core.sites)
+    g = Grid(g_core.axes, total, prov.astype(np.int8), module_sol, g_core.sites, scales=g_core.scales)
     notes.insert(0, "summed: " + " + ".join(comps))
     source = "+".join([core.stem] + ([BMM_STEM] if phase == "generation" else []) + ["gemm"])
     r = Resolved(g, source, db.served_version(core.stem), core.kernel or None, "summed", labels if choice.how != "exact" else (), tuple(notes))
@@ -529,7 +535,7 @@ def resolve_mla(
     if db.mode is DatabaseMode.SOL:
         mesh = np.meshgrid(*axes, indexing="ij")
         v = query_sol(*mesh)
-        return Resolved(Grid(axes, v, np.full(v.shape, int(Prov.SOL), np.int8), query_sol), "sol", how="sol")
+        return Resolved(Grid(axes, v, np.full(v.shape, int(Prov.SOL), np.int8), query_sol, scales=_scales(phase)), "sol", how="sol")
 
     reasons: list[str] = []
     donors = None
@@ -577,7 +583,7 @@ def resolve_mla(
     if db.mode is not DatabaseMode.SILICON:
         if not donors:
             donors = _foreign_module_donors(db, phase, gemm_quant, kv_quant, attn_quant)
-        return empirical_resolved(family, query_sol, axes, donors)
+        return empirical_resolved(family, query_sol, axes, donors, _scales(phase))
     tables = [MODULE_STEMS[phase], KERNEL_STEMS[phase]] + ([BMM_STEM] if phase == "generation" else [])
     raise NotAvailableError(
         f"no MLA {phase} data for heads={heads} gemm={gemm_quant} kv={kv_quant} ({db.backend} {db.data.version}, {db.system.name})",
