@@ -1,24 +1,43 @@
-"""Serving-model predictor for silicon rows: :func:`infercast.serving.sim.simulate`."""
+"""Serving-model predictor for silicon rows: :mod:`infercast.serving.agg` for aggregated rows,
+:mod:`infercast.serving.disagg` for disaggregated rows that carry worker counts."""
 
 from __future__ import annotations
 
 from ..errors import UnsupportedModelError
-from ..serving.backends import scheduler_params
 from ..serving.agg import serve_agg
+from ..serving.backends import scheduler_params
+from ..serving.disagg import kv_transfer_ms, solve_disagg
 from .predict import EstimatorCache
 from .silicon import SiliconRow
 
 
 def serving_predictor(cache: EstimatorCache, params=None):
+    def p_for(backend):
+        return (params or {}).get(backend) or scheduler_params(backend)
+
     def predict(row: SiliconRow):
-        if row.mode != "agg":
-            raise UnsupportedModelError("disaggregated serving is not modelled yet")
+        if row.mode == "disagg":
+            return _disagg(row)
         w = row.worker
         est = cache.get(row, w)
         conc = float(row.concurrency or w.batch_size)
-        per_replica = max(1, round(conc / max(w.attention_dp, 1)))
-        p = (params or {}).get(row.backend) or scheduler_params(row.backend)
-        res = serve_agg(est.engine, per_replica, row.isl, row.osl, p, est.memory.kv_capacity_tokens, est.gpus)
+        per_rank = max(1, round(conc / max(w.attention_dp, 1)))
+        res = serve_agg(est.engine, per_rank, row.isl, row.osl, p_for(row.backend), est.memory.kv_capacity_tokens, est.gpus)
         return res.ttft_ms, res.tpot_ms, f"data {est.version}; decode batch {res.decode_batch:.0f} ({res.bound})"
+
+    def _disagg(row: SiliconRow):
+        if not (row.prefill_workers and row.decode_workers and row.prefill and row.decode):
+            raise UnsupportedModelError("disaggregated row without prefill/decode worker counts", "the configuration is not fully specified")
+        pe = cache.get(row, row.prefill)
+        de = cache.get(row, row.decode)
+        node = pe.data.system.node
+        transfer = kv_transfer_ms(pe.memory.kv_per_token, row.isl, pe.gpus, node.inter_node_bw, node.p2p_latency_s)
+        gpus = row.prefill_workers * pe.gpus + row.decode_workers * de.gpus
+        conc = float(row.concurrency)
+        res = solve_disagg(
+            pe.engine, de.engine, conc, row.isl, row.osl, row.prefill_workers, row.decode_workers,
+            row.decode.attention_dp, row.prefill.batch_size or 1, p_for(row.backend), p_for(row.backend), transfer, gpus,
+        )
+        return res.ttft_ms, res.tpot_ms, f"data {pe.version}; decode batch {res.decode_batch:.0f}; prefill util {res.prefill_utilisation:.2f}"
 
     return predict

@@ -1,0 +1,125 @@
+"""Disaggregated serving: prefill workers and decode workers, each with its own parallelism,
+under the same closed-loop benchmark as :mod:`.agg`.
+
+A request queues for a prefill worker, is prefilled there (its first token comes back from the
+prefill worker), its KV cache moves to a decode worker, and it decodes ``osl - 1`` tokens in the
+decode worker's continuous batch (decode-only steps). Solved for the steady state:
+
+* decode pool: each decode worker (per attention-DP rank) carries ``D`` running requests; a
+  client's request spends ``osl - 1`` decode steps there and the rest of its cycle (prefill
+  queue + prefill + KV transfer) elsewhere, so ``D = C_rank (osl-1) / (osl-1 + outside / step)``;
+  TPOT = decode step at ``D`` and the mean KV length, plus the KV transfer spread over the
+  output;
+* prefill pool: requests arrive at ``lam = C / cycle`` (Little's law); a prefill worker runs
+  batches of ``prefill_batch`` prompts (chunked by its token budget); utilisation
+  ``rho = lam x service / workers`` and the queueing wait of an M/D/1 queue
+  ``rho / (2 (1 - rho)) x service`` (capped: a closed loop cannot queue more clients than
+  it has);
+* the first wave (all clients at once) queues ``C / workers`` prompts per prefill worker; mean
+  TTFT mixes it in with weight ``1 / requests_per_client`` as in aggregated serving.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from .backends import SchedulerParams
+
+
+@dataclass
+class DisaggResult:
+    concurrency: float
+    ttft_ms: float
+    tpot_ms: float
+    request_latency_ms: float
+    tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+    decode_batch: float
+    prefill_utilisation: float
+    kv_transfer_ms: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def kv_transfer_ms(kv_bytes_per_token_per_gpu: float, isl: int, prefill_gpus: int, bandwidth: float, latency_s: float) -> float:
+    """Moving one request's KV cache: every prefill GPU sends its share in parallel."""
+    per_gpu = kv_bytes_per_token_per_gpu * isl
+    return per_gpu / bandwidth * 1e3 + latency_s * 1e3
+
+
+def solve_disagg(
+    prefill_engine,
+    decode_engine,
+    concurrency: float,
+    isl: int,
+    osl: int,
+    prefill_workers: int,
+    decode_workers: int,
+    decode_dp: int,
+    prefill_batch: int,
+    params_prefill: SchedulerParams,
+    params_decode: SchedulerParams,
+    transfer_ms: float,
+    gpus: int,
+    iterations: int = 30,
+) -> DisaggResult:
+    C = float(concurrency)
+    out_steps = max(osl - 1, 1)
+    ranks = max(decode_workers * decode_dp, 1)
+    c_rank = C / ranks
+    kv = isl + osl / 2.0
+    # prefill service: batches of up to prefill_batch prompts, chunked by the token budget
+    pb = max(1, int(prefill_batch))
+    budget = params_prefill.max_num_tokens
+    if isl <= budget:
+        per_step = max(1, min(pb, budget // isl))
+        service_batch = prefill_engine.mixed_step_ms([per_step], [isl], [0.0], 0.0, 1.0) + params_prefill.step_overhead_ms
+        service = service_batch / per_step
+    else:
+        chunks = math.ceil(isl / budget)
+        chunk = isl / chunks
+        service_batch = sum(
+            prefill_engine.mixed_step_ms([1], [chunk], [i * chunk], 0.0, 1.0) + params_prefill.step_overhead_ms for i in range(chunks)
+        )
+        per_step = 1
+        service = service_batch
+    d = c_rank * out_steps / (out_steps + 2.0)
+    ttft = service_batch
+    rho = 0.0
+    step = decode_engine.decode_scalar(max(d, 1.0), kv) + params_decode.step_overhead_ms
+    for _ in range(iterations):
+        step = decode_engine.decode_scalar(max(d, 1.0), kv) + params_decode.step_overhead_ms
+        tpot = step + transfer_ms / out_steps
+        cycle = ttft + out_steps * tpot
+        lam = C / cycle  # requests per ms
+        rho = min(lam * service / max(prefill_workers, 1), 0.999)
+        wait = rho / (2.0 * (1.0 - rho)) * service_batch
+        wait = min(wait, C / max(prefill_workers, 1) * service)  # a closed loop cannot queue more than C
+        ttft_new = wait + service_batch + params_prefill.arrival_delay_ms
+        outside = ttft_new + transfer_ms
+        d_new = c_rank * out_steps / (out_steps + outside / step)
+        if abs(ttft_new - ttft) < 1e-6 * ttft and abs(d_new - d) < 1e-6 * max(d, 1.0):
+            ttft, d = ttft_new, d_new
+            break
+        ttft, d = 0.5 * (ttft + ttft_new), 0.5 * (d + d_new)
+    step = decode_engine.decode_scalar(max(d, 1.0), kv) + params_decode.step_overhead_ms
+    tpot = step + transfer_ms / out_steps
+    # first wave: C prompts at once over the prefill workers
+    per_worker = C / max(prefill_workers, 1)
+    first = (math.ceil(per_worker / per_step) + 1) / 2.0 * service_batch + params_prefill.arrival_delay_ms
+    k = max(params_prefill.requests_per_client, 1.0)
+    ttft_mean = (first + (k - 1.0) * ttft) / k
+    latency = ttft_mean + out_steps * tpot
+    return DisaggResult(
+        concurrency=C,
+        ttft_ms=ttft_mean,
+        tpot_ms=tpot,
+        request_latency_ms=latency,
+        tokens_per_s_per_gpu=C / latency * osl * 1e3 / gpus,
+        tokens_per_s_per_user=1e3 / tpot,
+        decode_batch=d,
+        prefill_utilisation=rho,
+        kv_transfer_ms=transfer_ms,
+    )
