@@ -56,7 +56,7 @@ def infer_quant(mc: ModelConfig, text_cfg: dict) -> QuantSpec:
         else:
             gemm, src = "fp8", "quantization_config fp8 (per-tensor)"
     elif method == "mxfp4":
-        moe, src = "w4a16_mxfp4", "quantization_config mxfp4 (experts)"
+        moe, src = "mxfp4", "quantization_config mxfp4 (experts; w4a8 on GPUs with FP4, w4a16 before)"
     elif method == "compressed-tensors":
         groups = qc.get("config_groups") or {}
         bits = {((g.get("weights") or {}).get("num_bits")) for g in groups.values()}

@@ -39,13 +39,21 @@ Sources, in order:
    * the projection GEMMs through :func:`infercast.ops.gemm.resolve_gemm` at ``m = batch*isl``
      (context) or ``m = batch`` (generation): the fused ``q_a + kv_a`` GEMM (n = q_lora_rank +
      kv_lora_rank + qk_rope_head_dim, k = hidden — SGLang's ``fused_qkv_a_proj_with_mqa`` and
-     TRT-LLM's ``fused_a`` run the two replicated down-projections as one GEMM), ``q_b``
+     TRT-LLM's ``kv_a_proj_with_mqa`` (sized q_lora + kv_lora + rope) run the two replicated
+     down-projections as one GEMM), ``q_b``
      (n = heads*(qk_nope+qk_rope), k = q_lora_rank) — or ``q_proj`` + ``kv_a`` separately when
      there is no q LoRA —, for context the ``kv_b`` up-projection (n = heads*(qk_nope+v_head),
      k = kv_lora_rank), and ``o_proj`` (n = hidden, k = heads*v_head).
 
    Model dimensions other than the tables' are transferred through the core SOL (provenance
-   ``transferred``). The notes list every summed component with its version.
+   ``transferred``). The notes list every summed component with its version. Checked against
+   TRT-LLM, which has both sources (DeepSeek-V3, heads 128 and 16, bf16 KV, fp8_block): the sum
+   is 0.97-1.12x the module table in generation and 0.65-0.92x in context on h200, 0.86-0.98x
+   and 0.82-0.97x on b200 — the sum has no RMSNorms, RoPE, latent-cache writes or q/k/v copies,
+   which the module times.
+
+3. Module rows of another GEMM quant with the same compute dtype (``GEMM_TYPE_SUBSTITUTES``:
+   per-tensor ``fp8`` -> ``fp8_block``) when the kernel-table path cannot answer (vLLM); noted.
 
 With neither source: SILICON raises :class:`~infercast.errors.NotAvailableError` listing the
 tables looked for; HYBRID / EMPIRICAL give SOL / learned utilisation; SOL mode gives the roofline.
