@@ -69,9 +69,40 @@ def resolve_collective(db: OpDB, op: str, group: int) -> Resolved:
             loc = db.data.served.get("nccl") or db.data.served.get("oneccl")
             return Resolved(_curve(nt, m, sol_q), "nccl", loc.served_by if loc else None, "NCCL")
         tried.append(f"nccl {op} has num_gpus {nt.unique('num_gpus')}")
+    if nt is not None:
+        donor = _group_donor(nt, op, group)
+        if donor is not None:
+            m = nt.mask(op_name=op, num_gpus=donor)
+            if nt.has("nccl_dtype"):
+                m &= nt.keys["nccl_dtype"] == "half"
+            base = _curve(nt, m, _sol_fn(db, op, donor))
+            ax = base.axes[0]
+            vals = base.values * sol_q(ax) / base.sol(ax)
+            g = Grid((ax,), vals, np.full(len(ax), int(Prov.TRANSFERRED), np.int8), sol_q, (f"num_gpus={donor}",))
+            loc = db.data.served.get("nccl") or db.data.served.get("oneccl")
+            _, tier = db.system.node.bandwidth_for_group(group)
+            return Resolved(g, "nccl", loc.served_by if loc else None, "NCCL", "group-transfer", (f"num_gpus={donor}",),
+                            (f"{op} over {group} GPUs ({tier}) from the measured {donor}-GPU curve through utilisation",))
     if db.mode is DatabaseMode.SILICON:
         raise NotAvailableError(
             f"no measured {op} over {group} GPUs on {db.system.name}",
             "; ".join(tried) or "no comm tables",
         )
     return empirical_resolved("comm", sol_q, (MSG_AXIS,), None)
+
+
+#: how far (log2 of the group-size ratio) a collective may be transferred from a measured group
+#: size; the roofline carries the bandwidth tier (NVLink / rack / network) of the target group
+GROUP_GATE = 3.0
+
+
+def _group_donor(table, op: str, group: int) -> int | None:
+    """The measured group size to transfer from: the largest below ``group``, else the smallest
+    above, within ``GROUP_GATE``."""
+    m = table.mask(op_name=op)
+    if not m.any():
+        return None
+    sizes = sorted({int(x) for x in table.keys["num_gpus"][m]})
+    below = [g for g in sizes if g < group]
+    donor = below[-1] if below else min(sizes)
+    return donor if abs(np.log2(group / donor)) <= GROUP_GATE else None

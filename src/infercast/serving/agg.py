@@ -161,8 +161,13 @@ def solve_steady(
 
 def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacity_tokens, gpus) -> ServingResult:
     """Mean TTFT/TPOT a closed-loop benchmark client reports (first wave + steady state)."""
-    from .sim import simulate
+    from .sim import DoesNotFitError, simulate
 
+    if kv_capacity_tokens < isl + osl:
+        raise DoesNotFitError(
+            f"one request of {isl}+{osl} tokens needs more KV cache than a rank has ({int(kv_capacity_tokens)} tokens)",
+            "weights and reserves leave too little memory; use more GPUs or a smaller quant",
+        )
     steady = solve_steady(engine, concurrency, isl, osl, params, kv_capacity_tokens, gpus)
     k = max(params.requests_per_client, 1.0)
     first = simulate(engine, int(round(concurrency)), isl, osl, params, kv_capacity_tokens, gpus, requests_per_client=1)

@@ -30,11 +30,20 @@ class EstimatorCache:
         self.database_mode = database_mode
         self._cache: dict = {}
 
+    def checkpoint(self, row: SiliconRow) -> tuple[str, str | None, str | None]:
+        """(model id, gemm quant override, moe quant override) for a row; see :func:`map_quant`."""
+        key = ("ckpt", row.model, row.gemm_quant, row.moe_quant)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = map_quant(row, self.systems_path)
+        return hit
+
     def get(self, row: SiliconRow, w) -> Estimator:
         """The estimator for a row's model/system/backend and one worker's parallelism ``w``."""
+        model, gemm_q, moe_q = self.checkpoint(row)
         kv = _kv_quant(row)
-        moe_q = _quant(row.moe_quant)
-        key = (row.model, row.system, row.backend, row.gemm_quant, moe_q, kv, w.tp, w.pp, w.attention_dp, w.moe_tp, w.moe_ep)
+        w = _width_rule(w)
+        key = (model, row.system, row.backend, gemm_q, moe_q, kv, w.tp, w.pp, w.attention_dp, w.moe_tp, w.moe_ep)
         hit = self._cache.get(key)
         if isinstance(hit, InfercastError):
             raise hit
@@ -42,9 +51,9 @@ class EstimatorCache:
             try:
                 moe_tp, moe_ep = _moe_layout(w)
                 hit = Estimator(
-                    row.model, row.system, row.backend, None, w.tp, w.pp,
+                    model, row.system, row.backend, None, w.tp, w.pp,
                     attention_dp=w.attention_dp, moe_tp=moe_tp, moe_ep=moe_ep,
-                    gemm_quant=_gemm_quant(row), moe_quant=moe_q, kv_cache_quant=kv,
+                    gemm_quant=gemm_q, moe_quant=moe_q, kv_cache_quant=kv,
                     database_mode=self.database_mode, systems_path=self.systems_path,
                 )
             except InfercastError as exc:
@@ -52,6 +61,53 @@ class EstimatorCache:
                 raise
             self._cache[key] = hit
         return hit
+
+
+FOUR_BIT = ("nvfp4", "int4_wo", "mxfp4", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8")
+
+
+def map_quant(row: SiliconRow, systems_path=None) -> tuple[str, str | None, str | None]:
+    """Which checkpoint a row benchmarked, and which quant overrides to apply.
+
+    * an ``nvfp4`` row of a model whose NVIDIA NVFP4 export is in the pack
+      (``nvidia/<name>-NVFP4``) ran that export: use its config and its own quantisation;
+    * a 4-bit label on a checkpoint whose experts are natively 4-bit (gpt-oss mxfp4, Kimi-K2.5
+      int4) is that native checkpoint (the CSV labels gpt-oss "fp4"/nvfp4 even on Hopper, which
+      has no FP4): no override;
+    * otherwise the row's ``gemm_quant_mode`` / ``moe_quant_mode`` override the checkpoint.
+    """
+    from ..data.model_configs import pack_model_ids, resolve_model
+    from ..data.pack import find_pack
+    from ..models.spec import build_spec
+
+    gq, mq = _quant(row.gemm_quant), _quant(row.moe_quant)
+    pack = find_pack(systems_path)
+    if gq == "nvfp4":
+        name = row.model.split("/", 1)[-1]
+        for base in (name, name.removesuffix("-Instruct")):
+            export = f"nvidia/{base}-NVFP4"
+            if export in pack_model_ids(pack):
+                return export, None, None
+    try:
+        spec = build_spec(resolve_model(pack, row.model))
+    except InfercastError:
+        return row.model, gq, mq
+    native = spec.quant.moe if spec.moe is not None else None
+    if native in FOUR_BIT and spec.quant.gemm == "bfloat16" and (gq in FOUR_BIT or mq in FOUR_BIT):
+        return row.model, None, None
+    return row.model, gq, mq
+
+
+def _width_rule(w):
+    """A row whose MoE layout spans more GPUs than tp x attention_dp ran attention data-parallel
+    over the rest (e.g. vLLM tp1 with two DP ranks and TP-2 experts)."""
+    from dataclasses import replace
+
+    width = w.tp * w.attention_dp
+    moe_width = w.moe_tp * w.moe_ep
+    if moe_width > width and moe_width % width == 0 and w.attention_dp == 1:
+        return replace(w, attention_dp=moe_width // w.tp)
+    return w
 
 
 def _moe_layout(w) -> tuple[int | None, int | None]:
@@ -95,7 +151,7 @@ def static_predictor(cache: EstimatorCache) -> Predictor:
         w = row.worker
         est = cache.get(row, w)
         conc = row.concurrency or w.batch_size
-        batch = max(1, round(conc / max(w.attention_dp, 1)))
+        batch = max(1, round(conc / max(est.plan.parallel.attention_dp, 1)))
         ttft = est.prefill_ms(batch, row.isl)
         tpot = est.decode_ms(batch, row.isl, row.osl)
         return ttft, tpot, f"data {est.version} (benchmarked {row.backend_version or '?'})"

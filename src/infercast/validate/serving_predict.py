@@ -21,7 +21,7 @@ def serving_predictor(cache: EstimatorCache, params=None):
         w = row.worker
         est = cache.get(row, w)
         conc = float(row.concurrency or w.batch_size)
-        per_rank = max(1, round(conc / max(w.attention_dp, 1)))
+        per_rank = max(1, round(conc / max(est.plan.parallel.attention_dp, 1)))
         res = serve_agg(est.engine, per_rank, row.isl, row.osl, p_for(row.backend), est.memory.kv_capacity_tokens, est.gpus)
         return res.ttft_ms, res.tpot_ms, f"data {est.version}; decode batch {res.decode_batch:.0f} ({res.bound})"
 
@@ -36,7 +36,7 @@ def serving_predictor(cache: EstimatorCache, params=None):
         conc = float(row.concurrency)
         res = solve_disagg(
             pe.engine, de.engine, conc, row.isl, row.osl, row.prefill_workers, row.decode_workers,
-            row.decode.attention_dp, row.prefill.batch_size or 1, p_for(row.backend), p_for(row.backend), transfer, gpus,
+            de.plan.parallel.attention_dp, row.prefill.batch_size or 1, p_for(row.backend), p_for(row.backend), transfer, gpus,
         )
         return res.ttft_ms, res.tpot_ms, f"data {pe.version}; decode batch {res.decode_batch:.0f}; prefill util {res.prefill_utilisation:.2f}"
 
