@@ -24,7 +24,7 @@ from infercast.interp import sol
 from infercast.interp.provenance import Prov
 from infercast.ops.base import DatabaseMode, OpDB
 from infercast.ops.comm import resolve_collective
-from infercast.ops.moe import TOKEN_SCALE, quant_candidates, resolve_moe, resolve_moe_dispatch
+from infercast.ops.moe import moe_sol_fn, TOKEN_SCALE, quant_candidates, resolve_moe, resolve_moe_dispatch
 
 DSV3 = dict(hidden=7168, inter=2048, topk=8, experts=256)
 GPT_OSS = dict(hidden=2880, inter=2880, topk=4, experts=128)
@@ -142,10 +142,21 @@ def test_uncollected_pair_lists_pairs(real_pack_available):
     with pytest.raises(NotAvailableError) as ei:
         resolve_moe(db, quant="fp8_block", moe_tp=3, moe_ep=8, **DSV3)
     assert "tp1xep8" in ei.value.available and "moe_tp=3" in str(ei.value)
-    # tp8 exists for other fp8_block sites, not for Qwen3-235B: the error lists that site's pairs
-    with pytest.raises(NotAvailableError) as ei:
-        resolve_moe(db, quant="fp8_block", moe_tp=8, moe_ep=1, **QWEN3_235B)
-    assert "tp4xep1" in ei.value.available and "tp8xep1" not in ei.value.available
+    # tp8 x ep1 was not collected for Qwen3-235B: it is transferred from a collected pair of the
+    # same width (8 GPUs) through utilisation, and says so
+    r = resolve_moe(db, quant="fp8_block", moe_tp=8, moe_ep=1, **QWEN3_235B)
+    assert r.how == "pair-transfer" and (r.grid.prov >= Prov.TRANSFERRED).all()
+    donor = r.donors[0]
+    assert donor.startswith("moe_tp=") and "moe_tp=8 moe_ep=1" not in donor
+    dtp, dep = (int(x.split("=")[1]) for x in donor.split())
+    assert dtp * dep == 8
+    base = resolve_moe(db, quant="fp8_block", moe_tp=dtp, moe_ep=dep, **QWEN3_235B)
+    assert base.how == "exact"
+    tok = base.grid.axes[0]
+    ratio = r.grid(tok)[0] / base.grid(tok)[0]
+    sq = moe_sol_fn(db, "fp8_block", 4096, 1536, 8, 128, 8, 1, True)(tok)
+    sd = moe_sol_fn(db, "fp8_block", 4096, 1536, 8, 128, dtp, dep, True)(tok)
+    np.testing.assert_allclose(ratio, sq / sd, rtol=1e-12)
     # HYBRID answers empirically
     r = resolve_moe(_db("h200_sxm", "trtllm", "HYBRID"), quant="fp8_block", moe_tp=3, moe_ep=8, **DSV3)
     assert r.how == "empirical" and (r.grid.prov == Prov.EMPIRICAL).all()

@@ -24,9 +24,12 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
   :func:`~infercast.ops.base.merge_kernels` (default = most rows, others fill shapes it lacks).
 * **distribution**: the requested routing skew; if absent, ``balanced``; if that is absent too
   (a100 trtllm/vllm, b60 collect only power-law routing), the least skewed power law. Noted.
-* **(moe_tp, moe_ep)** is never transferred: a pair not collected for the site raises
-  :class:`~infercast.errors.NotAvailableError` in SILICON listing the collected pairs (HYBRID
-  answers empirically).
+* **(moe_tp, moe_ep)**: a pair not collected for the site is transferred through utilisation
+  from a collected pair of the *same width* (moe_tp x moe_ep: the same GPUs and the same
+  expert FLOPs per GPU under balanced routing; the roofline carries the difference in weight
+  traffic), preferring the closest moe_tp; with no same-width pair SILICON raises
+  :class:`~infercast.errors.NotAvailableError` listing the collected pairs (HYBRID answers
+  empirically).
 * **off-site shapes** transfer through utilisation (:mod:`infercast.interp.transfer`) over log2
   ``(hidden, inter, topk, experts)`` among sites collected at the same ``(moe_tp, moe_ep)``,
   with :func:`infercast.interp.sol.moe` as the speed of light.
@@ -258,6 +261,16 @@ def _score(lat: _Lattice | None, query: tuple, tp: int, ep: int) -> int:
     return 1
 
 
+def _pair_donor(sites: np.ndarray, site_hit: np.ndarray, moe_tp: int, moe_ep: int) -> int | None:
+    """Index of the collected (moe_tp, moe_ep) at this site with the same width, closest moe_tp."""
+    idx = np.flatnonzero(site_hit & (sites[:, 4] * sites[:, 5] == moe_tp * moe_ep))
+    if not len(idx):
+        return None
+    dist = np.abs(np.log2(sites[idx, 4]) - np.log2(moe_tp))
+    order = np.lexsort((sites[idx, 4], dist))
+    return int(idx[order[0]])
+
+
 def resolve_moe(
     db: OpDB,
     *,
@@ -328,6 +341,19 @@ def resolve_moe(
     same_pair = np.flatnonzero(pair_hit)
     shape = f"MoE {q} hidden={hidden} inter={inter} topk={topk} experts={experts}"
 
+    if site_hit.any() and not (site_hit & pair_hit).any() and db.mode is not DatabaseMode.EMPIRICAL:
+        donor = _pair_donor(sites, site_hit, moe_tp, moe_ep)
+        if donor is not None:
+            dtp, dep = int(sites[donor, 4]), int(sites[donor, 5])
+            base = _site_grid(db, lat, int(donor), gated)
+            ax = base.axes[0]
+            vals = base.values * sol_q(ax) / base.sol(ax)
+            label = f"moe_tp={dtp} moe_ep={dep}"
+            g = Grid((ax,), vals, np.maximum(base.prov, int(Prov.TRANSFERRED)).astype(np.int8), sol_q, (label,), scales=TOKEN_SCALE)
+            return Resolved(
+                g, "moe", db.served_version("moe"), lat.kernel, "pair-transfer", (label,),
+                tuple(notes) + (f"moe_tp={moe_tp} moe_ep={moe_ep} from the collected {label} at the same width through utilisation",),
+            )
     if site_hit.any() and not (site_hit & pair_hit).any():
         if db.mode is DatabaseMode.SILICON:
             raise NotAvailableError(
