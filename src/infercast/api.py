@@ -17,7 +17,7 @@ from .data.model_configs import resolve_model
 from .engine.compiled import CompiledEngine
 from .errors import InvalidInputError
 from .interp.provenance import Prov
-from .models.plan import ParallelConfig, Plan, build_plan
+from .models.plan import ParallelConfig, Plan, SpecDecode, build_plan
 from .models.spec import ModelSpec, build_spec
 from .ops.base import DatabaseMode, OpDB, check_positive
 from .serving.backends import backend_defaults
@@ -95,6 +95,8 @@ class Estimator:
         kv_cache_quant: str | None = None,
         attention_quant: str | None = None,
         moe_quant: str | None = None,
+        nextn: int = 0,
+        mtp_acceptance: float = 0.8,
         database_mode: str | DatabaseMode = DatabaseMode.SILICON,
         systems_path: str | Path | None = None,
     ):
@@ -110,7 +112,7 @@ class Estimator:
         spec = replace(spec, quant=quant)
         par = ParallelConfig(_int("--tp", tp), _int("--pp", pp), _int("--attention-dp", attention_dp),
                              None if moe_tp is None else _int("--moe-tp", moe_tp), None if moe_ep is None else _int("--moe-ep", moe_ep))
-        self.plan: Plan = build_plan(spec, par)
+        self.plan: Plan = build_plan(spec, par, SpecDecode(_nonneg_int("--nextn", nextn), _unit("--mtp-acceptance", mtp_acceptance)))
         self.db = OpDB(self.data, mode)
         self.engine = CompiledEngine(self.plan, self.db)
         self.backend = backend_defaults(backend)
@@ -240,7 +242,9 @@ class Estimator:
             )
             return res
         ttft = self.prefill_ms(b, isl, prefix)
-        tpot = self.decode_ms(b, isl + prefix, osl) if osl > 1 else 0.0
+        tau = self.engine.tokens_per_step
+        steps = max((osl - 1) / tau, 1.0)
+        tpot = self.decode_ms(b, isl + prefix, int(round(steps)) + 1) * steps / (osl - 1) if osl > 1 else 0.0
         total = ttft + tpot * (osl - 1)
         res.ttft_ms, res.tpot_ms, res.request_latency_ms = ttft, tpot, total
         res.tokens_per_s_per_gpu = b * osl / (total / 1e3) / self.gpus
@@ -264,6 +268,20 @@ class Estimator:
 
     def versions(self) -> dict:
         return {"data_version": self.data.version, "slots": self.data.versions.slots(), "tables": self.data.provenance()}
+
+
+def _nonneg_int(name: str, v) -> int:
+    return 0 if v in (0, None) else _int(name, v)
+
+
+def _unit(name: str, v) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise InvalidInputError(f"{name} must be a number in [0, 1]", f"got {v!r}") from None
+    if not (0.0 <= f <= 1.0):
+        raise InvalidInputError(f"{name} must be a number in [0, 1]", f"got {v!r}")
+    return f
 
 
 def _int(name: str, v) -> int:

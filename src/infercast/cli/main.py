@@ -26,6 +26,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-dp", type=int, default=1, help="attention data-parallel ranks per replica (MoE models)")
     p.add_argument("--moe-tp", type=int, default=None, help="tensor parallel size of the experts (default: tp x attention-dp / moe-ep)")
     p.add_argument("--moe-ep", type=int, default=None, help="expert parallel size (default 1)")
+    p.add_argument("--nextn", type=int, default=0, help="MTP speculative decoding: draft tokens per step (DeepSeek-style models)")
+    p.add_argument("--mtp-acceptance", type=float, default=0.8, help="MTP acceptance rate per draft position (default 0.8)")
     p.add_argument("--moe-quant", default=None, help="override the MoE expert quant mode (fp8_block, nvfp4, mxfp4, int4_wo, ...)")
     p.add_argument("--gemm-quant", default=None, help="override the GEMM weight quant mode (bfloat16, fp8, fp8_block, nvfp4, ...)")
     p.add_argument("--kv-cache-quant", default=None, help="override the KV cache dtype (bfloat16, fp8)")
@@ -40,6 +42,7 @@ def _estimator(a):
     return Estimator(
         a.model, a.system, a.backend, a.backend_version, a.tp, a.pp,
         attention_dp=a.attention_dp, moe_tp=a.moe_tp, moe_ep=a.moe_ep, moe_quant=a.moe_quant,
+        nextn=a.nextn, mtp_acceptance=a.mtp_acceptance,
         gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
         database_mode=a.database_mode, systems_path=a.systems_path,
     )

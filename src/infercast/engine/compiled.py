@@ -63,9 +63,18 @@ class CompiledEngine:
         self.plan = plan
         self.db = db
         self.ops: list[CompiledOp] = [self._compile(op) for op in plan.ops]
-        self._grid_ops = [c for c in self.ops if c.op.kind in GRID_KINDS]
-        self._attn_ops = [c for c in self.ops if c.op.kind in ATTENTION_KINDS]
-        self._analytic_ops = [c for c in self.ops if c.op.kind in ANALYTIC_KINDS]
+        main = [c for c in self.ops if c.op.phase != "decode"]
+        draft = [c for c in self.ops if c.op.phase == "decode"]
+        self._grid_ops = [c for c in main if c.op.kind in GRID_KINDS]
+        self._attn_ops = [c for c in main if c.op.kind in ATTENTION_KINDS]
+        self._analytic_ops = [c for c in main if c.op.kind in ANALYTIC_KINDS]
+        self._draft_grid_ops = [c for c in draft if c.op.kind in GRID_KINDS]
+        self._draft_attn_ops = [c for c in draft if c.op.kind in ATTENTION_KINDS]
+        self._draft_analytic_ops = [c for c in draft if c.op.kind in ANALYTIC_KINDS]
+        #: main-model tokens per decoding sequence per step (1 + MTP draft tokens verified)
+        self.decode_width = 1.0 + plan.spec_decode.nextn
+        #: output tokens a decoding sequence gains per step on average
+        self.tokens_per_step = plan.spec_decode.tokens_per_step
         self._tokenwise_memo: dict = {}
 
     def _compile(self, op: PlanOp) -> CompiledOp:
@@ -154,18 +163,20 @@ class CompiledEngine:
         ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv = np.broadcast_arrays(
             *(np.asarray(a, dtype=float) for a in (ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv))
         )
-        tokens = ctx_batch * ctx_isl + dec_batch
+        tokens = ctx_batch * ctx_isl + dec_batch * self.decode_width
         seqs = ctx_batch + dec_batch
+        zero = np.zeros_like(ctx_batch)
         out = {}
         for c in self.ops:
             if phase is not None and c.op.phase not in ("both", phase):
                 continue
+            draft = c.op.phase == "decode"  # MTP draft passes: one token per decoding sequence
             if c.op.kind in ATTENTION_KINDS:
-                vc, pc = self._context_attention(c, ctx_batch, ctx_isl, ctx_prefix)
+                vc, pc = self._context_attention(c, zero if draft else ctx_batch, ctx_isl, ctx_prefix)
                 vg, pg = self._generation_attention(c, dec_batch, dec_kv)
                 out[c.name] = (vc + vg, np.maximum(np.where(ctx_batch > 0, pc, 0), np.where(dec_batch > 0, pg, 0)).astype(np.int8))
             else:
-                out[c.name] = self._tokenwise(c, tokens, seqs)
+                out[c.name] = self._tokenwise(c, dec_batch if draft else tokens, dec_batch if draft else seqs)
         return out
 
     def step_ms(self, **shape) -> np.ndarray:
@@ -179,21 +190,29 @@ class CompiledEngine:
         return self.step_ms(dec_batch=batch, dec_kv=kv_len, phase="decode")
 
     # ---- scalar twins (plain Python, no numpy per call) -----------------------------------------
-    def tokenwise_scalar(self, tokens: float, seqs: float) -> float:
-        """Sum of every token-wise op for one step of ``tokens`` tokens over ``seqs`` sequences."""
-        key = (tokens, seqs)
-        hit = self._tokenwise_memo.get(key)
-        if hit is not None:
-            return hit
+    @staticmethod
+    def _sum_tokenwise(grid_ops, analytic_ops, tokens: float, seqs: float) -> float:
         total = 0.0
-        for c in self._grid_ops:
+        for c in grid_ops:
             n = tokens if c.op.tokens == "all" else seqs
             if n > 0:
                 total += c.resolved[0].grid.scalar(n * c.x_per_token)[0] * c.op.count
-        for c in self._analytic_ops:
+        for c in analytic_ops:
             n = tokens if c.op.tokens == "all" else seqs
             if n > 0:
                 total += (n * c.x_per_token * c.ms_per_unit + c.fixed_ms) * c.op.count
+        return total
+
+    def tokenwise_scalar(self, tokens: float, seqs: float, draft_seqs: float = 0.0) -> float:
+        """Sum of every token-wise op for one step of ``tokens`` main-model tokens over ``seqs``
+        sequences, plus MTP draft passes over ``draft_seqs`` decoding sequences."""
+        key = (tokens, seqs, draft_seqs)
+        hit = self._tokenwise_memo.get(key)
+        if hit is not None:
+            return hit
+        total = self._sum_tokenwise(self._grid_ops, self._analytic_ops, tokens, seqs)
+        if draft_seqs > 0 and (self._draft_grid_ops or self._draft_analytic_ops):
+            total += self._sum_tokenwise(self._draft_grid_ops, self._draft_analytic_ops, draft_seqs, draft_seqs)
         if len(self._tokenwise_memo) >= 100_000:
             self._tokenwise_memo.clear()
         self._tokenwise_memo[key] = total
@@ -212,22 +231,22 @@ class CompiledEngine:
         if batch <= 0:
             return 0.0
         step = max(kv_len - 1.0, 1.0)
-        return sum(c.resolved[1].grid.scalar(batch, step)[0] * c.op.count for c in self._attn_ops)
+        return sum(c.resolved[1].grid.scalar(batch, step)[0] * c.op.count for c in self._attn_ops + self._draft_attn_ops)
 
     def prefill_scalar(self, batch: float, isl: float, prefix: float = 0.0) -> float:
         return self.tokenwise_scalar(batch * isl, batch) + self.context_attention_scalar(batch, isl, prefix)
 
     def decode_scalar(self, batch: float, kv_len: float) -> float:
-        return self.tokenwise_scalar(batch, batch) + self.generation_attention_scalar(batch, kv_len)
+        return self.tokenwise_scalar(batch * self.decode_width, batch, batch) + self.generation_attention_scalar(batch, kv_len)
 
     def mixed_step_ms(self, ctx_batch, ctx_isl, ctx_prefix, dec_batch: float, dec_kv: float) -> float:
         """One step carrying several prefill groups (sequences, new tokens, prefix each) and
         ``dec_batch`` decodes at mean KV length ``dec_kv``: token-wise ops run once over all
         tokens, attention per group."""
         groups = list(zip(np.atleast_1d(ctx_batch).tolist(), np.atleast_1d(ctx_isl).tolist(), np.atleast_1d(ctx_prefix).tolist()))
-        tokens = sum(b * i for b, i, _ in groups) + dec_batch
+        tokens = sum(b * i for b, i, _ in groups) + dec_batch * self.decode_width
         seqs = sum(b for b, _, _ in groups) + dec_batch
-        total = self.tokenwise_scalar(float(tokens), float(seqs))
+        total = self.tokenwise_scalar(float(tokens), float(seqs), float(dec_batch))
         for b, i, p in groups:
             total += self.context_attention_scalar(b, i, p)
         return total + self.generation_attention_scalar(dec_batch, dec_kv)

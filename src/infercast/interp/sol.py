@@ -298,3 +298,72 @@ def mla_bmm(system: SystemSpec, compute_dtype: str, weight_bytes: float, num_tok
     flops = 2.0 * t * heads * k * n
     nbytes = float(heads) * k * n * weight_bytes + 2.0 * t * heads * (k + n)
     return _finish(system, flops, nbytes, compute_dtype)
+
+
+# --- Gated DeltaNet (GDN) linear attention (Qwen3-Next / Qwen3.5) --------------------------------
+
+#: chunk length of the chunked gated-delta-rule prefill kernels (FLA's ``chunk_gated_delta_rule``
+#: and FlashInfer's port both use 64-token chunks)
+GDN_CHUNK = 64
+GDN_PHASES = ("context", "generation")
+
+
+def gdn(
+    system: SystemSpec, phase: str, batch, seq_len, num_k_heads: int, head_k_dim: int,
+    num_v_heads: int, head_v_dim: int, conv_kernel: int = 4, chunk: int = GDN_CHUNK,
+    state_bytes: float = 4.0, compute_dtype: str = "bfloat16",
+):
+    """GDN core of one layer on one GPU: the short causal conv over the mixed q/k/v channels plus
+    the gated delta-rule scan (what the ``gdn_perf`` rows time). The in/out projections, the
+    gating projections and the output norm are not included (they are GEMMs / elementwise ops).
+
+    Head counts are per GPU; ``hk``/``hv`` query-key / value heads of ``dk``/``dv`` dims, the
+    conv runs over ``conv_dim = 2*hk*dk + hv*dv`` channels; ``tokens = batch * seq_len``.
+
+    ``"context"`` (chunked delta rule, chunks of ``C = chunk`` tokens, per token and value head):
+
+    * FLOPs ``6*dk*dv`` for the inter-chunk state terms (``q @ S``, ``w @ S``, the state update
+      ``k^T @ u``) plus ``C*(6*dk + 4*dv)`` for the intra-chunk products (``k k^T``, ``q k^T``,
+      ``A @ (k*beta)``, ``A @ (v*beta)``, ``attn @ u``) — linear in tokens, ~11 x dk x dv at
+      dk = dv = 128; plus ``2*K*conv_dim`` per token for the conv;
+    * bytes: conv input read and output written (bf16), q/k/v read (bf16), gate and beta
+      (fp32 + bf16 per value head), output written (bf16), the per-chunk states materialised
+      and re-read (bf16, ``hv*dk*dv`` per chunk) and the recurrent state read and written once
+      per request (``state_bytes``, fp32).
+
+    ``"generation"`` (recurrent, ``seq_len`` tokens per request, normally 1):
+
+    * FLOPs ``7*dk*dv`` per token and value head (decay, ``k^T S``, the delta outer-product
+      update, ``q^T S``) plus the conv;
+    * bytes: the fixed-size recurrent state read and written once per request
+      (``2*hv*dk*dv*state_bytes``: the term that dominates), the conv state read and written
+      (``(K-1)*conv_dim`` bf16), q/k/v/gate/beta in and the output out per token.
+
+    Neither phase depends on the tokens already cached: the state is fixed-size. Math time uses
+    the tensor-core peak of ``compute_dtype`` (the recurrent decode runs on CUDA cores, but it is
+    memory-bound by a wide margin, so the roofline stays the memory term).
+    """
+    if phase not in GDN_PHASES:
+        raise InvalidConfigError(f"unknown GDN phase {phase!r}", available=GDN_PHASES)
+    batch, seq_len = np.asarray(batch, dtype=float), np.asarray(seq_len, dtype=float)
+    hk, dk, hv, dv = float(num_k_heads), float(head_k_dim), float(num_v_heads), float(head_v_dim)
+    K = float(conv_kernel)
+    tokens = batch * seq_len
+    conv_dim = 2.0 * hk * dk + hv * dv
+    state = hv * dk * dv
+    conv_flops = tokens * 2.0 * K * conv_dim
+    # per token: conv in + out (bf16), q/k/v re-read by the scan, gate (fp32) + beta, output
+    io_per_token = 2.0 * conv_dim * 2.0 + conv_dim * 2.0 + hv * (4.0 + 2.0) + hv * dv * 2.0
+    conv_weights = conv_dim * K * 2.0
+    if phase == "context":
+        c = float(chunk)
+        flops = tokens * hv * (6.0 * dk * dv + c * (6.0 * dk + 4.0 * dv)) + conv_flops
+        chunks = batch * np.ceil(seq_len / c)
+        nbytes = (tokens * io_per_token + chunks * state * 2.0 * 2.0
+                  + batch * 2.0 * state * state_bytes + conv_weights)
+    else:
+        flops = tokens * hv * 7.0 * dk * dv + conv_flops
+        nbytes = (tokens * io_per_token + batch * 2.0 * state * state_bytes
+                  + batch * 2.0 * (K - 1.0) * conv_dim * 2.0 + conv_weights)
+    return _finish(system, flops, nbytes, compute_dtype)
+

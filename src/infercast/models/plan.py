@@ -13,7 +13,7 @@ of the logits; a P2P activation send at each of the pp-1 stage boundaries.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import InvalidConfigError, InvalidInputError
 from .spec import ModelSpec
@@ -98,6 +98,31 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class SpecDecode:
+    """MTP speculative decoding: ``nextn`` draft tokens per step, each accepted with probability
+    ``acceptance`` given the previous one was (DeepSeek-V3 reports 85-90% for the first draft
+    token; 0.8 is the default here, per position).
+
+    A decode step then verifies ``1 + nextn`` tokens per sequence in the main model (token-wise
+    ops on all of them; attention reads each sequence's KV once, so it is costed per sequence)
+    and runs ``nextn`` draft passes of one MTP layer plus the LM head; it yields on average
+    ``1 + acceptance + ... + acceptance**nextn`` tokens."""
+
+    nextn: int = 0
+    acceptance: float = 0.8
+
+    @property
+    def tokens_per_step(self) -> float:
+        return 1.0 + sum(self.acceptance ** i for i in range(1, self.nextn + 1))
+
+    def check(self) -> None:
+        if not isinstance(self.nextn, int) or self.nextn < 0 or self.nextn > 8:
+            raise InvalidInputError(f"--nextn must be an integer in 0..8, got {self.nextn!r}")
+        if not (0.0 <= float(self.acceptance) <= 1.0):
+            raise InvalidInputError(f"--mtp-acceptance must be in [0, 1], got {self.acceptance!r}")
+
+
+@dataclass(frozen=True)
 class PlanOp:
     name: str
     kind: str  # gemm | attention | allreduce | allgather | elementwise | p2p
@@ -113,6 +138,7 @@ class Plan:
     parallel: ParallelConfig
     ops: tuple[PlanOp, ...]
     schema_version: int = PLAN_SCHEMA_VERSION
+    spec_decode: SpecDecode = field(default_factory=lambda: SpecDecode())
 
     def to_json(self) -> str:
         return json.dumps(
@@ -121,6 +147,7 @@ class Plan:
                 "model": self.model.to_dict(),
                 "parallel": asdict(self.parallel),
                 "ops": [asdict(o) for o in self.ops],
+                "spec_decode": asdict(self.spec_decode),
             },
             indent=1,
             sort_keys=True,
@@ -138,6 +165,7 @@ class Plan:
             ModelSpec.from_dict(d["model"]),
             ParallelConfig(**d["parallel"]),
             tuple(PlanOp(**o) for o in d["ops"]),
+            spec_decode=SpecDecode(**d.get("spec_decode", {})),
         )
 
 
@@ -253,9 +281,33 @@ def moe_plan(spec: ModelSpec, par: ParallelConfig) -> Plan:
     return Plan(spec, par, tuple(ops + _ends(spec, par)))
 
 
-def build_plan(spec: ModelSpec, par: ParallelConfig) -> Plan:
+def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
+    """Append the MTP draft passes: ``nextn`` executions of one layer's ops and the LM head,
+    on one token per sequence, in decode steps only."""
+    sd.check()
+    if sd.nextn == 0:
+        return replace(plan, spec_decode=sd)
+    if plan.model.family != "mla_moe":
+        raise InvalidConfigError(
+            f"MTP speculative decoding is modelled for DeepSeek-style models, not {plan.model.architecture}",
+            "only checkpoints that ship MTP layers support it",
+        )
+    L = plan.model.num_layers
+    moe_layers = L - plan.model.moe.first_dense_layers
+    draft = []
+    for o in plan.ops:
+        if o.count in (L, moe_layers) and not o.name.startswith("dense_"):
+            draft.append(replace(o, name=f"mtp_{o.name}", count=sd.nextn, phase="decode"))
+        elif o.name == "lm_head":
+            draft.append(replace(o, name="mtp_lm_head", count=sd.nextn, phase="decode"))
+    return replace(plan, ops=plan.ops + tuple(draft), spec_decode=sd)
+
+
+def build_plan(spec: ModelSpec, par: ParallelConfig, spec_decode: SpecDecode | None = None) -> Plan:
     if spec.family == "dense":
-        return dense_plan(spec, par)
-    if spec.family in ("moe", "mla_moe"):
-        return moe_plan(spec, par)
-    raise InvalidConfigError(f"no op plan for family {spec.family!r}")
+        plan = dense_plan(spec, par)
+    elif spec.family in ("moe", "mla_moe"):
+        plan = moe_plan(spec, par)
+    else:
+        raise InvalidConfigError(f"no op plan for family {spec.family!r}")
+    return _with_mtp(plan, spec_decode or SpecDecode())

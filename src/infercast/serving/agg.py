@@ -96,7 +96,8 @@ def solve_steady(
     iterations: int = 6,
 ) -> ServingResult:
     C = float(concurrency)
-    out_steps = max(osl - 1, 1)
+    tau = float(getattr(engine, "tokens_per_step", 1.0))  # output tokens per decode step (MTP)
+    out_steps = max((osl - 1) / tau, 1.0)
     budget = float(params.max_num_tokens)
     # caps on the decoding set
     footprint = float(isl + osl) if params.kv_reserve_full else float(isl + osl / 2.0)
@@ -141,7 +142,8 @@ def solve_steady(
     queued = max(0.0, C - d - lam * (WAIT_STEPS + n_chunks))
     wait_ms = WAIT_STEPS * t_avg + (queued / lam * t_avg if lam > 0 else 0.0)
     ttft = wait_ms + n_chunks * t_prefill_step + params.arrival_delay_ms
-    latency = ttft + tpot * out_steps
+    tpot = tpot * out_steps / max(osl - 1, 1)  # per output token (MTP yields tau per step)
+    latency = ttft + tpot * max(osl - 1, 1)
     tput_gpu = (C / latency) * osl * 1e3 / gpus if latency > 0 else 0.0
     return ServingResult(
         concurrency=C,

@@ -66,7 +66,8 @@ def solve_disagg(
     iterations: int = 30,
 ) -> DisaggResult:
     C = float(concurrency)
-    out_steps = max(osl - 1, 1)
+    tau = float(getattr(decode_engine, "tokens_per_step", 1.0))  # output tokens per decode step (MTP)
+    out_steps = max((osl - 1) / tau, 1.0)
     ranks = max(decode_workers * decode_dp, 1)
     c_rank = C / ranks
     kv = isl + osl / 2.0
@@ -91,8 +92,7 @@ def solve_disagg(
     step = decode_engine.decode_scalar(max(d, 1.0), kv) + params_decode.step_overhead_ms
     for _ in range(iterations):
         step = decode_engine.decode_scalar(max(d, 1.0), kv) + params_decode.step_overhead_ms
-        tpot = step + transfer_ms / out_steps
-        cycle = ttft + out_steps * tpot
+        cycle = ttft + out_steps * step + transfer_ms
         lam = C / cycle  # requests per ms
         rho = min(lam * service / max(prefill_workers, 1), 0.999)
         wait = rho / (2.0 * (1.0 - rho)) * service_batch
@@ -105,13 +105,13 @@ def solve_disagg(
             break
         ttft, d = 0.5 * (ttft + ttft_new), 0.5 * (d + d_new)
     step = decode_engine.decode_scalar(max(d, 1.0), kv) + params_decode.step_overhead_ms
-    tpot = step + transfer_ms / out_steps
+    tpot = (out_steps * step + transfer_ms) / max(osl - 1, 1)
     # first wave: C prompts at once over the prefill workers
     per_worker = C / max(prefill_workers, 1)
     first = (math.ceil(per_worker / per_step) + 1) / 2.0 * service_batch + params_prefill.arrival_delay_ms
     k = max(params_prefill.requests_per_client, 1.0)
     ttft_mean = (first + (k - 1.0) * ttft) / k
-    latency = ttft_mean + out_steps * tpot
+    latency = ttft_mean + max(osl - 1, 1) * tpot
     return DisaggResult(
         concurrency=C,
         ttft_ms=ttft_mean,

@@ -40,7 +40,7 @@ class _Cohort:
     remaining: float  # prefill tokens left per request
     done_prefill: float = 0.0  # prefill tokens already processed per request (prefix of the next chunk)
     first_token: float = -1.0
-    generated: int = 0
+    generated: float = 0.0  # output tokens so far (fractional with MTP: tau per step)
 
 
 @dataclass
@@ -92,6 +92,7 @@ def simulate(
     per_req_kv = float(isl + osl) if params.kv_reserve_full else float(isl + osl / 2.0)
     kv_slots = math.inf if kv_capacity_tokens <= 0 else kv_capacity_tokens
     ovh = params.step_overhead_ms
+    tau = float(getattr(engine, "tokens_per_step", 1.0))  # output tokens per decode step (MTP)
     if isl + osl > kv_slots:
         raise DoesNotFitError(
             f"one request of {isl}+{osl} tokens needs more KV cache than the worker has ({int(kv_capacity_tokens)} tokens)"
@@ -169,8 +170,8 @@ def simulate(
             dec_batch_time += dec_n * dt
             if dec_n:
                 for c in list(running):
-                    c.generated += 1
-                    if c.generated >= osl:
+                    c.generated += tau
+                    if c.generated >= osl - 1e-9:
                         running.remove(c)
                         complete(c, t)
             for c, take, chunk in groups:
@@ -190,7 +191,7 @@ def simulate(
             t = max(t, min(c.arrival for c in waiting))
             continue
         # --- a run of decode-only steps until the next completion or arrival
-        k = min(osl - c.generated for c in running)
+        k = max(1, min(math.ceil((osl - c.generated) / tau - 1e-9) for c in running))
         pending = [c.arrival for c in waiting if c.arrival > t]
         blocked = [c for c in waiting if c.arrival <= t]  # waiting but not admissible now
         base_kv = sum(c.n * (isl + c.generated) for c in running) / in_flight
@@ -206,8 +207,8 @@ def simulate(
         steps += k
         dec_batch_time += in_flight * float(dts.sum())
         for c in list(running):
-            c.generated += k
-            if c.generated >= osl:
+            c.generated += k * tau
+            if c.generated >= osl - 1e-9:
                 running.remove(c)
                 complete(c, t)
 

@@ -74,6 +74,8 @@ def map_quant(row: SiliconRow, systems_path=None) -> tuple[str, str | None, str 
     * a 4-bit label on a checkpoint whose experts are natively 4-bit (gpt-oss mxfp4, Kimi-K2.5
       int4) is that native checkpoint (the CSV labels gpt-oss "fp4"/nvfp4 even on Hopper, which
       has no FP4): no override;
+    * an "fp8" label on a block-scaled fp8 checkpoint (DeepSeek-V3/R1, Qwen3-235B-FP8,
+      MiniMax-M2.5) is that checkpoint: the CSV's quant columns are coarse (``fp8`` for both);
     * otherwise the row's ``gemm_quant_mode`` / ``moe_quant_mode`` override the checkpoint.
     """
     from ..data.model_configs import pack_model_ids, resolve_model
@@ -95,6 +97,8 @@ def map_quant(row: SiliconRow, systems_path=None) -> tuple[str, str | None, str 
     native = spec.quant.moe if spec.moe is not None else None
     if native in FOUR_BIT and spec.quant.gemm == "bfloat16" and (gq in FOUR_BIT or mq in FOUR_BIT):
         return row.model, None, None
+    if spec.quant.gemm == "fp8_block" and gq in ("fp8", "fp8_block") and mq in (None, "fp8", "fp8_block"):
+        return row.model, None, None  # the coarse "fp8" label of a block-scaled fp8 checkpoint
     return row.model, gq, mq
 
 
