@@ -26,14 +26,19 @@ like truncated corners (:func:`infercast.ops.base.fill_missing`, provenance ``he
 Sites are ``(d_model, num_k_heads, head_k_dim, num_v_heads, head_v_dim, d_conv)``; the pack
 collects head dims 128 and ``d_conv`` 4 only, so in practice ``(d_model, num_k_heads,
 num_v_heads)``. ``d_model`` does not enter the kernels (checked on the real tables: the same head
-counts at two ``d_model`` agree to a median ratio of 1.000 on b200 sglang, 0.99-1.03 on the
+counts at two ``d_model`` agree to a median ratio of 1.000 on b200 sglang, 0.96-1.07 on the
 noisier h200), so it is clamped to the collected range (noted) and weighs 0.1 in the donor
-distance; head counts that were not collected are transferred through utilisation against
-:func:`infercast.interp.sol.gdn` (``choose_sites`` / ``transfer_grid``, provenance
-``transferred``). Leave-one-out over sites (each head pair removed at every d_model, rebuilt
-from the others): median |error| 4.6% context / 3.4% generation on b200 sglang, 10.7% / 4.3%
-on h200 sglang (whose context rows are noisy: the same heads at two d_model differ by 2-3x
-at some cells).
+distance (key heads 0.5, see ``SITE_WEIGHTS``); head counts that were not collected are
+transferred through utilisation against :func:`infercast.interp.sol.gdn` (``choose_sites`` /
+``transfer_grid``, provenance ``transferred``). Leave-one-out over sites (each head pair removed
+at every d_model, rebuilt from the others): median |error| 2.3% context / 1.0% generation on
+b200 sglang, 2.2% / 0.9% b200 vllm, 1.7% / 0.6% h200 vllm, 9.2% / 1.4% h200 sglang.
+
+*Data caveat.* h200 sglang's context rows are noisy at large token counts: the same heads at
+two d_model differ by 2-3x at some cells, and from ~64k tokens per step they run ~5x slower per
+token than h200 trtllm's rows of the same FLA kernel (41.8 vs 7.1 ms at 16/64 heads and 65,536
+tokens; b200/b300 do not show this). The rows are used as measured (exact at collected cells);
+only isolated spikes are smoothed (:func:`infercast.ops.base.despike`).
 
 Curves:
 
@@ -46,7 +51,9 @@ Curves:
   recurrent state is fixed-size), but the engine asks the generation grid at
   ``(batch, step)``. The grid therefore has a step axis of two points (``GEN_STEP`` = 1 and
   2**20) holding identical values, and its SOL is step-independent, so any step — inside or
-  beyond the axis — returns the batch's value.
+  beyond the axis — returns the batch's value (the provenance still says ``interpolated``
+  between the two points and ``held`` beyond 2**20, as for any grid; the value is the
+  measured one).
 
 With no table (or no scan kernel for the phase) or a site outside the transfer gates: SILICON
 raises :class:`~infercast.errors.NotAvailableError` saying what exists; HYBRID and EMPIRICAL give
@@ -74,9 +81,11 @@ PHASES = ("context", "generation")
 #: kernel_source prefix of the conv rows; every other row of a phase is a scan kernel
 CONV_PREFIX = "causal_conv1d"
 #: site coordinates (table columns) and their weights in the donor distance (log2 units):
-#: d_model does not enter the kernels (see the module docstring), so it barely counts
+#: d_model does not enter the kernels (see the module docstring), so it barely counts; the value
+#: heads carry the state and most of the work, so a key-head difference counts half (site LOO,
+#: median |error| b200 sglang context 4.6% -> 2.3%, generation 3.4% -> 1.0% against equal weights)
 SITE_COLS = ("d_model", "num_k_heads", "head_k_dim", "num_v_heads", "head_v_dim", "d_conv")
-SITE_WEIGHTS = (0.1, 1.0, 1.0, 1.0, 1.0, 1.0)
+SITE_WEIGHTS = (0.1, 0.5, 1.0, 1.0, 1.0, 1.0)
 CURVE_COLS = ("batch_size", "seq_len")
 
 #: axes of SOL / empirical grids (the collected grids' spans)
