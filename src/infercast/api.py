@@ -210,7 +210,7 @@ class Estimator:
         tokens_needed = b * (isl + prefix + osl)
         kv_tokens_alloc = b * (-(-(isl + prefix + osl) // mem.tokens_per_block) * mem.tokens_per_block)
         used = mem.weights + mem.activations + mem.reserves + mem.kv_bytes(tokens_needed)
-        fits = kv_tokens_alloc <= mem.kv_capacity_tokens
+        fits = kv_tokens_alloc <= mem.capacity_for(b)
         notes = []
         if self.spec.alias_note:
             notes.append(self.spec.alias_note)

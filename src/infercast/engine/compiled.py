@@ -36,7 +36,10 @@ from ..ops.attention import prefix_fraction, resolve_context_attention, resolve_
 from ..ops.base import OpDB, Resolved
 
 GRID_KINDS = ("gemm", "moe", "allreduce", "allgather", "reduce_scatter", "alltoall", "moe_dispatch")
-ATTENTION_KINDS = ("attention", "mla")
+ATTENTION_KINDS = ("attention", "mla", "gdn")
+#: attention-like kinds whose cost does not depend on cached tokens before the new ones (a
+#: linear-attention layer keeps a fixed-size state): a prefix does not enter their context grid
+STATEFUL_KINDS = ("gdn",)
 ANALYTIC_KINDS = ("elementwise", "p2p")
 
 
@@ -112,6 +115,12 @@ class CompiledEngine:
                                     "qk_rope_head_dim", "v_head_dim", "gemm_quant", "kv_quant")}
             kw["model_id"] = p.get("model_id")
             return CompiledOp(op, (resolve_mla(self.db, "context", **kw), resolve_mla(self.db, "generation", **kw)))
+        if op.kind == "gdn":
+            from ..ops.gdn import resolve_gdn
+
+            kw = {k: p[k] for k in ("d_model", "num_k_heads", "head_k_dim", "num_v_heads", "head_v_dim", "conv_kernel")}
+            kw["model_name"] = p.get("model_name")
+            return CompiledOp(op, (resolve_gdn(self.db, "context", **kw), resolve_gdn(self.db, "generation", **kw)))
         if op.kind == "elementwise":
             g = self.db.system.gpu
             return CompiledOp(op, (Resolved(None, "sol", how="analytic", fixed_prov=Prov.ANALYTIC),),
@@ -138,8 +147,11 @@ class CompiledEngine:
     def _context_attention(self, c: CompiledOp, batch, isl, prefix):
         active = batch > 0
         b = np.where(active, batch, 1.0)
-        v, pr = c.resolved[0].grid(b, isl + prefix)
-        v = np.where(prefix > 0, v * prefix_fraction(isl, prefix), v)
+        if c.op.kind in STATEFUL_KINDS:
+            v, pr = c.resolved[0].grid(b, isl)
+        else:
+            v, pr = c.resolved[0].grid(b, isl + prefix)
+            v = np.where(prefix > 0, v * prefix_fraction(isl, prefix), v)
         return np.where(active, v * c.op.count, 0.0), pr
 
     def _generation_attention(self, c: CompiledOp, batch, kv_len):
@@ -225,7 +237,13 @@ class CompiledEngine:
         if prefix > 0:
             tot = isl + prefix
             frac = (isl * prefix + isl * (isl + 1.0) / 2.0) / (tot * (tot + 1.0) / 2.0)
-        return sum(c.resolved[0].grid.scalar(batch, isl + prefix)[0] * c.op.count for c in self._attn_ops) * frac
+        total = 0.0
+        for c in self._attn_ops:
+            if c.op.kind in STATEFUL_KINDS:
+                total += c.resolved[0].grid.scalar(batch, isl)[0] * c.op.count
+            else:
+                total += c.resolved[0].grid.scalar(batch, isl + prefix)[0] * c.op.count * frac
+        return total
 
     def generation_attention_scalar(self, batch: float, kv_len: float) -> float:
         if batch <= 0:

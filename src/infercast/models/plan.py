@@ -191,9 +191,11 @@ def _attention_ops(spec: ModelSpec, par: ParallelConfig) -> list[PlanOp]:
     else:
         hd = spec.head_dim
         kvh = kv_heads_per_gpu(spec, tp)
-        ops.append(PlanOp("qkv_gemm", "gemm", L, params={"n": (heads + 2 * kvh) * hd, "k": h, "quant": q.gemm}))
-        ops.append(PlanOp("rope", "elementwise", L, params={"bytes_per_token": (heads + kvh) * hd * act * 2}))
-        windows = spec.layer_windows or (spec.sliding_window or 0,) * L
+        Lf = L - (spec.gdn.linear_layers if spec.gdn else 0)  # layers with full attention
+        qn = heads * (2 if spec.attn_output_gate else 1)  # Qwen3.5's q projection also emits a gate
+        ops.append(PlanOp("qkv_gemm", "gemm", Lf, params={"n": (qn + 2 * kvh) * hd, "k": h, "quant": q.gemm}))
+        ops.append(PlanOp("rope", "elementwise", Lf, params={"bytes_per_token": (heads + kvh) * hd * act * 2}))
+        windows = spec.layer_windows or (spec.sliding_window or 0,) * Lf
         for w in sorted(set(windows)):
             n = sum(1 for x in windows if x == w)
             name = "attention" if len(set(windows)) == 1 else ("attention_full" if w == 0 else f"attention_window{w}")
@@ -202,7 +204,19 @@ def _attention_ops(spec: ModelSpec, par: ParallelConfig) -> list[PlanOp]:
                 params={"heads": heads, "kv_heads": kvh, "head_dim": hd, "window": w,
                         "kv_quant": q.kv_cache, "attn_quant": q.attention},
             ))
-        ops.append(PlanOp("o_gemm", "gemm", L, params={"n": h, "k": heads * hd, "quant": q.gemm}))
+        ops.append(PlanOp("o_gemm", "gemm", Lf, params={"n": h, "k": heads * hd, "quant": q.gemm}))
+        if spec.gdn is not None:
+            g = spec.gdn
+            hk, hv = max(1, g.num_k_heads // tp), max(1, g.num_v_heads // tp)
+            ops += [
+                PlanOp("gdn_in_proj", "gemm", g.linear_layers,
+                       params={"n": 2 * hk * g.head_k_dim + 2 * hv * g.head_v_dim + 2 * hv, "k": h, "quant": q.gemm}),
+                PlanOp("gdn", "gdn", g.linear_layers,
+                       params={"d_model": h, "num_k_heads": hk, "head_k_dim": g.head_k_dim, "num_v_heads": hv,
+                               "head_v_dim": g.head_v_dim, "conv_kernel": g.conv_kernel, "model_name": spec.resolved_id}),
+                PlanOp("gdn_norm", "elementwise", g.linear_layers, params={"bytes_per_token": hv * g.head_v_dim * act * 3}),
+                PlanOp("gdn_out_proj", "gemm", g.linear_layers, params={"n": h, "k": hv * g.head_v_dim, "quant": q.gemm}),
+            ]
     if tp > 1:
         ops.append(PlanOp("attn_allreduce", "allreduce", L, params={"elements_per_token": h, "group": tp}))
     ops.append(PlanOp("post_attn_norm", "elementwise", L, params={"bytes_per_token": h * act * 4}))
@@ -287,13 +301,13 @@ def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
     sd.check()
     if sd.nextn == 0:
         return replace(plan, spec_decode=sd)
-    if plan.model.family != "mla_moe":
+    if plan.model.mtp_layers <= 0:
         raise InvalidConfigError(
-            f"MTP speculative decoding is modelled for DeepSeek-style models, not {plan.model.architecture}",
-            "only checkpoints that ship MTP layers support it",
+            f"{plan.model.resolved_id} ships no MTP layers (num_nextn_predict_layers is 0)",
+            "MTP speculative decoding needs the checkpoint's next-n prediction layers",
         )
     L = plan.model.num_layers
-    moe_layers = L - plan.model.moe.first_dense_layers
+    moe_layers = L - (plan.model.moe.first_dense_layers if plan.model.moe else 0)
     draft = []
     for o in plan.ops:
         if o.count in (L, moe_layers) and not o.name.startswith("dense_"):

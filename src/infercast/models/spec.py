@@ -94,6 +94,19 @@ class MLASpec:
 
 
 @dataclass(frozen=True)
+class GDNSpec:
+    """Hybrid linear attention (Qwen3.5 / Qwen3-Next): Gated DeltaNet layers between full
+    (gated, GQA) attention layers."""
+
+    linear_layers: int
+    num_k_heads: int
+    head_k_dim: int
+    num_v_heads: int
+    head_v_dim: int
+    conv_kernel: int = 4
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     model_id: str
     resolved_id: str
@@ -114,6 +127,9 @@ class ModelSpec:
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     layer_windows: tuple[int, ...] | None = None  # per-layer sliding window (0 = full attention)
+    mtp_layers: int = 0  # MTP (next-n prediction) layers shipped with the checkpoint
+    gdn: GDNSpec | None = None
+    attn_output_gate: bool = False  # full-attention q projection also emits a gate (Qwen3.5)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -128,6 +144,8 @@ class ModelSpec:
             d["mla"] = MLASpec(**d["mla"])
         if d.get("layer_windows") is not None:
             d["layer_windows"] = tuple(d["layer_windows"])
+        if d.get("gdn"):
+            d["gdn"] = GDNSpec(**d["gdn"])
         return cls(**d)
 
 
@@ -145,6 +163,8 @@ FAMILIES = {
     "MiniMaxM2ForCausalLM": "moe",
     "DeepseekV3ForCausalLM": "mla_moe",
     "KimiK25ForConditionalGeneration": "mla_moe",
+    "Qwen3_5MoeForConditionalGeneration": "moe",
+    "Qwen3_5ForConditionalGeneration": "dense",
 }
 
 
@@ -217,6 +237,16 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
         kv = heads
         head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
     lt = text.get("layer_types")
+    gdn = None
+    if lt and "linear_attention" in lt:
+        gdn = GDNSpec(
+            linear_layers=sum(1 for t in lt if t == "linear_attention"),
+            num_k_heads=int(text["linear_num_key_heads"]),
+            head_k_dim=int(text["linear_key_head_dim"]),
+            num_v_heads=int(text["linear_num_value_heads"]),
+            head_v_dim=int(text["linear_value_head_dim"]),
+            conv_kernel=int(_first(text, "linear_conv_kernel_dim", default=4)),
+        )
     if lt and text.get("sliding_window"):
         w = int(text["sliding_window"])
         windows = tuple(w if t == "sliding_attention" else 0 for t in lt)
@@ -241,4 +271,7 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
         moe=moe,
         mla=mla,
         layer_windows=windows,
+        mtp_layers=int(_first(text, "num_nextn_predict_layers", "mtp_num_hidden_layers", default=0) or 0),
+        gdn=gdn,
+        attn_output_gate=bool(text.get("attn_output_gate", False)),
     )

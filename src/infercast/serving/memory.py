@@ -37,6 +37,13 @@ class MemoryBreakdown:
     kv_capacity_tokens: int
     kv_capacity_blocks: int
     tokens_per_block: int
+    state_per_request: float = 0.0  # bytes of fixed-size (linear-attention) state per request
+
+    def capacity_for(self, requests: float) -> float:
+        """KV tokens left when ``requests`` requests also hold their fixed-size state."""
+        if self.state_per_request <= 0 or self.kv_per_token <= 0:
+            return float(self.kv_capacity_tokens)
+        return max(0.0, self.kv_capacity_tokens - requests * self.state_per_request / self.kv_per_token)
 
     def kv_bytes(self, tokens: float) -> float:
         return tokens * self.kv_per_token
@@ -57,7 +64,15 @@ def _attention_weights(spec: ModelSpec, tp: int, wb: float) -> float:
         return (q + kv + o) * wb
     heads = spec.num_heads // tp
     kvh = kv_heads_per_gpu(spec, tp)
-    return (h * (heads + 2 * kvh) * spec.head_dim + heads * spec.head_dim * h) * wb
+    qn = heads * (2 if spec.attn_output_gate else 1)
+    full = (h * (qn + 2 * kvh) * spec.head_dim + heads * spec.head_dim * h) * wb
+    if spec.gdn is None:
+        return full
+    g = spec.gdn
+    hk, hv = max(1, g.num_k_heads // tp), max(1, g.num_v_heads // tp)
+    linear = (h * (2 * hk * g.head_k_dim + 2 * hv * g.head_v_dim + 2 * hv) + hv * g.head_v_dim * h) * wb
+    share = g.linear_layers / spec.num_layers  # this function is per layer: average the two kinds
+    return (1 - share) * full + share * linear
 
 
 def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig) -> float:
@@ -94,8 +109,21 @@ def kv_bytes_per_token(spec: ModelSpec, par: ParallelConfig) -> float:
     if spec.mla is not None:
         return layers * (spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim) * kvb
     windows = spec.layer_windows
+    if spec.gdn is not None:  # only the full-attention layers keep per-token KV
+        layers = math.ceil((spec.num_layers - spec.gdn.linear_layers) / par.pp)
     return 2.0 * layers * kv_heads_per_gpu(spec, par.tp) * spec.head_dim * kvb if not windows else \
         2.0 * kv_heads_per_gpu(spec, par.tp) * spec.head_dim * kvb * math.ceil(sum(1 for w in windows if w == 0) / par.pp)
+
+
+def state_bytes_per_request(spec: ModelSpec, par: ParallelConfig) -> float:
+    """Fixed-size per-request cache (linear-attention state), on one GPU."""
+    if spec.gdn is None:
+        return 0.0
+    from ..ops.gdn import gdn_state_bytes
+
+    g = spec.gdn
+    per_layer = gdn_state_bytes(max(1, g.num_v_heads // par.tp), g.head_k_dim, g.head_v_dim, g.conv_kernel, max(1, g.num_k_heads // par.tp))
+    return math.ceil(g.linear_layers / par.pp) * per_layer
 
 
 def activation_bytes(spec: ModelSpec, par: ParallelConfig, be: BackendDefaults) -> float:
@@ -130,6 +158,7 @@ def memory_breakdown(spec: ModelSpec, par: ParallelConfig, system: SystemSpec, b
         kv_capacity_tokens=blocks * be.tokens_per_block,
         kv_capacity_blocks=blocks,
         tokens_per_block=be.tokens_per_block,
+        state_per_request=state_bytes_per_request(spec, par),
     )
 
 

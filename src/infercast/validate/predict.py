@@ -38,12 +38,35 @@ class EstimatorCache:
             hit = self._cache[key] = map_quant(row, self.systems_path)
         return hit
 
+    def nextn_for(self, row: SiliconRow, model: str) -> int:
+        """MTP draft tokens assumed for a row. No row says whether MTP was on; TensorRT-LLM's
+        DeepSeek serving recipes enable it, and the dev rows agree: with nextn=1 the TPOT
+        geometric-mean ratio of DeepSeek-V3/R1 TensorRT-LLM rows goes from 1.35/1.75 to 1.01/1.23,
+        while SGLang rows fit without it (1.01/1.02). So: nextn=1 for TensorRT-LLM rows of
+        checkpoints that ship MTP layers, 0 otherwise."""
+        if row.backend != "trtllm":
+            return 0
+        key = ("mtp", model)
+        hit = self._cache.get(key)
+        if hit is None:
+            from ..data.model_configs import resolve_model
+            from ..data.pack import find_pack
+            from ..models.spec import build_spec
+
+            try:
+                hit = 1 if build_spec(resolve_model(find_pack(self.systems_path), model)).mtp_layers > 0 else 0
+            except InfercastError:
+                hit = 0
+            self._cache[key] = hit
+        return hit
+
     def get(self, row: SiliconRow, w) -> Estimator:
         """The estimator for a row's model/system/backend and one worker's parallelism ``w``."""
         model, gemm_q, moe_q = self.checkpoint(row)
         kv = _kv_quant(row)
         w = _width_rule(w)
-        key = (model, row.system, row.backend, gemm_q, moe_q, kv, w.tp, w.pp, w.attention_dp, w.moe_tp, w.moe_ep)
+        nextn = self.nextn_for(row, model)
+        key = (model, row.system, row.backend, gemm_q, moe_q, kv, nextn, w.tp, w.pp, w.attention_dp, w.moe_tp, w.moe_ep)
         hit = self._cache.get(key)
         if isinstance(hit, InfercastError):
             raise hit
@@ -53,7 +76,7 @@ class EstimatorCache:
                 hit = Estimator(
                     model, row.system, row.backend, None, w.tp, w.pp,
                     attention_dp=w.attention_dp, moe_tp=moe_tp, moe_ep=moe_ep,
-                    gemm_quant=gemm_q, moe_quant=moe_q, kv_cache_quant=kv,
+                    gemm_quant=gemm_q, moe_quant=moe_q, kv_cache_quant=kv, nextn=nextn,
                     database_mode=self.database_mode, systems_path=self.systems_path,
                 )
             except InfercastError as exc:
