@@ -42,12 +42,15 @@ def prepare(stride: int = 1):
 
 
 def evaluate(ready, overrides: dict):
+    """Per-backend (TTFT ratio, TPOT ratio) lists under scheduler parameter overrides
+    (``{backend or "*": {field: value}}``)."""
     out = {}
     for r, est in ready:
         p = dataclasses.replace(scheduler_params(r.backend), **overrides.get(r.backend, overrides.get("*", {})))
         conc = float(r.concurrency or r.worker.batch_size)
+        per_rank = max(1, round(conc / max(est.plan.parallel.attention_dp, 1)))
         try:
-            res = serve_agg(est.engine, max(1, round(conc / max(r.worker.attention_dp, 1))), r.isl, r.osl, p, est.memory.kv_capacity_tokens, est.gpus)
+            res = serve_agg(est.engine, per_rank, r.isl, r.osl, p, est.memory.capacity_for(per_rank), est.gpus)
         except InfercastError:
             continue
         out.setdefault(r.backend, []).append((res.ttft_ms / r.measured_ttft_ms, res.tpot_ms / r.measured_tpot_ms))
@@ -73,13 +76,18 @@ def main():
     ap.add_argument("--rpc", default="10")
     ap.add_argument("--delay", default="1")
     ap.add_argument("--overhead", default="0")
+    ap.add_argument("--backend", default=None, help="only rows of this backend")
+    ap.add_argument("--lockstep", default=None, choices=["yes", "no"], help="override the backend's lockstep choice")
     a = ap.parse_args()
     t0 = time.time()
-    ready = prepare(a.stride)
+    ready = [(r, e) for r, e in prepare(a.stride) if a.backend in (None, r.backend)]
     print(f"{len(ready)} rows ready in {time.time() - t0:.1f}s")
     for rpc, delay, ovh in itertools.product(*(map(float, x.split(",")) for x in (a.rpc, a.delay, a.overhead))):
         t0 = time.time()
-        tab = evaluate(ready, {"*": {"requests_per_client": rpc, "arrival_delay_ms": delay, "step_overhead_ms": ovh}})
+        ov = {"requests_per_client": rpc, "arrival_delay_ms": delay, "step_overhead_ms": ovh}
+        if a.lockstep:
+            ov["lockstep"] = a.lockstep == "yes"
+        tab = evaluate(ready, {"*": ov})
         show(f"rpc={rpc} delay={delay} ovh={ovh} ({time.time() - t0:.0f}s)", tab)
 
 

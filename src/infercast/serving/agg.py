@@ -170,6 +170,14 @@ def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacit
             f"one request of {isl}+{osl} tokens needs more KV cache than a rank has ({int(kv_capacity_tokens)} tokens)",
             "weights and reserves leave too little memory; use more GPUs or a smaller quant",
         )
+    if params.lockstep:
+        res = simulate(engine, int(round(concurrency)), isl, osl, params, kv_capacity_tokens, gpus)
+        return ServingResult(
+            concurrency=float(concurrency), ttft_ms=res.ttft_ms, tpot_ms=res.tpot_ms,
+            request_latency_ms=res.request_latency_ms, tokens_per_s_per_gpu=res.tokens_per_s_per_gpu,
+            tokens_per_s_per_user=res.tokens_per_s_per_user, decode_batch=res.mean_decode_batch, queued=0.0,
+            prefill_chunks=0, step_ms=0.0, bound="lock-step simulation",
+        )
     steady = solve_steady(engine, concurrency, isl, osl, params, kv_capacity_tokens, gpus)
     k = max(params.requests_per_client, 1.0)
     first = simulate(engine, int(round(concurrency)), isl, osl, params, kv_capacity_tokens, gpus, requests_per_client=1)

@@ -63,6 +63,11 @@ class SchedulerParams:
       client.
     * ``requests_per_client``: how many requests each benchmark client sends (the benchmark
       length; the first wave of a closed-loop benchmark starts synchronised).
+    * ``lockstep``: requests that start together stay together for the whole benchmark (SGLang's
+      prefill-first scheduler pauses every decode to prefill all waiting requests at once, so the
+      closed loop keeps its waves): the benchmark is played step by step over all its waves.
+      Otherwise (mixed prefill/decode steps) clients drift apart after the first wave and the
+      steady state is solved analytically.
     * ``kv_reserve_full``: admission reserves a request's whole ``isl + osl`` KV up front
       (TensorRT-LLM's default ``GUARANTEED_NO_EVICT`` capacity policy) or allocates on demand
       (vLLM, SGLang: a running request holds ``isl + osl/2`` tokens on average; preemption keeps the
@@ -77,13 +82,16 @@ class SchedulerParams:
     arrival_delay_ms: float
     requests_per_client: float
     kv_reserve_full: bool
+    lockstep: bool = False
     min_prefill_chunk: int = 256
 
 
+#: ``step_overhead_ms``, ``arrival_delay_ms`` and ``requests_per_client`` are calibrated on the
+#: dev silicon rows (``python -m benchmarks.calibrate_serving``); the rest are engine defaults.
 SCHEDULERS = {
-    "trtllm": SchedulerParams(True, True, 8192, 2048, 0.0, 1.0, 10.0, True),
-    "vllm": SchedulerParams(True, True, 8192, 1024, 0.0, 1.0, 10.0, False),
-    "sglang": SchedulerParams(False, True, 8192, 4096, 0.0, 1.0, 10.0, False),
+    "trtllm": SchedulerParams(True, True, 8192, 2048, 0.0, 100.0, 10.0, True),
+    "vllm": SchedulerParams(True, True, 8192, 1024, 0.0, 40.0, 10.0, False),
+    "sglang": SchedulerParams(False, True, 8192, 4096, 2.0, 120.0, 10.0, False, lockstep=True),
 }
 
 

@@ -36,10 +36,11 @@ class DoesNotFitError(InvalidConfigError):
 @dataclass
 class _Cohort:
     n: int
-    arrival: float  # ms
+    arrival: float  # ms, when the engine's scheduler sees the requests
     remaining: float  # prefill tokens left per request
     done_prefill: float = 0.0  # prefill tokens already processed per request (prefix of the next chunk)
     first_token: float = -1.0
+    sent: float = 0.0  # ms, when the clients sent them (TTFT is measured from here)
     generated: float = 0.0  # output tokens so far (fractional with MTP: tau per step)
 
 
@@ -98,7 +99,7 @@ def simulate(
             f"one request of {isl}+{osl} tokens needs more KV cache than the worker has ({int(kv_capacity_tokens)} tokens)"
         )
 
-    waiting: list[_Cohort] = [_Cohort(C, 0.0, float(isl))]
+    waiting: list[_Cohort] = [_Cohort(C, params.arrival_delay_ms, float(isl), sent=0.0)]
     running: list[_Cohort] = []  # decoding
     issued = C
     t = 0.0
@@ -109,14 +110,14 @@ def simulate(
 
     def complete(c: _Cohort, now: float):
         nonlocal issued
-        ttft_v.append(c.first_token - c.arrival)
+        ttft_v.append(c.first_token - c.sent)
         tpot_v.append((now - c.first_token) / max(osl - 1, 1))
-        lat_v.append(now - c.arrival)
+        lat_v.append(now - c.sent)
         w_v.append(c.n)
         new = min(c.n, total_requests - issued)
         if new > 0:
             issued += new
-            waiting.append(_Cohort(new, now + params.arrival_delay_ms, float(isl)))
+            waiting.append(_Cohort(new, now + params.arrival_delay_ms, float(isl), sent=now))
 
     while (waiting or running) and events < max_events:
         events += 1
@@ -146,7 +147,7 @@ def simulate(
                 else:
                     break
                 if take < c.n:
-                    rest = _Cohort(c.n - take, c.arrival, c.remaining, c.done_prefill)
+                    rest = _Cohort(c.n - take, c.arrival, c.remaining, c.done_prefill, sent=c.sent)
                     waiting.insert(waiting.index(c) + 1, rest)
                     c.n = take
                 groups.append((c, take, chunk))
