@@ -37,6 +37,7 @@ def serving_predictor(cache: EstimatorCache, params=None):
         res = solve_disagg(
             pe.engine, de.engine, conc, row.isl, row.osl, row.prefill_workers, row.decode_workers,
             de.plan.parallel.attention_dp, row.prefill.batch_size or 1, p_for(row.backend), p_for(row.backend), transfer, gpus,
+            prefill_dp=pe.plan.parallel.attention_dp,
         )
         return res.ttft_ms, res.tpot_ms, f"data {pe.version}; decode batch {res.decode_batch:.0f}; prefill util {res.prefill_utilisation:.2f}"
 
