@@ -1,0 +1,53 @@
+"""The fidelity harness end to end on a small fixed subset of dev rows (real pack).
+
+`python -m benchmarks.fidelity` runs all dev rows; this keeps the whole path (CSV -> row mapping
+-> estimators -> serving models -> metrics -> JSON) under test in CI time. The bounds are loose
+(the subset is small) but a broken mapping, model or metric fails them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from infercast.cli.main import main
+
+SUBSET = Path(__file__).parent / "data" / "fidelity_subset_ids.txt"
+N_IDS = sum(1 for line in SUBSET.read_text().splitlines() if line.strip() and not line.startswith("#"))
+
+
+@pytest.mark.real_pack
+def test_validate_subset_json(real_pack_available, capsys):
+    assert main(["validate", "--ids", str(SUBSET), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    for key in ("rows", "predicted", "ttft_median_ape", "tpot_median_ape", "ttft_within20", "tpot_within20", "by"):
+        assert key in d
+    assert d["rows"] == N_IDS == 16
+    assert d["predicted"] == N_IDS  # every row of the subset maps to a configuration we model
+    assert set(d["by"]["mode"]) == {"agg", "disagg"}
+    assert set(d["by"]["backend"]) == {"trtllm", "vllm", "sglang"}
+    assert 0.0 <= d["tpot_median_ape"] < 0.40
+    assert 0.0 <= d["ttft_median_ape"] < 0.80
+
+
+@pytest.mark.real_pack
+def test_validate_static_subset_out(real_pack_available, capsys, tmp_path):
+    assert main(["validate", "--ids", str(SUBSET), "--static", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "rows predicted" in out
+    for name in ("results.csv", "report.md", "report.html", "summary.json"):
+        assert (tmp_path / name).exists()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    # the static model cannot predict disaggregated rows: they are reported with the reason
+    assert summary["by"]["mode"]["disagg"]["predicted"] == 0
+    assert "disaggregated rows need the serving model" in (tmp_path / "report.md").read_text()
+
+
+def test_validate_csv_missing_columns_is_a_clean_error(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,backend\nx,trtllm\n")
+    assert main(["validate", "--silicon", str(bad), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "lacks required columns" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
