@@ -10,7 +10,7 @@ held-out measured points are predicted from the rest along three paths:
 * ``in-curve``: one interior point of a curve is removed (one ``m`` of a GEMM ``(n, k)`` site; one
   batch row or one length column of an attention site, so the query sits between its two measured
   neighbours on that axis; one message size of an all-reduce curve) and predicted from that
-  site's remaining points with :class:`infercast.interp.grid.Grid` (piecewise power law);
+  site's remaining points with :class:`infercast.interp.grid.Grid` (per-axis linear / power-law scales, as the ops use them);
 * ``hold-high`` / ``hold-low``: the same for an edge point (last / first measured on its axis):
   the query lies outside the remaining grid, which clamps and scales by the speed-of-light ratio
   (:mod:`infercast.interp.sol`). ``hold-high`` is what infercast does for batches, lengths, m or
@@ -27,7 +27,7 @@ Each path is also scored with a simpler alternative on the same held-out points,
 in infercast is backed by numbers: in-curve vs **linear** interpolation between the same
 neighbours; hold vs **clamp only** (boundary value, no SOL scaling); transfer vs a **latency
 blend** (the donors' latencies with the same weights, no utilisation normalisation). The in-curve
-path is further compared, per axis, across four rules (``METHODS``): power law (infercast),
+path is further compared, per axis, across four rules (``METHODS``): infercast (per-axis scales), power law,
 linear, semilog (linear latency, log-spaced weights) and sol-util (utilisation SOL/latency
 interpolated, then SOL(query)/u).
 
@@ -100,7 +100,7 @@ class Lattice:
         if len(axes) == 2:
             # ops/attention.py: site_grid = Grid(ax, *fill_missing(ax, vals, sol), sol)
             filled, prov = fill_missing(axes, vals, sol)
-            return Grid(axes, filled, prov, sol)
+            return Grid(axes, filled, prov, sol, scales=SCALES.get(self.family, ()))
         keep = ~np.isnan(vals)
         # ops/gemm.py and ops/comm.py: a 1-D grid of the measured points, provenance exact
         return Grid((axes[0][keep],), vals[keep], np.zeros(int(keep.sum()), np.int8), sol)
@@ -123,7 +123,7 @@ def gemm_lattices(db: OpDB, backend: str) -> list[Lattice]:
             continue
         if lat is None:
             continue
-        _, kernel, sites, curves = lat
+        _, kernel, sites, curves, _notes = lat
 
         def sol_for(site, q=quant):
             return gemm_ops.gemm_sol_fn(db, q, int(site[0]), int(site[1]))
@@ -201,8 +201,12 @@ def load_lattices(system: str, backend: str, family: str) -> list[Lattice]:
 
 # ---- alternatives -------------------------------------------------------------------------------
 #: in-curve interpolation rules compared on the same held-out points: (x space, y space)
+#: the per-axis interpolation spaces infercast's ops use (ops/attention.py CTX_SCALES / GEN_SCALES;
+#: GEMM m, MoE tokens and message size are linear)
+SCALES = {"context_attention": ("linear", "log"), "generation_attention": ("linear", "linear")}
+
 METHODS = {
-    "power-law": ("log", "log"),  # infercast's Grid (checked to agree with Grid on every point)
+    "power-law": ("log", "log"),
     "linear": ("lin", "lin"),
     "semilog": ("log", "lin"),  # linear latency, log-spaced weights
     "sol-util": ("log", "util"),  # utilisation SOL/latency blended linearly, log-spaced weights
@@ -313,8 +317,8 @@ def predict_curve_point(L: Lattice, s: int, cell: int, ax: int, path: str) -> di
         tags["quant"] = L.label.split(" ")[0]
         tags["m region"] = _gemm_region(axes[0], q[0])
     if path == "in-curve":
-        alts = {name: interp_eval(g, q, *spec) for name, spec in METHODS.items() if name != "power-law"}
-        check = abs(interp_eval(g, q, *METHODS["power-law"]) / pred - 1.0)
+        alts = {name: interp_eval(g, q, *spec) for name, spec in METHODS.items()}
+        check = 0.0  # infercast's Grid uses per-axis scales (see SCALES); compared, not re-derived
         lo, hi = sorted(bracket_values(g, q, ax))
         inside = lo * 0.99 <= meas <= hi * 1.01
         tags["neighbours"] = "point between its neighbours" if inside else "point outside its neighbours' range"
@@ -329,7 +333,12 @@ def predict_site(L: Lattice, s: int, rng: np.random.Generator, cap: int) -> dict
     rest = np.delete(np.arange(len(L.sites)), s)
     if len(rest) == 0:
         return None
-    choice = choose_sites(L.sites[s], L.sites[rest])
+    if L.family in ("context_attention", "generation_attention"):
+        # as ops/attention.py: donors compared by GQA group size first, then KV heads
+        coords = np.stack([L.sites[:, 0] / L.sites[:, 1], L.sites[:, 1]], axis=1)
+        choice = choose_sites(coords[s], coords[rest], weights=attn_ops.GROUP_WEIGHTS)
+    else:
+        choice = choose_sites(L.sites[s], L.sites[rest])
     if choice is None:
         return None
     sol_q = L.sol_for(L.sites[s])
@@ -405,7 +414,7 @@ def summarise(family: str, system: str, path: str, smp: Samples) -> dict:
         "family": family, "system": system, "path": path, **main,
         "goal_median": goal_med, "goal_p90": goal_p90, "meets_goal": meets,
         "alt_method": primary, "alt_median_ape": prim["median_ape"], "alt_p90_ape": prim["p90_ape"],
-        "methods": {"power-law" if path == "in-curve" else "infercast": main,
+        "methods": {"infercast": main,
                     **{k: ape_stats(meas, v) for k, v in alts.items()}},
         "available_points": smp.available,
         "grid_check_max_rel_diff": smp.check,
@@ -413,7 +422,7 @@ def summarise(family: str, system: str, path: str, smp: Samples) -> dict:
     if path == "in-curve" and "axis" in smp.tags:
         labels = np.array([str(x) for x in smp.tags["axis"]])
         row["methods_by_axis"] = {
-            ax: {"power-law": ape_stats(meas[labels == ax], pred[labels == ax]),
+            ax: {"infercast": ape_stats(meas[labels == ax], pred[labels == ax]),
                  **{k: ape_stats(meas[labels == ax], v[labels == ax]) for k, v in alts.items()}}
             for ax in AXIS_NAMES[family] if (labels == ax).any()
         }
@@ -520,7 +529,7 @@ def print_tables(rows: list[dict], detail: bool, elapsed: float, points: int, se
                 st = methods.get(m)
                 txt = "-" if not st or st["median_ape"] is None else f"{_pct(st['median_ape'])} / {_pct(st['p90_ape'])}"
                 cells.append(txt + (" *" if m == best else ""))
-            n = methods["power-law"]["n"]
+            n = methods["infercast"]["n"]
             body_m.append([FAMILY_LABEL[r["family"]], r["system"], axis, str(n)] + cells)
     _print_table("in-curve: interpolation rule vs APE on the same held-out points (* = lowest median)", header_m, body_m)
 

@@ -13,8 +13,8 @@ decode worker's continuous batch (decode-only steps). Solved for the steady stat
 * prefill pool: requests arrive at ``lam = C / cycle`` (Little's law); each attention-DP rank of
   a prefill worker runs batches of ``prefill_batch`` prompts (chunked by its token budget);
   utilisation ``rho = lam x service / (workers x dp)`` and the queueing wait of an M/D/1 queue
-  ``rho / (2 (1 - rho)) x service`` (capped: a closed loop cannot queue more clients than
-  it has);
+  ``rho / (2 (1 - rho)) x service``, scaled by ``(C - 1) / C`` (a closed loop's lone client never
+  waits behind itself) and capped at ``C`` prompts;
 * the first wave (all clients at once) queues ``C / workers`` prompts per prefill worker; mean
   TTFT mixes it in with weight ``1 / requests_per_client`` as in aggregated serving.
 """
@@ -104,8 +104,10 @@ def solve_disagg(
         cycle = ttft + out_steps * step + transfer_ms
         lam = C / cycle  # requests per ms
         rho = min(lam * service / servers, 0.999)
-        wait = rho / (2.0 * (1.0 - rho)) * service_batch
-        wait = min(wait, C / servers * service)  # a closed loop cannot queue more than C
+        # M/D/1 wait, scaled by the share of *other* clients (a closed loop's lone client never
+        # queues behind itself) and capped: it cannot queue behind more than C prompts
+        wait = rho / (2.0 * (1.0 - rho)) * service_batch * (C - 1.0) / C
+        wait = min(wait, C / servers * service)
         ttft_new = wait + service_batch + params_prefill.arrival_delay_ms
         outside = ttft_new + transfer_ms
         d_new = c_rank * out_steps / (out_steps + outside / step)

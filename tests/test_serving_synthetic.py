@@ -1,0 +1,154 @@
+"""The serving models on tiny synthetic engines whose step times are known, so the answers can
+be computed by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from infercast.serving.agg import serve_agg, solve_steady
+from infercast.serving.backends import SchedulerParams
+from infercast.serving.disagg import solve_disagg
+from infercast.serving.sim import DoesNotFitError, simulate
+
+
+class ConstEngine:
+    """Every step costs ``t`` ms, whatever it carries (``tokens_per_step`` output tokens per
+    decode step, as with MTP)."""
+
+    def __init__(self, t: float, tokens_per_step: float = 1.0):
+        self.t = t
+        self.tokens_per_step = tokens_per_step
+        self.calls = []
+
+    def step_ms(self, **shape):
+        kv = np.asarray(shape.get("dec_kv", 1.0), dtype=float)
+        return np.full(kv.shape, self.t)
+
+    def mixed_step_ms(self, ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv):
+        self.calls.append((list(np.atleast_1d(ctx_batch)), list(np.atleast_1d(ctx_isl)), dec_batch))
+        return self.t
+
+    def decode_scalar(self, batch, kv):
+        return self.t
+
+
+class TokenEngine(ConstEngine):
+    """Step time = a + b x (tokens in the step): prefill tokens and one per decode."""
+
+    def __init__(self, a: float, b: float):
+        super().__init__(a)
+        self.a, self.b = a, b
+
+    def step_ms(self, **shape):
+        kv = np.asarray(shape.get("dec_kv", 1.0), dtype=float)
+        return np.full(kv.shape, self.a + self.b * float(shape.get("dec_batch", 0.0)))
+
+    def mixed_step_ms(self, ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv):
+        toks = float(np.sum(np.asarray(ctx_batch) * np.asarray(ctx_isl))) + dec_batch
+        self.calls.append(toks)
+        return self.a + self.b * toks
+
+
+def params(**kw) -> SchedulerParams:
+    base = SchedulerParams(mixed=True, chunked=True, max_num_tokens=8192, max_batch_size=1024, step_overhead_ms=0.0,
+                           arrival_delay_ms=0.0, requests_per_client=1.0, kv_reserve_full=True)
+    return dataclasses.replace(base, **kw)
+
+
+def test_one_client_constant_step_exact():
+    # one request: a prefill step (first token), then osl-1 decode steps
+    eng = ConstEngine(10.0)
+    r = simulate(eng, 1, 100, 8, params(), kv_capacity_tokens=1e9, gpus=1, requests_per_client=3)
+    assert r.ttft_ms == pytest.approx(10.0)
+    assert r.tpot_ms == pytest.approx(10.0)
+    assert r.request_latency_ms == pytest.approx(10.0 * 8)
+    assert r.steps == 3 * 8
+    # tokens/s/GPU: 3 requests x 8 tokens in 3 x 80 ms
+    assert r.tokens_per_s_per_gpu == pytest.approx(3 * 8 / 0.240)
+
+
+def test_arrival_delay_counts_in_ttft_and_delays_the_next_request():
+    eng = ConstEngine(10.0)
+    r = simulate(eng, 1, 100, 4, params(arrival_delay_ms=3.0), 1e9, 1, requests_per_client=2)
+    # every request: 3 ms to reach the engine, then one prefill step
+    assert r.ttft_ms == pytest.approx(13.0)
+    assert r.request_latency_ms == pytest.approx(13.0 + 3 * 10.0)
+
+
+def test_token_budget_forces_chunking():
+    # a 1000-token prompt with a 256-token budget: 4 chunks (256, 256, 256, 232)
+    eng = ConstEngine(5.0)
+    r = simulate(eng, 1, 1000, 2, params(max_num_tokens=256), 1e9, 1, requests_per_client=1)
+    assert r.ttft_ms == pytest.approx(4 * 5.0)
+    chunks = [c[1][0] for c in eng.calls]
+    assert chunks == [256.0, 256.0, 256.0, 232.0]
+
+
+def test_synchronised_start_queues_prefills_behind_the_budget():
+    # 4 clients start together, prompts of 100 tokens, budget 200: two prefill steps of 2 prompts
+    # (non-mixed engine, so decodes wait). First tokens at 1 and 2 steps: mean TTFT 1.5 steps.
+    eng = ConstEngine(10.0)
+    r = simulate(eng, 4, 100, 2, params(mixed=False, max_num_tokens=200, min_prefill_chunk=1), 1e9, 1, requests_per_client=1)
+    assert r.ttft_ms == pytest.approx(15.0)
+
+
+def test_step_time_grows_with_tokens():
+    eng = TokenEngine(1.0, 0.01)
+    r = simulate(eng, 1, 300, 2, params(), 1e9, 1, requests_per_client=1)
+    assert r.ttft_ms == pytest.approx(1.0 + 0.01 * 300)  # the prefill step carries 300 tokens
+    assert r.tpot_ms == pytest.approx(1.0 + 0.01 * 1)  # one decode token
+
+
+def test_mtp_tokens_per_step_divides_tpot():
+    eng = ConstEngine(10.0, tokens_per_step=2.0)
+    r = simulate(eng, 1, 100, 9, params(), 1e9, 1, requests_per_client=1)
+    # 8 output tokens after the first, 2 per step: 4 decode steps of 10 ms
+    assert r.request_latency_ms == pytest.approx(10.0 + 4 * 10.0)
+    assert r.tpot_ms == pytest.approx(40.0 / 8)
+
+
+def test_kv_capacity_limits_admission():
+    # room for exactly 2 requests of 100+10 tokens: 4 clients run in two waves
+    eng = ConstEngine(1.0)
+    full = simulate(eng, 4, 100, 10, params(), kv_capacity_tokens=220, gpus=1, requests_per_client=1)
+    free = simulate(eng, 4, 100, 10, params(), kv_capacity_tokens=1e9, gpus=1, requests_per_client=1)
+    assert full.ttft_ms > free.ttft_ms
+    with pytest.raises(DoesNotFitError):
+        simulate(eng, 1, 100, 10, params(), kv_capacity_tokens=50, gpus=1)
+
+
+def test_steady_state_one_client_constant_step():
+    # fluid model, one client: one step of wait + one prefill step; TPOT = step
+    eng = ConstEngine(10.0)
+    r = solve_steady(eng, 1, 100, 101, params(), 1e9, 1)
+    assert r.tpot_ms == pytest.approx(10.0)
+    assert r.ttft_ms == pytest.approx(2 * 10.0)
+    assert r.decode_batch == pytest.approx(100 / 102)
+
+
+def test_serve_agg_mixes_first_wave_and_steady_state():
+    eng = ConstEngine(10.0)
+    p = params(requests_per_client=4.0)
+    steady = solve_steady(eng, 1, 100, 101, p, 1e9, 1).ttft_ms
+    first = simulate(eng, 1, 100, 101, p, 1e9, 1, requests_per_client=1).ttft_ms
+    r = serve_agg(eng, 1, 100, 101, p, 1e9, 1)
+    assert r.ttft_ms == pytest.approx((first + 3 * steady) / 4)
+    with pytest.raises(DoesNotFitError):
+        serve_agg(eng, 1, 100, 101, p, 100, 1)
+
+
+def test_disagg_one_client_constant_steps():
+    # prefill 10 ms (one prompt per step), decode 2 ms, no transfer: with one client the prefill
+    # worker is never busy when it arrives, so TTFT = the prefill (no queue), TPOT = decode step
+    pe, de = ConstEngine(10.0), ConstEngine(2.0)
+    r = solve_disagg(pe, de, 1, 100, 11, 1, 1, 1, 1, params(), params(), 0.0, 2)
+    assert r.tpot_ms == pytest.approx(2.0)
+    assert r.ttft_ms == pytest.approx(10.0 + params().arrival_delay_ms)
+    assert 0.0 < r.prefill_utilisation < 0.5
+    # two clients on one prefill worker: now one can wait behind the other
+    r2 = solve_disagg(pe, de, 2, 100, 11, 1, 1, 1, 1, params(), params(), 0.0, 2)
+    assert r2.ttft_ms > r.ttft_ms
