@@ -2,6 +2,7 @@
 
 from .api import Estimator, StaticResult
 from .errors import InfercastError
+from .ops.queries import OpResult, PerfDB
 
 __version__ = "0.1.0"
-__all__ = ["Estimator", "StaticResult", "InfercastError", "__version__"]
+__all__ = ["Estimator", "StaticResult", "PerfDB", "OpResult", "InfercastError", "__version__"]
