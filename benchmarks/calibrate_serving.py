@@ -50,7 +50,7 @@ def evaluate(ready, overrides: dict):
         conc = float(r.concurrency or r.worker.batch_size)
         per_rank = max(1, round(conc / max(est.plan.parallel.attention_dp, 1)))
         try:
-            res = serve_agg(est.engine, per_rank, r.isl, r.osl, p, est.memory.capacity_for(per_rank), est.gpus)
+            res = serve_agg(est.engine, per_rank, r.isl, r.osl, p, est.memory.capacity_for(per_rank), est.gpus_per_rank)
         except InfercastError:
             continue
         out.setdefault(r.backend, []).append((res.ttft_ms / r.measured_ttft_ms, res.tpot_ms / r.measured_tpot_ms))

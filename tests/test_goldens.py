@@ -1,8 +1,9 @@
-"""End-to-end goldens: recompute every pinned case and compare with tests/goldens/dense.json.
+"""End-to-end goldens: recompute every pinned case and compare with tests/goldens/*.json.
 
-The comparison is one function (:func:`compare_goldens`) used by the real test and by the guard
-tests that prove it catches a 1% change. Re-pin with ``python scripts/repin_goldens.py`` and
-review the file's git diff.
+Three files (``dense``, ``moe``, ``serving``; see ``scripts/repin_goldens.py``). The comparison
+is one function (``repin_goldens.compare_goldens``, also behind ``repin_goldens.py --check``) used
+by the real test and by the guard tests that prove it catches a 1% change in every file. Re-pin
+with ``python scripts/repin_goldens.py`` and review the files' git diff.
 """
 
 from __future__ import annotations
@@ -10,144 +11,199 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-import math
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-GOLDEN_FILE = ROOT / "tests" / "goldens" / "dense.json"
-REL_TOL = 1e-6
+GOLDEN_DIR = ROOT / "tests" / "goldens"
 
 
 def _load_repin():
-    spec = importlib.util.spec_from_file_location("repin_goldens", ROOT / "scripts" / "repin_goldens.py")
+    name = "repin_goldens"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "repin_goldens.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses resolve their module through sys.modules
     spec.loader.exec_module(mod)
     return mod
 
 
 repin = _load_repin()
-
-
-def _same(a, b, rel: float) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None or isinstance(a, str) or isinstance(b, str):
-        return type(a) is type(b) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=rel, abs_tol=0.0)
-    return a == b
-
-
-def compare_goldens(expected: dict, actual: dict, rel: float = REL_TOL) -> list[str]:
-    """Every difference between two golden documents, one line each (empty list = identical)."""
-    problems = []
-    exp_cases = {c["id"]: c for c in expected["cases"]}
-    act_cases = {c["id"]: c for c in actual["cases"]}
-    for cid in sorted(exp_cases.keys() - act_cases.keys()):
-        problems.append(f"{cid}: pinned but not computed")
-    for cid in sorted(act_cases.keys() - exp_cases.keys()):
-        problems.append(f"{cid}: computed but not pinned (re-pin)")
-    for cid in [c["id"] for c in expected["cases"] if c["id"] in act_cases]:
-        e, a = exp_cases[cid], act_cases[cid]
-        if e["inputs"] != a["inputs"]:
-            problems.append(f"{cid}: inputs differ: pinned {e['inputs']} vs {a['inputs']}")
-        for key in sorted(e["outputs"].keys() | a["outputs"].keys()):
-            if key not in e["outputs"] or key not in a["outputs"]:
-                problems.append(f"{cid}: output {key!r} present on one side only")
-                continue
-            ev, av = e["outputs"][key], a["outputs"][key]
-            if not _same(ev, av, rel):
-                detail = ""
-                if isinstance(ev, float) and isinstance(av, float) and ev:
-                    detail = f" ({(av - ev) / ev:+.4%})"
-                problems.append(f"{cid}: {key} pinned {ev!r} now {av!r}{detail}")
-    return problems
+compare_goldens = repin.compare_goldens
+GROUPS = list(repin.GROUPS)
+#: the numeric outputs of each group the 1% guard is proven on
+GUARDED = {
+    "dense": ("ttft_ms", "tpot_ms", "tokens_per_s_per_gpu", "memory_gb_per_gpu"),
+    "moe": ("ttft_ms", "tpot_ms", "tokens_per_s_per_gpu", "memory_gb_per_gpu"),
+    "serving": ("ttft_ms", "tpot_ms"),
+}
 
 
 @pytest.fixture(scope="module")
-def pinned() -> dict:
-    return json.loads(GOLDEN_FILE.read_text())
+def pinned() -> dict[str, dict]:
+    return {g: json.loads(repin.golden_path(g, GOLDEN_DIR).read_text()) for g in GROUPS}
+
+
+def _static_cases(pinned) -> list[dict]:
+    return pinned["dense"]["cases"] + pinned["moe"]["cases"]
 
 
 # ---------------------------------------------------------------------------------------------
-# the file itself
+# the files themselves
 # ---------------------------------------------------------------------------------------------
-def test_golden_file_is_canonical(pinned):
-    assert pinned["schema"] == repin.GOLDEN_SCHEMA and pinned["pack"] == repin.PACK
-    assert GOLDEN_FILE.read_text() == repin.dumps(pinned)  # sorted keys, stable formatting
-    assert 25 <= len(pinned["cases"]) <= 40
-    assert [c["id"] for c in pinned["cases"]] == [repin.case_id(c) for c in repin.CASES]
-    assert [c["inputs"] for c in pinned["cases"]] == [repin.case_inputs(c) for c in repin.CASES]
-    kinds = {(c["inputs"]["pp"] > 1, c["inputs"]["prefix"] > 0, c["outputs"]["fits"]) for c in pinned["cases"]}
+@pytest.mark.parametrize("group", GROUPS)
+def test_golden_file_is_canonical(pinned, group):
+    doc = pinned[group]
+    assert doc["schema"] == repin.GOLDEN_SCHEMA and doc["pack"] == repin.PACK and doc["rel_tol"] == repin.REL_TOL
+    assert repin.golden_path(group, GOLDEN_DIR).read_text() == repin.dumps(doc)  # sorted keys, stable formatting
+    cases = repin.GROUPS[group]
+    assert [c["id"] for c in doc["cases"]] == [c.id for c in cases]
+    assert [c["inputs"] for c in doc["cases"]] == [c.inputs() for c in cases]
+    for c, spec in zip(doc["cases"], cases):
+        assert sorted(c["outputs"]) == sorted(spec.OUTPUT_KEYS)
+
+
+def test_no_stray_golden_files():
+    assert sorted(p.stem for p in GOLDEN_DIR.glob("*.json")) == sorted(GROUPS)
+
+
+def test_dense_cases_kept():
+    # the 31 dense cases pinned before MoE coverage existed keep their ids (and so their history)
+    dense = repin.DENSE_CASES
+    assert len(dense) >= 31
+    assert dense[0].id == "Meta-Llama-3.1-8B|h100_sxm|trtllm|tp1pp1|b1|isl128|osl128"
+    assert dense[30].id == "Qwen3-32B|h100_sxm|vllm|tp1pp1|b64|isl8192|osl1024"
+    assert all(set(c.inputs()) == {"model", "system", "backend", "tp", "pp", "batch_size", "isl", "osl", "prefix"} for c in dense)
+
+
+def test_static_coverage(pinned):
+    static = _static_cases(pinned)
+    assert len(static) >= 60
+    kinds = {(c["inputs"]["pp"] > 1, c["inputs"]["prefix"] > 0, c["outputs"]["fits"]) for c in static}
     assert (True, False, True) in kinds  # a pipeline-parallel case
     assert (False, True, True) in kinds  # a prefix case
-    assert any(not c["outputs"]["fits"] for c in pinned["cases"])  # an out-of-memory case
+    moe = pinned["moe"]["cases"]
+    inp = [c["inputs"] for c in moe]
+    models = {i["model"] for i in inp}
+    assert {"Qwen/Qwen3-235B-A22B-FP8", "openai/gpt-oss-120b", "MiniMaxAI/MiniMax-M2.5", "deepseek-ai/DeepSeek-V3",
+            "deepseek-ai/DeepSeek-R1", "moonshotai/Kimi-K2.5", "Qwen/Qwen3.5-397B-A17B"} <= models
+    assert any(i.get("moe_ep", 1) > 1 and i.get("attention_dp", 1) == 1 for i in inp)  # TP attention + EP
+    assert any(i.get("attention_dp", 1) == 16 and i.get("moe_ep") == 16 for i in inp)  # EP16
+    assert {1, 3} <= {i.get("nextn", 0) for i in inp}  # MTP
+    assert any(i["pp"] == 2 for i in inp)  # a pipelined MoE model
+    assert any(i["isl"] >= 32768 and c["outputs"]["fits"] for i, c in zip(inp, moe))  # long context
+    assert sum(not c["outputs"]["fits"] for c in moe) >= 2  # weights do not fit; KV does not fit
+    assert {i["backend"] for i in inp} == {"trtllm", "vllm", "sglang"}
+    for c in static:  # a case that fits has latencies, one that does not has none
+        o = c["outputs"]
+        assert (o["ttft_ms"] is not None) == o["fits"] == (o["tpot_ms"] is not None)
+
+
+def test_serving_coverage(pinned):
+    modes = [c["inputs"]["mode"] for c in pinned["serving"]["cases"]]
+    assert modes.count("agg") >= 5 and modes.count("disagg") >= 1
+    assert {c["inputs"]["backend"] for c in pinned["serving"]["cases"] if c["inputs"]["mode"] == "agg"} == {"trtllm", "vllm", "sglang"}
+    assert any("DeepSeek" in c["inputs"]["prefill"]["model"] for c in pinned["serving"]["cases"] if c["inputs"]["mode"] == "disagg")
 
 
 # ---------------------------------------------------------------------------------------------
 # the comparison catches what it must
 # ---------------------------------------------------------------------------------------------
-def _first_fitting(doc):
-    return next(i for i, c in enumerate(doc["cases"]) if c["outputs"]["fits"])
+def _first_with_latency(doc):
+    return next(i for i, c in enumerate(doc["cases"]) if c["outputs"]["ttft_ms"] is not None)
 
 
-def test_compare_identical_is_clean(pinned):
-    assert compare_goldens(pinned, copy.deepcopy(pinned)) == []
+@pytest.mark.parametrize("group", GROUPS)
+def test_compare_identical_is_clean(pinned, group):
+    assert compare_goldens(pinned[group], copy.deepcopy(pinned[group])) == []
 
 
-@pytest.mark.parametrize("key", ["ttft_ms", "tpot_ms", "tokens_per_s_per_gpu", "memory_gb_per_gpu"])
-def test_guard_catches_one_percent_change(pinned, key):
-    changed = copy.deepcopy(pinned)
-    i = _first_fitting(changed)
+@pytest.mark.parametrize(("group", "key"), [(g, k) for g in GROUPS for k in GUARDED[g]])
+def test_guard_catches_one_percent_change(pinned, group, key):
+    doc = pinned[group]
+    changed = copy.deepcopy(doc)
+    i = _first_with_latency(changed)
     changed["cases"][i]["outputs"][key] *= 1.01
-    problems = compare_goldens(pinned, changed)
+    problems = compare_goldens(doc, changed)
     assert len(problems) == 1
-    assert problems[0].startswith(pinned["cases"][i]["id"] + f": {key} pinned")
+    assert problems[0].startswith(doc["cases"][i]["id"] + f": {key} pinned")
     assert "+1.0000%" in problems[0]
-    # and the other direction
-    changed["cases"][i]["outputs"][key] = pinned["cases"][i]["outputs"][key] * 0.99
-    assert len(compare_goldens(pinned, changed)) == 1
+    # and the other direction, on the last case with latencies too
+    changed["cases"][i]["outputs"][key] = doc["cases"][i]["outputs"][key] * 0.99
+    j = max(k for k, c in enumerate(doc["cases"]) if c["outputs"]["ttft_ms"] is not None)
+    changed["cases"][j]["outputs"][key] = doc["cases"][j]["outputs"][key] * 0.99
+    assert len(compare_goldens(doc, changed)) == (1 if i == j else 2)
 
 
-def test_guard_tolerates_rounding_noise(pinned):
-    changed = copy.deepcopy(pinned)
-    i = _first_fitting(changed)
+@pytest.mark.parametrize("group", GROUPS)
+def test_guard_tolerates_rounding_noise(pinned, group):
+    doc = pinned[group]
+    changed = copy.deepcopy(doc)
+    i = _first_with_latency(changed)
     changed["cases"][i]["outputs"]["ttft_ms"] *= 1 + 1e-9
-    assert compare_goldens(pinned, changed) == []
-    changed["cases"][i]["outputs"]["ttft_ms"] = pinned["cases"][i]["outputs"]["ttft_ms"] * (1 + 1e-5)
-    assert len(compare_goldens(pinned, changed)) == 1
+    assert compare_goldens(doc, changed) == []
+    changed["cases"][i]["outputs"]["ttft_ms"] = doc["cases"][i]["outputs"]["ttft_ms"] * (1 + 1e-5)
+    assert len(compare_goldens(doc, changed)) == 1
 
 
-def test_guard_catches_structural_changes(pinned):
-    i = _first_fitting(pinned)
-    cid = pinned["cases"][i]["id"]
-    c = copy.deepcopy(pinned)
-    c["cases"][i]["outputs"]["fits"] = False
-    assert compare_goldens(pinned, c) == [f"{cid}: fits pinned True now False"]
-    c = copy.deepcopy(pinned)
+@pytest.mark.parametrize("group", GROUPS)
+def test_guard_catches_structural_changes(pinned, group):
+    doc = pinned[group]
+    i = _first_with_latency(doc)
+    cid = doc["cases"][i]["id"]
+    if "fits" in doc["cases"][i]["outputs"]:
+        c = copy.deepcopy(doc)
+        c["cases"][i]["outputs"]["fits"] = False
+        assert compare_goldens(doc, c) == [f"{cid}: fits pinned True now False"]
+    c = copy.deepcopy(doc)
     c["cases"][i]["outputs"]["ttft_ms"] = None
-    assert len(compare_goldens(pinned, c)) == 1
-    c = copy.deepcopy(pinned)
+    assert len(compare_goldens(doc, c)) == 1
+    c = copy.deepcopy(doc)
     c["cases"][i]["outputs"]["backend_version"] = "0.0"
-    assert len(compare_goldens(pinned, c)) == 1
-    c = copy.deepcopy(pinned)
-    c["cases"][i]["inputs"]["batch_size"] += 1
-    assert len(compare_goldens(pinned, c)) == 1
-    c = copy.deepcopy(pinned)
+    assert len(compare_goldens(doc, c)) == 1
+    c = copy.deepcopy(doc)
+    c["cases"][i]["inputs"]["isl"] += 1
+    assert len(compare_goldens(doc, c)) == 1
+    c = copy.deepcopy(doc)
     del c["cases"][i]
-    assert compare_goldens(pinned, c) == [f"{cid}: pinned but not computed"]
-    c = copy.deepcopy(pinned)
+    assert compare_goldens(doc, c) == [f"{cid}: pinned but not computed"]
+    c = copy.deepcopy(doc)
     c["cases"][i]["outputs"]["ttft_ms"] = float("nan")
-    assert len(compare_goldens(pinned, c)) == 1
+    assert len(compare_goldens(doc, c)) == 1
+    c = copy.deepcopy(doc)
+    del c["cases"][i]["outputs"]["tpot_ms"]
+    assert compare_goldens(doc, c) == [f"{cid}: output 'tpot_ms' present on one side only"]
+
+
+def test_check_compares_every_file(pinned, tmp_path):
+    """``--check`` (``repin_goldens.check``) reads every group's file and reports per group."""
+    assert len(repin.check(pinned, tmp_path)) == len(GROUPS)  # no files: each one missing
+    for g, doc in pinned.items():
+        repin.golden_path(g, tmp_path).write_text(repin.dumps(doc))
+    assert repin.check(pinned, tmp_path) == []
+    changed = copy.deepcopy(pinned)
+    for g in GROUPS:
+        changed[g]["cases"][_first_with_latency(changed[g])]["outputs"]["tpot_ms"] *= 1.01
+    problems = repin.check(changed, tmp_path)
+    assert [p.split("]")[0] + "]" for p in problems] == [f"[{g}]" for g in GROUPS]
+
+
+def test_dumps_refuses_non_finite(pinned):
+    doc = copy.deepcopy(pinned["moe"])
+    doc["cases"][0]["outputs"]["ttft_ms"] = float("inf")
+    with pytest.raises(ValueError, match="finite"):
+        repin.dumps(doc)
 
 
 # ---------------------------------------------------------------------------------------------
 # the real thing
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.real_pack
-def test_goldens_reproduce(pinned, real_pack_available):
-    actual = repin.compute_all()
-    problems = compare_goldens(pinned, actual)
+def test_goldens_reproduce(real_pack_available):
+    problems = repin.check(repin.compute_all(), GOLDEN_DIR)
     assert not problems, (
         f"{len(problems)} golden difference(s); if intended, re-pin with "
         "`python scripts/repin_goldens.py` and review the diff:\n" + "\n".join(problems)

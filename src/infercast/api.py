@@ -116,7 +116,8 @@ class Estimator:
         self.db = OpDB(self.data, mode)
         self.engine = CompiledEngine(self.plan, self.db)
         self.backend = backend_defaults(backend)
-        self.memory: MemoryBreakdown = memory_breakdown(spec, self.plan.parallel, self.data.system, self.backend)
+        mtp = spec.mtp_layers if self.plan.spec_decode.nextn else 0
+        self.memory: MemoryBreakdown = memory_breakdown(spec, self.plan.parallel, self.data.system, self.backend, mtp)
         self._cache: dict = {}
 
     @classmethod
@@ -128,7 +129,8 @@ class Estimator:
         self.db = OpDB(self.data, DatabaseMode.parse(database_mode))
         self.engine = CompiledEngine(plan, self.db)
         self.backend = backend_defaults(backend)
-        self.memory = memory_breakdown(plan.model, plan.parallel, self.data.system, self.backend)
+        self.memory = memory_breakdown(plan.model, plan.parallel, self.data.system, self.backend,
+                                       plan.model.mtp_layers if plan.spec_decode.nextn else 0)
         self._cache = {}
         return self
 
@@ -140,6 +142,11 @@ class Estimator:
     @property
     def gpus(self) -> int:
         return self.plan.parallel.gpus
+
+    @property
+    def gpus_per_rank(self) -> float:
+        """GPUs behind one attention-DP rank's requests (the serving models' unit of concurrency)."""
+        return self.plan.parallel.gpus / self.plan.parallel.attention_dp
 
     @property
     def version(self) -> str:
@@ -247,7 +254,8 @@ class Estimator:
         tpot = self.decode_ms(b, isl + prefix, int(round(steps)) + 1) * steps / (osl - 1) if osl > 1 else 0.0
         total = ttft + tpot * (osl - 1)
         res.ttft_ms, res.tpot_ms, res.request_latency_ms = ttft, tpot, total
-        res.tokens_per_s_per_gpu = b * osl / (total / 1e3) / self.gpus
+        # batch_size is per attention-DP rank: the replica serves attention_dp x batch requests
+        res.tokens_per_s_per_gpu = b * self.plan.parallel.attention_dp * osl / (total / 1e3) / self.gpus
         res.tokens_per_s_per_user = 1e3 / tpot if tpot > 0 else None
         if breakdown:
             res.breakdown = self.breakdown(b, isl, osl, prefix)

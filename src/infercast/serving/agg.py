@@ -162,7 +162,11 @@ def solve_steady(
 
 
 def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacity_tokens, gpus) -> ServingResult:
-    """Mean TTFT/TPOT a closed-loop benchmark client reports (first wave + steady state)."""
+    """Mean TTFT/TPOT a closed-loop benchmark client reports (first wave + steady state).
+
+    ``concurrency`` is the clients of one attention-DP rank (of the replica for pure TP), with
+    that rank's KV capacity; ``gpus`` the GPUs behind them (``Estimator.gpus_per_rank``), so
+    throughput per GPU comes out right for attention-DP layouts too."""
     from .sim import DoesNotFitError, simulate
 
     if kv_capacity_tokens < isl + osl:

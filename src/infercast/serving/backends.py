@@ -5,8 +5,9 @@ Values are the engines' documented defaults for the versions in the pack:
 * ``kv_memory_fraction`` / ``fraction_of``: how the engine sizes its KV cache.
   TensorRT-LLM ``KvCacheConfig.free_gpu_memory_fraction`` = 0.9 of the memory *free after* weights
   and activations; vLLM ``gpu_memory_utilization`` = 0.9 of *total* GPU memory for everything;
-  SGLang ``mem_fraction_static`` ~0.88 of total for weights + KV on large GPUs (it is picked from
-  GPU memory size; 0.88 is the value for 80+ GB parts).
+  SGLang ``mem_fraction_static`` ~0.88 of total for weights + KV only — activations, CUDA graphs
+  and NCCL live outside it (SGLang derives the value from GPU memory and TP size; 0.88 is typical
+  of 80-141 GB parts, e.g. 0.897 on H200 at TP8).
 * ``tokens_per_block``: KV paging granularity (trtllm 32, vllm 16, sglang page size 1).
 * ``max_num_tokens``: token budget of one step (trtllm ``max_num_tokens`` 8192, vLLM
   ``max_num_batched_tokens`` 8192 for online serving, SGLang ``chunked_prefill_size`` 8192).
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 class BackendDefaults:
     name: str
     kv_memory_fraction: float
-    fraction_of: str  # "free" (after weights + activations) | "total"
+    fraction_of: str  # "free" (after weights + activations) | "total" (everything) | "static" (weights + KV)
     tokens_per_block: int
     max_num_tokens: int
     max_batch_size: int
@@ -35,7 +36,7 @@ class BackendDefaults:
 BACKENDS = {
     "trtllm": BackendDefaults("trtllm", 0.90, "free", 32, 8192, 2048, 0.0),
     "vllm": BackendDefaults("vllm", 0.90, "total", 16, 8192, 1024, 0.0),
-    "sglang": BackendDefaults("sglang", 0.88, "total", 1, 8192, 4096, 0.0),
+    "sglang": BackendDefaults("sglang", 0.88, "static", 1, 8192, 4096, 0.0),
 }
 
 

@@ -75,7 +75,7 @@ def _attention_weights(spec: ModelSpec, tp: int, wb: float) -> float:
     return (1 - share) * full + share * linear
 
 
-def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig) -> float:
+def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig, extra_layers: int = 0) -> float:
     """Weight bytes on the most loaded GPU (a pipeline stage holds ``ceil(layers / pp)`` layers)."""
     tp, pp = par.tp, par.pp
     h = spec.hidden
@@ -95,16 +95,19 @@ def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig) -> float:
         dense = m.first_dense_layers * 3 * h * (m.dense_inter // tp) * wb
         ffn_total = moe_layers * (experts + shared + router) + dense
     layers = (L * attn + ffn_total) * stage
+    if extra_layers:  # MTP draft layers: one more decoder layer each, on the last stage
+        per_layer = attn + (ffn_total / L if m is None else (experts + shared + router))
+        layers += extra_layers * per_layer
     embed = spec.vocab * h * 2.0 / tp
     head = 0.0 if (spec.tie_embeddings and pp == 1) else spec.vocab * h * 2.0 / tp
     ends = embed + head if pp == 1 else max(embed, head + h * 2.0)
     return layers + ends
 
 
-def kv_bytes_per_token(spec: ModelSpec, par: ParallelConfig) -> float:
+def kv_bytes_per_token(spec: ModelSpec, par: ParallelConfig, extra_layers: int = 0) -> float:
     """KV-cache bytes per token on one GPU: K and V per KV head for GQA, the compressed latent
     (``kv_lora_rank + qk_rope_head_dim``, replicated on every TP rank) for MLA."""
-    layers = math.ceil(spec.num_layers / par.pp)
+    layers = math.ceil(spec.num_layers / par.pp) + extra_layers
     kvb = KV_BYTES[spec.quant.kv_cache]
     if spec.mla is not None:
         return layers * (spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim) * kvb
@@ -136,17 +139,19 @@ def activation_bytes(spec: ModelSpec, par: ParallelConfig, be: BackendDefaults) 
     return t * per_token + logits
 
 
-def memory_breakdown(spec: ModelSpec, par: ParallelConfig, system: SystemSpec, be: BackendDefaults) -> MemoryBreakdown:
-    weights = weight_bytes_per_gpu(spec, par)
+def memory_breakdown(spec: ModelSpec, par: ParallelConfig, system: SystemSpec, be: BackendDefaults, mtp_layers: int = 0) -> MemoryBreakdown:
+    weights = weight_bytes_per_gpu(spec, par, mtp_layers)
     acts = activation_bytes(spec, par, be)
     reserves = float(system.other_mem + system.nccl_mem_for(par.width))
     cap = float(system.gpu.mem_capacity)
     if be.fraction_of == "free":
         budget = be.kv_memory_fraction * (cap - weights - acts - reserves)
+    elif be.fraction_of == "static":
+        budget = be.kv_memory_fraction * cap - weights
     else:
         budget = be.kv_memory_fraction * cap - weights - acts - reserves
     budget = max(budget, 0.0)
-    per_tok = kv_bytes_per_token(spec, par)
+    per_tok = kv_bytes_per_token(spec, par, mtp_layers)
     blocks = int(budget // (per_tok * be.tokens_per_block)) if per_tok > 0 else 0
     return MemoryBreakdown(
         weights=weights,

@@ -22,7 +22,7 @@ def serving_predictor(cache: EstimatorCache, params=None):
         est = cache.get(row, w)
         conc = float(row.concurrency or w.batch_size)
         per_rank = max(1, round(conc / max(est.plan.parallel.attention_dp, 1)))
-        res = serve_agg(est.engine, per_rank, row.isl, row.osl, p_for(row.backend), est.memory.capacity_for(per_rank), est.gpus)
+        res = serve_agg(est.engine, per_rank, row.isl, row.osl, p_for(row.backend), est.memory.capacity_for(per_rank), est.gpus_per_rank)
         return res.ttft_ms, res.tpot_ms, f"data {est.version}; decode batch {res.decode_batch:.0f} ({res.bound})"
 
     def _disagg(row: SiliconRow):
