@@ -21,7 +21,7 @@ from infercast.errors import InfercastError
 from infercast.serving.backends import scheduler_params
 from infercast.serving.agg import serve_agg
 from infercast.validate.cli import default_silicon_csv
-from infercast.validate.predict import EstimatorCache
+from infercast.validate.predict import EstimatorCache, clients_per_rank
 from infercast.validate.silicon import load_ids, load_rows
 
 DEV_IDS = Path(__file__).resolve().parents[2] / "shared" / "fidelity" / "dev_fullspec_ids.txt"
@@ -47,8 +47,7 @@ def evaluate(ready, overrides: dict):
     out = {}
     for r, est in ready:
         p = dataclasses.replace(scheduler_params(r.backend), **overrides.get(r.backend, overrides.get("*", {})))
-        conc = float(r.concurrency or r.worker.batch_size)
-        per_rank = max(1, round(conc / max(est.plan.parallel.attention_dp, 1)))
+        per_rank = clients_per_rank(r, est)
         try:
             res = serve_agg(est.engine, per_rank, r.isl, r.osl, p, est.memory.capacity_for(per_rank), est.gpus_per_rank)
         except InfercastError:

@@ -68,7 +68,7 @@ def main() -> None:
     if a.json:
         print(json.dumps(summary, indent=1))
         return
-    Console().print(table(summary, f"fidelity on {ids.name} ({kind} model, {summary['seconds']:.0f} s)"))
+    Console(width=160).print(table(summary, f"fidelity on {ids.name} ({kind} model, {summary['seconds']:.0f} s)"))
 
 
 if __name__ == "__main__":

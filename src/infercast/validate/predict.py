@@ -169,6 +169,18 @@ def _kv_quant(row: SiliconRow) -> str | None:
     return None
 
 
+def clients_per_rank(row: SiliconRow, est: Estimator) -> int:
+    """Closed-loop clients one attention-DP rank serves. The row's ``batch_size`` is that number
+    (the benchmark concurrency is batch_size x attention_dp in 3,577 of 3,607 agg rows; in the
+    others the concurrency spans several replicas, e.g. c448 over 32 replicas of batch 14);
+    without it (or when the attention-DP size was derived from the MoE width, see
+    :func:`_width_rule`), the concurrency divided over the attention-DP ranks."""
+    w = row.worker
+    if w is not None and w.batch_size and w.attention_dp == est.plan.parallel.attention_dp:
+        return max(1, int(w.batch_size))
+    return max(1, round(float(row.concurrency or 1) / max(est.plan.parallel.attention_dp, 1)))
+
+
 def static_predictor(cache: EstimatorCache) -> Predictor:
     """The single-batch model: TTFT = one prefill of the whole batch, TPOT = mean decode step."""
 
@@ -177,8 +189,7 @@ def static_predictor(cache: EstimatorCache) -> Predictor:
             raise UnsupportedModelError("disaggregated rows need the serving model", "run without --static")
         w = row.worker
         est = cache.get(row, w)
-        conc = row.concurrency or w.batch_size
-        batch = max(1, round(conc / max(est.plan.parallel.attention_dp, 1)))
+        batch = clients_per_rank(row, est)
         ttft = est.prefill_ms(batch, row.isl)
         tpot = est.decode_ms(batch, row.isl, row.osl)
         return ttft, tpot, f"data {est.version} (benchmarked {row.backend_version or '?'})"

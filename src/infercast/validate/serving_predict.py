@@ -7,7 +7,7 @@ from ..errors import UnsupportedModelError
 from ..serving.agg import serve_agg
 from ..serving.backends import scheduler_params
 from ..serving.disagg import kv_transfer_ms, solve_disagg
-from .predict import EstimatorCache
+from .predict import EstimatorCache, clients_per_rank
 from .silicon import SiliconRow
 
 
@@ -20,8 +20,7 @@ def serving_predictor(cache: EstimatorCache, params=None):
             return _disagg(row)
         w = row.worker
         est = cache.get(row, w)
-        conc = float(row.concurrency or w.batch_size)
-        per_rank = max(1, round(conc / max(est.plan.parallel.attention_dp, 1)))
+        per_rank = clients_per_rank(row, est)
         res = serve_agg(est.engine, per_rank, row.isl, row.osl, p_for(row.backend), est.memory.capacity_for(per_rank), est.gpus_per_rank)
         return res.ttft_ms, res.tpot_ms, f"data {est.version}; decode batch {res.decode_batch:.0f} ({res.bound})"
 
