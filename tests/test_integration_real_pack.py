@@ -206,3 +206,16 @@ def test_cli_estimate_real_pack(real_pack_available, capsys):
     d = json.loads(capsys.readouterr().out)
     direct = Estimator("Qwen/Qwen3-32B", "h200_sxm", "vllm", tp=2).static(8, 2048, 256, breakdown=False)
     assert d["ttft_ms"] == direct.ttft_ms and d["tpot_ms"] == direct.tpot_ms
+
+
+def test_cli_serve_json(real_pack_available, capsys):
+    argv = ["serve", "--model", "Qwen/Qwen3-32B-FP8", "--system", "h200_sxm", "--backend", "vllm", "--tp", "2",
+            "--concurrency", "32", "--isl", "2000", "--osl", "200", "--json"]
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["concurrency"] == 32 and d["concurrency_per_rank"] == 32
+    assert 0 < d["tpot_ms"] < d["ttft_ms"] < d["request_latency_ms"]
+    # more clients: the decode batch grows, each token comes slower, each GPU does more
+    assert main(argv[:-7] + ["--concurrency", "128", "--isl", "2000", "--osl", "200", "--json"]) == 0
+    d2 = json.loads(capsys.readouterr().out)
+    assert d2["tpot_ms"] > d["tpot_ms"] and d2["tokens_per_s_per_gpu"] > d["tokens_per_s_per_gpu"]

@@ -62,6 +62,33 @@ def cmd_estimate(a) -> int:
     return 0
 
 
+def cmd_serve(a) -> int:
+    from dataclasses import asdict
+
+    from ..errors import InvalidInputError
+    from ..serving.agg import serve_agg
+    from ..serving.backends import scheduler_params
+
+    for name in ("concurrency", "isl", "osl"):
+        if getattr(a, name) < 1:
+            raise InvalidInputError(f"--{name} must be >= 1, got {getattr(a, name)}")
+    est = _estimator(a)
+    dp = est.plan.parallel.attention_dp
+    per_rank = -(-a.concurrency // dp)
+    params = scheduler_params(a.backend, est.data.system)
+    res = serve_agg(est.engine, per_rank, a.isl, a.osl, params, est.memory.capacity_for(per_rank), est.gpus_per_rank)
+    out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend, "backend_version": est.version,
+           "gpus": est.gpus, "concurrency": a.concurrency, "concurrency_per_rank": per_rank, "isl": a.isl, "osl": a.osl,
+           "scheduler": asdict(params)}
+    if a.json:
+        print(json.dumps(out, indent=1, default=str))
+        return 0
+    from ..report.console import print_serving
+
+    print_serving(out)
+    return 0
+
+
 def cmd_systems(a) -> int:
     from ..data.pack import find_pack
     from ..data.system import list_systems, load_system
@@ -134,6 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--explain", action="store_true", help="show each op's data source and provenance")
     e.add_argument("--plan-out", help="write the compiled op plan (JSON) to this file")
     e.set_defaults(func=cmd_estimate)
+
+    sv = sub.add_parser("serve", help="serving model: what a closed-loop benchmark at a concurrency measures (aggregated)")
+    _add_model_args(sv)
+    sv.add_argument("--concurrency", type=int, required=True, help="closed-loop clients (over the replica's attention-DP ranks)")
+    sv.add_argument("--isl", type=int, required=True)
+    sv.add_argument("--osl", type=int, required=True)
+    sv.add_argument("--json", action="store_true")
+    sv.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("systems", help="list systems, backends and data versions in the pack")
     s.add_argument("--json", action="store_true")

@@ -93,3 +93,16 @@ def print_models(rows) -> None:
     for r in rows:
         t.add_row(r["model"], r["architecture"], "yes" if r["supported"] else "not yet")
     _console().print(t)
+
+
+def print_serving(d: dict) -> None:
+    c = _console()
+    c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d['backend_version']} · {d['gpus']} GPUs · "
+            f"concurrency {d['concurrency']} · isl {d['isl']} osl {d['osl']}[/bold]")
+    t = Table(show_header=True, header_style="bold")
+    for col in ("mean TTFT ms", "mean TPOT ms", "request ms", "tok/s/GPU", "tok/s/user", "decode batch", "bound"):
+        t.add_column(col, justify="right")
+    t.add_row(_f(d["ttft_ms"]), _f(d["tpot_ms"], "{:.3f}"), _f(d["request_latency_ms"], "{:.0f}"),
+              _f(d["tokens_per_s_per_gpu"], "{:.1f}"), _f(d["tokens_per_s_per_user"], "{:.1f}"),
+              _f(d["decode_batch"], "{:.1f}"), str(d["bound"]))
+    c.print(t)
