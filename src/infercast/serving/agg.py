@@ -46,30 +46,22 @@ throughput per GPU and per user.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from .backends import SchedulerParams
+from .result import ServingMetrics
 
 #: steps a new request waits before its first prefill chunk: it arrives while a step runs
 WAIT_STEPS = 1.0
 
 
 @dataclass
-class ServingResult:
-    concurrency: float
-    ttft_ms: float
-    tpot_ms: float
-    request_latency_ms: float
-    tokens_per_s_per_gpu: float
-    tokens_per_s_per_user: float
+class ServingResult(ServingMetrics):
     decode_batch: float  # mean running decodes per step
     queued: float  # clients waiting for a slot (capacity-bound)
     prefill_chunks: int
     step_ms: float
     bound: str  # what limits the decode batch: clients / token budget / kv cache / max requests
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _steps(engine, d, isl, osl, chunk, chunk_prefix, n_prefill_in_step, mixed: bool):

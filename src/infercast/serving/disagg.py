@@ -22,9 +22,10 @@ decode worker's continuous batch (decode-only steps). Solved for the steady stat
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from .backends import SchedulerParams
+from .result import ServingMetrics
 
 
 #: benchmark length (requests per client) of the disaggregated benchmarks: the first wave's weight
@@ -34,19 +35,10 @@ DISAGG_REQUESTS_PER_CLIENT = 4.0
 
 
 @dataclass
-class DisaggResult:
-    concurrency: float
-    ttft_ms: float
-    tpot_ms: float
-    request_latency_ms: float
-    tokens_per_s_per_gpu: float
-    tokens_per_s_per_user: float
+class DisaggResult(ServingMetrics):
     decode_batch: float
     prefill_utilisation: float
     kv_transfer_ms: float
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def kv_transfer_ms(kv_bytes_per_token_per_gpu: float, isl: int, prefill_gpus: int, bandwidth: float, latency_s: float) -> float:

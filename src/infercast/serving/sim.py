@@ -21,12 +21,13 @@ decode-only steps in one vectorised engine call, so one configuration costs mill
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import InvalidConfigError
 from .backends import SchedulerParams
+from .result import ServingMetrics
 
 
 class DoesNotFitError(InvalidConfigError):
@@ -45,13 +46,7 @@ class _Cohort:
 
 
 @dataclass
-class ServingResult:
-    concurrency: float
-    ttft_ms: float
-    tpot_ms: float
-    request_latency_ms: float
-    tokens_per_s_per_gpu: float
-    tokens_per_s_per_user: float
+class SimResult(ServingMetrics):
     mean_decode_batch: float
     steps: int
     ttft_p50_ms: float
@@ -60,9 +55,6 @@ class ServingResult:
     tpot_p50_ms: float
     tpot_p90_ms: float
     tpot_p99_ms: float
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _wpct(values, weights, q):
@@ -83,7 +75,7 @@ def simulate(
     gpus: int,
     requests_per_client: float | None = None,
     max_events: int = 200_000,
-) -> ServingResult:
+) -> SimResult:
     C = int(concurrency)
     osl = int(osl)
     isl = int(isl)
@@ -218,7 +210,7 @@ def simulate(
     tpot = float(np.dot(tpot_v, w) / w.sum())
     lat = float(np.dot(lat_v, w) / w.sum())
     tput = total_requests * osl / (t / 1e3) / gpus if t > 0 else 0.0
-    return ServingResult(
+    return SimResult(
         concurrency=C, ttft_ms=ttft, tpot_ms=tpot, request_latency_ms=lat,
         tokens_per_s_per_gpu=tput, tokens_per_s_per_user=1e3 / tpot if tpot > 0 else 0.0,
         mean_decode_batch=dec_batch_time / t if t > 0 else 0.0, steps=steps,
