@@ -228,7 +228,7 @@ def render(res: dict) -> None:
     for k, v in w.items():
         if isinstance(v, dict):
             rows.append((f"  {k}", f"{v['per_s']:,.0f} /s", f"{v['us_per_call']:.2f} us each, {v['calls']:,} calls in {v['seconds']:.2f} s"))
-    rows.append(("  result cache entries at the end", f"{w['result cache entries at the end']:,}", "Estimator._cache is unbounded"))
+    rows.append(("  result cache entries at the end", f"{w['result cache entries at the end']:,}", "scalar results kept; cleared at Estimator.CACHE_LIMIT (100,000)"))
     rows += [("(c) construction in one fresh process (first / second)", "", "")]
     for r in res["construction"]:
         rows.append((f"  {r['config']}", f"{_fmt_s(r['first_s'])} / {_fmt_s(r['second_s'])}",

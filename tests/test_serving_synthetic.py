@@ -4,7 +4,6 @@ be computed by hand."""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 import pytest
