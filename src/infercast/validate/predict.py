@@ -97,6 +97,8 @@ def map_quant(row: SiliconRow, systems_path=None) -> tuple[str, str | None, str 
     * a 4-bit label on a checkpoint whose experts are natively 4-bit (gpt-oss mxfp4, Kimi-K2.5
       int4) is that native checkpoint (the CSV labels gpt-oss "fp4"/nvfp4 even on Hopper, which
       has no FP4): no override;
+    * a GEMM "fp8" / MoE "fp8_block" row of a model whose FP8 release is in the pack
+      (``<org>/<name>-FP8``, e.g. zai-org/GLM-5-FP8) ran that release: use its config;
     * an "fp8" label on a block-scaled fp8 checkpoint (DeepSeek-V3/R1, Qwen3-235B-FP8,
       MiniMax-M2.5) is that checkpoint: the CSV's quant columns are coarse (``fp8`` for both);
     * otherwise the row's ``gemm_quant_mode`` / ``moe_quant_mode`` override the checkpoint.
@@ -113,6 +115,14 @@ def map_quant(row: SiliconRow, systems_path=None) -> tuple[str, str | None, str 
             export = f"nvidia/{base}-NVFP4"
             if export in pack_model_ids(pack):
                 return export, None, None
+    if gq == "fp8" and mq == "fp8_block":
+        # block-scaled experts reveal the FP8 release; use it where the pack has its config
+        try:
+            export = resolve_model(pack, row.model + "-FP8")
+            if export.resolved_id.lower().endswith("-fp8") and export.quant_from_alias is None:
+                return export.resolved_id, None, None
+        except InfercastError:
+            pass
     try:
         spec = build_spec(resolve_model(pack, row.model))
     except InfercastError:
