@@ -36,7 +36,7 @@ from ..ops.attention import prefix_fraction, resolve_context_attention, resolve_
 from ..ops.base import OpDB, Resolved
 
 GRID_KINDS = ("gemm", "moe", "allreduce", "allgather", "reduce_scatter", "alltoall", "moe_dispatch")
-ATTENTION_KINDS = ("attention", "mla", "gdn")
+ATTENTION_KINDS = ("attention", "mla", "dsa", "gdn")
 #: attention-like kinds whose cost does not depend on cached tokens before the new ones (a
 #: linear-attention layer keeps a fixed-size state): a prefix does not enter their context grid
 STATEFUL_KINDS = ("gdn",)
@@ -115,6 +115,13 @@ class CompiledEngine:
                                     "qk_rope_head_dim", "v_head_dim", "gemm_quant", "kv_quant")}
             kw["model_id"] = p.get("model_id")
             return CompiledOp(op, (resolve_mla(self.db, "context", **kw), resolve_mla(self.db, "generation", **kw)))
+        if op.kind == "dsa":
+            from ..ops.dsa import resolve_dsa
+
+            kw = {k: p[k] for k in ("hidden", "heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                    "qk_rope_head_dim", "v_head_dim", "gemm_quant", "kv_quant")}
+            kw.update(model_id=p.get("model_id"), tp=int(p.get("tp", 1)))
+            return CompiledOp(op, (resolve_dsa(self.db, "context", **kw), resolve_dsa(self.db, "generation", **kw)))
         if op.kind == "gdn":
             from ..ops.gdn import resolve_gdn
 

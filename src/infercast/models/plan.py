@@ -181,9 +181,10 @@ def _attention_ops(spec: ModelSpec, par: ParallelConfig) -> list[PlanOp]:
     ops = [PlanOp("input_norm", "elementwise", L, params={"bytes_per_token": h * act * 3})]
     if spec.mla is not None:
         m = spec.mla
+        kind = "dsa" if spec.sparse_attention else "mla"
         ops.append(PlanOp(
-            "mla", "mla", L,
-            params={"hidden": h, "heads": heads, "q_lora_rank": m.q_lora_rank, "kv_lora_rank": m.kv_lora_rank,
+            kind, kind, L,
+            params={"hidden": h, "heads": heads, "tp": tp, "q_lora_rank": m.q_lora_rank, "kv_lora_rank": m.kv_lora_rank,
                     "qk_nope_head_dim": m.qk_nope_head_dim, "qk_rope_head_dim": m.qk_rope_head_dim,
                     "v_head_dim": m.v_head_dim, "gemm_quant": q.gemm, "kv_quant": q.kv_cache,
                     "model_id": spec.resolved_id},

@@ -129,6 +129,8 @@ class ModelSpec:
     layer_windows: tuple[int, ...] | None = None  # per-layer sliding window (0 = full attention)
     mtp_layers: int = 0  # MTP (next-n prediction) layers shipped with the checkpoint
     gdn: GDNSpec | None = None
+    sparse_attention: bool = False  # DeepSeek-V3.2 / GLM-5 DSA: an indexer picks index_topk keys
+    index_head_dim: int = 0
     attn_output_gate: bool = False  # full-attention q projection also emits a gate (Qwen3.5)
 
     def to_dict(self) -> dict:
@@ -163,6 +165,8 @@ FAMILIES = {
     "MiniMaxM2ForCausalLM": "moe",
     "DeepseekV3ForCausalLM": "mla_moe",
     "KimiK25ForConditionalGeneration": "mla_moe",
+    "DeepseekV32ForCausalLM": "mla_moe",
+    "GlmMoeDsaForCausalLM": "mla_moe",
     "Qwen3_5MoeForConditionalGeneration": "moe",
     "Qwen3_5ForConditionalGeneration": "dense",
 }
@@ -273,5 +277,7 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
         layer_windows=windows,
         mtp_layers=int(_first(text, "num_nextn_predict_layers", "mtp_num_hidden_layers", default=0) or 0),
         gdn=gdn,
+        sparse_attention=bool(text.get("index_topk")) and family == "mla_moe",
+        index_head_dim=int(text.get("index_head_dim") or 0),
         attn_output_gate=bool(text.get("attn_output_gate", False)),
     )

@@ -110,7 +110,8 @@ def kv_bytes_per_token(spec: ModelSpec, par: ParallelConfig, extra_layers: int =
     layers = math.ceil(spec.num_layers / par.pp) + extra_layers
     kvb = KV_BYTES[spec.quant.kv_cache]
     if spec.mla is not None:
-        return layers * (spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim) * kvb
+        # latent cache; DSA models also keep one indexer key per token and layer
+        return layers * (spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim + spec.index_head_dim) * kvb
     windows = spec.layer_windows
     if spec.gdn is not None:  # only the full-attention layers keep per-token KV
         layers = math.ceil((spec.num_layers - spec.gdn.linear_layers) / par.pp)
