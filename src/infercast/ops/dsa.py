@@ -72,15 +72,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..data.model_configs import resolve_model
 from ..data.quant import COMPUTE_DTYPE, KV_BYTES, WEIGHT_BYTES
-from ..errors import InfercastError, InvalidInputError, NotAvailableError
+from ..errors import InvalidInputError, NotAvailableError
 from ..interp.grid import Grid
 from ..interp.provenance import Prov
 from ..interp.transfer import choose_sites, transfer_grid
 from .base import DatabaseMode, OpDB, Resolved, fill_missing, merge_kernels, sites_and_curves
 from .empirical import empirical_resolved
-from .mla import MLADims, mla_sol_fn
+from .mla import MLADims, model_dims as _model_dims, mla_sol_fn
 
 PHASES = ("context", "generation")
 MODULE_STEMS = {"context": "dsa_context_module", "generation": "dsa_generation_module"}
@@ -111,28 +110,6 @@ def _scales(phase: str):
 # --------------------------------------------------------------------------------------------
 # model / quant matching
 # --------------------------------------------------------------------------------------------
-
-
-def _model_dims(db: OpDB, model: str) -> MLADims | None:
-    """MLA dimensions of a model named in a DSA table, from the pack's model configs."""
-
-    def build():
-        try:
-            mc = resolve_model(db.data.pack, model)
-        except InfercastError:
-            return None
-        cfg = mc.config if isinstance(mc.config, dict) else {}
-        text = cfg.get("text_config") or cfg
-        try:
-            q = text.get("q_lora_rank")
-            return MLADims(
-                int(text["hidden_size"]), int(q) if q else None, int(text["kv_lora_rank"]),
-                int(text["qk_nope_head_dim"]), int(text["qk_rope_head_dim"]), int(text["v_head_dim"]),
-            )
-        except (KeyError, TypeError, ValueError):
-            return None
-
-    return db.memo(("dsa-model-dims", model), build)
 
 
 _QUANT_SUFFIX = re.compile(r"[-_](fp8|fp4|nvfp4|bf16|int4|int8|awq|gptq)$", re.IGNORECASE)

@@ -203,8 +203,8 @@ def _table(db: OpDB, stem: str):
     return db.data.table(stem)
 
 
-def _model_dims(db: OpDB, model: str) -> MLADims | None:
-    """MLA dimensions of a model named in a module table, from the pack's model configs."""
+def model_dims(db: OpDB, model: str) -> MLADims | None:
+    """MLA dimensions of a model named in a module table (MLA or DSA), from the pack's model configs."""
 
     def build():
         try:
@@ -234,7 +234,7 @@ def _pick_model(db: OpDB, table, model_id: str | None, dims: MLADims):
         hit = [m for m in models if m.lower() == model_id.lower()]
         if hit:
             return hit[0], None
-    same = [m for m in models if _model_dims(db, m) == dims]
+    same = [m for m in models if model_dims(db, m) == dims]
     if same:
         who = model_id or "the query"
         return same[0], f"module rows of {same[0]} (same MLA dimensions: {dims.label()}) serve {who}"
@@ -482,7 +482,7 @@ def _foreign_module_donors(db: OpDB, phase: str, gemm_quant: str, kv_quant: str,
     if table is None or not table.has("model"):
         return None
     for model in table.unique("model"):
-        mdims = _model_dims(db, model)
+        mdims = model_dims(db, model)
         if mdims is None:
             continue
         gqs = [gemm_quant] + [g for g in table.unique("gemm_type") if g != gemm_quant]
