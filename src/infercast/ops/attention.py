@@ -13,10 +13,9 @@ import numpy as np
 from ..errors import NotAvailableError
 from ..interp import sol
 from ..interp.grid import Grid
-from ..interp.provenance import Prov
 from ..interp.transfer import choose_sites, transfer_grid
 from ..data.quant import KV_BYTES
-from .base import DatabaseMode, OpDB, Resolved, choose_kernel, fill_missing, sites_and_curves
+from .base import DatabaseMode, OpDB, Resolved, choose_kernel, fill_missing, sites_and_curves, sol_resolved
 from .empirical import empirical_resolved
 
 CTX_BATCH = 2.0 ** np.arange(0, 9)
@@ -94,9 +93,7 @@ def _resolve(db: OpDB, stem: str, heads: int, kv_heads: int, head_dim: int, kv_q
     axes = (CTX_BATCH, CTX_ISL) if stem == "context_attention" else (GEN_BATCH, GEN_STEP)
     scales = CTX_SCALES if stem == "context_attention" else GEN_SCALES
     if db.mode is DatabaseMode.SOL:
-        mesh = np.meshgrid(*axes, indexing="ij")
-        v = sol_q(*mesh)
-        return Resolved(Grid(axes, v, np.full(v.shape, int(Prov.SOL), np.int8), sol_q, scales=scales), "sol", how="sol")
+        return sol_resolved(axes, sol_q, scales)
     lat = db.memo((stem, head_dim, kv_quant, attn_quant, window), lambda: _lattice(db, stem, head_dim, kv_quant, attn_quant, window))
     if lat is None:
         return empirical_resolved(stem, sol_q, axes, None, scales)

@@ -147,6 +147,14 @@ class OpDB:
         return self._cache[key]
 
 
+def sol_resolved(axes: tuple, sol_fn, scales: tuple[str, ...] = (), notes: tuple[str, ...] = ()) -> Resolved:
+    """SOL mode: the roofline on ``axes`` (1 or 2 curve axes), every cell marked ``sol``."""
+    mesh = np.meshgrid(*axes, indexing="ij")
+    v = np.asarray(sol_fn(*mesh), dtype=float)
+    g = Grid(axes, v, np.full(v.shape, int(Prov.SOL), np.int8), sol_fn, scales=scales)
+    return Resolved(g, "sol", how="sol", notes=tuple(notes))
+
+
 def sites_and_curves(table: Table, mask: np.ndarray, site_cols: tuple[str, ...], curve_cols: tuple[str, ...]):
     """Group rows by site; return (site coords array, {site index: (axes, values, present mask)})."""
     keys = {c: table.keys[c][mask].astype(float) for c in site_cols + curve_cols}

@@ -15,7 +15,7 @@ from ..errors import InvalidConfigError, NotAvailableError
 from ..interp import sol
 from ..interp.grid import Grid
 from ..interp.provenance import Prov
-from .base import DatabaseMode, OpDB, Resolved, choose_kernel
+from .base import DatabaseMode, OpDB, Resolved, choose_kernel, sol_resolved
 from .empirical import empirical_resolved
 
 MSG_AXIS = 2.0 ** np.arange(7, 30)
@@ -42,7 +42,7 @@ def resolve_collective(db: OpDB, op: str, group: int) -> Resolved:
     if group <= 1:
         raise InvalidConfigError(f"a {op} needs at least 2 GPUs, got {group}")
     if db.mode is DatabaseMode.SOL:
-        return Resolved(Grid((MSG_AXIS,), sol_q(MSG_AXIS), np.full(len(MSG_AXIS), int(Prov.SOL), np.int8), sol_q), "sol", how="sol")
+        return sol_resolved((MSG_AXIS,), sol_q)
     tried = []
     if op == "all_reduce":
         t = db.table_or_none("custom_allreduce")

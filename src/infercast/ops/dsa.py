@@ -77,7 +77,7 @@ from ..errors import InvalidInputError, NotAvailableError
 from ..interp.grid import Grid
 from ..interp.provenance import Prov
 from ..interp.transfer import choose_sites, transfer_grid
-from .base import DatabaseMode, OpDB, Resolved, fill_missing, merge_kernels, sites_and_curves
+from .base import DatabaseMode, OpDB, Resolved, fill_missing, merge_kernels, sites_and_curves, sol_resolved
 from .empirical import empirical_resolved
 from .mla import MLADims, model_dims as _model_dims, mla_sol_fn
 
@@ -416,9 +416,7 @@ def resolve_dsa(
     family = f"dsa_{phase}"
     axes = _axes(phase)
     if db.mode is DatabaseMode.SOL:
-        mesh = np.meshgrid(*axes, indexing="ij")
-        v = query_sol(*mesh)
-        return Resolved(Grid(axes, v, np.full(v.shape, int(Prov.SOL), np.int8), query_sol, scales=_scales(phase)), "sol", how="sol")
+        return sol_resolved(axes, query_sol, _scales(phase))
 
     stem = MODULE_STEMS[phase]
     reason = None

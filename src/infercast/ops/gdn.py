@@ -71,9 +71,8 @@ from ..data.tables import Table
 from ..errors import InvalidInputError, NotAvailableError
 from ..interp import sol
 from ..interp.grid import Grid
-from ..interp.provenance import Prov
 from ..interp.transfer import choose_sites, transfer_grid
-from .base import DatabaseMode, OpDB, Resolved, choose_kernel, fill_missing, sites_and_curves
+from .base import DatabaseMode, OpDB, Resolved, choose_kernel, fill_missing, sites_and_curves, sol_resolved
 from .empirical import empirical_resolved
 
 STEM = "gdn"
@@ -290,9 +289,7 @@ def resolve_gdn(
     axes, scales = _axes(phase), _scales(phase)
     family = f"gdn_{phase}"
     if db.mode is DatabaseMode.SOL:
-        mesh = np.meshgrid(*axes, indexing="ij")
-        v = query_sol(*mesh)
-        return Resolved(Grid(axes, v, np.full(v.shape, int(Prov.SOL), np.int8), query_sol, scales=scales), "sol", how="sol")
+        return sol_resolved(axes, query_sol, scales)
 
     lat = db.memo(("gdn-lattice", phase, model_name), lambda: _lattice(db, phase, model_name))
     if lat is None:

@@ -11,10 +11,9 @@ import numpy as np
 from ..errors import InfercastError, NotAvailableError
 from ..interp import sol
 from ..interp.grid import Grid
-from ..interp.provenance import Prov
 from ..interp.transfer import choose_sites, transfer_grid
 from ..data.quant import COMPUTE_DTYPE, WEIGHT_BYTES
-from .base import DatabaseMode, OpDB, Resolved, merge_kernels, sites_and_curves
+from .base import DatabaseMode, OpDB, Resolved, merge_kernels, sites_and_curves, sol_resolved
 from .empirical import empirical_resolved
 
 #: the tokens axis used for SOL / empirical grids (same span as the collected m axis)
@@ -103,8 +102,7 @@ def resolve_gemm(db: OpDB, quant: str, n: int, k: int) -> Resolved:
     sol_q = gemm_sol_fn(db, quant, n, k)
     sol_q(1.0)  # raises early if the GPU has no tensor cores for the quant mode
     if db.mode is DatabaseMode.SOL:
-        g = Grid((M_AXIS,), sol_q(M_AXIS), np.full(len(M_AXIS), int(Prov.SOL), np.int8), sol_q)
-        return Resolved(g, "sol", how="sol")
+        return sol_resolved((M_AXIS,), sol_q)
     lat = db.memo(("gemm-lattice", quant), lambda: _lattice(db, quant))
     if lat is None:
         return empirical_resolved("gemm", sol_q, (M_AXIS,), None)

@@ -72,7 +72,7 @@ from ..interp import sol
 from ..interp.grid import Grid
 from ..interp.provenance import Prov
 from ..interp.transfer import choose_sites, transfer_grid
-from .base import DatabaseMode, OpDB, Resolved, fill_missing, merge_kernels, sites_and_curves
+from .base import DatabaseMode, OpDB, Resolved, fill_missing, merge_kernels, sites_and_curves, sol_resolved
 from .empirical import empirical_resolved
 from .gemm import resolve_gemm
 
@@ -541,9 +541,7 @@ def resolve_mla(
     family = f"mla_{phase}"
     axes = _axes(phase)
     if db.mode is DatabaseMode.SOL:
-        mesh = np.meshgrid(*axes, indexing="ij")
-        v = query_sol(*mesh)
-        return Resolved(Grid(axes, v, np.full(v.shape, int(Prov.SOL), np.int8), query_sol, scales=_scales(phase)), "sol", how="sol")
+        return sol_resolved(axes, query_sol, _scales(phase))
 
     reasons: list[str] = []
     donors = None

@@ -65,7 +65,7 @@ from ..interp import sol
 from ..interp.grid import Grid
 from ..interp.provenance import Prov
 from ..interp.transfer import SiteChoice, choose_sites, transfer_grid
-from .base import DatabaseMode, OpDB, Resolved, merge_kernels, sites_and_curves
+from .base import DatabaseMode, OpDB, Resolved, merge_kernels, sites_and_curves, sol_resolved
 from .comm import resolve_collective
 from .empirical import empirical_resolved
 
@@ -311,8 +311,7 @@ def resolve_moe(
     sol_q(1.0)  # raises early if the GPU has no tensor cores for the compute dtype
     axes = (TOKENS_AXIS,)
     if db.mode is DatabaseMode.SOL:
-        g = Grid(axes, sol_q(TOKENS_AXIS), np.full(len(TOKENS_AXIS), int(Prov.SOL), np.int8), sol_q, scales=TOKEN_SCALE)
-        return Resolved(g, "sol", how="sol", notes=tuple(notes))
+        return sol_resolved(axes, sol_q, TOKEN_SCALE, tuple(notes))
 
     def empirical(donor_idx=None, why: str | None = None) -> Resolved:
         donors = None
@@ -516,9 +515,8 @@ def resolve_moe_dispatch(
     comm_backend = backends[ph]
     nccl_sol = _a2a_sol_fn(db, hidden, topk, ep, NCCL_ELEMENT_BYTES)
     if db.mode is DatabaseMode.SOL:
-        axis = A2A_TOKENS_AXIS
-        g = Grid((axis,), nccl_sol(axis), np.full(len(axis), int(Prov.SOL), np.int8), nccl_sol, scales=("linear",))
-        return Resolved(g, "sol", how="sol", notes=("dispatch+combine as two all-to-alls of tokens*topk*hidden bf16 elements",))
+        return sol_resolved((A2A_TOKENS_AXIS,), nccl_sol, ("linear",),
+                            ("dispatch+combine as two all-to-alls of tokens*topk*hidden bf16 elements",))
     try:
         table = db.table_or_none("moe_a2a")
         why = None if table is not None else "no moe_a2a table"
