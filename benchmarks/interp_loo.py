@@ -48,20 +48,22 @@ import numpy as np
 
 from infercast.data.database import PerfData
 from infercast.errors import InfercastError
-from infercast.interp.grid import Grid
+from infercast.interp.grid import BeyondRangeError, Grid
 from infercast.interp.transfer import choose_sites, transfer_grid
 from infercast.ops import attention as attn_ops
 from infercast.ops import comm as comm_ops
 from infercast.ops import gemm as gemm_ops
+from infercast.ops import moe as moe_ops
 from infercast.ops.base import DatabaseMode, OpDB, choose_kernel, fill_missing
 
 SYSTEMS = ("h200_sxm", "b200_sxm")
 BACKENDS = ("trtllm", "vllm", "sglang")
-FAMILIES = ("gemm", "context_attention", "generation_attention", "custom_allreduce")
+FAMILIES = ("gemm", "context_attention", "generation_attention", "moe", "custom_allreduce")
 FAMILY_LABEL = {
     "gemm": "GEMM",
     "context_attention": "context attn",
     "generation_attention": "generation attn",
+    "moe": "MoE",
     "custom_allreduce": "all-reduce",
 }
 PATHS = ("in-curve", "hold-high", "hold-low", "transfer")
@@ -71,12 +73,14 @@ GOALS = {
     "gemm": (0.05, 0.15),
     "context_attention": (0.05, 0.15),
     "generation_attention": (0.05, 0.15),
+    "moe": (0.08, None),
     "custom_allreduce": (0.08, None),
 }
 AXIS_NAMES = {
     "gemm": ("m",),
     "context_attention": ("batch", "isl"),
     "generation_attention": ("batch", "step"),
+    "moe": ("tokens",),
     "custom_allreduce": ("message",),
 }
 
@@ -165,6 +169,37 @@ def attention_lattices(db: OpDB, backend: str, stem: str) -> list[Lattice]:
     return out
 
 
+def moe_lattices(db: OpDB, backend: str) -> list[Lattice]:
+    """moe_perf per quant mode (gated kernels, balanced routing, as ``ops.moe._lattice`` picks
+    them) and per (moe_tp, moe_ep) pair: infercast transfers only between sites of the same pair,
+    over (hidden, inter, topk, experts)."""
+    table = db.table_or_none("moe")
+    out = []
+    if table is None:
+        return out
+    for quant in table.unique("moe_dtype"):
+        try:
+            moe_ops.moe_sol_fn(db, quant, 1024, 1024, 1, 8, 1, 1)(1.0)  # no tensor cores: skip
+            lat = moe_ops._lattice(db, quant, True, moe_ops.DEFAULT_DISTRIBUTION)
+        except (InfercastError, KeyError):
+            continue
+        if lat is None:
+            continue
+        gated = True if lat.site_gated is None else lat.site_gated
+        pairs = sorted({(int(a), int(b)) for a, b in lat.sites[:, 4:6]})
+        for tp, ep in pairs:
+            idx = np.flatnonzero((lat.sites[:, 4] == tp) & (lat.sites[:, 5] == ep))
+            sites = lat.sites[idx, :4]
+            curves = {j: lat.curves[int(i)] for j, i in enumerate(idx)}
+
+            def sol_for(site, q=quant, tp=tp, ep=ep, g=gated):
+                h, n, k, e = (int(x) for x in site)
+                return moe_ops.moe_sol_fn(db, q, h, n, k, e, tp, ep, g)
+
+            out.append(Lattice("moe", backend, f"{quant} tp{tp}xep{ep} [{lat.kernel}]", sites, curves, sol_for))
+    return out
+
+
 def comm_lattices(db: OpDB, backend: str) -> list[Lattice]:
     """custom_allreduce curves per group size, with the kernel ops/comm.py would pick."""
     t = db.table_or_none("custom_allreduce")
@@ -196,6 +231,8 @@ def load_lattices(system: str, backend: str, family: str) -> list[Lattice]:
         return gemm_lattices(db, backend)
     if family == "custom_allreduce":
         return comm_lattices(db, backend)
+    if family == "moe":
+        return moe_lattices(db, backend)
     return attention_lattices(db, backend, family)
 
 
@@ -311,7 +348,10 @@ def predict_curve_point(L: Lattice, s: int, cell: int, ax: int, path: str) -> di
     if len(red_axes[ax]) == 0 or np.isnan(red_vals).all():
         return None
     g = L.build(s, tuple(red_axes), red_vals)
-    pred = float(g(*q)[0])
+    try:
+        pred = float(g(*q)[0])
+    except BeyondRangeError:
+        return None  # refused: too far beyond a climbing edge (never happens one interval out)
     tags = {"axis": AXIS_NAMES[L.family][ax]}
     if L.family == "gemm":
         tags["quant"] = L.label.split(" ")[0]

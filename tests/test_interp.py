@@ -9,7 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infercast.interp.grid import Grid
+from infercast.errors import NotAvailableError
+from infercast.interp import grid as grid_mod
+from infercast.interp.grid import BeyondRangeError, Grid
 from infercast.interp.provenance import Prov, worst
 from infercast.interp.transfer import choose_sites, transfer_grid
 
@@ -141,19 +143,94 @@ def test_monotone_between_neighbours():
 
 
 def test_clamp_and_hold_sol_ratio_beyond_range():
-    xs, vs = [4.0, 8.0, 16.0], [1.0, 1.5, 2.0]
+    # a saturated curve (constant utilisation 0.5) holds its utilisation on both sides, exactly
+    xs = [4.0, 8.0, 16.0]
 
     def sol(m):
         return 0.1 + 0.01 * np.asarray(m, float)
 
+    vs = [float(sol(x)) / 0.5 for x in xs]
     g = _grid1(xs, vs, sol=sol)
-    for q, edge, v_edge in ((64.0, 16.0, 2.0), (1000.0, 16.0, 2.0), (1.0, 4.0, 1.0), (2.5, 4.0, 1.0)):
+    for q, edge, v_edge in ((64.0, 16.0, vs[2]), (1000.0, 16.0, vs[2]), (1.0, 4.0, vs[0]), (2.5, 4.0, vs[0])):
         v, p = g(q)
         assert float(v) == pytest.approx(v_edge * sol(q) / sol(edge), rel=1e-14)
         assert int(p) == Prov.HELD
+        assert g.scalar(q)[0] == pytest.approx(float(v), rel=1e-14)
     # vectorised, mixed inside/outside
     v, p = g(np.array([8.0, 32.0]))
-    assert v[0] == 1.5 and p.tolist() == [Prov.EXACT, Prov.HELD]
+    assert v[0] == vs[1] and p.tolist() == [Prov.EXACT, Prov.HELD]
+
+
+def _climbing_1d():
+    """Utilisation u = x / (x + 8): still climbing at the edge x = 16 (growth exponent
+    log(u16 / u8) / log 2 = log2(4/3) over the last octave)."""
+    xs = np.array([2.0, 4.0, 8.0, 16.0])
+
+    def sol(x):
+        return np.asarray(x, float)
+
+    return xs, xs + 8.0, sol
+
+
+def test_unsaturated_high_edge_is_held_then_refused():
+    xs, vs, sol = _climbing_1d()
+    g = _grid1(xs, vs, sol=sol, scale="linear")
+    # a 1-D curve has no neighbouring curve to borrow a plateau from: held up to
+    # UNSATURATED_HOLD_OCTAVES doublings ...
+    lim = 16.0 * 2.0**grid_mod.UNSATURATED_HOLD_OCTAVES
+    for q in (20.0, lim):
+        v, p = g(q)
+        assert float(v) == pytest.approx(24.0 * q / 16.0, rel=1e-14) and int(p) == Prov.HELD
+        assert g.scalar(q)[0] == pytest.approx(float(v), rel=1e-14)
+    # ... and refused beyond, with a typed "not available" that says why
+    for call in (lambda: g(np.array([8.0, lim + 1.0]), refuse=True), lambda: g.scalar(lim + 1.0, refuse=True)):
+        with pytest.raises(NotAvailableError, match="still climbing"):
+            call()
+    with pytest.raises(BeyondRangeError):
+        g(10 * lim, refuse=True)
+    # compile-time composition (transfer donors, module sums) does not refuse: it holds, marked held
+    assert float(g(10 * lim)[0]) == pytest.approx(24.0 * 10 * lim / 16.0, rel=1e-14)
+
+
+def test_saturated_edge_never_refuses():
+    xs = np.array([2.0, 4.0, 8.0, 16.0])
+    g = _grid1(xs, 2.0 * xs, sol=lambda x: np.asarray(x, float), scale="linear")
+    assert float(g(1e6)[0]) == pytest.approx(2e6, rel=1e-14)
+
+
+def test_unsaturated_2d_edge_climbs_to_the_plateau_of_a_neighbouring_curve():
+    # axis 0 (batch) edge at 4; row-wise utilisation: the short-length curve (len 1) climbs
+    # 0.25 -> 0.5 over the last octave, the long-length curve (len 2) is saturated at 0.8
+    a0, a1 = np.array([2.0, 4.0]), np.array([1.0, 2.0])
+
+    def sol(b, s):
+        return np.asarray(b, float) * np.asarray(s, float)
+
+    u = np.array([[0.25, 0.8], [0.5, 0.8]])
+    mesh = np.meshgrid(a0, a1, indexing="ij")
+    g = Grid((a0, a1), sol(*mesh) / u, np.zeros((2, 2), np.int8), sol)
+    gamma = grid_mod.EDGE_DAMPING * 1.0  # measured exponent log2(0.5 / 0.25) = 1, damped
+    # one doubling out on the climbing curve: u = 0.5 * 2**gamma, below the 0.8 plateau
+    v, p = g(8.0, 1.0)
+    assert float(v) == pytest.approx(8.0 / (0.5 * 2.0**gamma), rel=1e-12) and int(p) == Prov.HELD
+    # far out: capped at the borrowed plateau 0.8 (and not refused: there is a plateau)
+    v, _ = g(4096.0, 1.0)
+    assert float(v) == pytest.approx(4096.0 / 0.8, rel=1e-12)
+    assert g.scalar(4096.0, 1.0)[0] == pytest.approx(float(v), rel=1e-12)
+    # the saturated curve holds
+    assert float(g(64.0, 2.0)[0]) == pytest.approx(128.0 / 0.8, rel=1e-12)
+
+
+def test_low_edge_flat_latency_is_clamped():
+    # launch-bound start: latency flat from 1 to 4 while SOL grows linearly -> below the first
+    # point latency stays at the edge value's level (the utilisation falls at the SOL rate)
+    xs = np.array([1.0, 2.0, 4.0, 8.0])
+    vs = np.array([3.0, 3.0, 3.0, 4.0])
+    g = _grid1(xs, vs, sol=lambda x: np.asarray(x, float), scale="linear")
+    beta = 1.0  # dlog SOL / dlog x; measured utilisation exponent over [1, 2] is also 1
+    want = 3.0 * 0.5 / 0.5 ** (grid_mod.EDGE_DAMPING * beta)
+    assert float(g(0.5)[0]) == pytest.approx(want, rel=1e-12)
+    assert float(g(0.5)[0]) <= 3.0  # never above the edge: latency does not rise as shapes shrink
 
 
 def test_clamp_2d_holds_on_each_axis():

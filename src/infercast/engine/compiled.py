@@ -148,16 +148,16 @@ class CompiledEngine:
             v = n_eval * c.x_per_token * c.ms_per_unit + c.fixed_ms
             pr = np.full(n_eval.shape, int(Prov.ANALYTIC), np.int8)
         else:
-            v, pr = c.resolved[0].grid(n_eval * c.x_per_token)
+            v, pr = c.resolved[0].grid(n_eval * c.x_per_token, refuse=True)
         return np.where(active, v * c.op.count, 0.0), pr
 
     def _context_attention(self, c: CompiledOp, batch, isl, prefix):
         active = batch > 0
         b = np.where(active, batch, 1.0)
         if c.op.kind in STATEFUL_KINDS:
-            v, pr = c.resolved[0].grid(b, isl)
+            v, pr = c.resolved[0].grid(b, isl, refuse=True)
         else:
-            v, pr = c.resolved[0].grid(b, isl + prefix)
+            v, pr = c.resolved[0].grid(b, isl + prefix, refuse=True)
             v = np.where(prefix > 0, v * prefix_fraction(isl, prefix), v)
         return np.where(active, v * c.op.count, 0.0), pr
 
@@ -165,7 +165,7 @@ class CompiledEngine:
         active = batch > 0
         b = np.where(active, batch, 1.0)
         step = np.maximum(kv_len - 1.0, 1.0)
-        v, pr = c.resolved[1].grid(b, step)
+        v, pr = c.resolved[1].grid(b, step, refuse=True)
         return np.where(active, v * c.op.count, 0.0), pr
 
     def components(
@@ -215,7 +215,7 @@ class CompiledEngine:
         for c in grid_ops:
             n = tokens if c.op.tokens == "all" else seqs
             if n > 0:
-                total += c.resolved[0].grid.scalar(n * c.x_per_token)[0] * c.op.count
+                total += c.resolved[0].grid.scalar(n * c.x_per_token, refuse=True)[0] * c.op.count
         for c in analytic_ops:
             n = tokens if c.op.tokens == "all" else seqs
             if n > 0:
@@ -247,16 +247,16 @@ class CompiledEngine:
         total = 0.0
         for c in self._attn_ops:
             if c.op.kind in STATEFUL_KINDS:
-                total += c.resolved[0].grid.scalar(batch, isl)[0] * c.op.count
+                total += c.resolved[0].grid.scalar(batch, isl, refuse=True)[0] * c.op.count
             else:
-                total += c.resolved[0].grid.scalar(batch, isl + prefix)[0] * c.op.count * frac
+                total += c.resolved[0].grid.scalar(batch, isl + prefix, refuse=True)[0] * c.op.count * frac
         return total
 
     def generation_attention_scalar(self, batch: float, kv_len: float) -> float:
         if batch <= 0:
             return 0.0
         step = max(kv_len - 1.0, 1.0)
-        return sum(c.resolved[1].grid.scalar(batch, step)[0] * c.op.count for c in self._attn_ops + self._draft_attn_ops)
+        return sum(c.resolved[1].grid.scalar(batch, step, refuse=True)[0] * c.op.count for c in self._attn_ops + self._draft_attn_ops)
 
     def prefill_scalar(self, batch: float, isl: float, prefix: float = 0.0) -> float:
         return self.tokenwise_scalar(batch * isl, batch) + self.context_attention_scalar(batch, isl, prefix)

@@ -17,8 +17,22 @@ real tables (``python -m benchmarks.interp_loo``):
 At a grid point the weights are exactly 0/1, so an exact hit returns the stored value bit for bit.
 
 Outside the grid the query is clamped to the boundary and scaled by the speed-of-light ratio
-``SOL(query) / SOL(boundary)``: the boundary's utilisation is held (see :mod:`.transfer` for
-when that is allowed).
+``SOL(query) / SOL(boundary)`` -- the boundary's utilisation ``u = SOL / latency`` is held -- but
+only where the boundary is *saturated*. The edge rule, per axis and per curve:
+
+* the utilisation growth exponent at an edge is ``g = dlog(u) / dlog(x)`` over the edge's last
+  measured interval (the first interval for the low edge);
+* **high edge, saturated** (``g <= SATURATION_TOL``): hold ``u``;
+* **high edge, still climbing**: ``u`` keeps growing at ``g`` beyond the edge, but never past the
+  plateau borrowed from the neighbouring curves -- the highest utilisation measured anywhere on
+  this grid (for a 1-D grid, on the curve itself). When there is nothing to borrow (the edge is
+  the grid's highest utilisation) the climb cannot be bounded by data: within
+  ``UNSATURATED_HOLD_OCTAVES`` doublings beyond the edge ``u`` is held (an upper bound on latency)
+  and the cell is marked held; further out the grid refuses (:class:`BeyondRangeError`), which
+  SILICON reports as "not available";
+* **low edge**: below the first point utilisation falls at the first interval's rate ``g``,
+  clipped to ``[0, dlog(SOL)/dlog(x)]`` so latency never rises as the shape shrinks: a
+  launch-bound edge (flat latency) is clamped, a saturated one holds utilisation.
 """
 
 from __future__ import annotations
@@ -30,9 +44,67 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import NotAvailableError
 from .provenance import Prov
 
 LINEAR, LOG = "linear", "log"
+
+#: An edge whose utilisation grows by less than this exponent (``u ~ x**g``; 0.05 is +3.5% per
+#: doubling) counts as saturated. Chosen with ``python -m benchmarks.interp_loo`` (hold paths).
+SATURATION_TOL = 0.05
+#: Beyond an edge, the measured growth exponent is damped by this factor: growth decelerates
+#: towards saturation, so the full last-octave rate overshoots (LOO: generation attention
+#: hold-high median 5.9% held, 5.5% at full rate, 5.4% at half rate; low edges 2.3% -> 1.6%).
+EDGE_DAMPING = 0.5
+#: The edge interval spans one octave in from the edge (a factor of 2 in the axis coordinate), so
+#: that an (m, m+1) tile-step pair at the edge does not set the rate.
+EDGE_SPAN = 2.0
+#: A climbing high edge with nothing to borrow is held for at most this many doublings beyond it;
+#: further out the grid refuses.
+UNSATURATED_HOLD_OCTAVES = 4.0
+
+
+class BeyondRangeError(NotAvailableError):
+    """A query too far beyond a grid edge whose utilisation is still climbing."""
+
+
+def _edge_exponents(axes, values, sol, borrow: bool) -> tuple:
+    """Per axis: (g_low, g_high, cap_high) arrays over the other axis (scalars for 1-D).
+
+    ``g`` is the utilisation growth exponent over the edge interval (see the module docstring);
+    ``cap_high`` is the plateau ratio ``u_plateau / u_edge`` (>= 1) a climbing high edge may reach.
+    """
+    mesh = np.meshgrid(*axes, indexing="ij")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        S = np.asarray(sol(*mesh), dtype=float) * np.ones(values.shape)
+        U = np.where((values > 0) & (S > 0), S / values, np.nan)
+    # the plateau a climbing edge may borrow: the highest utilisation on the neighbouring curves
+    # (the whole 2-D grid); a 1-D curve has no neighbours here
+    plateau = np.nanmax(U) if borrow and np.isfinite(U).any() else np.nan
+    out = []
+    for a, x in enumerate(axes):
+        n = len(x)
+        other = values.shape[1 - a] if values.ndim == 2 else 1
+        if n < 2 or x[0] <= 0:
+            zero = np.zeros(other)
+            out.append((zero, zero, np.ones(other)))
+            continue
+        Ua = np.moveaxis(U, a, 0).reshape(n, other)
+        Sa = np.moveaxis(S, a, 0).reshape(n, other)
+        # the edge interval reaches one octave in from the edge (or the far end of a short axis)
+        bh = min(max(int(np.searchsorted(x, x[-1] / EDGE_SPAN, side="right")) - 1, 0), n - 2)
+        bl = max(min(int(np.searchsorted(x, x[0] * EDGE_SPAN, side="left")), n - 1), 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            g_hi = np.log(Ua[-1] / Ua[bh]) / math.log(x[-1] / x[bh])
+            g_lo = np.log(Ua[bl] / Ua[0]) / math.log(x[bl] / x[0])
+            beta = np.log(Sa[bl] / Sa[0]) / math.log(x[bl] / x[0])
+            cap = np.maximum(plateau / Ua[-1], 1.0)
+        g_hi = np.where(np.isfinite(g_hi) & (g_hi > SATURATION_TOL), g_hi, 0.0) * EDGE_DAMPING
+        g_lo = np.clip(np.nan_to_num(g_lo, nan=0.0, posinf=0.0, neginf=0.0), 0.0, np.maximum(np.nan_to_num(beta), 0.0))
+        g_lo = np.where(g_lo > SATURATION_TOL, g_lo, 0.0) * EDGE_DAMPING
+        cap = np.where(np.isfinite(cap), cap, 1.0)
+        out.append((g_lo, g_hi, cap))
+    return tuple(out)
 
 
 def _locate(axis: np.ndarray, q: np.ndarray, scale: str):
@@ -96,6 +168,7 @@ class Grid:
     sites: tuple = ()  # transfer donors (for --explain)
     scales: tuple[str, ...] = ()  # per axis: "linear" or "log" (default linear)
     _py: tuple = field(default=(), repr=False)
+    _edges: tuple = field(default=(), repr=False)
 
     def __post_init__(self):
         self.axes = tuple(np.asarray(a, dtype=float) for a in self.axes)
@@ -111,8 +184,13 @@ class Grid:
             self.prov.tolist(),
         )
 
-    def __call__(self, *coords) -> tuple[np.ndarray, np.ndarray]:
-        """Latency (ms) and provenance codes for arrays of coordinates (broadcast together)."""
+    def __call__(self, *coords, refuse: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Latency (ms) and provenance codes for arrays of coordinates (broadcast together).
+
+        ``refuse=True`` (what the engine and :class:`~infercast.PerfDB` pass for a user's query)
+        raises :class:`BeyondRangeError` too far beyond a climbing edge; the default holds, for
+        compile-time composition (transfer donors, module sums) whose cells are held and marked
+        so, and re-checked at query time by the composed grid's own edges."""
         coords = np.broadcast_arrays(*(np.asarray(c, dtype=float) for c in coords))
         if len(coords) != len(self.axes):
             raise ValueError(f"grid has {len(self.axes)} axes, got {len(coords)} coordinates")
@@ -149,11 +227,45 @@ class Grid:
             if self.sol is None:
                 raise ValueError("query outside the grid and no SOL function to hold utilisation")
             ratio = self.sol(*coords) / self.sol(*clamped)
+            edges = self.edges()
+            for a, (q, qc) in enumerate(zip(coords, clamped)):
+                out_a = q != qc
+                if not out_a.any():
+                    continue
+                g_lo, g_hi, cap = edges[a]
+                if len(self.axes) == 2:  # blend the edge parameters along the other axis
+                    (jj, tt) = (j, tj) if a == 0 else (i, ti)
+                    jj1 = np.minimum(jj + 1, len(g_lo) - 1)
+                    g_lo, g_hi, cap = (e[jj] * (1.0 - tt) + e[jj1] * tt for e in (g_lo, g_hi, cap))
+                else:
+                    g_lo, g_hi, cap = g_lo[0], g_hi[0], cap[0]
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    r = np.where(out_a, q / qc, 1.0)
+                    f = np.where(r > 1.0, np.minimum(np.power(r, g_hi), cap), np.power(r, g_lo))
+                stuck = (r > 2.0**UNSATURATED_HOLD_OCTAVES) & (g_hi > 0) & (cap <= 1.0 + 1e-9)
+                if refuse and np.any(stuck):
+                    self._refuse(a, float(np.max(np.where(stuck, q, -np.inf))))
+                ratio = ratio / np.where(out_a & np.isfinite(f) & (f > 0), f, 1.0)
             v = np.where(outside, v * ratio, v)
             p = np.where(outside, np.maximum(p, Prov.HELD), p)
         return v, p.astype(np.int8)
 
-    def scalar(self, *coords: float) -> tuple[float, int]:
+    def _refuse(self, a: int, q: float):
+        edge = float(self.axes[a][-1])
+        raise BeyondRangeError(
+            f"query {q:g} on curve axis {a} is {math.log2(q / edge):.1f} doublings beyond the last "
+            f"measured point {edge:g}",
+            f"utilisation is still climbing at that edge and no neighbouring curve shows its plateau, "
+            f"so it may be held for at most {UNSATURATED_HOLD_OCTAVES:g} doublings",
+        )
+
+    def edges(self) -> tuple:
+        """Edge exponents and plateau caps (computed once, on the first query beyond the grid)."""
+        if not self._edges:
+            self._edges = _edge_exponents(self.axes, self.values, self.sol, borrow=len(self.axes) == 2)
+        return self._edges
+
+    def scalar(self, *coords: float, refuse: bool = False) -> tuple[float, int]:
         """Same as calling with scalars, in plain Python (no numpy overhead): the hot path of a
         simulator asking one shape at a time. Agrees with :meth:`__call__` to rounding."""
         axes, V, P = self._py
@@ -185,5 +297,22 @@ class Grid:
             if self.sol is None:
                 raise ValueError("query outside the grid and no SOL function to hold utilisation")
             v = v * float(self.sol(*q_all)) / float(self.sol(*clamped))
+            edges = self.edges()
+            for a, (q, qc) in enumerate(zip(q_all, clamped)):
+                if q == qc:
+                    continue
+                g_lo, g_hi, cap = edges[a]
+                if len(q_all) == 2:
+                    jj, tt = (j, tj) if a == 0 else (i, ti)
+                    jj1 = min(jj + 1, len(g_lo) - 1)
+                    g_lo, g_hi, cap = (float(e[jj]) * (1.0 - tt) + float(e[jj1]) * tt for e in (g_lo, g_hi, cap))
+                else:
+                    g_lo, g_hi, cap = float(g_lo[0]), float(g_hi[0]), float(cap[0])
+                r = q / qc
+                if refuse and r > 2.0**UNSATURATED_HOLD_OCTAVES and g_hi > 0 and cap <= 1.0 + 1e-9:
+                    self._refuse(a, q)
+                f = min(r**g_hi, cap) if r > 1.0 else r**g_lo
+                if f > 0 and math.isfinite(f):
+                    v = v / f
             p = max(p, int(Prov.HELD))
         return v, p

@@ -119,6 +119,8 @@ def transfer_grid(
     util = np.zeros(mesh[0].shape)
     prov = np.full(mesh[0].shape, int(Prov.TRANSFERRED), dtype=np.int8)
     for g, w in zip(grids, choice.weights):
+        # a donor's curve may stop short of the union axes: there it is held (marked held) rather
+        # than refused, since the other donors cover the point
         v, p = g(*mesh)
         util += w * (g.sol(*mesh) / v)
         prov = np.maximum(prov, p)

@@ -75,7 +75,7 @@ class PerfDB:
 
         def ev(site, sel):
             r = self._site(("gemm", quant, site["n"], site["k"]), lambda: resolve_gemm(self.db, quant, int(site["n"]), int(site["k"])))
-            v, p = r.grid(mf[sel])
+            v, p = r.grid(mf[sel], refuse=True)
             return v, p, {"n": int(site["n"]), "k": int(site["k"]), **r.describe()}
 
         v, p, src = self._by_site({"n": n, "k": k}, ev)
@@ -92,10 +92,10 @@ class PerfDB:
             fn = resolve_context_attention if phase == "context" else resolve_generation_attention
             r = self._site((phase, *args), lambda: fn(self.db, *args))
             if phase == "context":
-                v, p = r.grid(b[sel], L[sel] + pre[sel])
+                v, p = r.grid(b[sel], L[sel] + pre[sel], refuse=True)
                 v = np.where(pre[sel] > 0, v * prefix_fraction(L[sel], pre[sel]), v)
             else:
-                v, p = r.grid(b[sel], np.maximum(L[sel] - 1.0, 1.0))
+                v, p = r.grid(b[sel], np.maximum(L[sel] - 1.0, 1.0), refuse=True)
             return v, p, {"heads": int(site["heads"]), "kv_heads": int(site["kv"]), **r.describe()}
 
         v, p, src = self._by_site({"heads": h, "kv": kv, "hd": hd, "w": w}, ev)
@@ -116,7 +116,7 @@ class PerfDB:
         elements over ``group`` GPUs."""
         e = check_positive("elements", elements)
         r = self._site(("comm", op, int(group)), lambda: resolve_collective(self.db, op, int(group)))
-        v, p = r.grid(e)
+        v, p = r.grid(e, refuse=True)
         return self._finish(v, p, [r.describe()])
 
     def moe(self, num_tokens, *, quant: str, hidden: int, inter: int, topk: int, experts: int,
@@ -128,5 +128,5 @@ class PerfDB:
         key = ("moe", quant, hidden, inter, topk, experts, moe_tp, moe_ep, distribution)
         r = self._site(key, lambda: resolve_moe(self.db, quant=quant, hidden=hidden, inter=inter, topk=topk, experts=experts,
                                                 moe_tp=moe_tp, moe_ep=moe_ep, distribution=distribution))
-        v, p = r.grid(t)
+        v, p = r.grid(t, refuse=True)
         return self._finish(v, p, [r.describe()])
