@@ -219,3 +219,31 @@ def test_cli_serve_json(real_pack_available, capsys):
     assert main(argv[:-7] + ["--concurrency", "128", "--isl", "2000", "--osl", "200", "--json"]) == 0
     d2 = json.loads(capsys.readouterr().out)
     assert d2["tpot_ms"] > d["tpot_ms"] and d2["tokens_per_s_per_gpu"] > d["tokens_per_s_per_gpu"]
+
+
+def test_trtllm_fp8_gemm_host_floor_is_removed(real_pack_available):
+    """TensorRT-LLM's fp8 torch_flow GEMM rows floor ~12 us on every GPU (host overhead); the
+    excess over the sibling backends' floor is subtracted, other tables are left alone."""
+    import numpy as np
+
+    from infercast.data.database import PerfData
+    from infercast.ops import gemm as gemm_ops
+    from infercast.ops.base import OpDB
+
+    db = OpDB(PerfData.open("h200_sxm", "trtllm"))
+    t = db.data.table("gemm")
+    mask = t.mask(gemm_dtype="fp8")
+    excess, floor, sibling = gemm_ops.host_floor_excess(db, t, mask, "fp8")
+    assert 0.005 < excess < 0.010 and floor > gemm_ops.HOST_FLOOR_RATIO * (floor - excess)
+    assert sibling.split()[0] in ("sglang", "vllm")
+    r = gemm_ops.resolve_gemm(db, "fp8", 8192, 8192)
+    assert any("host overhead" in n for n in r.notes)
+    row = mask & (t.keys["m"] == 1) & (t.keys["n"] == 8192) & (t.keys["k"] == 8192)
+    want = max(float(t.latency[row][0]) - excess, floor - excess)
+    assert float(r.grid(1.0)[0]) == pytest.approx(want, rel=1e-12)
+    # a table at its siblings' floor is untouched (vLLM fp8 on the same GPU)
+    dbv = OpDB(PerfData.open("h200_sxm", "vllm"))
+    tv = dbv.data.table("gemm")
+    assert gemm_ops.host_floor_excess(dbv, tv, tv.mask(gemm_dtype="fp8"), "fp8")[0] == 0.0
+    assert not any("host overhead" in n for n in gemm_ops.resolve_gemm(dbv, "fp8", 8192, 8192).notes)
+    assert np.isfinite(excess)
