@@ -169,10 +169,17 @@ def attention_lattices(db: OpDB, backend: str, stem: str) -> list[Lattice]:
     return out
 
 
+@dataclass
+class MoeLattice(Lattice):
+    """A MoE lattice also knows which sites' curves come from the default kernel (ops.moe donors)."""
+
+    primary: np.ndarray | None = None
+
+
 def moe_lattices(db: OpDB, backend: str) -> list[Lattice]:
     """moe_perf per quant mode (gated kernels, balanced routing, as ``ops.moe._lattice`` picks
     them) and per (moe_tp, moe_ep) pair: infercast transfers only between sites of the same pair,
-    over (hidden, inter, topk, experts)."""
+    over (hidden, inter, topk, experts), with ``ops.moe.choose_donors`` / ``transfer_sites``."""
     table = db.table_or_none("moe")
     out = []
     if table is None:
@@ -196,7 +203,8 @@ def moe_lattices(db: OpDB, backend: str) -> list[Lattice]:
                 h, n, k, e = (int(x) for x in site)
                 return moe_ops.moe_sol_fn(db, q, h, n, k, e, tp, ep, g)
 
-            out.append(Lattice("moe", backend, f"{quant} tp{tp}xep{ep} [{lat.kernel}]", sites, curves, sol_for))
+            out.append(MoeLattice("moe", backend, f"{quant} tp{tp}xep{ep} [{lat.kernel}]", sites, curves, sol_for,
+                                  primary=lat.primary[idx]))
     return out
 
 
@@ -377,12 +385,20 @@ def predict_site(L: Lattice, s: int, rng: np.random.Generator, cap: int) -> dict
         # as ops/attention.py: donors compared by GQA group size first, then KV heads
         coords = np.stack([L.sites[:, 0] / L.sites[:, 1], L.sites[:, 1]], axis=1)
         choice = choose_sites(coords[s], coords[rest], weights=attn_ops.GROUP_WEIGHTS)
+    elif L.family == "moe":
+        # as ops/moe.py: default-kernel donors first, utilisation read at equal expert rows over
+        # SOL + the pair's fixed cost (from the remaining sites' lowest latency)
+        choice = moe_ops.choose_donors(L.sites[s], L.sites[rest], L.primary[rest])
     else:
         choice = choose_sites(L.sites[s], L.sites[rest])
     if choice is None:
         return None
     sol_q = L.sol_for(L.sites[s])
-    g = transfer_grid(choice, lambda i: L.full(int(rest[i])), sol_q)
+    if L.family == "moe":
+        cost = moe_ops.fixed_cost(L.curves[int(j)][1] for j in rest)
+        g = moe_ops.transfer_sites(choice, L.sites[s], L.sites[rest], lambda i: L.full(int(rest[i])), sol_q, cost)
+    else:
+        g = transfer_grid(choice, lambda i: L.full(int(rest[i])), sol_q)
     axes, vals = L.curves[s]
     cells = np.argwhere(~np.isnan(vals))
     if len(cells) > cap:
