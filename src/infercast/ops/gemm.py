@@ -134,6 +134,14 @@ def host_floor_excess(db: OpDB, table, mask, quant: str) -> tuple[float, float, 
     own = table_floor(table, mask)
     if own is None:
         return 0.0, 0.0, ""
+    # cheap gate before reading sibling tables: a floor within HOST_FLOOR_RATIO x the same table's
+    # bf16 floor (the plainest kernel it has) cannot carry a host excess worth removing
+    bf16 = table_floor(table, table.mask(gemm_dtype="bfloat16")) if quant != "bfloat16" else None
+    if bf16 is not None and own <= HOST_FLOOR_RATIO * bf16:
+        return 0.0, own, ""
+    key = (str(db.data.pack.systems_dir), db.system.name, db.backend, quant)
+    if key in _FLOOR_CACHE:
+        return _FLOOR_CACHE[key]
     best, label = own, ""
     for be in SIBLING_ORDER:
         if be == db.backend:
@@ -149,9 +157,12 @@ def host_floor_excess(db: OpDB, table, mask, quant: str) -> tuple[float, float, 
         f = table_floor(t, m)
         if f is not None and f < best:
             best, label = f, f"{be} {sib.version}"
-    if own > HOST_FLOOR_RATIO * best:
-        return own - best, own, label
-    return 0.0, own, ""
+    out = (own - best, own, label) if own > HOST_FLOOR_RATIO * best else (0.0, own, "")
+    _FLOOR_CACHE[key] = out
+    return out
+
+
+_FLOOR_CACHE: dict = {}
 
 
 def remove_host_floor(vals: np.ndarray, excess: float, floor: float) -> np.ndarray:
