@@ -136,7 +136,7 @@ def host_floor_excess(db: OpDB, table, mask, quant: str) -> tuple[float, float, 
         return 0.0, 0.0, ""
     # cheap gate before reading sibling tables: a floor within HOST_FLOOR_RATIO x the same table's
     # bf16 floor (the plainest kernel it has) cannot carry a host excess worth removing
-    bf16 = table_floor(table, table.mask(gemm_dtype="bfloat16")) if quant != "bfloat16" else None
+    bf16 = table_floor(table, table.mask(gemm_dtype="bfloat16")) if quant != "bfloat16" else own
     if bf16 is not None and own <= HOST_FLOOR_RATIO * bf16:
         return 0.0, own, ""
     key = (str(db.data.pack.systems_dir), db.system.name, db.backend, quant)
