@@ -347,8 +347,14 @@ def test_tp2_allreduce_beyond_table_is_held(est_tp2):
     tokens = 2**17  # message 2^25 elements, table ends at 2^24
     g = op(est_tp2, "attn_allreduce").resolved[0].grid
     v, p = g(float(tokens * HIDDEN))
-    want = sp.ar_ms(2**24, 2) * hand_allreduce_sol(2**25, 2) / hand_allreduce_sol(2**24, 2)
-    assert float(v) == pytest.approx(want, rel=1e-12) and int(p) == Prov.HELD
+    held = sp.ar_ms(2**24, 2) * hand_allreduce_sol(2**25, 2) / hand_allreduce_sol(2**24, 2)
+    truth = float(sp.ar_ms(2**25, 2))
+    # the synthetic all-reduce's utilisation still falls at the edge (its fixed cost is larger
+    # than the roofline's): the edge rule carries the fall on, which lands within 0.2% of the
+    # formula, where holding utilisation would be 2% low
+    assert int(p) == Prov.HELD
+    assert float(v) == pytest.approx(truth, rel=2e-3)
+    assert abs(float(v) - truth) < abs(float(held) - truth)
 
 
 def test_tp2_logits_allgather_from_nccl(est_tp2):
