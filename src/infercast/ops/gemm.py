@@ -79,7 +79,9 @@ def median_utilisation(db: OpDB, table, mask, quant: str) -> float:
     return float(np.median(s / table.latency[mask]))
 
 
-def _sibling_lattice(db: OpDB, quant: str, own_util: float):
+def _sibling_tables(db: OpDB, quant: str):
+    """(backend, PerfData, gemm table, rows of ``quant``) of every other backend on this GPU that
+    collected the quant mode, in ``SIBLING_ORDER``."""
     from ..data.database import PerfData
 
     for be in SIBLING_ORDER:
@@ -91,8 +93,12 @@ def _sibling_lattice(db: OpDB, quant: str, own_util: float):
         except InfercastError:
             continue
         m = t.mask(gemm_dtype=quant)
-        if not m.any():
-            continue
+        if m.any():
+            yield be, sib, t, m
+
+
+def _sibling_lattice(db: OpDB, quant: str, own_util: float):
+    for be, sib, t, m in _sibling_tables(db, quant):
         m, kernels = merge_kernels(t, m, ("n", "k", "m"), be)
         util = median_utilisation(db, t, m, quant)
         if util >= HOST_BOUND_UTILISATION:
@@ -129,8 +135,6 @@ def host_floor_excess(db: OpDB, table, mask, quant: str) -> tuple[float, float, 
     """(excess ms, own floor ms, sibling label): how far this table's floor sits above the lowest
     floor among the sibling backends' tables of the same GPU and quant mode, when it is more than
     ``HOST_FLOOR_RATIO`` times that; else (0, own floor, "")."""
-    from ..data.database import PerfData
-
     own = table_floor(table, mask)
     if own is None:
         return 0.0, 0.0, ""
@@ -143,16 +147,8 @@ def host_floor_excess(db: OpDB, table, mask, quant: str) -> tuple[float, float, 
     if key in _FLOOR_CACHE:
         return _FLOOR_CACHE[key]
     best, label = own, ""
-    for be in SIBLING_ORDER:
-        if be == db.backend:
-            continue
-        try:
-            sib = PerfData.open(db.system.name, be, None, db.data.pack.systems_dir)
-            t = sib.table("gemm")
-        except InfercastError:
-            continue
-        m = t.mask(gemm_dtype=quant)
-        if not m.any() or median_utilisation(db, t, m, quant) < HOST_BOUND_UTILISATION:
+    for be, sib, t, m in _sibling_tables(db, quant):
+        if median_utilisation(db, t, m, quant) < HOST_BOUND_UTILISATION:
             continue
         f = table_floor(t, m)
         if f is not None and f < best:
