@@ -3,8 +3,9 @@
 ``python -m benchmarks.interp_loo [--points N] [--seed S] [--json] [--detail]``
 
 For every system in ``--systems`` and the current data version of each serving backend, the
-measured curves of four op families are built exactly the way ``infercast.ops`` builds them
-(``ops.gemm._lattice``, ``ops.attention._lattice`` + ``fill_missing``, ``ops.comm._curve``), then
+measured curves of five op families are built exactly the way ``infercast.ops`` builds them
+(``ops.gemm._lattice``, ``ops.attention._lattice`` + ``fill_missing``, ``ops.moe._lattice`` per
+(moe_tp, moe_ep) pair, ``ops.comm._curve``), then
 held-out measured points are predicted from the rest along three paths:
 
 * ``in-curve``: one interior point of a curve is removed (one ``m`` of a GEMM ``(n, k)`` site; one
@@ -12,14 +13,16 @@ held-out measured points are predicted from the rest along three paths:
   neighbours on that axis; one message size of an all-reduce curve) and predicted from that
   site's remaining points with :class:`infercast.interp.grid.Grid` (per-axis linear / power-law scales, as the ops use them);
 * ``hold-high`` / ``hold-low``: the same for an edge point (last / first measured on its axis):
-  the query lies outside the remaining grid, which clamps and scales by the speed-of-light ratio
-  (:mod:`infercast.interp.sol`). ``hold-high`` is what infercast does for batches, lengths, m or
+  the query lies outside the remaining grid, which applies the edge rule of
+  :mod:`infercast.interp.grid` (hold a saturated edge's utilisation, extend a climbing or falling
+  one, scale the SOL ratio by an exponent below the first point). ``hold-high`` is what infercast does for batches, lengths, m or
   messages beyond the collected range; ``hold-low`` rarely happens in use, since most axes start
   at 1 (the smallest valid query). An attention cell at the edge of a truncated corner is filled
   by ``fill_missing`` (utilisation held from a smaller batch), as infercast serves such a query;
 * ``transfer``: a whole site is removed and its measured points are predicted through
   :func:`~infercast.interp.transfer.choose_sites` + :func:`~infercast.interp.transfer.transfer_grid`
-  from the remaining sites. A removed site outside the gates has no answer: it counts against
+  from the remaining sites (MoE: ``ops.moe.choose_donors`` + ``ops.moe.transfer_sites``, the
+  engine's own MoE rule). A removed site outside the gates has no answer: it counts against
   coverage, not accuracy. All-reduce has no transfer path in infercast (group sizes are never
   transferred), so it has none here.
 
