@@ -16,8 +16,8 @@ analytic blends; this file checks properties over hypothesis-generated grids, qu
 Each property was checked to fail against a deliberately broken scratch copy of src/ (noted at
 each test as "Fails if ..."). Every hypothesis run is derandomised (no example database).
 
-Three defects the properties found in the beyond-range edge rule are pinned at the end of the file
-as minimal reproducers marked strict xfail.
+Three defects the properties found in the first beyond-range edge rule are pinned at the end of
+the file as minimal reproducers: two fixed (plain tests), one a known limitation (strict xfail).
 """
 
 from __future__ import annotations
@@ -169,8 +169,8 @@ def test_monotone_inside_the_grid(data, ndim, axis):
 # Beyond the high edge (the edge rule of interp/grid.py: utilisation held, or still climbing at the
 # damped edge rate up to a plateau) the latency stays non-decreasing for SOL functions of the
 # roofline kind (a constant plus power terms: log-convex, their log-slope only grows outwards).
-# The other coordinate (2-D) stays inside its axis: see the strict xfails at the end of the file for
-# the low edge and for the other coordinate beyond its range. Fails if (checked) the hold ratio is
+# The other coordinate (2-D) stays inside its axis: see the strict xfail at the end of the file for
+# curves extrapolated at different rates, which may cross beyond the edge. Fails if (checked) the hold ratio is
 # inverted (``sol(clamped) / sol(q)``), a blend is not monotone in t, or a climbing edge climbs
 # faster than measured (damping 4.0 instead of 0.5 on ``g_hi``).
 @PROPS

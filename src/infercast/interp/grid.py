@@ -101,11 +101,10 @@ def _edge_exponents(axes, values, sol, borrow: bool) -> tuple:
     out = []
     for a, x in enumerate(axes):
         n = len(x)
+        other = values.size // n  # curves that reach this axis's edges
         if n < 2 or x[0] <= 0:
-            k = values.size // max(n, 1)
-            out.append((np.ones(k), np.zeros(k), np.zeros(k)))
+            out.append((np.ones(other), np.zeros(other), np.zeros(other)))
             continue
-        other = values.size // n
         Ua = np.moveaxis(U, a, 0).reshape(n, other)
         Sa = np.moveaxis(S, a, 0).reshape(n, other)
         # the edge interval reaches one octave in from the edge (or the far end of a short axis)
@@ -192,6 +191,7 @@ class Grid:
     scales: tuple[str, ...] = ()  # per axis: "linear" or "log" (default linear)
     _py: tuple = field(default=(), repr=False)
     _edges: tuple = field(default=(), repr=False)
+    _edges_py: tuple = field(default=(), repr=False)
 
     def __post_init__(self):
         self.axes = tuple(np.asarray(a, dtype=float) for a in self.axes)
@@ -297,6 +297,8 @@ class Grid:
         """Edge exponents and plateau caps (computed once, on the first query beyond the grid)."""
         if not self._edges:
             self._edges = _edge_exponents(self.axes, self.values, self.sol, borrow=len(self.axes) == 2)
+            # plain-list twin for the scalar path (no numpy indexing per call)
+            self._edges_py = tuple(tuple(e.tolist() for e in axis_edges) for axis_edges in self._edges)
         return self._edges
 
     def scalar(self, *coords: float, refuse: bool = False) -> tuple[float, int]:
@@ -330,7 +332,8 @@ class Grid:
         if q_all != clamped:
             if self.sol is None:
                 raise ValueError("query outside the grid and no SOL function to hold utilisation")
-            edges = self.edges()
+            self.edges()
+            edges = self._edges_py
             here = list(clamped)
             s_here = float(self.sol(*here))
             for a, (q, qc) in enumerate(zip(q_all, clamped)):
@@ -340,9 +343,9 @@ class Grid:
                 if len(q_all) == 2:
                     jj, tt = (j, tj) if a == 0 else (i, ti)
                     jj1 = min(jj + 1, len(e_lo) - 1)
-                    e_lo, g_hi, log_cap = (float(e[jj]) * (1.0 - tt) + float(e[jj1]) * tt for e in (e_lo, g_hi, log_cap))
+                    e_lo, g_hi, log_cap = (e[jj] * (1.0 - tt) + e[jj1] * tt for e in (e_lo, g_hi, log_cap))
                 else:
-                    e_lo, g_hi, log_cap = float(e_lo[0]), float(g_hi[0]), float(log_cap[0])
+                    e_lo, g_hi, log_cap = e_lo[0], g_hi[0], log_cap[0]
                 nxt = list(here)
                 nxt[a] = q
                 s_next = float(self.sol(*nxt))
