@@ -1,0 +1,52 @@
+"""Row -> worker layout rules of the fidelity mapping (pure functions, no pack needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from infercast.validate.predict import _product_layout, _width_rule
+from infercast.validate.silicon import SiliconRow, WorkerSpec
+
+
+def _row(id_: str, w: WorkerSpec, mode: str = "agg") -> SiliconRow:
+    return SiliconRow(
+        id=id_, backend="trtllm", backend_version=None, model="m", system="b200_sxm", mode=mode,
+        isl=1024, osl=1024, concurrency=4, gemm_quant=None, moe_quant=None,
+        measured_ttft_ms=1.0, measured_tpot_ms=1.0, worker=w,
+    )
+
+
+@pytest.mark.parametrize(
+    ("id_", "cols", "want"),
+    [
+        # the id names tp8 ep8, the TP column holds the product 64: 8 GPUs, TP 8, EP 8
+        ("2026_04_06_x_b200_sxm_trtllm_fp8_agg_1024x1024_c4_tp8_ep8_7", (64, 1, 8, 8), (8, 1, 1, 8)),
+        ("2026_04_06_x_b200_sxm_trtllm_fp8_agg_1024x1024_c4_tp4_ep4_7", (16, 1, 4, 4), (4, 1, 1, 4)),
+        # attention-DP flavour: DP column holds the product
+        ("2026_04_06_x_b200_sxm_trtllm_fp8_agg_1024x1024_c4_tp8_ep8_7", (1, 64, 8, 8), (1, 8, 1, 8)),
+        # no tokens in the id: the column signature (width = E^2 > node, moe_tp = moe_ep = E) decides
+        ("dsr1_b200_sglang_fp4_agg_1024x1024_c4_cfg202", (64, 1, 8, 8), (8, 1, 1, 8)),
+        # consistent rows are left alone
+        ("2026_04_06_x_b200_sxm_trtllm_fp8_agg_1024x1024_c4_tp8_ep8_7", (8, 1, 1, 8), (8, 1, 1, 8)),
+        ("2026_04_06_x_b200_sxm_vllm_fp4_agg_1024x1024_c4_tp4_ep4_7", (4, 4, 1, 16), (4, 4, 1, 16)),
+        ("dsr1_b200_sglang_fp4_agg_1024x1024_c4_cfg1", (8, 1, 8, 1), (8, 1, 8, 1)),
+        # a product signature that fits one node is a real layout
+        ("dsr1_b200_sglang_fp4_agg_1024x1024_c4_cfg1", (4, 1, 2, 2), (4, 1, 2, 2)),
+        ("x_tp2_epnone_1", (2, 1, 2, 1), (2, 1, 2, 1)),
+    ],
+)
+def test_product_layout(id_, cols, want) -> None:
+    tp, dp, mtp, mep = cols
+    w = WorkerSpec(batch_size=4, tp=tp, attention_dp=dp, moe_tp=mtp, moe_ep=mep)
+    got = _product_layout(_row(id_, w), w, 8)
+    assert (got.tp, got.attention_dp, got.moe_tp, got.moe_ep) == want
+
+
+def test_product_layout_leaves_disagg_alone() -> None:
+    w = WorkerSpec(batch_size=4, tp=64, moe_tp=8, moe_ep=8)
+    assert _product_layout(_row("a_tp8_ep8_1", w, mode="disagg"), w, 8) is w
+
+
+def test_width_rule_spreads_attention_dp() -> None:
+    w = _width_rule(WorkerSpec(batch_size=4, tp=1, attention_dp=1, moe_tp=2, moe_ep=1))
+    assert (w.tp, w.attention_dp) == (1, 2)
