@@ -3,7 +3,7 @@
 Mapping (facts from the fidelity README):
 
 * model id as written in the CSV, resolved through the pack's aliases;
-* fp8 KV cache for TensorRT-LLM rows with quantised weights (see :func:`_kv_quant`);
+* fp8 KV cache for TensorRT-LLM and vLLM rows with quantised weights (see :func:`_kv_quant`);
 * ``gemm_quant_mode`` from the row overrides the checkpoint's inferred GEMM quant (the row says
   what was benchmarked);
 * data version: the pack's *current* slot for the backend. The CSV's ``backend_version`` values are
@@ -219,9 +219,13 @@ def _gemm_quant(row: SiliconRow) -> str | None:
 
 def _kv_quant(row: SiliconRow) -> str | None:
     """No row says whether the KV cache was fp8. TensorRT-LLM serves NVIDIA's quantised (fp8 /
-    nvfp4) checkpoints with their fp8 KV cache by default; vLLM and SGLang keep the model dtype
-    (``kv_cache_dtype=auto``) unless the checkpoint says otherwise."""
-    if row.backend == "trtllm" and _gemm_quant(row) in ("fp8", "nvfp4", "fp8_block"):
+    nvfp4) checkpoints with their fp8 KV cache by default. For vLLM the dev rows say the same:
+    22 vLLM rows of quantised checkpoints that a bf16 cache would make KV-bound (requests queueing
+    for cache) measure no such queueing (predicted TTFT 6x the measured, e.g. Llama-3.1-70B fp8
+    tp1 on b200, 1024x8192 at c64: 382 ms measured); with an fp8 cache the vLLM rows' TTFT median
+    APE goes 23.9% -> 23.1%, TPOT 12.4% -> 12.5%. SGLang keeps the model dtype
+    (``kv_cache_dtype=auto``)."""
+    if row.backend in ("trtllm", "vllm") and _gemm_quant(row) in ("fp8", "nvfp4", "fp8_block"):
         return "fp8"
     return None
 
