@@ -247,3 +247,26 @@ def test_trtllm_fp8_gemm_host_floor_is_removed(real_pack_available):
     assert gemm_ops.host_floor_excess(dbv, tv, tv.mask(gemm_dtype="fp8"), "fp8")[0] == 0.0
     assert not any("host overhead" in n for n in gemm_ops.resolve_gemm(dbv, "fp8", 8192, 8192).notes)
     assert np.isfinite(excess)
+
+
+def test_trtllm_nvfp4_gemm_decode_gap_borrows_sibling(real_pack_available):
+    """TensorRT-LLM's nvfp4 GEMM rows run near their own bf16 time at decode sizes and 1.6-1.8x
+    SGLang's nvfp4 kernels on the same GPU: SGLang's table answers for them. vLLM's nvfp4 rows
+    (well under bf16) and TensorRT-LLM's fp8 rows (host floor removed) keep their own."""
+    from infercast.data.database import PerfData
+    from infercast.ops import gemm as gemm_ops
+    from infercast.ops.base import OpDB
+
+    db = OpDB(PerfData.open("b200_sxm", "trtllm"))
+    t = db.data.table("gemm")
+    ratio, sib = gemm_ops.decode_gap(db, t, t.mask(gemm_dtype="nvfp4"), "nvfp4")
+    assert ratio > gemm_ops.DECODE_GAP_RATIO and sib[0] == "sglang"
+    r = gemm_ops.resolve_gemm(db, "nvfp4", 8192, 8192)
+    assert r.kernel.startswith("sglang:") and any("decode sizes" in n for n in r.notes)
+    st = sib[2]
+    row = st.mask(gemm_dtype="nvfp4") & (st.keys["m"] == 16) & (st.keys["n"] == 8192) & (st.keys["k"] == 8192)
+    assert float(r.grid(16.0)[0]) == pytest.approx(float(st.latency[row].min()), rel=1e-9)
+    dbv = OpDB(PerfData.open("b200_sxm", "vllm"))
+    assert dbv.data.table("gemm").mask(gemm_dtype="nvfp4").any()
+    assert not gemm_ops.resolve_gemm(dbv, "nvfp4", 8192, 8192).kernel.startswith("sglang:")
+    assert not gemm_ops.resolve_gemm(db, "fp8", 8192, 8192).kernel.startswith("sglang:")

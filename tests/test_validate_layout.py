@@ -50,3 +50,28 @@ def test_product_layout_leaves_disagg_alone() -> None:
 def test_width_rule_spreads_attention_dp() -> None:
     w = _width_rule(WorkerSpec(batch_size=4, tp=1, attention_dp=1, moe_tp=2, moe_ep=1))
     assert (w.tp, w.attention_dp) == (1, 2)
+
+
+def test_gemm_decode_ratio_helpers() -> None:
+    """The decode-gap rule's shape-by-shape median: only shapes both tables hold, only m <= 16."""
+    import numpy as np
+
+    from infercast.ops import gemm as gemm_ops
+
+    class T:
+        def __init__(self, lat):
+            n = np.repeat([1024, 2048, 4096, 8192, 16384], 8).astype(float)
+            k = np.tile(np.repeat([4096.0, 8192.0], 4), 5)
+            m = np.tile([1.0, 8.0, 16.0, 32.0], 10)
+            self.keys = {"n": n, "k": k, "m": m}
+            self.latency = np.asarray(lat(n, k, m), float)
+
+    fast = T(lambda n, k, m: 1e-9 * n * k)
+    slow = T(lambda n, k, m: np.where(m <= 16, 2e-9 * n * k, 5e-9 * n * k))
+    mask = np.ones(40, bool)
+    a, b = gemm_ops._decode_latencies(slow, mask), gemm_ops._decode_latencies(fast, mask)
+    assert len(a) == 30 and all(key[2] <= 16 for key in a)
+    assert gemm_ops._median_ratio(a, b) == pytest.approx(2.0)
+    assert gemm_ops._median_ratio(a, {}) is None
+    big = gemm_ops._decode_latencies(slow, mask, 2**25)
+    assert all(key[0] * key[1] >= 2**25 for key in big) and len(big) == 15
