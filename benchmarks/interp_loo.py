@@ -11,7 +11,8 @@ held-out measured points are predicted from the rest along three paths:
 * ``in-curve``: one interior point of a curve is removed (one ``m`` of a GEMM ``(n, k)`` site; one
   batch row or one length column of an attention site, so the query sits between its two measured
   neighbours on that axis; one message size of an all-reduce curve) and predicted from that
-  site's remaining points with :class:`infercast.interp.grid.Grid` (per-axis linear / power-law scales, as the ops use them);
+  site's remaining points with :class:`infercast.interp.grid.Grid` (per-axis linear / power-law / tile
+  scales, as the ops use them; the alternatives below are scored on the measured points alone);
 * ``hold-high`` / ``hold-low``: the same for an edge point (last / first measured on its axis):
   the query lies outside the remaining grid, which applies the edge rule of
   :mod:`infercast.interp.grid` (hold a saturated edge's utilisation, extend a climbing or falling
@@ -101,16 +102,20 @@ class Lattice:
     sol_for: Callable  # site coordinates -> SOL function of the curve coordinates
     _full: dict = field(default_factory=dict, repr=False)
 
-    def build(self, s: int, axes: tuple, vals: np.ndarray) -> Grid:
-        """A site grid from (possibly reduced) curve data, as the ops modules build it."""
+    def build(self, s: int, axes: tuple, vals: np.ndarray, plain: bool = False) -> Grid:
+        """A site grid from (possibly reduced) curve data, as the ops modules build it (``plain``:
+        linear scales, no tile-axis rules -- the data the alternative rules are scored on)."""
         sol = self.sol_for(self.sites[s])
+        if plain and len(axes) == 1:
+            keep = ~np.isnan(vals)
+            return Grid((axes[0][keep],), vals[keep], np.zeros(int(keep.sum()), np.int8), sol)
         if len(axes) == 2:
             # ops/attention.py: site_grid = Grid(ax, *fill_missing(ax, vals, sol), sol)
             filled, prov = fill_missing(axes, vals, sol)
             return Grid(axes, filled, prov, sol, scales=SCALES.get(self.family, ()))
         keep = ~np.isnan(vals)
         # ops/gemm.py and ops/comm.py: a 1-D grid of the measured points, provenance exact
-        return Grid((axes[0][keep],), vals[keep], np.zeros(int(keep.sum()), np.int8), sol)
+        return Grid((axes[0][keep],), vals[keep], np.zeros(int(keep.sum()), np.int8), sol, scales=SCALES.get(self.family, ()))
 
     def full(self, s: int) -> Grid:
         if s not in self._full:
@@ -250,8 +255,8 @@ def load_lattices(system: str, backend: str, family: str) -> list[Lattice]:
 # ---- alternatives -------------------------------------------------------------------------------
 #: in-curve interpolation rules compared on the same held-out points: (x space, y space)
 #: the per-axis interpolation spaces infercast's ops use (ops/attention.py CTX_SCALES / GEN_SCALES;
-#: GEMM m, MoE tokens and message size are linear)
-SCALES = {"context_attention": ("linear", "log"), "generation_attention": ("linear", "linear")}
+#: ops/gemm.py M_SCALE; MoE tokens and message size are linear)
+SCALES = {"context_attention": attn_ops.CTX_SCALES, "generation_attention": attn_ops.GEN_SCALES, "gemm": gemm_ops.M_SCALE}
 
 METHODS = {
     "power-law": ("log", "log"),
@@ -368,13 +373,14 @@ def predict_curve_point(L: Lattice, s: int, cell: int, ax: int, path: str) -> di
         tags["quant"] = L.label.split(" ")[0]
         tags["m region"] = _gemm_region(axes[0], q[0])
     if path == "in-curve":
-        alts = {name: interp_eval(g, q, *spec) for name, spec in METHODS.items()}
+        g_alt = L.build(s, tuple(red_axes), red_vals, plain=True)  # the measured points only
+        alts = {name: interp_eval(g_alt, q, *spec) for name, spec in METHODS.items()}
         check = 0.0  # infercast's Grid uses per-axis scales (see SCALES); compared, not re-derived
-        lo, hi = sorted(bracket_values(g, q, ax))
+        lo, hi = sorted(bracket_values(g_alt, q, ax))
         inside = lo * 0.99 <= meas <= hi * 1.01
         tags["neighbours"] = "point between its neighbours" if inside else "point outside its neighbours' range"
     else:
-        alts = {"clamp only": clamp_eval(g, q)}
+        alts = {"clamp only": clamp_eval(L.build(s, tuple(red_axes), red_vals, plain=True), q)}
         check = 0.0
     return {"meas": meas, "pred": pred, "alts": alts, "tags": tags, "check": check}
 

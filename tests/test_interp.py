@@ -486,3 +486,73 @@ def test_transfer_held_marks_provenance():
     g = transfer_grid(ch, lambda i: grids[i], sol_q)
     assert g.prov.tolist() == [Prov.HELD] * 3
     np.testing.assert_allclose(g.values, sol_q(g.axes[0]) / _util(g.axes[0]), rtol=1e-13)
+
+
+# ---------------------------------------------------------------------------------------------
+# tile axes (GEMM m): robust knots, pair holes, the high edge
+# ---------------------------------------------------------------------------------------------
+def test_robust_knots_median_windows():
+    v = np.array([1.0, 5.0, 2.0, 3.0, 9.0, 4.0, 5.0])
+    assert grid_mod.robust_knots(v, 1).tolist() == [1.0, 2.0, 3.0, 3.0, 4.0, 5.0, 5.0]
+    assert grid_mod.robust_knots(v, 2).tolist() == [1.0, 2.0, 3.0, 4.0, 4.0, 5.0, 5.0]
+    mono = np.array([1.0, 1.0, 2.0, 7.0, 7.5, 30.0])
+    assert grid_mod.robust_knots(mono, 2).tolist() == mono.tolist()
+
+
+def test_tile_axis_blends_robust_knots_but_hits_stored_values():
+    # knots with a window of 1 or 2 either side: [1, 2, 4, 5, 5] (the 9 is an outlier)
+    g = _grid1([1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 9.0, 4.0, 5.0], scale="tile")
+    v, p = g(np.array([2.5, 3.0, 3.5, 1.5]))
+    assert v.tolist() == [3.0, 9.0, 4.5, 1.5]
+    assert p.tolist() == [Prov.INTERPOLATED, Prov.EXACT, Prov.INTERPOLATED, Prov.INTERPOLATED]
+    assert [g.scalar(q)[0] for q in (2.5, 3.0, 3.5, 1.5)] == [3.0, 9.0, 4.5, 1.5]
+    lin = _grid1([1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 9.0, 4.0, 5.0], scale="linear")
+    assert float(lin(2.5)[0]) == 5.5
+
+
+def test_tile_hole_in_a_small_group_takes_its_groups_other_end():
+    # 16-row groups: m=49 (one row into the tile after 48) is missing; it shares its tile with 64
+    x = [16.0, 17.0, 32.0, 33.0, 48.0, 64.0, 65.0, 80.0, 81.0]
+    v = [1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 5.0, 5.0, 6.0]
+    g = _grid1(x, v, scale="tile")
+    val, p = g(49.0)
+    assert float(val) == 4.0 and int(p) == Prov.INTERPOLATED
+    assert g.scalar(49.0) == (4.0, int(Prov.INTERPOLATED))
+    assert float(_grid1(x, v, scale="linear")(49.0)[0]) == 3.0625
+    # the group (33, 48] ends at 48 (present): its value is 33's, up to the ramp into 48
+    assert float(g(47.0)[0]) == 3.0
+    assert 47.0 in g.axes[0].tolist() and 49.0 in g.axes[0].tolist()
+
+
+def test_tile_hole_in_a_large_group_follows_the_same_pair_members():
+    # 256-row groups, latency = whole tiles of 256 rows: a -> a/256, a+1 -> a/256 + 1; 768 missing
+    x = [256.0, 257.0, 512.0, 513.0, 769.0, 1024.0, 1025.0]
+    v = [1.0, 2.0, 2.0, 3.0, 4.0, 4.0, 5.0]
+    g = _grid1(x, v, scale="tile")
+    assert float(g(768.0)[0]) == 3.0  # between 512 (2) and 1024 (4), not next to 769's step
+    assert float(_grid1(x, v, scale="linear")(768.0)[0]) == pytest.approx(3.99609375, rel=1e-12)
+    # the a+1 member missing instead (769): between 513 (3) and 1025 (5)
+    x2 = [256.0, 257.0, 512.0, 513.0, 768.0, 1024.0, 1025.0]
+    v2 = [1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 5.0]
+    assert float(_grid1(x2, v2, scale="tile")(769.0)[0]) == 4.0
+
+
+def test_tile_complete_lattice_is_not_filled():
+    x = [1.0, 2.0, 3.0, 16.0, 17.0, 32.0, 33.0, 256.0, 257.0, 512.0, 513.0, 8192.0, 16384.0]
+    v = np.linspace(1.0, 9.0, len(x))
+    g = _grid1(x, v, scale="tile")
+    assert g.axes[0].tolist() == x and g.values.tolist() == v.tolist()
+
+
+def test_tile_high_edge_does_not_fall():
+    # u = SOL / latency falls by half over the last octave; linear axes keep falling for one
+    # doubling at half the rate (x 2 x sqrt 2), a tile axis holds utilisation (x 2)
+    sol = lambda m: np.asarray(m, float)  # noqa: E731
+    x, v = [2.0, 4.0, 8.0, 16.0], [2.0, 4.0, 8.0, 32.0]
+    assert float(_grid1(x, v, sol, scale="tile")(32.0)[0]) == pytest.approx(64.0, rel=1e-12)
+    assert float(_grid1(x, v, sol, scale="linear")(32.0)[0]) == pytest.approx(64.0 * math.sqrt(2.0), rel=1e-12)
+
+
+def test_tile_axis_only_on_1d_grids():
+    with pytest.raises(ValueError):
+        Grid((np.array([1.0, 2.0]), np.array([1.0, 2.0])), np.ones((2, 2)), np.zeros((2, 2), np.int8), scales=("tile", "linear"))

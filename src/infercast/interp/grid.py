@@ -7,14 +7,43 @@ transferred) at compile time, plus a provenance code per cell.
 Between grid points each axis is interpolated in its own space, chosen by leave-one-out on the
 real tables (``python -m benchmarks.interp_loo``):
 
-* ``linear`` (position and value linear): GEMM ``m``, attention ``batch``, generation ``step``,
-  collective message size. Latency along these axes is a fixed cost plus a linear term, which a
+* ``linear`` (position and value linear): attention ``batch``, generation ``step``, MoE tokens,
+  collective message size (and GEMM ``m`` until the ``tile`` scale). Latency along these axes is a fixed cost plus a linear term, which a
   linear blend reproduces and a log-log blend over-predicts (LOO median APE 1.3-3.5% linear vs
   1.5-3.6% power law, with a +1-3% bias for the power law);
 * ``log`` (piecewise power law, linear in log x and log y): context-attention length, where
-  cost grows quadratically (LOO median 3.5% power law vs 4.8% linear).
+  cost grows quadratically (LOO median 3.5% power law vs 4.8% linear);
+* ``tile`` (GEMM ``m``): linear, plus two rules for the tile steps and the noise of the m axis
+  (below). LOO in-curve median / p90 APE, h200 / b200: linear 3.9 / 23.8% | 3.8 / 21.9%;
+  both rules 3.3 / 15.8% | 3.0 / 16.9% (robust knots alone 3.6 / 18.2% | 3.3 / 18.6%, hole fill
+  alone 3.4 / 17.6% | 3.3 / 19.4%).
 
 At a grid point the weights are exactly 0/1, so an exact hit returns the stored value bit for bit.
+
+**Tile axes.** GEMM tables are collected at ``m = 1..16`` and in ``(a, a + 1)`` pairs: ``a`` a
+multiple of 16 up to 256, then of 256, i.e. at the end of a group of whole row tiles and one row
+into the next tile, where latency steps up. The rows are noisy: 6-7% of the interior points are
+more than 15% above or below *both* their neighbours (a disturbed run, or a kernel heuristic's odd
+choice at that one ``m``).
+
+1. *Robust knots.* Between two grid points the blend uses each point's median over itself and
+   ``ROBUST_HALF_WINDOW`` (2) points either side, not its raw value, so one or two outlying points
+   do not bend their neighbouring intervals (an exact hit still returns the stored value; a
+   monotone curve is unchanged). Median of 3 vs 5: 3.1 / 15.8% | 3.0 / 18.0% vs
+   3.3 / 15.8% | 3.0 / 16.9%.
+2. *Pair holes.* A point whose pair partner is missing (``a`` without ``a + 1`` or the reverse) is
+   a hole in the collection lattice; the missing member is filled (provenance interpolated)
+   without blending across the tile step it sits next to. Row tiles are 16 to 256 rows (powers of
+   two), so: a group of at most ``TILE_MIN_ROWS`` (16) rows lies inside one tile, and the hole
+   takes the value of its group's other end; a group of at least ``TILE_MAX_ROWS`` (256) rows is a
+   whole number of tiles, so latency is linear in ``m`` along the pairs' ``a`` members (and along
+   their ``a + 1`` members), and the hole is interpolated between the same members of the
+   neighbouring pairs (clipped to its two neighbours). Groups in between are left linear. On a
+   complete table no point is filled and no answer changes; a table that lacks a point of its
+   lattice (what in-curve LOO removes) no longer interpolates across the step.
+3. *High edge.* The falling high-edge rule below does not apply: a tile axis's high edge holds or
+   climbs. The last octave (``m`` 8192 -> 16384) is two noisy points; LOO hold-high p90 falls from
+   23.5 / 22.3% to 19.3 / 20.5% (medians unchanged, 3.6 / 5.1%).
 
 Outside the grid the query is clamped to the boundary and scaled by the speed-of-light ratio
 ``SOL(query) / SOL(boundary)`` -- the boundary's utilisation ``u = SOL / latency`` is held -- but
@@ -24,7 +53,7 @@ curves' parameters along the other axis):
 * the utilisation growth exponent of a curve at an edge is ``g = dlog(u) / dlog(x)`` over the
   octave in from the edge, clipped to ``[-beta, beta]`` with ``beta = dlog(SOL) / dlog(x)``
   (utilisation cannot grow faster than the roofline, or latency would fall as the shape grows);
-* **high edge, falling** (``g < -SATURATION_TOL``: latency grows faster than the roofline, e.g.
+* **high edge, falling** (``g < -SATURATION_TOL``; not on a tile axis: latency grows faster than the roofline, e.g.
   generation attention at short KV lengths, where a per-sequence cost outgrows the KV traffic
   as the batch grows): ``u`` keeps falling at ``EDGE_DAMPING x g`` for ``FALL_OCTAVES``
   doubling, then holds (LOO hold-high medians,
@@ -60,7 +89,8 @@ import numpy as np
 from ..errors import NotAvailableError
 from .provenance import Prov
 
-LINEAR, LOG = "linear", "log"
+LINEAR, LOG, TILE = "linear", "log", "tile"
+SCALE_NAMES = (LINEAR, LOG, TILE)
 
 #: An edge whose utilisation grows by less than this exponent (``u ~ x**g``; 0.05 is +3.5% per
 #: doubling) counts as saturated. Chosen with ``python -m benchmarks.interp_loo`` (hold paths).
@@ -79,13 +109,89 @@ UNSATURATED_HOLD_OCTAVES = 4.0
 #: A falling high edge keeps falling for at most this many doublings, then holds: the fall is a
 #: regime of the last measured octave, not a trend to compound far beyond the table.
 FALL_OCTAVES = 1.0
+#: ``tile`` axes: between two knots the blend uses each knot's median over itself and this many
+#: knots on either side (a symmetric window, shrinking at the ends; the end knots are kept). LOO
+#: in-curve GEMM p90, h200 / b200: 1 -> 15.8 / 18.0%, 2 -> 15.8 / 16.9%, 3 -> 15.6 / 16.9%.
+ROBUST_HALF_WINDOW = 2
+#: ``tile`` axes: the row tiles of GEMM kernels are 16 .. 256 rows (powers of two), so a group of
+#: at most ``TILE_MIN_ROWS`` rows lies inside one tile and a group of at least ``TILE_MAX_ROWS``
+#: rows is a whole number of tiles (see the module docstring).
+TILE_MIN_ROWS, TILE_MAX_ROWS = 16.0, 256.0
+
+
+def robust_knots(values: np.ndarray, half: int = ROBUST_HALF_WINDOW) -> np.ndarray:
+    """Median over a symmetric window of ``2 * half + 1`` knots along the first axis (shrinking
+    at the ends; the end knots are their own). A non-decreasing (or non-increasing) sequence is
+    returned unchanged; a knot above or below both neighbours is replaced by one of theirs."""
+    v = np.asarray(values, dtype=float)
+    n = len(v)
+    out = v.copy()
+    for r in range(1, half + 1):
+        # knots with at least r neighbours on both sides use the full window when r == min(..)
+        lo, hi = r, n - r
+        if hi <= lo:
+            break
+        idx = np.arange(lo, hi)
+        width = np.minimum(np.minimum(idx, n - 1 - idx), half)
+        sel = idx[width == r]
+        if len(sel):
+            win = np.stack([v[sel + d] for d in range(-r, r + 1)])
+            out[sel] = np.median(win, axis=0)
+    return out
+
+
+def fill_pair_holes(x: np.ndarray, v: np.ndarray, prov: np.ndarray):
+    """Fill the missing member of a broken ``(a, a + 1)`` pair on a ``tile`` axis (module
+    docstring). Returns ``(x, v, prov)`` with the filled points inserted (provenance
+    interpolated); unchanged when nothing is missing."""
+    x = np.asarray(x, dtype=float)
+    n = len(x)
+    if n < 4:
+        return x, v, prov
+    on = set(x.tolist())
+    pair = np.flatnonzero(np.diff(x) == 1.0)  # index of a in each complete (a, a + 1) pair
+    if not len(pair):
+        return x, v, prov
+    k = robust_knots(v)
+    lone = np.array([(xi - 1.0 not in on) and (xi + 1.0 not in on) for xi in x.tolist()])
+    add_x, add_v = [], []
+    for i in range(n - 1):
+        x0, x1 = x[i], x[i + 1]
+        if x1 - x0 <= 2.0 or lone[i] == lone[i + 1]:
+            continue
+        if lone[i + 1]:  # x1 = a + 1 of a pair whose a is missing: the group (x0, x1 - 1] ends at the hole
+            missing, rows, near, members = x1 - 1.0, x1 - x0, k[i], pair
+        else:  # x0 = a of a pair whose a + 1 is missing: the group [x0 + 1, x1] starts at the hole
+            missing, rows, near, members = x0 + 1.0, x1 - x0, k[i + 1], pair + 1
+        if rows <= TILE_MIN_ROWS:  # inside one tile with the group's other end
+            val = near
+        elif rows >= TILE_MAX_ROWS:  # whole tiles: blend the same member of the neighbouring pairs
+            lo, hi = members[x[members] < missing], members[x[members] > missing]
+            if not len(lo) or not len(hi):
+                continue
+            a, b = lo[-1], hi[0]
+            km = robust_knots(v[members])
+            ka, kb = km[len(lo) - 1], km[len(lo)]
+            t = (missing - x[a]) / (x[b] - x[a])
+            val = min(max(ka * (1.0 - t) + kb * t, min(k[i], k[i + 1])), max(k[i], k[i + 1]))
+        else:
+            continue
+        add_x.append(missing)
+        add_v.append(val)
+    if not add_x:
+        return x, v, prov
+    xs = np.concatenate([x, add_x])
+    order = np.argsort(xs, kind="stable")
+    vs = np.concatenate([v, add_v])[order]
+    ps = np.concatenate([prov, np.full(len(add_x), int(Prov.INTERPOLATED), np.int8)])[order]
+    return xs[order], vs, ps.astype(np.int8)
 
 
 class BeyondRangeError(NotAvailableError):
     """A query too far beyond a grid edge whose utilisation is still climbing."""
 
 
-def _edge_exponents(axes, values, sol, borrow: bool) -> tuple:
+def _edge_exponents(axes, values, sol, borrow: bool, scales: tuple = ()) -> tuple:
     """Per axis: ``(e_low, g_high, log_cap_high)``, arrays over the curves that reach the axis's
     edges (one entry for a 1-D grid); see the module docstring.
 
@@ -121,6 +227,8 @@ def _edge_exponents(axes, values, sol, borrow: bool) -> tuple:
         g_hi = np.clip(np.nan_to_num(g_hi, nan=0.0, posinf=0.0, neginf=0.0), -b_hi, b_hi)
         g_lo = np.clip(np.nan_to_num(g_lo, nan=0.0, posinf=0.0, neginf=0.0), 0.0, b_lo)
         g_hi = np.where(np.abs(g_hi) > SATURATION_TOL, g_hi * EDGE_DAMPING, 0.0)
+        if a < len(scales) and scales[a] == TILE:  # a tile axis's high edge never falls (docstring)
+            g_hi = np.maximum(g_hi, 0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             rho = np.where(b_lo > 0, g_lo / b_lo, 0.0)  # 0: utilisation held .. 1: latency flat
         rho = np.where(g_lo > SATURATION_TOL, rho, 0.0)
@@ -192,6 +300,7 @@ class Grid:
     _py: tuple = field(default=(), repr=False)
     _edges: tuple = field(default=(), repr=False)
     _edges_py: tuple = field(default=(), repr=False)
+    _knots: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self):
         self.axes = tuple(np.asarray(a, dtype=float) for a in self.axes)
@@ -199,12 +308,20 @@ class Grid:
         self.prov = np.asarray(self.prov, dtype=np.int8)
         if not self.scales:
             self.scales = (LINEAR,) * len(self.axes)
-        if len(self.scales) != len(self.axes) or any(s not in (LINEAR, LOG) for s in self.scales):
-            raise ValueError(f"scales must be one of linear/log per axis, got {self.scales}")
+        if len(self.scales) != len(self.axes) or any(s not in SCALE_NAMES for s in self.scales):
+            raise ValueError(f"scales must be one of linear/log/tile per axis, got {self.scales}")
+        self._knots = self.values
+        if TILE in self.scales:
+            if len(self.axes) != 1:
+                raise ValueError("a tile axis is only supported on a 1-D grid")
+            x, self.values, self.prov = fill_pair_holes(self.axes[0], self.values, self.prov)
+            self.axes = (x,)
+            self._knots = robust_knots(self.values)
         self._py = (
             tuple(a.tolist() for a in self.axes),
             self.values.tolist(),
             self.prov.tolist(),
+            self._knots.tolist(),
         )
 
     def __call__(self, *coords, refuse: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -222,7 +339,10 @@ class Grid:
             n = len(self.axes[0])
             i, t, qc = _locate(self.axes[0], coords[0], sc)
             i1 = np.minimum(i + 1, n - 1)
-            v = _blend(self.values[i], self.values[i1], t, sc)
+            if sc == TILE:  # robust knots between grid points, the stored value on them
+                v = np.where(t == 0.0, self.values[i], np.where(t == 1.0, self.values[i1], _blend(self._knots[i], self._knots[i1], t, sc)))
+            else:
+                v = _blend(self.values[i], self.values[i1], t, sc)
             on = (t == 0.0) | (t == 1.0)
             p = np.where(t == 0.0, self.prov[i], np.where(t == 1.0, self.prov[i1], np.maximum(self.prov[i], self.prov[i1])))
             clamped = (qc,)
@@ -296,7 +416,7 @@ class Grid:
     def edges(self) -> tuple:
         """Edge exponents and plateau caps (computed once, on the first query beyond the grid)."""
         if not self._edges:
-            self._edges = _edge_exponents(self.axes, self.values, self.sol, borrow=len(self.axes) == 2)
+            self._edges = _edge_exponents(self.axes, self.values, self.sol, borrow=len(self.axes) == 2, scales=self.scales)
             # plain-list twin for the scalar path (no numpy indexing per call)
             self._edges_py = tuple(tuple(e.tolist() for e in axis_edges) for axis_edges in self._edges)
         return self._edges
@@ -304,13 +424,13 @@ class Grid:
     def scalar(self, *coords: float, refuse: bool = False) -> tuple[float, int]:
         """Same as calling with scalars, in plain Python (no numpy overhead): the hot path of a
         simulator asking one shape at a time. Agrees with :meth:`__call__` to rounding."""
-        axes, V, P = self._py
+        axes, V, P, K = self._py
         if len(axes) == 1:
             sc = self.scales[0]
             q = float(coords[0])
             i, t, qc = _locate1(axes[0], q, sc)
             i1 = min(i + 1, len(axes[0]) - 1)
-            v = _blend1(V[i], V[i1], t, sc)
+            v = _blend1(K[i], K[i1], t, sc) if sc == TILE and 0.0 < t < 1.0 else _blend1(V[i], V[i1], t, sc)
             p = P[i] if t == 0.0 else P[i1] if t == 1.0 else max(P[i], P[i1], int(Prov.INTERPOLATED))
             clamped = (qc,)
             q_all = (q,)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import InfercastError, NotAvailableError
 from ..interp import sol
-from ..interp.grid import Grid
+from ..interp.grid import TILE, Grid
 from ..interp.transfer import choose_sites, transfer_grid
 from ..data.quant import COMPUTE_DTYPE, WEIGHT_BYTES
 from .base import DatabaseMode, OpDB, Resolved, merge_kernels, sites_and_curves, sol_resolved
@@ -18,6 +18,8 @@ from .empirical import empirical_resolved
 
 #: the tokens axis used for SOL / empirical grids (same span as the collected m axis)
 M_AXIS = np.unique(np.concatenate([np.arange(1, 17), 2.0 ** np.arange(4, 18)]))
+#: interpolation space of the measured m axis (infercast.interp.grid): linear, tile-step aware
+M_SCALE = (TILE,)
 
 
 def gemm_sol_fn(db: OpDB, quant: str, n: int, k: int):
@@ -255,7 +257,7 @@ def resolve_gemm(db: OpDB, quant: str, n: int, k: int) -> Resolved:
     def site_grid(i: int) -> Grid:
         (axis,), vals = curves[i]
         n_i, k_i = sites[i]
-        return Grid((axis,), vals, np.zeros(len(axis), np.int8), gemm_sol_fn(db, quant, int(n_i), int(k_i)))
+        return Grid((axis,), vals, np.zeros(len(axis), np.int8), gemm_sol_fn(db, quant, int(n_i), int(k_i)), scales=M_SCALE)
 
     choice = None if db.mode is DatabaseMode.EMPIRICAL else choose_sites((n, k), sites)
     if choice is None:
