@@ -514,3 +514,41 @@ def test_unknown_model_lists_pack_ids(pack):
         resolve_model(pack, "nope/not-a-model")
     assert ei.value.available == [sp.MODEL_ID, sp.MODEL_ID_FP8]
     assert "nope/not-a-model" in str(ei.value)
+
+
+@pytest.mark.parametrize(
+    ("extra", "arch", "want"),
+    [
+        ({}, None, ""),
+        ({"use_qk_norm": True}, None, "per_head"),
+        ({"use_qk_norm": True, "qk_norm_type": "per_layer"}, None, "per_layer"),
+        ({}, "Qwen3ForCausalLM", "per_head"),
+    ],
+)
+def test_qk_norm_ops_in_plan(pack, synth, tmp_path, extra, arch, want):
+    """q/k RMSNorm: an elementwise op per attention layer; a layer-wide (per_layer) norm under TP
+    also all-reduces one fp32 sum of squares per token for q and for k (2 calls per layer)."""
+    from infercast.models.plan import ParallelConfig, build_plan
+
+    cfg = json.loads((synth.model_configs_dir / "synth--tiny-llama_config.json").read_text())
+    cfg.update(extra)
+    if arch:
+        cfg["architectures"] = [arch]
+    d = tmp_path / "qk"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    spec = build_spec(resolve_model(pack, str(d)))
+    assert spec.qk_norm == want
+    for tp in (1, 2):
+        ops = {o.name: o for o in build_plan(spec, ParallelConfig(tp=tp)).ops}
+        if not want:
+            assert "qk_norm" not in ops and "qk_norm_allreduce" not in ops
+            continue
+        heads, kvh, hd = spec.num_heads // tp, max(1, spec.num_kv_heads // tp), spec.head_dim
+        assert ops["qk_norm"].count == spec.num_layers
+        assert ops["qk_norm"].params["bytes_per_token"] == (heads + kvh) * hd * 2 * 2
+        if want == "per_layer" and tp > 1:
+            ar = ops["qk_norm_allreduce"]
+            assert (ar.kind, ar.count, ar.params["elements_per_token"], ar.params["group"]) == ("allreduce", 2 * spec.num_layers, 2, tp)
+        else:
+            assert "qk_norm_allreduce" not in ops

@@ -203,6 +203,12 @@ def _attention_ops(spec: ModelSpec, par: ParallelConfig) -> list[PlanOp]:
         Lf = L - (spec.gdn.linear_layers if spec.gdn else 0)  # layers with full attention
         qn = heads * (2 if spec.attn_output_gate else 1)  # Qwen3.5's q projection also emits a gate
         ops.append(PlanOp("qkv_gemm", "gemm", Lf, params={"n": (qn + 2 * kvh) * hd, "k": h, "quant": q.gemm}))
+        if spec.qk_norm:
+            # read and write this rank's q and k
+            ops.append(PlanOp("qk_norm", "elementwise", Lf, params={"bytes_per_token": (heads + kvh) * hd * act * 2}))
+            if spec.qk_norm == "per_layer" and tp > 1:
+                # the layer-wide norms of q and of k each all-reduce one fp32 sum of squares per token
+                ops.append(PlanOp("qk_norm_allreduce", "allreduce", 2 * Lf, params={"elements_per_token": 2, "group": tp}))
         ops.append(PlanOp("rope", "elementwise", Lf, params={"bytes_per_token": (heads + kvh) * hd * act * 2}))
         windows = spec.layer_windows or (spec.sliding_window or 0,) * Lf
         for w in sorted(set(windows)):

@@ -132,6 +132,10 @@ class ModelSpec:
     sparse_attention: bool = False  # DeepSeek-V3.2 / GLM-5 DSA: an indexer picks index_topk keys
     index_head_dim: int = 0
     attn_output_gate: bool = False  # full-attention q projection also emits a gate (Qwen3.5)
+    #: RMSNorm on q and k before RoPE: "" (none), "per_head" (Qwen3 family, GLM: each head alone) or
+    #: "per_layer" (MiniMax-M2: over all heads of the layer, so under TP each rank's partial sum of
+    #: squares is all-reduced)
+    qk_norm: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -280,4 +284,16 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
         sparse_attention=bool(text.get("index_topk")) and family == "mla_moe",
         index_head_dim=int(text.get("index_head_dim") or 0),
         attn_output_gate=bool(text.get("attn_output_gate", False)),
+        qk_norm=_qk_norm(arch, text),
     )
+
+
+def _qk_norm(arch: str, text: dict) -> str:
+    """The checkpoint's q/k normalisation: configs that say ``use_qk_norm`` give the type
+    (``qk_norm_type``, per head unless told); the Qwen3 family has per-head q/k norms without
+    a flag."""
+    if text.get("use_qk_norm"):
+        return str(text.get("qk_norm_type") or "per_head")
+    if arch.startswith("Qwen3"):
+        return "per_head"
+    return ""
