@@ -151,3 +151,24 @@ def test_disagg_one_client_constant_steps():
     # two clients on one prefill worker: now one can wait behind the other
     r2 = solve_disagg(pe, de, 2, 100, 11, 1, 1, 1, 1, params(), params(), 0.0, 2)
     assert r2.ttft_ms > r.ttft_ms
+
+
+def test_per_sequence_host_overhead_exact():
+    # 10 ms steps, 0.5 ms per step plus 0.25 ms per sequence in the step
+    p = params(step_overhead_ms=0.5, seq_overhead_ms=0.25)
+    assert p.host_ms(4) == pytest.approx(1.5)
+    eng = ConstEngine(10.0)
+    # one client: the prefill step carries 1 sequence, each decode step 1 sequence
+    r = simulate(eng, 1, 100, 8, p, kv_capacity_tokens=1e9, gpus=1, requests_per_client=1)
+    assert r.ttft_ms == pytest.approx(10.75) and r.tpot_ms == pytest.approx(10.75)
+    # four synchronised clients, one mixed-free prefill step for all, then 4 decodes per step
+    r4 = simulate(eng, 4, 100, 8, p, kv_capacity_tokens=1e9, gpus=1, requests_per_client=1)
+    assert r4.ttft_ms == pytest.approx(10.0 + 0.5 + 4 * 0.25) and r4.tpot_ms == pytest.approx(10.0 + 0.5 + 4 * 0.25)
+    # steady state, one client: the fluid decode set is d = 100/102 of a sequence, and a share
+    # d/100 of the steps also carries the next prompt: host = 0.5 + 0.25 x (d + d/100)
+    s = solve_steady(eng, 1, 100, 101, p, 1e9, 1)
+    d = 100 / 102
+    assert s.tpot_ms == pytest.approx(10.0 + 0.5 + 0.25 * (d + d / 100))
+    # disagg decode pool: one client decodes alone
+    d = solve_disagg(eng, ConstEngine(2.0), 1, 100, 11, 1, 1, 1, 1, p, p, 0.0, 2)
+    assert d.tpot_ms == pytest.approx(2.0 + 0.75)
