@@ -1,6 +1,6 @@
 """Calibrate the serving model's named parameters on the DEV silicon rows only.
 
-    python -m benchmarks.calibrate_serving [--grid]
+    python -m benchmarks.calibrate_serving [--backend B] [--rpc ..] [--delay ..] [--overhead ..] [--seq-overhead ..] [--stride N]
 
 Loads the dev fully specified rows, builds each row's estimator once, then evaluates the
 serving model under candidate scheduler parameters and prints median APE per backend. Only
@@ -72,22 +72,32 @@ def show(label, table):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--stride", type=int, default=1)
-    ap.add_argument("--rpc", default="10")
-    ap.add_argument("--delay", default="1")
-    ap.add_argument("--overhead", default="0")
+    ap.add_argument("--rpc", default=None, help="requests_per_client values (default: the backend's)")
+    ap.add_argument("--delay", default=None, help="arrival_delay_ms values (default: the backend's)")
+    ap.add_argument("--overhead", default=None, help="step_overhead_ms values (default: the backend's)")
+    ap.add_argument("--seq-overhead", default=None, help="seq_overhead_ms values (default: the backend's)")
     ap.add_argument("--backend", default=None, help="only rows of this backend")
     ap.add_argument("--lockstep", default=None, choices=["yes", "no"], help="override the backend's lockstep choice")
     a = ap.parse_args()
     t0 = time.time()
     ready = [(r, e) for r, e in prepare(a.stride) if a.backend in (None, r.backend)]
     print(f"{len(ready)} rows ready in {time.time() - t0:.1f}s")
-    for rpc, delay, ovh in itertools.product(*(map(float, x.split(",")) for x in (a.rpc, a.delay, a.overhead))):
+    grid = [x.split(",") if x is not None else [None] for x in (a.rpc, a.delay, a.overhead, a.seq_overhead)]
+    for rpc, delay, ovh, seq in itertools.product(*grid):
         t0 = time.time()
-        ov = {"requests_per_client": rpc, "arrival_delay_ms": delay, "step_overhead_ms": ovh}
+        ov = {}
+        if rpc is not None:
+            ov["requests_per_client"] = float(rpc)
+        if delay is not None:
+            ov["arrival_delay_ms"] = float(delay)
+        if ovh is not None:
+            ov["step_overhead_ms"] = float(ovh)
+        if seq is not None:
+            ov["seq_overhead_ms"] = float(seq)
         if a.lockstep:
             ov["lockstep"] = a.lockstep == "yes"
         tab = evaluate(ready, {"*": ov})
-        show(f"rpc={rpc} delay={delay} ovh={ovh} ({time.time() - t0:.0f}s)", tab)
+        show(f"rpc={rpc} delay={delay} ovh={ovh} seq={seq} ({time.time() - t0:.0f}s)", tab)
 
 
 if __name__ == "__main__":
