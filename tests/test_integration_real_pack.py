@@ -270,3 +270,34 @@ def test_trtllm_nvfp4_gemm_decode_gap_borrows_sibling(real_pack_available):
     assert dbv.data.table("gemm").mask(gemm_dtype="nvfp4").any()
     assert not gemm_ops.resolve_gemm(dbv, "nvfp4", 8192, 8192).kernel.startswith("sglang:")
     assert not gemm_ops.resolve_gemm(db, "fp8", 8192, 8192).kernel.startswith("sglang:")
+
+
+def test_sglang_wide_ep_reads_deepep_expert_table(real_pack_available):
+    """SGLang with attention DP x EP runs the DeepEP expert block: the wide-EP table answers where
+    it holds the exact site and pair; without attention DP (or on TensorRT-LLM) the standard
+    MoE table does; a pair the wide-EP table lacks falls back with a note."""
+    from infercast.api import Estimator
+    from infercast.data.database import PerfData
+    from infercast.ops import moe as moe_ops
+    from infercast.ops.base import OpDB
+
+    def moe_src(est):
+        return next(o.source for o in est.breakdown(4, 1024, 8) if o.op == "moe_experts")
+
+    wide = Estimator("deepseek-ai/DeepSeek-V3", "gb200", "sglang", None, 1, 1, attention_dp=32, moe_ep=32, moe_tp=1)
+    src = moe_src(wide)
+    assert src["source"] == moe_ops.WIDE_EP_TABLE and src["kernel"] == "deepepmoe"
+    db = OpDB(PerfData.open("gb200", "sglang"))
+    t = db.table_or_none(moe_ops.WIDE_EP_TABLE)
+    row = (t.mask(moe_dtype="fp8_block", distribution="power_law_1.01") & (t.keys["moe_ep_size"] == 32)
+           & (t.keys["num_tokens"] == 1024) & (t.keys["hidden_size"] == 7168))
+    r = moe_ops.resolve_moe(db, quant="fp8_block", hidden=7168, inter=2048, topk=8, experts=256, moe_tp=1, moe_ep=32,
+                            distribution="power_law_1.01", wide_ep=True)
+    assert float(r.grid(1024.0)[0]) == pytest.approx(float(t.latency[row][0]), rel=1e-9)
+    assert moe_src(Estimator("deepseek-ai/DeepSeek-V3", "b200_sxm", "sglang", None, 8, 1, moe_ep=8, moe_tp=1))["source"] == "moe"
+    trt = Estimator("deepseek-ai/DeepSeek-V3", "gb200", "trtllm", None, 1, 1, attention_dp=32, moe_ep=32, moe_tp=1)
+    assert moe_src(trt)["source"] != moe_ops.WIDE_EP_TABLE
+    # EP8 is not in the wide-EP table: standard kernels, said so
+    r8 = moe_ops.resolve_moe(db, quant="fp8_block", hidden=7168, inter=2048, topk=8, experts=256, moe_tp=1, moe_ep=8,
+                             distribution="power_law_1.01", wide_ep=True)
+    assert r8.source == "moe" and any("no wide-EP" in n for n in r8.notes)

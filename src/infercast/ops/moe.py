@@ -230,10 +230,10 @@ class _Lattice:
     primary: np.ndarray  # (n,) bool: most of the site's points come from the default kernel
 
 
-def _lattice(db: OpDB, quant: str, gated: bool, distribution: str) -> _Lattice | None:
+def _lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_name: str = "moe") -> _Lattice | None:
     """Rows of one quant mode, kernel class and routing distribution, grouped by site and pair.
     None when the table (HYBRID/EMPIRICAL) or the quant mode is missing."""
-    table = db.table_or_none("moe")
+    table = db.table_or_none(table_name)
     if table is None:
         return None
     base = table.mask(moe_dtype=quant)
@@ -275,8 +275,36 @@ def _lattice(db: OpDB, quant: str, gated: bool, distribution: str) -> _Lattice |
     return _Lattice(table, quant, kernel, dist, site_gated, sites, curves, tuple(notes), primary)
 
 
-def _get_lattice(db: OpDB, quant: str, gated: bool, distribution: str) -> _Lattice | None:
-    return db.memo(("moe-lattice", quant, bool(gated), distribution), lambda: _lattice(db, quant, gated, distribution))
+def _get_lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_name: str = "moe") -> _Lattice | None:
+    return db.memo(("moe-lattice", table_name, quant, bool(gated), distribution),
+                   lambda: _lattice(db, quant, gated, distribution, table_name))
+
+
+#: Wide expert parallelism. SGLang serves attention data parallelism with EP through DeepEP and
+#: DeepGEMM's grouped kernels (``--moe-a2a-backend deepep``), whose expert block the pack measures
+#: separately (``wideep_generation_moe_perf``, DeepSeek-V3 shape, EP 2-256, 1-128 tokens per rank).
+#: At small per-rank batches it matches the standard table (EP32, 32 tokens: 81 us in both on
+#: b200); as tokens grow the standard FlashInfer/Triton rows climb far faster (EP32, 4096 tokens:
+#: 878 us vs 157 us; the expert FLOPs are ~20 us of fp8 peak per GPU). The dev rows of SGLang
+#: disaggregated DeepSeek with DP32/EP32 decode workers measure 17-27 ms per token where the
+#: standard table predicts 1.2-3.1x that. A query with attention DP > 1 and EP > 1 on these
+#: backends reads the wide-EP table when it holds the exact site and (moe_tp, moe_ep) pair; past
+#: its last token count the edge rule applies. Otherwise the standard table answers (noted).
+WIDE_EP_TABLE = "wideep_generation_moe"
+WIDE_EP_BACKENDS = ("sglang",)
+
+
+def _resolve_wide_ep(db: OpDB, quant: str, query: tuple, gated: bool, distribution: str) -> Resolved | None:
+    for c in quant_candidates(db.system, quant):
+        lat = _get_lattice(db, c, gated, distribution, WIDE_EP_TABLE)
+        if lat is None:
+            continue
+        hit = np.flatnonzero(np.all(lat.sites == np.asarray(query, float), axis=1))
+        if len(hit):
+            g = _site_grid(db, lat, int(hit[0]), gated)
+            note = f"wide-EP expert block (DeepEP, {WIDE_EP_TABLE}) for attention DP x EP{int(query[5])}"
+            return Resolved(g, WIDE_EP_TABLE, db.served_version(WIDE_EP_TABLE), lat.kernel, "exact", (), lat.notes + (note,))
+    return None
 
 
 def _site_grid(db: OpDB, lat: _Lattice, i: int, query_gated: bool) -> Grid:
@@ -407,13 +435,21 @@ def resolve_moe(
     moe_ep: int,
     distribution: str = DEFAULT_DISTRIBUTION,
     gated: bool = True,
+    wide_ep: bool = False,
 ) -> Resolved:
-    """Compile the routed-expert block's ``num_tokens`` curve (ms per MoE layer on one rank)."""
+    """Compile the routed-expert block's ``num_tokens`` curve (ms per MoE layer on one rank).
+    ``wide_ep``: attention data parallelism with EP on a backend that serves it through DeepEP
+    (see ``WIDE_EP_TABLE``)."""
     hidden, inter, topk, experts, moe_tp, moe_ep = _check_shape(hidden, inter, topk, experts, moe_tp, moe_ep)
     gated = bool(gated)
     candidates = quant_candidates(db.system, quant)
     query = (hidden, inter, topk, experts)
     notes: list[str] = []
+    if wide_ep and db.mode is not DatabaseMode.SOL:
+        r = _resolve_wide_ep(db, quant, (*query, moe_tp, moe_ep), gated, distribution)
+        if r is not None:
+            return r
+        notes.append(f"no wide-EP ({WIDE_EP_TABLE}) data for this shape and EP{moe_ep}; standard MoE kernels")
 
     q = candidates[0]
     lat = None
