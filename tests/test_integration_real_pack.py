@@ -301,3 +301,26 @@ def test_sglang_wide_ep_reads_deepep_expert_table(real_pack_available):
     r8 = moe_ops.resolve_moe(db, quant="fp8_block", hidden=7168, inter=2048, topk=8, experts=256, moe_tp=1, moe_ep=8,
                              distribution="power_law_1.01", wide_ep=True)
     assert r8.source == "moe" and any("no wide-EP" in n for n in r8.notes)
+
+
+def test_wide_ep_moe_communication_is_alltoall(real_pack_available):
+    """SGLang's wide-EP path dispatches tokens to their experts' ranks (one all-to-all pair per MoE
+    layer) instead of all-gathering every token to every rank; other backends keep the gather."""
+    from infercast.api import Estimator
+    from infercast.errors import InvalidInputError
+    from infercast.models.plan import ParallelConfig
+
+    wide = Estimator("deepseek-ai/DeepSeek-V3", "gb200", "sglang", None, 1, 1, attention_dp=32, moe_ep=32, moe_tp=1)
+    names = {o.name: o for o in wide.plan.ops}
+    assert wide.plan.parallel.moe_comm == "alltoall"
+    assert "moe_dispatch" in names and "moe_allgather" not in names and "moe_reduce_scatter" not in names
+    assert names["moe_dispatch"].count == names["moe_experts"].count and names["moe_dispatch"].params["ep"] == 32
+    trt = Estimator("deepseek-ai/DeepSeek-V3", "gb200", "trtllm", None, 1, 1, attention_dp=32, moe_ep=32, moe_tp=1)
+    tnames = {o.name for o in trt.plan.ops}
+    assert trt.plan.parallel.moe_comm == "gather" and {"moe_allgather", "moe_reduce_scatter"} <= tnames
+    # the dispatch costs less than gathering all 32 ranks' tokens to every rank
+    g = next(o for o in trt.breakdown(128, 1024, 8) if o.op == "moe_allgather").decode_ms
+    d = next(o for o in wide.breakdown(128, 1024, 8) if o.op == "moe_dispatch").decode_ms
+    assert 0 < d < g
+    with pytest.raises(InvalidInputError, match="MoE communication"):
+        ParallelConfig(tp=1, attention_dp=2, moe_ep=2, moe_comm="ring").check(trt.plan.model)

@@ -20,6 +20,8 @@ from .spec import ModelSpec
 
 PLAN_SCHEMA_VERSION = 1
 
+MOE_COMMS = ("gather", "alltoall")
+
 #: Routing skew assumed for the MoE expert op (a ``moe_perf`` ``distribution`` value). Served
 #: traffic does not spread tokens evenly over experts; the tables collect ``balanced`` and power-law
 #: popularity (exponent 1.01 and 1.2). At decode sizes a skewed batch touches fewer experts (less
@@ -36,7 +38,10 @@ class ParallelConfig:
     ``tp`` x ``attention_dp`` GPUs run attention (each attention-DP rank serves its own requests);
     the MoE block runs over ``moe_tp`` x ``moe_ep`` GPUs, which must be the same GPUs
     (``tp x attention_dp == moe_tp x moe_ep``); ``pp`` stages multiply the GPU count.
-    ``moe_tp``/``moe_ep`` default to pure TP for the experts.
+    ``moe_tp``/``moe_ep`` default to pure TP for the experts. ``moe_comm`` is how attention-DP
+    tokens reach the experts: ``"gather"`` (all-gather before, reduce-scatter after) or
+    ``"alltoall"`` (each token is dispatched to the ranks holding its top-k experts and combined
+    back, DeepEP-style; needs EP > 1).
     """
 
     tp: int = 1
@@ -44,6 +49,7 @@ class ParallelConfig:
     attention_dp: int = 1
     moe_tp: int | None = None
     moe_ep: int | None = None
+    moe_comm: str = "gather"
 
     @property
     def gpus(self) -> int:
@@ -62,6 +68,8 @@ class ParallelConfig:
         return self.moe_tp or self.width // self.ep
 
     def check(self, spec: ModelSpec, gpus_per_node: int | None = None) -> None:
+        if self.moe_comm not in MOE_COMMS:
+            raise InvalidInputError(f"unknown MoE communication {self.moe_comm!r}", available=list(MOE_COMMS))
         for name, v in (("tp", self.tp), ("pp", self.pp), ("attention-dp", self.attention_dp),
                         ("moe-tp", self.moe_tp or 1), ("moe-ep", self.moe_ep or 1)):
             if not isinstance(v, int) or v < 1:
@@ -293,7 +301,12 @@ def moe_plan(spec: ModelSpec, par: ParallelConfig) -> Plan:
             ops.append(PlanOp("dense_ffn_allreduce", "allreduce", m.first_dense_layers, params={"elements_per_token": h, "group": tp}))
     ops.append(PlanOp("router_gemm", "gemm", moe_layers, params={"n": m.experts, "k": h, "quant": "bfloat16"}))
     adp = par.attention_dp
-    if adp > 1:
+    a2a = adp > 1 and par.ep > 1 and par.moe_comm == "alltoall"
+    if a2a:
+        ops.append(PlanOp("moe_dispatch", "moe_dispatch", moe_layers,
+                          params={"phase": "generation", "hidden": h, "topk": m.topk, "experts": m.experts, "ep": par.ep,
+                                  "quant": q.moe or q.gemm}))
+    elif adp > 1:
         ops.append(PlanOp("moe_allgather", "allgather", moe_layers, params={"elements_per_token": h * adp, "group": par.width}))
     ops.append(PlanOp(
         "moe_experts", "moe", moe_layers,
@@ -303,7 +316,7 @@ def moe_plan(spec: ModelSpec, par: ParallelConfig) -> Plan:
     ))
     if m.shared_inter:
         ops += _dense_ffn_ops("shared_", moe_layers, h, m.shared_inter // tp, q.gemm)
-    if adp > 1:
+    if adp > 1 and not a2a:
         ops.append(PlanOp("moe_reduce_scatter", "reduce_scatter", moe_layers, params={"elements_per_token": h * adp, "group": par.width}))
     elif tp > 1:
         ops.append(PlanOp("moe_allreduce", "allreduce", moe_layers, params={"elements_per_token": h, "group": tp}))
