@@ -17,10 +17,10 @@ from .data.model_configs import resolve_model
 from .engine.compiled import CompiledEngine
 from .errors import InvalidInputError
 from .interp.provenance import Prov
-from .models.plan import ParallelConfig, Plan, SpecDecode, build_plan
+from .models.plan import MOE_DISTRIBUTION, ParallelConfig, Plan, SpecDecode, build_plan
 from .models.spec import ModelSpec, build_spec
 from .ops.base import DatabaseMode, OpDB, check_positive
-from .ops.moe import WIDE_EP_BACKENDS
+from .ops.moe import wide_ep_available
 from .serving.backends import backend_defaults
 from .serving.memory import GB, MemoryBreakdown, memory_breakdown
 
@@ -113,10 +113,14 @@ class Estimator:
         spec = replace(spec, quant=quant)
         par = ParallelConfig(_int("--tp", tp), _int("--pp", pp), _int("--attention-dp", attention_dp),
                              None if moe_tp is None else _int("--moe-tp", moe_tp), None if moe_ep is None else _int("--moe-ep", moe_ep))
-        if backend in WIDE_EP_BACKENDS and par.attention_dp > 1 and par.ep > 1 and spec.moe is not None:
-            par = replace(par, moe_comm="alltoall")  # the backend's wide-EP path (DeepEP dispatch / combine)
-        self.plan: Plan = build_plan(spec, par, SpecDecode(_nonneg_int("--nextn", nextn), _unit("--mtp-acceptance", mtp_acceptance)))
         self.db = OpDB(self.data, mode)
+        if par.attention_dp > 1 and par.ep > 1 and spec.moe is not None:
+            par.check(spec)
+            m = spec.moe
+            if wide_ep_available(self.db, quant=quant.moe or quant.gemm, hidden=spec.hidden, inter=m.inter, topk=m.topk,
+                                 experts=m.experts, moe_tp=par.etp, moe_ep=par.ep, gated=m.gated, distribution=MOE_DISTRIBUTION):
+                par = replace(par, moe_comm="alltoall")  # the backend's wide-EP path (DeepEP dispatch / combine)
+        self.plan: Plan = build_plan(spec, par, SpecDecode(_nonneg_int("--nextn", nextn), _unit("--mtp-acceptance", mtp_acceptance)))
         self.engine = CompiledEngine(self.plan, self.db)
         self.backend = backend_defaults(backend)
         mtp = spec.mtp_layers if self.plan.spec_decode.nextn else 0

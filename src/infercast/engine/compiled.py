@@ -91,9 +91,9 @@ class CompiledEngine:
             r = resolve_collective(self.db, _collective_name(op.kind), int(p["group"]))
             return CompiledOp(op, (r,), x_per_token=float(p["elements_per_token"]))
         if op.kind == "moe":
-            from ..ops.moe import WIDE_EP_BACKENDS, resolve_moe
+            from ..ops.moe import resolve_moe
 
-            wide_ep = self.db.backend in WIDE_EP_BACKENDS and float(p.get("tokens_multiplier", 1.0)) > 1 and int(p["moe_ep"]) > 1
+            wide_ep = self.plan.parallel.moe_comm == "alltoall"  # the DeepEP path: its expert kernels too
             r = resolve_moe(
                 self.db, quant=p["quant"], hidden=int(p["hidden"]), inter=int(p["inter"]), topk=int(p["topk"]),
                 experts=int(p["experts"]), moe_tp=int(p["moe_tp"]), moe_ep=int(p["moe_ep"]),

@@ -103,7 +103,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..data.quant import COMPUTE_DTYPE, WEIGHT_BYTES
-from ..errors import InvalidInputError, NotAvailableError
+from ..errors import InfercastError, InvalidInputError, NotAvailableError
 from ..interp import sol
 from ..interp.grid import Grid
 from ..interp.provenance import Prov
@@ -287,11 +287,26 @@ def _get_lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_nam
 #: b200); as tokens grow the standard FlashInfer/Triton rows climb far faster (EP32, 4096 tokens:
 #: 878 us vs 157 us; the expert FLOPs are ~20 us of fp8 peak per GPU). The dev rows of SGLang
 #: disaggregated DeepSeek with DP32/EP32 decode workers measure 17-27 ms per token where the
-#: standard table predicts 1.2-3.1x that. A query with attention DP > 1 and EP > 1 on these
-#: backends reads the wide-EP table when it holds the exact site and (moe_tp, moe_ep) pair; past
-#: its last token count the edge rule applies. Otherwise the standard table answers (noted).
+#: standard table predicts 1.2-3.1x that. A layout with attention DP > 1 and EP > 1 on these
+#: backends whose exact site and (moe_tp, moe_ep) pair the wide-EP table holds is a wide-EP
+#: deployment (``Estimator`` sets ``ParallelConfig.moe_comm = "alltoall"``): its experts read the
+#: wide-EP table (past its last token count the edge rule applies) and its tokens travel by
+#: all-to-all dispatch/combine (``moe_dispatch``) instead of all-gather + reduce-scatter. Other
+#: layouts (EP8 and small attention-DP groups, other shapes) keep the standard path.
 WIDE_EP_TABLE = "wideep_generation_moe"
 WIDE_EP_BACKENDS = ("sglang",)
+
+
+def wide_ep_available(db: OpDB, *, quant: str, hidden: int, inter: int, topk: int, experts: int, moe_tp: int,
+                      moe_ep: int, gated: bool, distribution: str) -> bool:
+    """Whether the wide-EP table holds this expert block at this (moe_tp, moe_ep): the deployments
+    that run the DeepEP path (its expert kernel and its all-to-all dispatch)."""
+    if db.mode is DatabaseMode.SOL or db.backend not in WIDE_EP_BACKENDS:
+        return False
+    try:
+        return _resolve_wide_ep(db, quant, (hidden, inter, topk, experts, moe_tp, moe_ep), bool(gated), distribution) is not None
+    except InfercastError:
+        return False
 
 
 def _resolve_wide_ep(db: OpDB, quant: str, query: tuple, gated: bool, distribution: str) -> Resolved | None:
