@@ -556,3 +556,34 @@ def test_tile_high_edge_does_not_fall():
 def test_tile_axis_only_on_1d_grids():
     with pytest.raises(ValueError):
         Grid((np.array([1.0, 2.0]), np.array([1.0, 2.0])), np.ones((2, 2)), np.zeros((2, 2), np.int8), scales=("tile", "linear"))
+
+
+# ---------------------------------------------------------------------------------------------
+# truncated corners of 2-D site grids (ops.base.fill_missing)
+# ---------------------------------------------------------------------------------------------
+def test_fill_missing_transport_takes_the_batch_change_from_a_shorter_length():
+    from infercast.ops.base import fill_missing
+
+    sol = lambda b, n: np.asarray(b, float) * np.asarray(n, float)  # noqa: E731
+    axes = (np.array([1.0, 2.0, 4.0]), np.array([1.0, 2.0, 4.0]))
+    u = np.array([[0.25, 0.5, 0.5], [0.5, 0.75, np.nan], [1.0, np.nan, np.nan]])
+    vals = sol(*np.meshgrid(*axes, indexing="ij")) / u
+    held, prov = fill_missing(axes, vals, sol)
+    assert prov.tolist() == [[0, 0, 0], [0, 0, Prov.HELD], [0, Prov.HELD, Prov.HELD]]
+    assert held[1, 2] == pytest.approx(16.0, rel=1e-12)  # u 0.5 held from batch 1
+    assert held[2, 1] == pytest.approx(8.0 / 0.75, rel=1e-12)
+    assert held[2, 2] == pytest.approx(32.0, rel=1e-12)
+    got, prov_t = fill_missing(axes, vals, sol, transport=True)
+    assert prov_t.tolist() == prov.tolist()
+    np.testing.assert_array_equal(got[~np.isnan(u)], vals[~np.isnan(u)])
+    # (2, 4): u 0.5 x (0.75 / 0.5 at length 2) = 0.75
+    assert got[1, 2] == pytest.approx(8.0 / 0.75, rel=1e-12)
+    # (4, 2): u 0.75 x (1.0 / 0.5 at length 1) = 1.5, capped at the grid's highest u, 1.0
+    assert got[2, 1] == pytest.approx(8.0, rel=1e-12)
+    # (4, 4): from batch 1 (batch 2 is missing there), x (1.0 / 0.25 at length 1), capped at 1.0
+    assert got[2, 2] == pytest.approx(16.0, rel=1e-12)
+    # a falling change is followed, not capped: u 0.5 x (0.25 / 0.5) = 0.25
+    ax2 = (np.array([1.0, 2.0]), np.array([1.0, 2.0]))
+    v2 = np.array([[2.0, 4.0], [8.0, np.nan]])
+    assert fill_missing(ax2, v2, sol, transport=True)[0][1, 1] == pytest.approx(16.0, rel=1e-12)
+    assert fill_missing(ax2, v2, sol)[0][1, 1] == pytest.approx(8.0, rel=1e-12)

@@ -197,15 +197,32 @@ def despike(vals: np.ndarray) -> np.ndarray:
     return out
 
 
-def fill_missing(axes, vals, sol):
+def fill_missing(axes, vals, sol, transport: bool = False):
     """Fill truncated cells of a 2-D grid by holding utilisation from the nearest smaller batch
-    (first axis) at the same length, else from the nearest shorter length. Returns (values, prov)."""
+    (first axis) at the same length, else from the nearest shorter length. Returns (values, prov).
+
+    ``transport=True`` (generation attention, ``ops.attention.FILL_TRANSPORT``): a cell filled
+    from a smaller batch also takes the utilisation change between the two batches measured at the
+    nearest shorter length where both were collected (``u(b, L) = u(b0, L) * u(b, L') / u(b0, L')``),
+    capped at the grid's highest measured utilisation when it grows. Truncated corners are large
+    batch x long length, where decode utilisation still climbs with the batch; holding it
+    over-predicts. LOO hold-high (the last measured batch of a truncated column is served by the
+    fill), median / p90 APE, h200 / b200: generation attention 4.9 / 21.2% | 5.3 / 21.9% ->
+    3.2 / 18.1% | 3.3 / 18.9% (seed 1: 5.0 / 21.5% | 5.1 / 21.5% -> 3.1 / 17.5% | 3.1 / 18.9%);
+    context attention 2.2 / 13.8% | 2.4 / 10.1% -> 2.1 / 13.7% | 2.1 / 9.3% (not adopted there);
+    half the measured change: 3.5 / 18.6% | 3.5 / 19.2%; other paths unchanged (transfer p90 +0.1)."""
     vals = vals.copy()
     prov = np.where(np.isnan(vals), int(Prov.HELD), int(Prov.EXACT)).astype(np.int8)
     if not np.isnan(vals).any():
         return vals, prov
     a0, a1 = axes
     measured = ~np.isnan(vals)
+    if transport:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            S = np.asarray(sol(*np.meshgrid(a0, a1, indexing="ij")), dtype=float) * np.ones(vals.shape)
+            U = np.where(measured & (S > 0) & (vals > 0), S / vals, np.nan)
+        plateau = np.nanmax(U) if np.isfinite(U).any() else np.nan
+    filled = vals.copy()
     for i, j in zip(*np.nonzero(~measured)):
         src = None
         rows = np.flatnonzero(measured[:i, j]) if i > 0 else []
@@ -219,8 +236,16 @@ def fill_missing(axes, vals, sol):
             cols_any = np.argwhere(measured)
             src = tuple(cols_any[np.argmin(np.abs(cols_any - [i, j]).sum(axis=1))])
         si, sj = src
-        vals[i, j] = vals[si, sj] * sol(a0[i], a1[j]) / sol(a0[si], a1[sj])
-    return vals, prov
+        f = 1.0
+        if transport and si != i:
+            both = np.flatnonzero(measured[i, :j] & measured[si, :j] & np.isfinite(U[i, :j]) & np.isfinite(U[si, :j]))
+            if len(both) and np.isfinite(U[si, sj]):
+                jj = both[-1]
+                f = U[i, jj] / U[si, jj]
+                if f > 1.0 and np.isfinite(plateau):
+                    f = min(f, max(plateau / U[si, sj], 1.0))
+        filled[i, j] = vals[si, sj] * sol(a0[i], a1[j]) / sol(a0[si], a1[sj]) / f
+    return filled, prov
 
 
 def check_positive(name: str, arr, upper: float | None = None) -> np.ndarray:
