@@ -587,3 +587,38 @@ def test_fill_missing_transport_takes_the_batch_change_from_a_shorter_length():
     v2 = np.array([[2.0, 4.0], [8.0, np.nan]])
     assert fill_missing(ax2, v2, sol, transport=True)[0][1, 1] == pytest.approx(16.0, rel=1e-12)
     assert fill_missing(ax2, v2, sol)[0][1, 1] == pytest.approx(8.0, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# batch axes: beyond the high edge latency keeps at least its last interval's linear trend
+# ---------------------------------------------------------------------------------------------
+def test_batch_axis_high_edge_keeps_the_linear_trend_of_its_edge_interval():
+    flat = lambda x: np.ones(np.shape(x))  # noqa: E731  (a flat roofline: the edge rule holds)
+    x, v = [1.0, 2.0, 4.0], [1.0, 1.5, 3.0]
+    g = _grid1(x, v, flat, scale="batch")
+    # edge interval 2 -> 4: slope 0.75 per unit; 3 + 0.75 * 4 = 6 at batch 8, 3 + 0.75 * 2 at 6
+    assert g(np.array([8.0, 6.0, 4.0, 3.0]))[0].tolist() == [6.0, 4.5, 3.0, 2.25]
+    assert g.scalar(8.0)[0] == 6.0 and g.scalar(6.0)[0] == 4.5
+    assert int(g(8.0)[1]) == Prov.HELD
+    assert float(_grid1(x, v, flat, scale="linear")(8.0)[0]) == 3.0  # held, no trend
+    # the held / climbing edge rule wins where it is higher: utilisation held at sol = x**2
+    sq = lambda x: np.asarray(x, float) ** 2  # noqa: E731
+    g2 = _grid1(x, [1.0, 4.0, 16.0], sq, scale="batch")
+    assert float(g2(8.0)[0]) == pytest.approx(64.0, rel=1e-12)
+    # a falling edge interval (latency lower at the edge) sets no floor
+    g3 = _grid1(x, [1.0, 2.0, 1.5], flat, scale="batch")
+    assert float(g3(8.0)[0]) == 1.5
+
+
+def test_batch_axis_trend_blends_along_the_other_axis():
+    flat = lambda b, s: np.ones(np.broadcast(np.asarray(b), np.asarray(s)).shape)  # noqa: E731
+    a0, a1 = np.array([1.0, 2.0, 4.0]), np.array([1.0, 2.0])
+    vals = np.array([[1.0, 2.0], [1.5, 3.0], [3.0, 4.0]])  # relative slopes 1.0 and 0.5 at batch 4
+    g = Grid((a0, a1), vals, np.zeros((3, 2), np.int8), flat, scales=("batch", "linear"))
+    # at length 1.5: value 3.5 at the edge, relative slope 0.75: 3.5 * (1 + 0.75 * (8 / 4 - 1))
+    assert float(g(8.0, 1.5)[0]) == pytest.approx(6.125, rel=1e-12)
+    assert g.scalar(8.0, 1.5)[0] == pytest.approx(6.125, rel=1e-12)
+    lin = Grid((a0, a1), vals, np.zeros((3, 2), np.int8), flat, scales=("linear", "linear"))
+    assert float(lin(8.0, 1.5)[0]) == pytest.approx(3.5, rel=1e-12)
+    # the length axis (linear) beyond its edge is unaffected by the batch rule
+    assert float(g(4.0, 4.0)[0]) == float(lin(4.0, 4.0)[0]) == 4.0

@@ -13,6 +13,7 @@ real tables (``python -m benchmarks.interp_loo``):
   1.5-3.6% power law, with a +1-3% bias for the power law);
 * ``log`` (piecewise power law, linear in log x and log y): context-attention length, where
   cost grows quadratically (LOO median 3.5% power law vs 4.8% linear);
+* ``batch`` (attention batch): linear, plus a floor beyond the high edge (see the edge rule);
 * ``tile`` (GEMM ``m``): linear, plus two rules for the tile steps and the noise of the m axis
   (below). LOO in-curve median / p90 APE, h200 / b200: linear 3.9 / 23.8% | 3.8 / 21.9%;
   both rules 3.3 / 15.8% | 3.0 / 16.9% (robust knots alone 3.6 / 18.2% | 3.3 / 18.6%, hole fill
@@ -67,6 +68,19 @@ curves' parameters along the other axis):
   beyond the edge ``u`` is held (an upper bound on latency) and the cell is marked held; further
   out a user query is refused (:class:`BeyondRangeError`), which SILICON reports as "not
   available";
+* **high edge of a ``batch`` axis**: whatever the rule above gives, latency grows at least along
+  the straight line through the edge interval (the octave in from the edge): ``v_edge * (1 +
+  lin * (x / x_edge - 1))`` with ``lin = (1 - v_inner / v_edge) * x_edge / (x_edge - x_inner)``
+  (0 when latency falls over that interval). The marginal cost of one more sequence does not
+  shrink as the batch grows -- a per-sequence cost stays, and past a full wave of CTAs it grows
+  -- while the roofline's fixed latency makes the SOL ratio (and so the held or falling rule)
+  grow more slowly than that at short lengths (vLLM decode on h200, length 1, batch 1024 ->
+  2048: latency x 1.76 measured, x 1.26 by the falling rule). LOO hold-high median / p90,
+  h200 / b200: generation attention 3.2 / 18.1% | 3.3 / 18.9% -> 2.9 / 16.3% | 2.8 / 15.9%
+  (seed 1: 3.1 / 17.5% | 3.1 / 18.9% -> 2.7 / 15.5% | 2.6 / 16.3%), context attention
+  2.2 / 13.8% | 2.4 / 10.1% -> 2.0 / 11.5% | 2.1 / 7.7%; other paths unchanged. The same floor
+  on the generation ``step`` axis: h200 p90 16.3 -> 16.0%, b200 unchanged, step-axis p90 on b200
+  22.5 -> 22.9% (not adopted);
 * **low edge**: below the first point utilisation falls at the edge's rate: latency scales as
   ``(SOL(query) / SOL(edge)) ** (1 - g / beta)`` (``beta`` the roofline's exponent over the same
   octave), between holding utilisation (saturated) and the edge's value (launch-bound, flat
@@ -89,8 +103,8 @@ import numpy as np
 from ..errors import NotAvailableError
 from .provenance import Prov
 
-LINEAR, LOG, TILE = "linear", "log", "tile"
-SCALE_NAMES = (LINEAR, LOG, TILE)
+LINEAR, LOG, TILE, BATCH = "linear", "log", "tile", "batch"
+SCALE_NAMES = (LINEAR, LOG, TILE, BATCH)
 
 #: An edge whose utilisation grows by less than this exponent (``u ~ x**g``; 0.05 is +3.5% per
 #: doubling) counts as saturated. Chosen with ``python -m benchmarks.interp_loo`` (hold paths).
@@ -192,13 +206,15 @@ class BeyondRangeError(NotAvailableError):
 
 
 def _edge_exponents(axes, values, sol, borrow: bool, scales: tuple = ()) -> tuple:
-    """Per axis: ``(e_low, g_high, log_cap_high)``, arrays over the curves that reach the axis's
+    """Per axis: ``(e_low, g_high, log_cap_high, lin_high)``, arrays over the curves that reach the axis's
     edges (one entry for a 1-D grid); see the module docstring.
 
     ``e_low`` is the exponent applied to the SOL ratio below the first point (in ``[0, 1]``);
     ``g_high`` the damped utilisation growth exponent beyond the last point; ``log_cap_high`` the
     log of the plateau ratio ``u_plateau / u_edge`` (>= 0) a climbing high edge may reach (0:
-    nothing to borrow)."""
+    nothing to borrow); ``lin_high`` the relative latency slope of the edge interval on a ``batch``
+    axis, ``(1 - v_inner / v_edge) * x_edge / (x_edge - x_inner)`` (>= 0; 0 on other axes): beyond
+    the edge latency is at least ``v_edge * (1 + lin_high * (x / x_edge - 1))``."""
     mesh = np.meshgrid(*axes, indexing="ij")
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         S = np.asarray(sol(*mesh), dtype=float) * np.ones(values.shape)
@@ -209,7 +225,7 @@ def _edge_exponents(axes, values, sol, borrow: bool, scales: tuple = ()) -> tupl
         n = len(x)
         other = values.size // n  # curves that reach this axis's edges
         if n < 2 or x[0] <= 0:
-            out.append((np.ones(other), np.zeros(other), np.zeros(other)))
+            out.append((np.ones(other), np.zeros(other), np.zeros(other), np.zeros(other)))
             continue
         Ua = np.moveaxis(U, a, 0).reshape(n, other)
         Sa = np.moveaxis(S, a, 0).reshape(n, other)
@@ -233,7 +249,13 @@ def _edge_exponents(axes, values, sol, borrow: bool, scales: tuple = ()) -> tupl
             rho = np.where(b_lo > 0, g_lo / b_lo, 0.0)  # 0: utilisation held .. 1: latency flat
         rho = np.where(g_lo > SATURATION_TOL, rho, 0.0)
         log_cap = np.maximum(np.where(np.isfinite(cap), cap, 0.0), 0.0)
-        out.append((1.0 - rho, g_hi, log_cap))
+        lin = np.zeros(other)
+        if a < len(scales) and scales[a] == BATCH:  # the latency slope of the edge interval (docstring)
+            Va = np.moveaxis(values, a, 0).reshape(n, other)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lin = (1.0 - Va[bh] / Va[-1]) * (x[-1] / (x[-1] - x[bh]))
+            lin = np.maximum(np.nan_to_num(lin, nan=0.0, posinf=0.0, neginf=0.0), 0.0)
+        out.append((1.0 - rho, g_hi, log_cap, lin))
     return tuple(out)
 
 
@@ -380,13 +402,13 @@ class Grid:
                 out_a = q != qc
                 if not out_a.any():
                     continue
-                e_lo, g_hi, log_cap = edges[a]
+                e_lo, g_hi, log_cap, lin = edges[a]
                 if len(self.axes) == 2:  # blend the curves' parameters along the other axis
                     jj, tt = (j, tj) if a == 0 else (i, ti)
                     jj1 = np.minimum(jj + 1, len(e_lo) - 1)
-                    e_lo, g_hi, log_cap = (e[jj] * (1.0 - tt) + e[jj1] * tt for e in (e_lo, g_hi, log_cap))
+                    e_lo, g_hi, log_cap, lin = (e[jj] * (1.0 - tt) + e[jj1] * tt for e in (e_lo, g_hi, log_cap, lin))
                 else:
-                    e_lo, g_hi, log_cap = e_lo[0], g_hi[0], log_cap[0]
+                    e_lo, g_hi, log_cap, lin = e_lo[0], g_hi[0], log_cap[0], lin[0]
                 nxt = list(here)
                 nxt[a] = q
                 s_next = np.asarray(self.sol(*nxt), dtype=float)
@@ -394,7 +416,7 @@ class Grid:
                     sr = s_next / s_here
                     lr = np.log(np.where(out_a, q / qc, 1.0))
                     climb = np.where(g_hi >= 0, np.minimum(g_hi * lr, log_cap), np.maximum(g_hi * lr, g_hi * LN2 * FALL_OCTAVES))
-                    f = np.where(lr > 0, sr / np.exp(climb), np.power(sr, e_lo))
+                    f = np.where(lr > 0, np.maximum(sr / np.exp(climb), 1.0 + lin * (q / qc - 1.0)), np.power(sr, e_lo))
                 stuck = (lr > UNSATURATED_HOLD_OCTAVES * LN2) & (g_hi > 0) & (log_cap <= 0)
                 if refuse and np.any(stuck):
                     self._refuse(a, float(np.max(np.where(stuck, q, -np.inf))))
@@ -459,13 +481,13 @@ class Grid:
             for a, (q, qc) in enumerate(zip(q_all, clamped)):
                 if q == qc:
                     continue
-                e_lo, g_hi, log_cap = edges[a]
+                e_lo, g_hi, log_cap, lin = edges[a]
                 if len(q_all) == 2:
                     jj, tt = (j, tj) if a == 0 else (i, ti)
                     jj1 = min(jj + 1, len(e_lo) - 1)
-                    e_lo, g_hi, log_cap = (e[jj] * (1.0 - tt) + e[jj1] * tt for e in (e_lo, g_hi, log_cap))
+                    e_lo, g_hi, log_cap, lin = (e[jj] * (1.0 - tt) + e[jj1] * tt for e in (e_lo, g_hi, log_cap, lin))
                 else:
-                    e_lo, g_hi, log_cap = e_lo[0], g_hi[0], log_cap[0]
+                    e_lo, g_hi, log_cap, lin = e_lo[0], g_hi[0], log_cap[0], lin[0]
                 nxt = list(here)
                 nxt[a] = q
                 s_next = float(self.sol(*nxt))
@@ -475,7 +497,7 @@ class Grid:
                     if refuse and g_hi > 0 and log_cap <= 0 and lr > UNSATURATED_HOLD_OCTAVES * math.log(2.0):
                         self._refuse(a, q)
                     climb = min(g_hi * lr, log_cap) if g_hi >= 0 else max(g_hi * lr, g_hi * math.log(2.0) * FALL_OCTAVES)
-                    f = sr / math.exp(climb)
+                    f = max(sr / math.exp(climb), 1.0 + lin * (q / qc - 1.0))
                 else:
                     f = sr**e_lo if sr > 0 else sr
                 if math.isfinite(f):

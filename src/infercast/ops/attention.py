@@ -25,9 +25,10 @@ CTX_BATCH = 2.0 ** np.arange(0, 9)
 CTX_ISL = np.array([1, 16, 32, 64, 128, 256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 10240, 12288, 16384], float)
 GEN_BATCH = 2.0 ** np.arange(0, 12)
 GEN_STEP = 2.0 ** np.arange(1, 18) - 1
-#: interpolation space per axis (see infercast.interp.grid): context length is a power law
-CTX_SCALES = ("linear", "log")
-GEN_SCALES = ("linear", "linear")
+#: interpolation space per axis (see infercast.interp.grid): context length is a power law; the
+#: batch axes are linear with the ``batch`` floor beyond their high edge
+CTX_SCALES = ("batch", "log")
+GEN_SCALES = ("batch", "linear")
 #: distance weights for (group size, kv heads) when choosing transfer donors
 GROUP_WEIGHTS = (2.0, 1.0)
 #: per table: truncated corners take the utilisation change between batches from a shorter length
