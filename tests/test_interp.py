@@ -144,6 +144,7 @@ def test_monotone_between_neighbours():
 
 def test_clamp_and_hold_sol_ratio_beyond_range():
     # a saturated curve (constant utilisation 0.5) holds its utilisation on both sides, exactly
+    # (below the low edge for one halving: LOW_OCTAVES, then latency holds)
     xs = [4.0, 8.0, 16.0]
 
     def sol(m):
@@ -151,9 +152,9 @@ def test_clamp_and_hold_sol_ratio_beyond_range():
 
     vs = [float(sol(x)) / 0.5 for x in xs]
     g = _grid1(xs, vs, sol=sol)
-    for q, edge, v_edge in ((64.0, 16.0, vs[2]), (1000.0, 16.0, vs[2]), (1.0, 4.0, vs[0]), (2.5, 4.0, vs[0])):
+    for q, edge, v_edge, q_sol in ((64.0, 16.0, vs[2], 64.0), (1000.0, 16.0, vs[2], 1000.0), (1.0, 4.0, vs[0], 2.0), (2.5, 4.0, vs[0], 2.5)):
         v, p = g(q)
-        assert float(v) == pytest.approx(v_edge * sol(q) / sol(edge), rel=1e-14)
+        assert float(v) == pytest.approx(v_edge * sol(q_sol) / sol(edge), rel=1e-14)
         assert int(p) == Prov.HELD
         assert g.scalar(q)[0] == pytest.approx(float(v), rel=1e-14)
     # vectorised, mixed inside/outside
@@ -228,10 +229,11 @@ def test_low_edge_flat_latency_is_clamped():
     g = _grid1(xs, [3.0, 3.0, 3.0, 4.0], sol=lambda x: np.asarray(x, float), scale="linear")
     assert float(g(0.5)[0]) == pytest.approx(3.0, rel=1e-12)
     # half-way: utilisation grows at half the SOL's rate over the first octave -> latency scales as
-    # SOL ** (1 - 1/2)
+    # SOL ** (1 - 1/2), for one halving (LOW_OCTAVES), then held
     g = _grid1(xs, [1.0, 2.0**0.5, 2.0, 4.0], sol=lambda x: np.asarray(x, float), scale="linear")
-    assert float(g(0.25)[0]) == pytest.approx(0.25**0.5, rel=1e-12)
-    assert g.scalar(0.25)[0] == pytest.approx(0.25**0.5, rel=1e-12)
+    assert float(g(0.5)[0]) == pytest.approx(0.5**0.5, rel=1e-12)
+    assert float(g(0.25)[0]) == pytest.approx(0.5**0.5, rel=1e-12)
+    assert g.scalar(0.25)[0] == pytest.approx(0.5**0.5, rel=1e-12)
 
 
 def test_clamp_2d_holds_on_each_axis():
@@ -622,3 +624,16 @@ def test_batch_axis_trend_blends_along_the_other_axis():
     assert float(lin(8.0, 1.5)[0]) == pytest.approx(3.5, rel=1e-12)
     # the length axis (linear) beyond its edge is unaffected by the batch rule
     assert float(g(4.0, 4.0)[0]) == float(lin(4.0, 4.0)[0]) == 4.0
+
+
+def test_low_edge_falls_for_one_halving_then_holds():
+    sol = lambda x: np.asarray(x, float)  # noqa: E731
+    g = _grid1([4.0, 8.0, 16.0], [4.0, 8.0, 16.0], sol, scale="linear")  # u = 1 held below the edge
+    assert g(np.array([3.0, 2.0, 1.0, 0.5]))[0].tolist() == [3.0, 2.0, 2.0, 2.0]
+    assert [g.scalar(q)[0] for q in (3.0, 2.0, 1.0)] == [3.0, 2.0, 2.0]
+    # 2-D: only the axis beyond its low edge is limited
+    sol2 = lambda b, s: np.asarray(b, float) * np.asarray(s, float)  # noqa: E731
+    a = np.array([4.0, 8.0])
+    g2 = Grid((a, a), np.outer(a, a), np.zeros((2, 2), np.int8), sol2)
+    assert float(g2(1.0, 4.0)[0]) == 8.0 and g2.scalar(1.0, 4.0)[0] == 8.0
+    assert float(g2(1.0, 1.0)[0]) == 4.0 and g2.scalar(1.0, 1.0)[0] == 4.0

@@ -86,6 +86,15 @@ curves' parameters along the other axis):
   octave), between holding utilisation (saturated) and the edge's value (launch-bound, flat
   latency); it never rises as the shape shrinks. (LOO, low edges: context attention median
   6.2 -> 4.2% on h200, generation attention 2.3 -> 1.5%, MoE 10.3 -> 5.3%, against holding.)
+  The fall stops ``LOW_OCTAVES`` (1) halvings below the edge; further down latency holds. The
+  rate is the first octave's, where the work still hides fixed per-sequence and per-tile costs;
+  context attention's length axis jumps four octaves below its edge (16 -> 1), where the
+  compounded fall predicts a batch-256 prefill of one token at a quarter of its measured
+  latency. LOO hold-low median / p90, h200 / b200: context attention 4.2 / 23.7% | 4.9 / 17.4%
+  -> 3.8 / 21.5% | 4.2 / 15.3% (seed 1: 4.5 / 25.9% | 4.9 / 17.8% -> 3.9 / 23.2% | 4.2 / 15.6%),
+  generation attention 1.5 / 8.5% | 2.1 / 16.3% -> 1.4 / 7.9% | 2.0 / 16.3%; GEMM, MoE and
+  all-reduce unchanged (their low edges are one octave or less from the held-out point); two
+  halvings: 3.8 / 20.9% | 4.5 / 15.8%.
 
 Known limitation: in 2-D, two curves extrapolated with different rates may cross beyond the edge
 (a larger batch coming out faster at a length far beyond the table).
@@ -123,6 +132,10 @@ UNSATURATED_HOLD_OCTAVES = 4.0
 #: A falling high edge keeps falling for at most this many doublings, then holds: the fall is a
 #: regime of the last measured octave, not a trend to compound far beyond the table.
 FALL_OCTAVES = 1.0
+#: Below a low edge utilisation falls at the edge's rate for at most this many halvings, then
+#: latency holds: the rate is that of the first measured octave, and the fixed costs it does not
+#: see dominate further down (see the module docstring).
+LOW_OCTAVES = 1.0
 #: ``tile`` axes: between two knots the blend uses each knot's median over itself and this many
 #: knots on either side (a symmetric window, shrinking at the ends; the end knots are kept). LOO
 #: in-curve GEMM p90, h200 / b200: 1 -> 15.8 / 18.0%, 2 -> 15.8 / 16.9%, 3 -> 15.6 / 16.9%.
@@ -412,11 +425,14 @@ class Grid:
                 nxt = list(here)
                 nxt[a] = q
                 s_next = np.asarray(self.sol(*nxt), dtype=float)
+                low = list(here)  # the fall below a low edge stops LOW_OCTAVES below it
+                low[a] = np.maximum(q, qc * 2.0**-LOW_OCTAVES)
+                s_low = np.asarray(self.sol(*low), dtype=float)
                 with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                     sr = s_next / s_here
                     lr = np.log(np.where(out_a, q / qc, 1.0))
                     climb = np.where(g_hi >= 0, np.minimum(g_hi * lr, log_cap), np.maximum(g_hi * lr, g_hi * LN2 * FALL_OCTAVES))
-                    f = np.where(lr > 0, np.maximum(sr / np.exp(climb), 1.0 + lin * (q / qc - 1.0)), np.power(sr, e_lo))
+                    f = np.where(lr > 0, np.maximum(sr / np.exp(climb), 1.0 + lin * (q / qc - 1.0)), np.power(s_low / s_here, e_lo))
                 stuck = (lr > UNSATURATED_HOLD_OCTAVES * LN2) & (g_hi > 0) & (log_cap <= 0)
                 if refuse and np.any(stuck):
                     self._refuse(a, float(np.max(np.where(stuck, q, -np.inf))))
@@ -499,7 +515,9 @@ class Grid:
                     climb = min(g_hi * lr, log_cap) if g_hi >= 0 else max(g_hi * lr, g_hi * math.log(2.0) * FALL_OCTAVES)
                     f = max(sr / math.exp(climb), 1.0 + lin * (q / qc - 1.0))
                 else:
-                    f = sr**e_lo if sr > 0 else sr
+                    s_low = float(self.sol(*(here[:a] + [max(q, qc * 2.0**-LOW_OCTAVES)] + here[a + 1:])))
+                    sl = s_low / s_here if s_here != 0 else 1.0
+                    f = sl**e_lo if sl > 0 else sl
                 if math.isfinite(f):
                     v = v * f
                 here, s_here = nxt, s_next
