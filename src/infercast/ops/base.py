@@ -222,7 +222,6 @@ def fill_missing(axes, vals, sol, transport: bool = False):
             S = np.asarray(sol(*np.meshgrid(a0, a1, indexing="ij")), dtype=float) * np.ones(vals.shape)
             U = np.where(measured & (S > 0) & (vals > 0), S / vals, np.nan)
         plateau = np.nanmax(U) if np.isfinite(U).any() else np.nan
-    filled = vals.copy()
     for i, j in zip(*np.nonzero(~measured)):
         src = None
         rows = np.flatnonzero(measured[:i, j]) if i > 0 else []
@@ -244,8 +243,9 @@ def fill_missing(axes, vals, sol, transport: bool = False):
                 f = U[i, jj] / U[si, jj]
                 if f > 1.0 and np.isfinite(plateau):
                     f = min(f, max(plateau / U[si, sj], 1.0))
-        filled[i, j] = vals[si, sj] * sol(a0[i], a1[j]) / sol(a0[si], a1[sj]) / f
-    return filled, prov
+        # sources are measured cells only, so filling in place never reads a filled cell
+        vals[i, j] = vals[si, sj] * sol(a0[i], a1[j]) / sol(a0[si], a1[sj]) / f
+    return vals, prov
 
 
 def check_positive(name: str, arr, upper: float | None = None) -> np.ndarray:

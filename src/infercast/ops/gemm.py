@@ -132,10 +132,15 @@ def _decode_gap_lattice(db: OpDB, table, mask, quant: str, excess: float, floor:
         return None
     be, data, t, m = sib
     m, kernels = merge_kernels(t, m, ("n", "k", "m"), be)
-    sites, curves = sites_and_curves(t, m, ("n", "k"), ("m",))
     note = (f"{quant} GEMM rows of {db.backend} run {ratio:.2f}x {be} {data.version}'s at decode sizes (m <= {DECODE_M}) "
             f"on the same GPU and near their own bf16 time on large weights; using {be} ({'+'.join(kernels)})")
-    return t, f"{be}:{'+'.join(kernels)}", sites, curves, (note,)
+    return _borrowed_lattice(t, m, be, kernels, note)
+
+
+def _borrowed_lattice(table, merged_mask, backend: str, kernels: list[str], note: str):
+    """A sibling backend's GEMM rows as this backend's lattice (``_lattice``'s return shape)."""
+    sites, curves = sites_and_curves(table, merged_mask, ("n", "k"), ("m",))
+    return table, f"{backend}:{'+'.join(kernels)}", sites, curves, (note,)
 
 
 #: A GEMM table whose median speed-of-light utilisation is below this is measuring host overhead,
@@ -179,10 +184,9 @@ def _sibling_lattice(db: OpDB, quant: str, own_util: float):
         m, kernels = merge_kernels(t, m, ("n", "k", "m"), be)
         util = median_utilisation(db, t, m, quant)
         if util >= HOST_BOUND_UTILISATION:
-            sites, curves = sites_and_curves(t, m, ("n", "k"), ("m",))
             note = (f"{quant} GEMM rows of {db.backend} sit at {100 * own_util:.0f}% of the roofline (host-overhead bound); "
                     f"using {be} {sib.version} ({'+'.join(kernels)}, {100 * util:.0f}%)")
-            return t, f"{be}:{'+'.join(kernels)}", sites, curves, (note,)
+            return _borrowed_lattice(t, m, be, kernels, note)
     return None
 
 
