@@ -17,6 +17,7 @@ from .data.model_configs import resolve_model
 from .engine.compiled import CompiledEngine
 from .errors import InvalidInputError
 from .interp.provenance import Prov
+from .models.fusions import engine_fusions
 from .models.plan import MOE_DISTRIBUTION, ParallelConfig, Plan, SpecDecode, build_plan
 from .models.spec import ModelSpec, build_spec
 from .ops.base import DatabaseMode, OpDB, check_positive
@@ -120,7 +121,8 @@ class Estimator:
             if wide_ep_available(self.db, quant=quant.moe or quant.gemm, hidden=spec.hidden, inter=m.inter, topk=m.topk,
                                  experts=m.experts, moe_tp=par.etp, moe_ep=par.ep, gated=m.gated, distribution=MOE_DISTRIBUTION):
                 par = replace(par, moe_comm="alltoall")  # the backend's wide-EP path (DeepEP dispatch / combine)
-        self.plan: Plan = build_plan(spec, par, SpecDecode(_nonneg_int("--nextn", nextn), _unit("--mtp-acceptance", mtp_acceptance)))
+        self.plan: Plan = build_plan(spec, par, SpecDecode(_nonneg_int("--nextn", nextn), _unit("--mtp-acceptance", mtp_acceptance)),
+                                     engine_fusions(backend, spec, par))
         self.engine = CompiledEngine(self.plan, self.db)
         self.backend = backend_defaults(backend)
         mtp = spec.mtp_layers if self.plan.spec_decode.nextn else 0

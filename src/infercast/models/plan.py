@@ -139,6 +139,18 @@ class SpecDecode:
 
 
 @dataclass(frozen=True)
+class Fusions:
+    """Kernel fusions the serving engine applies to this model (the rules that decide them per
+    backend live in :mod:`infercast.models.fusions`).
+
+    * ``shared_experts``: the shared expert runs inside the routed-expert kernel as one more expert
+      every token selects (SGLang's shared-experts fusion): no separate shared MLP, and the expert
+      kernel sees ``(topk + 1) / topk`` times the token-expert pairs."""
+
+    shared_experts: bool = False
+
+
+@dataclass(frozen=True)
 class PlanOp:
     name: str
     kind: str  # gemm | attention | allreduce | allgather | elementwise | p2p
@@ -155,6 +167,7 @@ class Plan:
     ops: tuple[PlanOp, ...]
     schema_version: int = PLAN_SCHEMA_VERSION
     spec_decode: SpecDecode = field(default_factory=lambda: SpecDecode())
+    fusions: Fusions = field(default_factory=lambda: Fusions())
 
     def to_json(self) -> str:
         return json.dumps(
@@ -164,6 +177,7 @@ class Plan:
                 "parallel": asdict(self.parallel),
                 "ops": [asdict(o) for o in self.ops],
                 "spec_decode": asdict(self.spec_decode),
+                "fusions": asdict(self.fusions),
             },
             indent=1,
             sort_keys=True,
@@ -182,6 +196,7 @@ class Plan:
             ParallelConfig(**d["parallel"]),
             tuple(PlanOp(**o) for o in d["ops"]),
             spec_decode=SpecDecode(**d.get("spec_decode", {})),
+            fusions=Fusions(**d.get("fusions", {})),
         )
 
 
@@ -281,16 +296,19 @@ def dense_plan(spec: ModelSpec, par: ParallelConfig) -> Plan:
     return Plan(spec, par, tuple(ops + _ends(spec, par)))
 
 
-def moe_plan(spec: ModelSpec, par: ParallelConfig) -> Plan:
+def moe_plan(spec: ModelSpec, par: ParallelConfig, fusions: Fusions | None = None) -> Plan:
     """GQA or MLA attention + MoE FFN (DeepSeek/Kimi: first layers dense, shared experts).
 
     MoE block per layer: router GEMM on this rank's tokens; with attention-DP the ranks' tokens
     are all-gathered over the replica before the experts and reduce-scattered after (the experts
     see ``tokens x attention_dp``); with pure TP attention the block ends in the TP all-reduce.
-    Shared experts are a dense MLP split over attention TP, on this rank's tokens.
+    Shared experts are a dense MLP split over attention TP, on this rank's tokens, unless
+    ``fusions.shared_experts`` folds them into the expert kernel.
     """
     par.check(spec)
+    fusions = fusions or Fusions()
     m = spec.moe
+    fuse_shared = bool(fusions.shared_experts and m.shared_inter)
     tp, L, h = par.tp, spec.num_layers, spec.hidden
     q = spec.quant
     moe_layers = L - m.first_dense_layers
@@ -311,16 +329,17 @@ def moe_plan(spec: ModelSpec, par: ParallelConfig) -> Plan:
     ops.append(PlanOp(
         "moe_experts", "moe", moe_layers,
         params={"quant": q.moe or q.gemm, "hidden": h, "inter": m.inter, "topk": m.topk, "experts": m.experts,
-                "moe_tp": par.etp, "moe_ep": par.ep, "gated": m.gated, "tokens_multiplier": adp,
+                "moe_tp": par.etp, "moe_ep": par.ep, "gated": m.gated,
+                "tokens_multiplier": adp * ((m.topk + 1) / m.topk if fuse_shared else 1.0),
                 "distribution": MOE_DISTRIBUTION},
     ))
-    if m.shared_inter:
+    if m.shared_inter and not fuse_shared:
         ops += _dense_ffn_ops("shared_", moe_layers, h, m.shared_inter // tp, q.gemm)
     if adp > 1 and not a2a:
         ops.append(PlanOp("moe_reduce_scatter", "reduce_scatter", moe_layers, params={"elements_per_token": h * adp, "group": par.width}))
     elif tp > 1:
         ops.append(PlanOp("moe_allreduce", "allreduce", moe_layers, params={"elements_per_token": h, "group": tp}))
-    return Plan(spec, par, tuple(ops + _ends(spec, par)))
+    return Plan(spec, par, tuple(ops + _ends(spec, par)), fusions=replace(fusions, shared_experts=fuse_shared))
 
 
 def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
@@ -345,11 +364,12 @@ def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
     return replace(plan, ops=plan.ops + tuple(draft), spec_decode=sd)
 
 
-def build_plan(spec: ModelSpec, par: ParallelConfig, spec_decode: SpecDecode | None = None) -> Plan:
+def build_plan(spec: ModelSpec, par: ParallelConfig, spec_decode: SpecDecode | None = None,
+               fusions: Fusions | None = None) -> Plan:
     if spec.family == "dense":
         plan = dense_plan(spec, par)
     elif spec.family in ("moe", "mla_moe"):
-        plan = moe_plan(spec, par)
+        plan = moe_plan(spec, par, fusions)
     else:
         raise InvalidConfigError(f"no op plan for family {spec.family!r}")
     return _with_mtp(plan, spec_decode or SpecDecode())

@@ -1,0 +1,44 @@
+"""Which kernel fusions a serving backend applies to a model: the per-backend rules behind
+:class:`~infercast.models.plan.Fusions`.
+
+The perf tables measure unfused kernels one by one; an engine that fuses two of them runs a
+different (cheaper) step. Each rule below names the engine behaviour it stands for, its
+conditions, and what it moved on the dev silicon rows (``python -m benchmarks.fidelity``).
+
+* **SGLang shared-experts fusion.** SGLang folds the DeepSeek-V3/R1 shared expert into the routed
+  expert kernel as an extra expert that every token selects (on by default; its
+  ``--disable-shared-experts-fusion`` flag turns it off). It applies to the DeepSeek-V3
+  architecture with its 256 routed experts and one shared expert of the routed width, on NVIDIA
+  GPUs, and not under expert parallelism (the engine turns it off for EP > 1 and for the DeepEP
+  all-to-all path). The fused kernel is costed as the routed-expert table at ``(topk + 1) / topk``
+  times the tokens (the extra token-expert pairs); the shared MLP's own GEMMs drop out. Dev rows:
+  SGLang TPOT median APE 15.1% -> 14.7% (within 20%: 60.2% -> 63.1%), all rows 10.4% -> 10.3%;
+  SGLang DeepSeek-V3 b200 0.5.9 rows 21.5% -> 12.3%, DeepSeek-R1 h200 17.4% -> 14.2%. Dropping
+  the shared MLP with no extra expert cost fits slightly better (SGLang 13.7%) but would price the
+  shared expert's weights and FLOPs at zero.
+"""
+
+from __future__ import annotations
+
+from .plan import Fusions, ParallelConfig
+from .spec import ModelSpec
+
+#: architectures SGLang's shared-experts fusion is written for
+SHARED_EXPERT_FUSION_ARCHS = ("DeepseekV3ForCausalLM",)
+#: routed experts of that architecture (the fused kernel's expert layout assumes it)
+SHARED_EXPERT_FUSION_EXPERTS = 256
+
+
+def engine_fusions(backend: str, spec: ModelSpec, par: ParallelConfig) -> Fusions:
+    """The fusions ``backend`` applies when serving ``spec`` under ``par``."""
+    m = spec.moe
+    shared = (
+        backend == "sglang"
+        and m is not None
+        and spec.architecture in SHARED_EXPERT_FUSION_ARCHS
+        and m.experts == SHARED_EXPERT_FUSION_EXPERTS
+        and m.shared_inter == m.inter  # one shared expert of the routed width
+        and par.ep == 1
+        and par.moe_comm != "alltoall"
+    )
+    return Fusions(shared_experts=shared)

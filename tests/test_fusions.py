@@ -1,0 +1,74 @@
+"""Backend kernel fusions in the op plan (models/fusions.py): exact plan shapes on a tiny
+DeepSeek-V3-shaped config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infercast.data.model_configs import resolve_model
+from infercast.models.fusions import engine_fusions
+from infercast.models.plan import Fusions, ParallelConfig, Plan, build_plan
+from infercast.models.spec import build_spec
+
+
+def _deepseek_like(pack, tmp_path, experts=256, shared=1, arch="DeepseekV3ForCausalLM"):
+    cfg = {
+        "architectures": [arch], "model_type": "deepseek_v3", "hidden_size": 512, "num_hidden_layers": 4,
+        "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 1024, "vocab_size": 1000,
+        "max_position_embeddings": 4096, "q_lora_rank": 128, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": experts, "num_experts_per_tok": 8,
+        "moe_intermediate_size": 128, "n_shared_experts": shared, "first_k_dense_replace": 1,
+        "torch_dtype": "bfloat16",
+    }
+    d = tmp_path / f"ds-{experts}-{shared}-{arch}"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return build_spec(resolve_model(pack, str(d)))
+
+
+@pytest.fixture()
+def pack(synth):
+    from infercast.data.pack import find_pack
+
+    return find_pack(str(synth.systems_dir))
+
+
+def test_shared_expert_fusion_plan(pack, tmp_path):
+    spec = _deepseek_like(pack, tmp_path)
+    par = ParallelConfig(tp=2)
+    plain = {o.name: o for o in build_plan(spec, par).ops}
+    fused_plan = build_plan(spec, par, fusions=Fusions(shared_experts=True))
+    fused = {o.name: o for o in fused_plan.ops}
+    assert {"shared_gate_up_gemm", "shared_activation", "shared_down_gemm"} <= set(plain)
+    assert not any(n.startswith("shared_") for n in fused)
+    # the expert kernel sees one more (always selected) expert per token: 9/8 the token-expert pairs
+    assert plain["moe_experts"].params["tokens_multiplier"] == 1.0
+    assert fused["moe_experts"].params["tokens_multiplier"] == pytest.approx(9 / 8)
+    assert fused_plan.fusions.shared_experts
+    # everything else is unchanged
+    rest = {k: v for k, v in plain.items() if not k.startswith("shared_") and k != "moe_experts"}
+    assert rest == {k: v for k, v in fused.items() if k != "moe_experts"}
+    # the fusion survives the JSON round trip
+    assert Plan.from_json(fused_plan.to_json()).fusions == Fusions(shared_experts=True)
+
+
+def test_shared_expert_fusion_rule(pack, tmp_path):
+    spec = _deepseek_like(pack, tmp_path)
+    assert engine_fusions("sglang", spec, ParallelConfig(tp=8)).shared_experts
+    assert not engine_fusions("trtllm", spec, ParallelConfig(tp=8)).shared_experts
+    assert not engine_fusions("vllm", spec, ParallelConfig(tp=8)).shared_experts
+    # expert parallelism turns it off
+    assert not engine_fusions("sglang", spec, ParallelConfig(tp=8, moe_tp=1, moe_ep=8)).shared_experts
+    # other expert layouts / architectures are not covered by the fused kernel
+    assert not engine_fusions("sglang", _deepseek_like(pack, tmp_path, experts=384), ParallelConfig(tp=8)).shared_experts
+    assert not engine_fusions("sglang", _deepseek_like(pack, tmp_path, shared=2), ParallelConfig(tp=8)).shared_experts
+    assert not engine_fusions("sglang", _deepseek_like(pack, tmp_path, arch="MiMoForCausalLM"), ParallelConfig(tp=8)).shared_experts
+
+
+def test_fusion_flag_without_shared_experts_is_inert(pack, tmp_path):
+    spec = _deepseek_like(pack, tmp_path, shared=0)
+    plan = build_plan(spec, ParallelConfig(tp=2), fusions=Fusions(shared_experts=True))
+    assert not plan.fusions.shared_experts
+    assert {o.name: o for o in plan.ops}["moe_experts"].params["tokens_multiplier"] == 1.0
