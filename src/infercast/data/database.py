@@ -1,15 +1,82 @@
-"""One (system, backend, version) view of the pack: the tables that answer its queries."""
+"""One (system, backend, version) view of the pack: the tables that answer its queries.
+
+**Sibling consistency of composite tables.** A composite table (``*_module``: a whole attention
+block timed as one, projections, kernel and the glue between them) depends on how the collector
+ran the block (graph capture or eager launches), not only on the GPU. When such a table on a
+system is far slower than the same file (backend, version) on a sibling system of the same GPU
+generation whose GPU it out-specs or equals (same or newer SM variant, memory bandwidth and
+bf16 / fp8 tensor FLOPs all >=), the table contradicts its hardware: a median slowdown over the shared grid points above
+:data:`SIBLING_SLOWDOWN` serves the sibling's table instead (the faster GPU is then predicted no
+faster than the weaker one, a conservative answer), and provenance says so (``how`` =
+``sibling:<system>``). In the 0.12.0 pack this catches vLLM 0.24.0's MLA module tables on
+b300_sxm and gb200 (median 1.64-1.71x b200's, while every kernel-level table of the same version
+is 0.88-1.00x); dev silicon rows: vLLM Kimi-K2.5 b300 TPOT median APE 46% -> 15%, gb200 39% ->
+4%; vLLM TPOT 8.1% -> 8.0% (within 20%: 76.4% -> 78.3%).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import NotAvailableError
+import numpy as np
+
+from ..errors import InfercastError, NotAvailableError
 from .pack import Pack, find_pack
-from .system import SystemSpec, load_system
+from .system import SystemSpec, list_systems, load_system
 from .tables import Table, cached_table
 from .versions import TableLocation, VersionInfo, locate_table, version_info
+
+#: a composite table this much slower (median over shared grid points) than a dominated
+#: sibling's is served by the sibling (see the module docstring)
+SIBLING_SLOWDOWN = 1.3
+#: fewest shared grid points for the comparison
+SIBLING_MIN_SHARED = 20
+#: tensor-FLOP dtypes the dominance check compares
+SIBLING_FLOP_DTYPES = ("bfloat16", "fp8")
+
+
+#: (table path, system) -> the sibling that serves it instead, or None (per process)
+_SIBLING_VERDICTS: dict[tuple[str, str], tuple[TableLocation, Table] | None] = {}
+
+
+def is_composite(stem: str) -> bool:
+    return stem.endswith("_module")
+
+
+def _dominates(a: SystemSpec, b: SystemSpec) -> bool:
+    """GPU of ``a`` is of the same generation as ``b``'s, no older a variant, and no weaker on any
+    compared axis."""
+    ga, gb = a.gpu, b.gpu
+    if ga.sm_version is None or gb.sm_version is None or ga.sm_version // 10 != gb.sm_version // 10:
+        return False
+    if ga.sm_version < gb.sm_version:  # a newer variant (sm103 vs sm100) may add units (attention)
+        return False
+    if ga.mem_bw < gb.mem_bw:
+        return False
+    for dt in SIBLING_FLOP_DTYPES:
+        fa, fb = ga.flops(dt), gb.flops(dt)
+        if fa is None or fb is None or fa < fb:
+            return False
+    return True
+
+
+def median_slowdown(mine: Table, theirs: Table) -> tuple[float, int]:
+    """Median latency ratio ``mine / theirs`` over the grid points both tables hold (same key
+    columns, same values), and how many there are."""
+    cols = sorted(set(mine.keys) & set(theirs.keys))
+    if not cols or set(cols) != set(mine.keys) or "latency" not in mine.values or "latency" not in theirs.values:
+        return float("nan"), 0
+
+    def index(t: Table) -> dict:
+        rows = zip(*(t.keys[c].tolist() for c in cols))
+        return dict(zip(rows, t.values["latency"].tolist()))
+
+    a, b = index(mine), index(theirs)
+    shared = [k for k in a if k in b and a[k] > 0 and b[k] > 0]
+    if not shared:
+        return float("nan"), 0
+    return float(np.median([a[k] / b[k] for k in shared])), len(shared)
 
 
 @dataclass
@@ -60,8 +127,40 @@ class PerfData:
                 "neither this version, a declared reuse, nor an older version has it",
                 self.available_tables(),
             )
+        table = cached_table(loc.path, stem)
+        if is_composite(stem):
+            sib = self._consistent_sibling(stem, loc, table)
+            if sib is not None:
+                loc, table = sib
         self.served[stem] = loc
-        return cached_table(loc.path, stem)
+        return table
+
+    def _consistent_sibling(self, stem: str, loc: TableLocation, table: Table) -> tuple[TableLocation, Table] | None:
+        """The dominated sibling system's copy of ``stem`` when this system's contradicts it."""
+        key = (str(loc.path), self.system.name)
+        if key not in _SIBLING_VERDICTS:
+            _SIBLING_VERDICTS[key] = self._find_sibling(stem, loc, table)
+        return _SIBLING_VERDICTS[key]
+
+    def _find_sibling(self, stem: str, loc: TableLocation, table: Table) -> tuple[TableLocation, Table] | None:
+        best = None
+        for name in list_systems(self.pack):
+            if name == self.system.name:
+                continue
+            try:
+                other = load_system(self.pack, name)
+            except InfercastError:
+                continue
+            if not _dominates(self.system, other):
+                continue
+            f = other.data_dir / loc.path.parent.parent.parent.name / self.backend / loc.served_by / loc.path.name
+            if not f.exists():
+                continue
+            theirs = cached_table(f, stem)
+            ratio, n = median_slowdown(table, theirs)
+            if n >= SIBLING_MIN_SHARED and ratio > SIBLING_SLOWDOWN and (best is None or ratio > best[0]):
+                best = (ratio, TableLocation(stem, f, loc.served_by, f"sibling:{name} ({ratio:.2f}x faster there)"), theirs)
+        return None if best is None else (best[1], best[2])
 
     def comm_library_table(self) -> Table:
         """The NCCL (or oneCCL) table selected by the system spec's ``misc.*_version``."""
