@@ -526,6 +526,26 @@ def test_tile_hole_in_a_small_group_takes_its_groups_other_end():
     assert 47.0 in g.axes[0].tolist() and 49.0 in g.axes[0].tolist()
 
 
+def test_tile_hole_in_a_32_row_group_takes_its_groups_other_end():
+    # 32-row groups (pairs at 160, 192, 224): m=192 is missing; rows 161..192 share a tile, so the
+    # hole takes 161's value (robust knot 3), not a straight line from 161 towards 193
+    x = [128.0, 129.0, 160.0, 161.0, 193.0, 224.0, 225.0]
+    v = [1.0, 2.0, 2.0, 3.0, 5.0, 5.0, 6.0]
+    g = _grid1(x, v, scale="tile")
+    val, p = g(192.0)
+    assert float(val) == 3.0 and int(p) == Prov.INTERPOLATED
+    assert g.scalar(192.0) == (3.0, int(Prov.INTERPOLATED))
+    assert float(_grid1(x, v, scale="linear")(192.0)[0]) == 4.9375
+    # the a+1 member missing instead (193): it shares its tile with 224
+    x2 = [128.0, 129.0, 160.0, 161.0, 192.0, 224.0, 225.0]
+    v2 = [1.0, 2.0, 2.0, 3.0, 3.0, 5.0, 6.0]
+    assert float(_grid1(x2, v2, scale="tile")(193.0)[0]) == 5.0
+    # a 64-row group is still left linear
+    x3 = [128.0, 129.0, 192.0, 193.0, 257.0, 320.0]
+    v3 = [1.0, 2.0, 2.0, 3.0, 5.0, 5.0]
+    assert 256.0 not in _grid1(x3, v3, scale="tile").axes[0].tolist()
+
+
 def test_tile_hole_in_a_large_group_follows_the_same_pair_members():
     # 256-row groups, latency = whole tiles of 256 rows: a -> a/256, a+1 -> a/256 + 1; 768 missing
     x = [256.0, 257.0, 512.0, 513.0, 769.0, 1024.0, 1025.0]
