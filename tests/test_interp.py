@@ -575,6 +575,24 @@ def test_tile_high_edge_does_not_fall():
     assert float(_grid1(x, v, sol, scale="linear")(32.0)[0]) == pytest.approx(64.0 * math.sqrt(2.0), rel=1e-12)
 
 
+def test_tile_low_edge_is_lowered_to_its_octaves_median_never_raised():
+    # flat roofline (memory-bound decode sizes): u = 1 / latency. The edge m=2 reads 3 while its
+    # octave (m = 2, 3, 4) has median utilisation 1/2: below the edge latency is 2, not 3
+    flat = lambda m: np.ones(np.shape(m))  # noqa: E731
+    g = _grid1([2.0, 3.0, 4.0, 5.0], [3.0, 2.0, 2.0, 2.0], flat, scale="tile")
+    v, p = g(np.array([1.0, 1.5, 2.0]))
+    assert v.tolist() == [2.0, 2.0, 3.0]  # the edge itself still returns its stored value
+    assert p.tolist() == [Prov.HELD, Prov.HELD, Prov.EXACT]
+    assert g.scalar(1.0) == (2.0, int(Prov.HELD))
+    # an edge below its octave's median is kept (never raised): latency holds at 1.5
+    low = _grid1([2.0, 3.0, 4.0, 5.0], [1.5, 2.0, 2.0, 2.0], flat, scale="tile")
+    assert float(low(1.0)[0]) == 1.5 and low.scalar(1.0)[0] == 1.5
+    # linear axes keep the edge value
+    assert float(_grid1([2.0, 3.0, 4.0, 5.0], [3.0, 2.0, 2.0, 2.0], flat, scale="linear")(1.0)[0]) == 3.0
+    # the high edge is not affected
+    assert float(g(10.0)[0]) == 2.0
+
+
 def test_tile_axis_only_on_1d_grids():
     with pytest.raises(ValueError):
         Grid((np.array([1.0, 2.0]), np.array([1.0, 2.0])), np.ones((2, 2)), np.zeros((2, 2), np.int8), scales=("tile", "linear"))
