@@ -526,6 +526,26 @@ def test_tile_hole_in_a_small_group_takes_its_groups_other_end():
     assert 47.0 in g.axes[0].tolist() and 49.0 in g.axes[0].tolist()
 
 
+def test_tile_hole_in_a_32_row_group_takes_its_groups_other_end():
+    # 32-row groups (pairs at 160, 192, 224): m=192 is missing; rows 161..192 share a tile, so the
+    # hole takes 161's value (robust knot 3), not a straight line from 161 towards 193
+    x = [128.0, 129.0, 160.0, 161.0, 193.0, 224.0, 225.0]
+    v = [1.0, 2.0, 2.0, 3.0, 5.0, 5.0, 6.0]
+    g = _grid1(x, v, scale="tile")
+    val, p = g(192.0)
+    assert float(val) == 3.0 and int(p) == Prov.INTERPOLATED
+    assert g.scalar(192.0) == (3.0, int(Prov.INTERPOLATED))
+    assert float(_grid1(x, v, scale="linear")(192.0)[0]) == 4.9375
+    # the a+1 member missing instead (193): it shares its tile with 224
+    x2 = [128.0, 129.0, 160.0, 161.0, 192.0, 224.0, 225.0]
+    v2 = [1.0, 2.0, 2.0, 3.0, 3.0, 5.0, 6.0]
+    assert float(_grid1(x2, v2, scale="tile")(193.0)[0]) == 5.0
+    # a 64-row group is still left linear
+    x3 = [128.0, 129.0, 192.0, 193.0, 257.0, 320.0]
+    v3 = [1.0, 2.0, 2.0, 3.0, 5.0, 5.0]
+    assert 256.0 not in _grid1(x3, v3, scale="tile").axes[0].tolist()
+
+
 def test_tile_hole_in_a_large_group_follows_the_same_pair_members():
     # 256-row groups, latency = whole tiles of 256 rows: a -> a/256, a+1 -> a/256 + 1; 768 missing
     x = [256.0, 257.0, 512.0, 513.0, 769.0, 1024.0, 1025.0]
@@ -553,6 +573,24 @@ def test_tile_high_edge_does_not_fall():
     x, v = [2.0, 4.0, 8.0, 16.0], [2.0, 4.0, 8.0, 32.0]
     assert float(_grid1(x, v, sol, scale="tile")(32.0)[0]) == pytest.approx(64.0, rel=1e-12)
     assert float(_grid1(x, v, sol, scale="linear")(32.0)[0]) == pytest.approx(64.0 * math.sqrt(2.0), rel=1e-12)
+
+
+def test_tile_low_edge_is_lowered_to_its_octaves_median_never_raised():
+    # flat roofline (memory-bound decode sizes): u = 1 / latency. The edge m=2 reads 3 while its
+    # octave (m = 2, 3, 4) has median utilisation 1/2: below the edge latency is 2, not 3
+    flat = lambda m: np.ones(np.shape(m))  # noqa: E731
+    g = _grid1([2.0, 3.0, 4.0, 5.0], [3.0, 2.0, 2.0, 2.0], flat, scale="tile")
+    v, p = g(np.array([1.0, 1.5, 2.0]))
+    assert v.tolist() == [2.0, 2.0, 3.0]  # the edge itself still returns its stored value
+    assert p.tolist() == [Prov.HELD, Prov.HELD, Prov.EXACT]
+    assert g.scalar(1.0) == (2.0, int(Prov.HELD))
+    # an edge below its octave's median is kept (never raised): latency holds at 1.5
+    low = _grid1([2.0, 3.0, 4.0, 5.0], [1.5, 2.0, 2.0, 2.0], flat, scale="tile")
+    assert float(low(1.0)[0]) == 1.5 and low.scalar(1.0)[0] == 1.5
+    # linear axes keep the edge value
+    assert float(_grid1([2.0, 3.0, 4.0, 5.0], [3.0, 2.0, 2.0, 2.0], flat, scale="linear")(1.0)[0]) == 3.0
+    # the high edge is not affected
+    assert float(g(10.0)[0]) == 2.0
 
 
 def test_tile_axis_only_on_1d_grids():

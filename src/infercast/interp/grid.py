@@ -35,16 +35,33 @@ choice at that one ``m``).
 2. *Pair holes.* A point whose pair partner is missing (``a`` without ``a + 1`` or the reverse) is
    a hole in the collection lattice; the missing member is filled (provenance interpolated)
    without blending across the tile step it sits next to. Row tiles are 16 to 256 rows (powers of
-   two), so: a group of at most ``TILE_MIN_ROWS`` (16) rows lies inside one tile, and the hole
+   two), so: a group of at most ``TILE_MIN_ROWS`` (32) rows lies inside one tile, and the hole
    takes the value of its group's other end; a group of at least ``TILE_MAX_ROWS`` (256) rows is a
    whole number of tiles, so latency is linear in ``m`` along the pairs' ``a`` members (and along
    their ``a + 1`` members), and the hole is interpolated between the same members of the
    neighbouring pairs (clipped to its two neighbours). Groups in between are left linear. On a
    complete table no point is filled and no answer changes; a table that lacks a point of its
-   lattice (what in-curve LOO removes) no longer interpolates across the step.
+   lattice (what in-curve LOO removes) no longer interpolates across the step. The 32-row groups
+   (rows ``a + 1 .. a + 32`` for the pairs at 128, 160, 192 and 224) count as inside one tile:
+   they are, unless the kernel uses 16-row tiles, and measured, the other end's value beats a
+   straight line across the 32 rows. LOO in-curve median / p90, h200 / b200, ``TILE_MIN_ROWS``
+   16 -> 32: 3.3 / 15.8% | 3.0 / 16.9% -> 3.3 / 15.1% | 3.0 / 16.9% (seed 1: 3.3 / 16.8% |
+   2.9 / 17.0% -> 3.4 / 16.3% | 2.9 / 17.0%); other paths unchanged.
 3. *High edge.* The falling high-edge rule below does not apply: a tile axis's high edge holds or
    climbs. The last octave (``m`` 8192 -> 16384) is two noisy points; LOO hold-high p90 falls from
    23.5 / 22.3% to 19.3 / 20.5% (medians unchanged, 3.6 / 5.1%).
+4. *Low edge.* Below the first point the edge value is first lowered to what the median
+   utilisation over the edge octave (the points up to twice the edge, as for the low-edge
+   exponent below) gives at the edge, ``SOL(edge) / median(u)``, when that is lower; it is never
+   raised. The first points of the m axis are dense (1, 2, 3, ...) and share one regime, and timing
+   noise is one-sided (a disturbed run only adds time), so an edge above its octave is a disturbed
+   run. Queries at or above the edge are unchanged. LOO hold-low median / p90, h200 / b200:
+   2.1 / 13.5% | 2.9 / 29.7% -> 1.9 / 11.2% | 2.5 / 25.4% (seed 1: 2.2 / 13.5% | 3.0 / 30.3% ->
+   2.0 / 11.4% | 2.4 / 25.3%); raising as well as lowering: p90 11.3 / 26.8%; the first 2 or 4
+   points instead of the octave's 3: 11.8 / 25.1%, 11.3 / 24.9% (seed 0). Most of the rest of the
+   b200 p90 is vLLM's fp8 kernel at ``m = 1``: 13.5 us slower than at ``m = 2`` (median over its
+   483 shapes, 2-3x at small shapes), a batch-1 path that no point at ``m >= 2`` shows. Other paths
+   unchanged.
 
 Outside the grid the query is clamped to the boundary and scaled by the speed-of-light ratio
 ``SOL(query) / SOL(boundary)`` -- the boundary's utilisation ``u = SOL / latency`` is held -- but
@@ -94,7 +111,8 @@ curves' parameters along the other axis):
   -> 3.8 / 21.5% | 4.2 / 15.3% (seed 1: 4.5 / 25.9% | 4.9 / 17.8% -> 3.9 / 23.2% | 4.2 / 15.6%),
   generation attention 1.5 / 8.5% | 2.1 / 16.3% -> 1.4 / 7.9% | 2.0 / 16.3%; GEMM, MoE and
   all-reduce unchanged (their low edges are one octave or less from the held-out point); two
-  halvings: 3.8 / 20.9% | 4.5 / 15.8%.
+  halvings: 3.8 / 20.9% | 4.5 / 15.8%. On a tile axis the edge value this scales is first
+  lowered to its octave's median utilisation (rule 4 of the tile axes above).
 
 Known limitation: in 2-D, two curves extrapolated with different rates may cross beyond the edge
 (a larger batch coming out faster at a length far beyond the table).
@@ -140,10 +158,11 @@ LOW_OCTAVES = 1.0
 #: knots on either side (a symmetric window, shrinking at the ends; the end knots are kept). LOO
 #: in-curve GEMM p90, h200 / b200: 1 -> 15.8 / 18.0%, 2 -> 15.8 / 16.9%, 3 -> 15.6 / 16.9%.
 ROBUST_HALF_WINDOW = 2
-#: ``tile`` axes: the row tiles of GEMM kernels are 16 .. 256 rows (powers of two), so a group of
-#: at most ``TILE_MIN_ROWS`` rows lies inside one tile and a group of at least ``TILE_MAX_ROWS``
-#: rows is a whole number of tiles (see the module docstring).
-TILE_MIN_ROWS, TILE_MAX_ROWS = 16.0, 256.0
+#: ``tile`` axes: the row tiles of GEMM kernels are 16 .. 256 rows (powers of two); a group of at
+#: most ``TILE_MIN_ROWS`` rows is treated as inside one tile (exact for 16 rows, for 32 rows unless
+#: the kernel uses 16-row tiles) and a group of at least ``TILE_MAX_ROWS`` rows is a whole number of
+#: tiles (see the module docstring).
+TILE_MIN_ROWS, TILE_MAX_ROWS = 32.0, 256.0
 
 
 def robust_knots(values: np.ndarray, half: int = ROBUST_HALF_WINDOW) -> np.ndarray:
@@ -219,10 +238,12 @@ class BeyondRangeError(NotAvailableError):
 
 
 def _edge_exponents(axes, values, sol, borrow: bool, scales: tuple = ()) -> tuple:
-    """Per axis: ``(e_low, g_high, log_cap_high, lin_high)``, arrays over the curves that reach the axis's
-    edges (one entry for a 1-D grid); see the module docstring.
+    """Per axis: ``(e_low, g_high, log_cap_high, lin_high, base_low)``, arrays over the curves that
+    reach the axis's edges (one entry for a 1-D grid); see the module docstring.
 
     ``e_low`` is the exponent applied to the SOL ratio below the first point (in ``[0, 1]``);
+    ``base_low`` (last) the factor (<= 1) that lowers the first point's value to its octave's
+    median utilisation before that, on a ``tile`` axis (1 elsewhere);
     ``g_high`` the damped utilisation growth exponent beyond the last point; ``log_cap_high`` the
     log of the plateau ratio ``u_plateau / u_edge`` (>= 0) a climbing high edge may reach (0:
     nothing to borrow); ``lin_high`` the relative latency slope of the edge interval on a ``batch``
@@ -238,7 +259,7 @@ def _edge_exponents(axes, values, sol, borrow: bool, scales: tuple = ()) -> tupl
         n = len(x)
         other = values.size // n  # curves that reach this axis's edges
         if n < 2 or x[0] <= 0:
-            out.append((np.ones(other), np.zeros(other), np.zeros(other), np.zeros(other)))
+            out.append((np.ones(other), np.zeros(other), np.zeros(other), np.zeros(other), np.ones(other)))
             continue
         Ua = np.moveaxis(U, a, 0).reshape(n, other)
         Sa = np.moveaxis(S, a, 0).reshape(n, other)
@@ -268,7 +289,13 @@ def _edge_exponents(axes, values, sol, borrow: bool, scales: tuple = ()) -> tupl
             with np.errstate(divide="ignore", invalid="ignore"):
                 lin = (1.0 - Va[bh] / Va[-1]) * (x[-1] / (x[-1] - x[bh]))
             lin = np.maximum(np.nan_to_num(lin, nan=0.0, posinf=0.0, neginf=0.0), 0.0)
-        out.append((1.0 - rho, g_hi, log_cap, lin))
+        base_lo = np.ones(other)
+        if a < len(scales) and scales[a] == TILE:  # a noisy low edge is lowered, never raised (docstring)
+            Va = np.moveaxis(values, a, 0).reshape(n, other)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                base_lo = (Sa[0] / np.median(Ua[: bl + 1], axis=0)) / Va[0]
+            base_lo = np.where(np.isfinite(base_lo) & (base_lo > 0), np.minimum(base_lo, 1.0), 1.0)
+        out.append((1.0 - rho, g_hi, log_cap, lin, base_lo))
     return tuple(out)
 
 
@@ -415,13 +442,13 @@ class Grid:
                 out_a = q != qc
                 if not out_a.any():
                     continue
-                e_lo, g_hi, log_cap, lin = edges[a]
+                e_lo, g_hi, log_cap, lin, base_lo = edges[a]
                 if len(self.axes) == 2:  # blend the curves' parameters along the other axis
                     jj, tt = (j, tj) if a == 0 else (i, ti)
                     jj1 = np.minimum(jj + 1, len(e_lo) - 1)
-                    e_lo, g_hi, log_cap, lin = (e[jj] * (1.0 - tt) + e[jj1] * tt for e in (e_lo, g_hi, log_cap, lin))
+                    e_lo, g_hi, log_cap, lin, base_lo = (e[jj] * (1.0 - tt) + e[jj1] * tt for e in (e_lo, g_hi, log_cap, lin, base_lo))
                 else:
-                    e_lo, g_hi, log_cap, lin = e_lo[0], g_hi[0], log_cap[0], lin[0]
+                    e_lo, g_hi, log_cap, lin, base_lo = e_lo[0], g_hi[0], log_cap[0], lin[0], base_lo[0]
                 nxt = list(here)
                 nxt[a] = q
                 s_next = np.asarray(self.sol(*nxt), dtype=float)
@@ -432,7 +459,7 @@ class Grid:
                     sr = s_next / s_here
                     lr = np.log(np.where(out_a, q / qc, 1.0))
                     climb = np.where(g_hi >= 0, np.minimum(g_hi * lr, log_cap), np.maximum(g_hi * lr, g_hi * LN2 * FALL_OCTAVES))
-                    f = np.where(lr > 0, np.maximum(sr / np.exp(climb), 1.0 + lin * (q / qc - 1.0)), np.power(s_low / s_here, e_lo))
+                    f = np.where(lr > 0, np.maximum(sr / np.exp(climb), 1.0 + lin * (q / qc - 1.0)), base_lo * np.power(s_low / s_here, e_lo))
                 stuck = (lr > UNSATURATED_HOLD_OCTAVES * LN2) & (g_hi > 0) & (log_cap <= 0)
                 if refuse and np.any(stuck):
                     self._refuse(a, float(np.max(np.where(stuck, q, -np.inf))))
@@ -497,13 +524,13 @@ class Grid:
             for a, (q, qc) in enumerate(zip(q_all, clamped)):
                 if q == qc:
                     continue
-                e_lo, g_hi, log_cap, lin = edges[a]
+                e_lo, g_hi, log_cap, lin, base_lo = edges[a]
                 if len(q_all) == 2:
                     jj, tt = (j, tj) if a == 0 else (i, ti)
                     jj1 = min(jj + 1, len(e_lo) - 1)
-                    e_lo, g_hi, log_cap, lin = (e[jj] * (1.0 - tt) + e[jj1] * tt for e in (e_lo, g_hi, log_cap, lin))
+                    e_lo, g_hi, log_cap, lin, base_lo = (e[jj] * (1.0 - tt) + e[jj1] * tt for e in (e_lo, g_hi, log_cap, lin, base_lo))
                 else:
-                    e_lo, g_hi, log_cap, lin = e_lo[0], g_hi[0], log_cap[0], lin[0]
+                    e_lo, g_hi, log_cap, lin, base_lo = e_lo[0], g_hi[0], log_cap[0], lin[0], base_lo[0]
                 nxt = list(here)
                 nxt[a] = q
                 s_next = float(self.sol(*nxt))
@@ -517,7 +544,7 @@ class Grid:
                 else:
                     s_low = float(self.sol(*(here[:a] + [max(q, qc * 2.0**-LOW_OCTAVES)] + here[a + 1:])))
                     sl = s_low / s_here if s_here != 0 else 1.0
-                    f = sl**e_lo if sl > 0 else sl
+                    f = base_lo * sl**e_lo if sl > 0 else sl
                 if math.isfinite(f):
                     v = v * f
                 here, s_here = nxt, s_next
