@@ -607,15 +607,30 @@ def test_batch_axis_high_edge_keeps_the_linear_trend_of_its_edge_interval():
     sq = lambda x: np.asarray(x, float) ** 2  # noqa: E731
     g2 = _grid1(x, [1.0, 4.0, 16.0], sq, scale="batch")
     assert float(g2(8.0)[0]) == pytest.approx(64.0, rel=1e-12)
-    # a falling edge interval (latency lower at the edge) sets no floor
-    g3 = _grid1(x, [1.0, 2.0, 1.5], flat, scale="batch")
+    # latency falling over both the last octave and the last two sets no floor
+    g3 = _grid1(x, [2.0, 2.0, 1.5], flat, scale="batch")
     assert float(g3(8.0)[0]) == 1.5
+
+
+def test_batch_axis_high_edge_trend_is_the_steeper_of_one_and_two_octaves():
+    flat = lambda x: np.ones(np.shape(x))  # noqa: E731
+    x = [1.0, 2.0, 4.0]
+    # last octave nearly flat (2.5 -> 3: relative slope 1/3); over two octaves 1 -> 3: (2/3) * (4/3)
+    g = _grid1(x, [1.0, 2.5, 3.0], flat, scale="batch")
+    assert float(g(8.0)[0]) == pytest.approx(3.0 * (1.0 + 8.0 / 9.0), rel=1e-12)
+    assert g.scalar(8.0)[0] == pytest.approx(3.0 * (1.0 + 8.0 / 9.0), rel=1e-12)
+    # a falling last octave after a rise: the two-octave line still sets the floor
+    g2 = _grid1(x, [1.0, 2.0, 1.5], flat, scale="batch")
+    assert float(g2(8.0)[0]) == pytest.approx(1.5 * (1.0 + 4.0 / 9.0), rel=1e-12)
+    # the one-octave slope wins where it is steeper (as in the test above)
+    assert float(_grid1(x, [1.0, 1.5, 3.0], flat, scale="batch")(8.0)[0]) == 6.0
 
 
 def test_batch_axis_trend_blends_along_the_other_axis():
     flat = lambda b, s: np.ones(np.broadcast(np.asarray(b), np.asarray(s)).shape)  # noqa: E731
     a0, a1 = np.array([1.0, 2.0, 4.0]), np.array([1.0, 2.0])
-    vals = np.array([[1.0, 2.0], [1.5, 3.0], [3.0, 4.0]])  # relative slopes 1.0 and 0.5 at batch 4
+    # relative slopes 1.0 and 0.5 at batch 4 (over one and over two octaves alike for the second curve)
+    vals = np.array([[1.0, 2.5], [1.5, 3.0], [3.0, 4.0]])
     g = Grid((a0, a1), vals, np.zeros((3, 2), np.int8), flat, scales=("batch", "linear"))
     # at length 1.5: value 3.5 at the edge, relative slope 0.75: 3.5 * (1 + 0.75 * (8 / 4 - 1))
     assert float(g(8.0, 1.5)[0]) == pytest.approx(6.125, rel=1e-12)
