@@ -652,3 +652,46 @@ def test_low_edge_falls_for_one_halving_then_holds():
     g2 = Grid((a, a), np.outer(a, a), np.zeros((2, 2), np.int8), sol2)
     assert float(g2(1.0, 4.0)[0]) == 8.0 and g2.scalar(1.0, 4.0)[0] == 8.0
     assert float(g2(1.0, 1.0)[0]) == 4.0 and g2.scalar(1.0, 1.0)[0] == 4.0
+
+
+# ---------------------------------------------------------------------------------------------
+# generation attention: one more step column along the batch x KV-length diagonal
+# ---------------------------------------------------------------------------------------------
+def test_kv_diagonal_extends_generation_grids_one_doubling():
+    from infercast.ops.attention import GEN_SCALES, build_site_grid, extend_kv_diagonal
+
+    sol = lambda b, step: np.asarray(b, float) * (np.asarray(step, float) + 1.0)  # noqa: E731  (b x KV)
+    axes = (np.array([1.0, 2.0, 4.0]), np.array([1.0, 3.0, 7.0]))  # KV lengths 2, 4, 8
+    # latency a function of the cached tokens b x KV: f(2, 4, 8, 16, 32) = 1, 1, 2, 3, 5
+    vals = np.array([[1.0, 1.0, 2.0], [1.0, 2.0, 3.0], [2.0, 3.0, 5.0]])
+    prov = np.zeros((3, 3), np.int8)
+    base = Grid(axes, vals, prov, sol, scales=GEN_SCALES)
+    ax, got, p = extend_kv_diagonal(axes, vals, vals, prov, sol, GEN_SCALES)
+    assert ax[1].tolist() == [1.0, 3.0, 7.0, 15.0] and ax[0].tolist() == [1.0, 2.0, 4.0]
+    np.testing.assert_array_equal(got[:, :3], vals)
+    # (1, KV 16) = (2, KV 8): 3; (2, KV 16) = (4, KV 8): 5 (equal SOL on the diagonal)
+    assert got[0, 3] == pytest.approx(3.0, rel=1e-12) and got[1, 3] == pytest.approx(5.0, rel=1e-12)
+    # the largest batch has no diagonal source: the grid's own edge rule
+    assert got[2, 3] == float(base(4.0, 15.0)[0])
+    assert p[:, 3].tolist() == [Prov.HELD] * 3
+    # a diagonal that did not hold one octave in ((1, KV 8) 1.5 vs (2, KV 4) 2.0) is not followed
+    v2 = vals.copy()
+    v2[0, 2] = 1.5
+    _, got2, _ = extend_kv_diagonal(axes, v2, v2, prov, sol, GEN_SCALES)
+    assert got2[0, 3] == float(Grid(axes, v2, prov, sol, scales=GEN_SCALES)(1.0, 15.0)[0])
+    assert got2[1, 3] == pytest.approx(5.0, rel=1e-12)
+    # a source cell that was filled, not measured, is not a diagonal source
+    v3 = vals.copy()
+    v3[2, 2] = np.nan
+    filled3 = vals.copy()
+    _, got3, _ = extend_kv_diagonal(axes, v3, filled3, prov, sol, GEN_SCALES)
+    assert got3[1, 3] == float(Grid(axes, filled3, prov, sol, scales=GEN_SCALES)(2.0, 15.0)[0])
+    # steps that are not KV doublings: unchanged
+    odd = (axes[0], np.array([1.0, 3.0, 6.0]))
+    assert extend_kv_diagonal(odd, vals, vals, prov, sol, GEN_SCALES)[0] is odd
+    # build_site_grid serves the extension for generation attention only
+    g = build_site_grid("generation_attention", axes, vals, sol)
+    assert float(g(1.0, 15.0)[0]) == pytest.approx(3.0, rel=1e-12)
+    assert float(g(1.0, 11.0)[0]) == pytest.approx(2.5, rel=1e-12)  # linear in step, 7 -> 15
+    ctx = build_site_grid("context_attention", axes, vals, sol)
+    assert ctx.axes[1].tolist() == [1.0, 3.0, 7.0]
