@@ -102,7 +102,13 @@ curves' parameters along the other axis):
   -> 3.8 / 21.5% | 4.2 / 15.3% (seed 1: 4.5 / 25.9% | 4.9 / 17.8% -> 3.9 / 23.2% | 4.2 / 15.6%),
   generation attention 1.5 / 8.5% | 2.1 / 16.3% -> 1.4 / 7.9% | 2.0 / 16.3%; GEMM, MoE and
   all-reduce unchanged (their low edges are one octave or less from the held-out point); two
-  halvings: 3.8 / 20.9% | 4.5 / 15.8%.
+  halvings: 3.8 / 20.9% | 4.5 / 15.8%. Tried and not adopted on attention grids: an affine low
+  edge (latency = fixed cost + slope x SOL, both from the first octave, no halving limit):
+  context attention 3.8 / 21.5% | 4.2 / 15.3% -> 3.6 / 23.1% | 3.6 / 15.5% (length axis alone
+  3.8 / 22.2% | 4.2 / 15.6%, batch axis alone 3.7 / 22.2% | 3.7 / 15.2%). Most of the remaining
+  context miss is one-token prefills predicted from length 16 (h200 vLLM / SGLang): some
+  kernels run them at a quarter of the 16-token latency, others at the same latency, and the
+  16 -> 32 octave does not tell which.
 
 Known limitation: in 2-D, two curves extrapolated with different rates may cross beyond the edge
 (a larger batch coming out faster at a length far beyond the table).
