@@ -4,7 +4,7 @@
 
 For every system in ``--systems`` and the current data version of each serving backend, the
 measured curves of five op families are built exactly the way ``infercast.ops`` builds them
-(``ops.gemm._lattice``, ``ops.attention._lattice`` + ``fill_site``, ``ops.moe._lattice`` per
+(``ops.gemm._lattice``, ``ops.attention._lattice`` + ``build_site_grid``, ``ops.moe._lattice`` per
 (moe_tp, moe_ep) pair, ``ops.comm._curve``), then
 held-out measured points are predicted from the rest along three paths:
 
@@ -19,7 +19,8 @@ held-out measured points are predicted from the rest along three paths:
   one, scale the SOL ratio by an exponent below the first point). ``hold-high`` is what infercast does for batches, lengths, m or
   messages beyond the collected range; ``hold-low`` rarely happens in use, since most axes start
   at 1 (the smallest valid query). An attention cell at the edge of a truncated corner is filled
-  by ``ops.attention.fill_site`` (utilisation from a smaller batch), as infercast serves such a query;
+  by ``ops.attention.build_site_grid`` (utilisation from a smaller batch; generation grids also get
+  one step column along the KV diagonal), as infercast serves such a query;
 * ``transfer``: a whole site is removed and its measured points are predicted through
   :func:`~infercast.interp.transfer.choose_sites` + :func:`~infercast.interp.transfer.transfer_grid`
   from the remaining sites (MoE: ``ops.moe.choose_donors`` + ``ops.moe.transfer_sites``, the
@@ -110,9 +111,8 @@ class Lattice:
             keep = ~np.isnan(vals)
             return Grid((axes[0][keep],), vals[keep], np.zeros(int(keep.sum()), np.int8), sol)
         if len(axes) == 2:
-            # ops/attention.py: site_grid = Grid(ax, *fill_site(stem, ax, vals, sol), sol)
-            filled, prov = attn_ops.fill_site(self.family, axes, vals, sol)
-            return Grid(axes, filled, prov, sol, scales=SCALES.get(self.family, ()))
+            # ops/attention.py: site_grid = build_site_grid(stem, ax, vals, sol)
+            return attn_ops.build_site_grid(self.family, axes, vals, sol)
         keep = ~np.isnan(vals)
         # ops/gemm.py and ops/comm.py: a 1-D grid of the measured points, provenance exact
         return Grid((axes[0][keep],), vals[keep], np.zeros(int(keep.sum()), np.int8), sol, scales=SCALES.get(self.family, ()))

@@ -645,15 +645,30 @@ def test_batch_axis_high_edge_keeps_the_linear_trend_of_its_edge_interval():
     sq = lambda x: np.asarray(x, float) ** 2  # noqa: E731
     g2 = _grid1(x, [1.0, 4.0, 16.0], sq, scale="batch")
     assert float(g2(8.0)[0]) == pytest.approx(64.0, rel=1e-12)
-    # a falling edge interval (latency lower at the edge) sets no floor
-    g3 = _grid1(x, [1.0, 2.0, 1.5], flat, scale="batch")
+    # latency falling over both the last octave and the last two sets no floor
+    g3 = _grid1(x, [2.0, 2.0, 1.5], flat, scale="batch")
     assert float(g3(8.0)[0]) == 1.5
+
+
+def test_batch_axis_high_edge_trend_is_the_steeper_of_one_and_two_octaves():
+    flat = lambda x: np.ones(np.shape(x))  # noqa: E731
+    x = [1.0, 2.0, 4.0]
+    # last octave nearly flat (2.5 -> 3: relative slope 1/3); over two octaves 1 -> 3: (2/3) * (4/3)
+    g = _grid1(x, [1.0, 2.5, 3.0], flat, scale="batch")
+    assert float(g(8.0)[0]) == pytest.approx(3.0 * (1.0 + 8.0 / 9.0), rel=1e-12)
+    assert g.scalar(8.0)[0] == pytest.approx(3.0 * (1.0 + 8.0 / 9.0), rel=1e-12)
+    # a falling last octave after a rise: the two-octave line still sets the floor
+    g2 = _grid1(x, [1.0, 2.0, 1.5], flat, scale="batch")
+    assert float(g2(8.0)[0]) == pytest.approx(1.5 * (1.0 + 4.0 / 9.0), rel=1e-12)
+    # the one-octave slope wins where it is steeper (as in the test above)
+    assert float(_grid1(x, [1.0, 1.5, 3.0], flat, scale="batch")(8.0)[0]) == 6.0
 
 
 def test_batch_axis_trend_blends_along_the_other_axis():
     flat = lambda b, s: np.ones(np.broadcast(np.asarray(b), np.asarray(s)).shape)  # noqa: E731
     a0, a1 = np.array([1.0, 2.0, 4.0]), np.array([1.0, 2.0])
-    vals = np.array([[1.0, 2.0], [1.5, 3.0], [3.0, 4.0]])  # relative slopes 1.0 and 0.5 at batch 4
+    # relative slopes 1.0 and 0.5 at batch 4 (over one and over two octaves alike for the second curve)
+    vals = np.array([[1.0, 2.5], [1.5, 3.0], [3.0, 4.0]])
     g = Grid((a0, a1), vals, np.zeros((3, 2), np.int8), flat, scales=("batch", "linear"))
     # at length 1.5: value 3.5 at the edge, relative slope 0.75: 3.5 * (1 + 0.75 * (8 / 4 - 1))
     assert float(g(8.0, 1.5)[0]) == pytest.approx(6.125, rel=1e-12)
@@ -675,3 +690,46 @@ def test_low_edge_falls_for_one_halving_then_holds():
     g2 = Grid((a, a), np.outer(a, a), np.zeros((2, 2), np.int8), sol2)
     assert float(g2(1.0, 4.0)[0]) == 8.0 and g2.scalar(1.0, 4.0)[0] == 8.0
     assert float(g2(1.0, 1.0)[0]) == 4.0 and g2.scalar(1.0, 1.0)[0] == 4.0
+
+
+# ---------------------------------------------------------------------------------------------
+# generation attention: one more step column along the batch x KV-length diagonal
+# ---------------------------------------------------------------------------------------------
+def test_kv_diagonal_extends_generation_grids_one_doubling():
+    from infercast.ops.attention import GEN_SCALES, build_site_grid, extend_kv_diagonal
+
+    sol = lambda b, step: np.asarray(b, float) * (np.asarray(step, float) + 1.0)  # noqa: E731  (b x KV)
+    axes = (np.array([1.0, 2.0, 4.0]), np.array([1.0, 3.0, 7.0]))  # KV lengths 2, 4, 8
+    # latency a function of the cached tokens b x KV: f(2, 4, 8, 16, 32) = 1, 1, 2, 3, 5
+    vals = np.array([[1.0, 1.0, 2.0], [1.0, 2.0, 3.0], [2.0, 3.0, 5.0]])
+    prov = np.zeros((3, 3), np.int8)
+    base = Grid(axes, vals, prov, sol, scales=GEN_SCALES)
+    ax, got, p = extend_kv_diagonal(axes, vals, vals, prov, sol, GEN_SCALES)
+    assert ax[1].tolist() == [1.0, 3.0, 7.0, 15.0] and ax[0].tolist() == [1.0, 2.0, 4.0]
+    np.testing.assert_array_equal(got[:, :3], vals)
+    # (1, KV 16) = (2, KV 8): 3; (2, KV 16) = (4, KV 8): 5 (equal SOL on the diagonal)
+    assert got[0, 3] == pytest.approx(3.0, rel=1e-12) and got[1, 3] == pytest.approx(5.0, rel=1e-12)
+    # the largest batch has no diagonal source: the grid's own edge rule
+    assert got[2, 3] == float(base(4.0, 15.0)[0])
+    assert p[:, 3].tolist() == [Prov.HELD] * 3
+    # a diagonal that did not hold one octave in ((1, KV 8) 1.5 vs (2, KV 4) 2.0) is not followed
+    v2 = vals.copy()
+    v2[0, 2] = 1.5
+    _, got2, _ = extend_kv_diagonal(axes, v2, v2, prov, sol, GEN_SCALES)
+    assert got2[0, 3] == float(Grid(axes, v2, prov, sol, scales=GEN_SCALES)(1.0, 15.0)[0])
+    assert got2[1, 3] == pytest.approx(5.0, rel=1e-12)
+    # a source cell that was filled, not measured, is not a diagonal source
+    v3 = vals.copy()
+    v3[2, 2] = np.nan
+    filled3 = vals.copy()
+    _, got3, _ = extend_kv_diagonal(axes, v3, filled3, prov, sol, GEN_SCALES)
+    assert got3[1, 3] == float(Grid(axes, filled3, prov, sol, scales=GEN_SCALES)(2.0, 15.0)[0])
+    # steps that are not KV doublings: unchanged
+    odd = (axes[0], np.array([1.0, 3.0, 6.0]))
+    assert extend_kv_diagonal(odd, vals, vals, prov, sol, GEN_SCALES)[0] is odd
+    # build_site_grid serves the extension for generation attention only
+    g = build_site_grid("generation_attention", axes, vals, sol)
+    assert float(g(1.0, 15.0)[0]) == pytest.approx(3.0, rel=1e-12)
+    assert float(g(1.0, 11.0)[0]) == pytest.approx(2.5, rel=1e-12)  # linear in step, 7 -> 15
+    ctx = build_site_grid("context_attention", axes, vals, sol)
+    assert ctx.axes[1].tolist() == [1.0, 3.0, 7.0]

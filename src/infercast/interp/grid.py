@@ -97,7 +97,15 @@ curves' parameters along the other axis):
   (seed 1: 3.1 / 17.5% | 3.1 / 18.9% -> 2.7 / 15.5% | 2.6 / 16.3%), context attention
   2.2 / 13.8% | 2.4 / 10.1% -> 2.0 / 11.5% | 2.1 / 7.7%; other paths unchanged. The same floor
   on the generation ``step`` axis: h200 p90 16.3 -> 16.0%, b200 unchanged, step-axis p90 on b200
-  22.5 -> 22.9% (not adopted);
+  22.5 -> 22.9% (not adopted). ``lin`` is the steeper of that slope and the one over the two
+  octaves in from the edge (``x_inner = x_edge / 4``): decode latency along the batch rises in
+  waves (vLLM on h200, length 1: x 1.66, 1.89, 1.59, 1.95 per doubling from batch 128 to 2048),
+  and an edge octave that sits on a flat stretch understates the per-sequence cost the next
+  doubling pays. LOO hold-high median / p90, h200 / b200: generation attention
+  2.9 / 16.3% | 2.8 / 15.9% -> 2.8 / 12.8% | 2.8 / 15.9% (seed 1: 2.7 / 15.5% | 2.6 / 16.3% ->
+  2.7 / 12.8% | 2.6 / 16.2%), context attention 2.0 / 11.5% | 2.1 / 7.7% -> 2.0 / 11.5% |
+  2.1 / 7.5% (seed 1: 2.0 / 12.3% | 2.2 / 8.6% -> 2.1 / 12.2% | 2.2 / 8.5%); other paths
+  unchanged;
 * **low edge**: below the first point utilisation falls at the edge's rate: latency scales as
   ``(SOL(query) / SOL(edge)) ** (1 - g / beta)`` (``beta`` the roofline's exponent over the same
   octave), between holding utilisation (saturated) and the edge's value (launch-bound, flat
@@ -112,7 +120,13 @@ curves' parameters along the other axis):
   generation attention 1.5 / 8.5% | 2.1 / 16.3% -> 1.4 / 7.9% | 2.0 / 16.3%; GEMM, MoE and
   all-reduce unchanged (their low edges are one octave or less from the held-out point); two
   halvings: 3.8 / 20.9% | 4.5 / 15.8%. On a tile axis the edge value this scales is first
-  lowered to its octave's median utilisation (rule 4 of the tile axes above).
+  lowered to its octave's median utilisation (rule 4 of the tile axes above). Tried and not
+  adopted on attention grids: an affine low edge (latency = fixed cost + slope x SOL, both from the first octave, no halving limit):
+  context attention 3.8 / 21.5% | 4.2 / 15.3% -> 3.6 / 23.1% | 3.6 / 15.5% (length axis alone
+  3.8 / 22.2% | 4.2 / 15.6%, batch axis alone 3.7 / 22.2% | 3.7 / 15.2%). Most of the remaining
+  context miss is one-token prefills predicted from length 16 (h200 vLLM / SGLang): some
+  kernels run them at a quarter of the 16-token latency, others at the same latency, and the
+  16 -> 32 octave does not tell which.
 
 Known limitation: in 2-D, two curves extrapolated with different rates may cross beyond the edge
 (a larger batch coming out faster at a length far beyond the table).
@@ -246,8 +260,9 @@ def _edge_exponents(axes, values, sol, borrow: bool, scales: tuple = ()) -> tupl
     median utilisation before that, on a ``tile`` axis (1 elsewhere);
     ``g_high`` the damped utilisation growth exponent beyond the last point; ``log_cap_high`` the
     log of the plateau ratio ``u_plateau / u_edge`` (>= 0) a climbing high edge may reach (0:
-    nothing to borrow); ``lin_high`` the relative latency slope of the edge interval on a ``batch``
-    axis, ``(1 - v_inner / v_edge) * x_edge / (x_edge - x_inner)`` (>= 0; 0 on other axes): beyond
+    nothing to borrow); ``lin_high`` the relative latency slope on a ``batch`` axis,
+    ``(1 - v_inner / v_edge) * x_edge / (x_edge - x_inner)``, the steeper of ``x_inner`` one and two
+    octaves in from the edge (>= 0; 0 on other axes): beyond
     the edge latency is at least ``v_edge * (1 + lin_high * (x / x_edge - 1))``."""
     mesh = np.meshgrid(*axes, indexing="ij")
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -286,8 +301,11 @@ def _edge_exponents(axes, values, sol, borrow: bool, scales: tuple = ()) -> tupl
         lin = np.zeros(other)
         if a < len(scales) and scales[a] == BATCH:  # the latency slope of the edge interval (docstring)
             Va = np.moveaxis(values, a, 0).reshape(n, other)
+            b2 = min(max(int(np.searchsorted(x, x[-1] / EDGE_SPAN**2, side="right")) - 1, 0), n - 2)
             with np.errstate(divide="ignore", invalid="ignore"):
+                # the steeper of the slopes over one and two octaves in from the edge (docstring)
                 lin = (1.0 - Va[bh] / Va[-1]) * (x[-1] / (x[-1] - x[bh]))
+                lin = np.fmax(lin, (1.0 - Va[b2] / Va[-1]) * (x[-1] / (x[-1] - x[b2])))
             lin = np.maximum(np.nan_to_num(lin, nan=0.0, posinf=0.0, neginf=0.0), 0.0)
         base_lo = np.ones(other)
         if a < len(scales) and scales[a] == TILE:  # a noisy low edge is lowered, never raised (docstring)

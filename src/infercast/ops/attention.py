@@ -7,6 +7,25 @@ decode token at KV length L is looked up at step L-1). Truncated corners of the 
 generation attention with the utilisation change between the two batches measured at the nearest
 shorter length (``fill_missing(..., transport=True)``; LOO numbers in
 :func:`infercast.ops.base.fill_missing`).
+
+**KV diagonal (generation).** Split-KV decode kernels spread each sequence's cached tokens over
+CTAs, so until the GPU is full latency follows the total cached tokens ``batch x KV length``:
+on b200 TensorRT-LLM, 16 heads / 4 KV heads, ``(1, 128K)``, ``(2, 64K)``, ``(4, 32K)`` and
+``(8, 16K)`` take 38.1, 36.3, 34.4 and 33.0 us, while batch 1 alone runs 28.3 -> 29.6 us from
+64K to 128K (a new split) after falling utilisation over the octave before -- the step axis's
+own edge rule extrapolates that fall (+50%). Each generation site grid therefore gets one more
+step column, at twice the last KV length (``extend_kv_diagonal``): row ``b`` takes the
+utilisation of ``(2b, L)`` -- the same cached tokens -- where both cells were measured and the
+diagonal held one octave in (``(b, L)`` against ``(2b, L/2)`` within ``KV_DIAGONAL_TOL``, 10%),
+and the grid's edge rule elsewhere (the largest batch; short KV, where a per-sequence cost
+rather than the KV traffic sets latency and the check fails). LOO hold-high median / p90,
+h200 / b200 (with the two-octave batch trend of :mod:`infercast.interp.grid`):
+2.8 / 12.8% | 2.8 / 15.9% -> 2.7 / 11.8% | 2.6 / 13.4% (seed 1: 2.7 / 12.8% | 2.6 / 16.2% ->
+2.6 / 12.0% | 2.5 / 13.3%); transfer p90 b200 16.2 -> 16.3% (seed 1 unchanged), other paths
+unchanged. Tolerance 5%: 2.7 / 12.0% | 2.7 / 14.8%; 20%: 2.8 / 11.8% | 2.6 / 12.6%. The same
+diagonal below the batch axis's low edge (batch 1 from batch 2 at half the length) gained
+little (hold-low p90 7.9 -> 7.1% | 16.3 -> 16.2%, offline) and is not used: batch 1 often runs a
+different kernel configuration altogether.
 """
 
 from __future__ import annotations
@@ -16,6 +35,7 @@ import numpy as np
 from ..errors import NotAvailableError
 from ..interp import sol
 from ..interp.grid import Grid
+from ..interp.provenance import Prov
 from ..interp.transfer import choose_sites, transfer_grid
 from ..data.quant import KV_BYTES
 from .base import DatabaseMode, OpDB, Resolved, choose_kernel, fill_missing, sites_and_curves, sol_resolved
@@ -41,6 +61,50 @@ FILL_TRANSPORT = {"context_attention": False, "generation_attention": True}
 def fill_site(stem: str, axes, vals, sol):
     """A site's measured ``batch x length`` grid with its truncated corners filled."""
     return fill_missing(axes, vals, sol, transport=FILL_TRANSPORT[stem])
+
+
+#: generation attention: a batch row is extended one KV doubling beyond the last step along the
+#: ``batch x KV length`` diagonal only where the diagonal held one octave in, within this factor
+KV_DIAGONAL_TOL = 0.10
+
+
+def extend_kv_diagonal(axes, vals, filled, prov, sol, scales):
+    """Generation attention: one more step column at twice the last KV length (module docstring).
+
+    ``vals`` are the measured values (NaN where not collected), ``filled`` / ``prov`` the filled
+    grid. Row ``b`` of the new column takes the utilisation of ``(2b, L)`` (the same cached tokens,
+    ``b x 2L``) where both cells were measured and the same diagonal held one octave in --
+    ``(b, L)`` against ``(2b, L/2)`` within ``KV_DIAGONAL_TOL`` -- and the grid's own edge rule
+    elsewhere. Returns ``(axes, values, prov)``; unchanged when the axes are not doublings."""
+    a0, a1 = (np.asarray(a, dtype=float) for a in axes)
+    if KV_DIAGONAL_TOL <= 0 or len(a0) < 2 or len(a1) < 2 or a1[-2] + 1.0 != (a1[-1] + 1.0) / 2.0:
+        return axes, filled, prov
+    new_step = 2.0 * (a1[-1] + 1.0) - 1.0
+    base = Grid(axes, filled, prov, sol, scales=scales)
+    col, _ = base(a0, np.full(len(a0), new_step))
+    col = np.array(col, dtype=float)
+    measured = ~np.isnan(vals)
+    limit = np.log1p(KV_DIAGONAL_TOL)
+    for i in range(len(a0) - 1):
+        if a0[i + 1] != 2.0 * a0[i] or not (measured[i + 1, -1] and measured[i, -1] and measured[i + 1, -2]):
+            continue
+        held = vals[i + 1, -2] * sol(a0[i], a1[-1]) / sol(a0[i + 1], a1[-2])
+        if abs(np.log(held / vals[i, -1])) < limit:
+            col[i] = vals[i + 1, -1] * sol(a0[i], new_step) / sol(a0[i + 1], a1[-1])
+    ax = (a0, np.append(a1, new_step))
+    values = np.concatenate([filled, col[:, None]], axis=1)
+    pr = np.concatenate([prov, np.full((len(a0), 1), int(Prov.HELD), np.int8)], axis=1)
+    return ax, values, pr
+
+
+def build_site_grid(stem: str, axes, vals, sol) -> Grid:
+    """A site's grid as infercast serves it: truncated corners filled (``fill_site``) and, for
+    generation attention, the KV diagonal one doubling beyond the last step (``extend_kv_diagonal``)."""
+    scales = CTX_SCALES if stem == "context_attention" else GEN_SCALES
+    filled, prov = fill_site(stem, axes, vals, sol)
+    if stem == "generation_attention":
+        axes, filled, prov = extend_kv_diagonal(axes, vals, filled, prov, sol, scales)
+    return Grid(axes, filled, prov, sol, scales=scales)
 
 
 def _ctx_sol(db: OpDB, heads, kv_heads, head_dim, kv_quant, window):
@@ -118,8 +182,7 @@ def _resolve(db: OpDB, stem: str, heads: int, kv_heads: int, head_dim: int, kv_q
             h, kv = sites[i]
             s = solfn(db, int(h), int(kv), head_dim, kd, window)
             ax, vals = curves[i]
-            filled, prov = fill_site(stem, ax, vals, s)
-            return Grid(ax, filled, prov, s, scales=scales)
+            return build_site_grid(stem, ax, vals, s)
 
         return db.memo((stem, head_dim, kd, ad, window, "site", i), build)
 
