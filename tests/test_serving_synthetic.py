@@ -172,3 +172,32 @@ def test_per_sequence_host_overhead_exact():
     # disagg decode pool: one client decodes alone
     d = solve_disagg(eng, ConstEngine(2.0), 1, 100, 11, 1, 1, 1, 1, p, p, 0.0, 2)
     assert d.tpot_ms == pytest.approx(2.0 + 0.75)
+
+
+def test_overlapped_host_time_exact():
+    # the host prepares the next step while the GPU runs this one: wall = max(GPU, host) + residual
+    p = params(step_overhead_ms=2.0, overlap=True, overlap_residual_ms=0.5)
+    assert p.step_ms(10.0, 4) == pytest.approx(10.5)  # GPU-bound: the host time hides
+    assert p.step_ms(1.0, 4) == pytest.approx(2.5)  # host-bound
+    np.testing.assert_allclose(p.step_ms(np.array([1.0, 3.0]), 1), [2.5, 3.5])
+    eng = ConstEngine(10.0)
+    r = simulate(eng, 1, 100, 8, p, kv_capacity_tokens=1e9, gpus=1, requests_per_client=1)
+    assert r.ttft_ms == pytest.approx(10.5) and r.tpot_ms == pytest.approx(10.5)
+    fast = simulate(ConstEngine(1.0), 1, 100, 8, p, kv_capacity_tokens=1e9, gpus=1, requests_per_client=1)
+    assert fast.tpot_ms == pytest.approx(2.5)
+    s = solve_steady(eng, 1, 100, 101, p, 1e9, 1)
+    assert s.tpot_ms == pytest.approx(10.5)
+    # without overlap the same host time adds up
+    assert params(step_overhead_ms=2.0).step_ms(10.0, 4) == pytest.approx(12.0)
+
+
+def test_sglang_overlap_off_for_hybrid_linear_attention():
+    from types import SimpleNamespace
+
+    from infercast.serving.backends import scheduler_params
+
+    assert scheduler_params("sglang").overlap
+    assert scheduler_params("sglang", spec=SimpleNamespace(gdn=None)).overlap
+    assert not scheduler_params("sglang", spec=SimpleNamespace(gdn=object())).overlap
+    assert not scheduler_params("vllm", spec=SimpleNamespace(gdn=None)).overlap
+    assert not scheduler_params("trtllm").overlap

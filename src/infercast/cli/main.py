@@ -75,7 +75,7 @@ def cmd_serve(a) -> int:
     est = _estimator(a)
     dp = est.plan.parallel.attention_dp
     per_rank = -(-a.concurrency // dp)
-    params = scheduler_params(a.backend, est.data.system)
+    params = scheduler_params(a.backend, est.data.system, est.spec)
     res = serve_agg(est.engine, per_rank, a.isl, a.osl, params, est.memory.capacity_for(per_rank), est.gpus_per_rank)
     out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend, "backend_version": est.version,
            "gpus": est.gpus, "concurrency": a.concurrency, "concurrency_per_rank": per_rank, "isl": a.isl, "osl": a.osl,

@@ -119,14 +119,14 @@ def solve_steady(
     frac = min(1.0, chunk_load)  # share of steps carrying prefill work
     dec, mix, pre = _steps(engine, d, isl, osl, chunk, prefix, per_step, params.mixed)
     if params.mixed:
-        t_avg = (1.0 - frac) * (dec + params.host_ms(d)) + frac * (mix + params.host_ms(d + per_step))
-        t_prefill_step = mix + params.host_ms(d + per_step)
+        t_avg = (1.0 - frac) * params.step_ms(dec, d) + frac * params.step_ms(mix, d + per_step)
+        t_prefill_step = params.step_ms(mix, d + per_step)
         tpot = t_avg
     else:
         # prefill steps pause decoding: a decode token waits for the decode step and, on average,
         # for the prefill steps scheduled in between
-        t_dec = dec + params.host_ms(d)
-        t_pre = pre + params.host_ms(per_step)
+        t_dec = params.step_ms(dec, d)
+        t_pre = params.step_ms(pre, per_step)
         t_avg = t_dec + chunk_load * t_pre / per_step
         t_prefill_step = t_pre
         tpot = t_avg

@@ -19,7 +19,9 @@ Values are the engines' documented defaults for the versions in the pack:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,9 @@ class SchedulerParams:
       launch gaps).
     * ``seq_overhead_ms``: host time per step *per sequence in it* (a Python scheduler's and
       output processor's per-request work each iteration), on top of ``step_overhead_ms``.
+    * ``overlap``: the scheduler prepares step n+1 on the CPU while the GPU runs step n (SGLang's
+      overlap scheduler): a step then takes the longer of its GPU and host time, plus
+      ``overlap_residual_ms`` that does not overlap (the hand-off of the sampled tokens).
     * ``arrival_delay_ms``: client and front-end time between a request's send and its arrival in
       the scheduler's queue (HTTP, tokenisation); it also delays the first token as seen by the
       client.
@@ -88,10 +93,20 @@ class SchedulerParams:
     lockstep: bool = False
     min_prefill_chunk: int = 256
     seq_overhead_ms: float = 0.0
+    overlap: bool = False
+    overlap_residual_ms: float = 0.0
 
     def host_ms(self, seqs) -> float:
         """Host time of one step carrying ``seqs`` sequences (decodes + prefills)."""
         return self.step_overhead_ms + self.seq_overhead_ms * seqs
+
+    def step_ms(self, gpu_ms, seqs):
+        """Wall time of one step of ``gpu_ms`` GPU time (scalar or numpy array): GPU + host, or
+        with ``overlap`` the longer of the two plus ``overlap_residual_ms``."""
+        host = self.host_ms(seqs)
+        if self.overlap:
+            return np.maximum(gpu_ms, host) + self.overlap_residual_ms
+        return gpu_ms + host
 
 
 #: ``step_overhead_ms``, ``seq_overhead_ms``, ``arrival_delay_ms`` and ``requests_per_client`` are
@@ -99,11 +114,19 @@ class SchedulerParams:
 #: engine defaults. vLLM's per-sequence 10 us: agg TPOT median APE 8.9% (0) -> 8.4% (5 us) ->
 #: 8.0% (10 us) -> 8.1% (15) -> 8.2% (20) -> 8.6% (30), TTFT unchanged (21.4-21.5%); the same
 #: cost made TensorRT-LLM (C++ runtime) worse (9.2% -> 9.9% at 10 us) and SGLang (overlapped
-#: scheduler, flat 2 ms) worse (13.8% -> 14.5% at 20 us + 1 ms).
+#: scheduler, flat 2 ms) worse (13.8% -> 14.5% at 20 us + 1 ms). SGLang's overlap scheduler hides
+#: its 2 ms host time behind the GPU step (``overlap``), leaving 0.5 ms that does not overlap; it is
+#: off for hybrid linear-attention models (:func:`scheduler_params`). Dev rows, SGLang TPOT median
+#: APE (within 20%): 2 ms added to every step 14.7% (63.1%) -> overlap, residual 0 / 0.25 / 0.5 /
+#: 0.75 ms: 13.2 / 12.4 / 13.0 / 13.0% (65.9 / 69.6 / 69.8 / 69.6%); host 1.5 / 3 ms at 0.5:
+#: 13.3 / 13.4%; all rows 10.2% -> 9.8% (within 20%: 73.5% -> 75.2%), disagg 25.0% -> 20.0%. DeepSeek
+#: rows implied ~0 ms of host time per step with the old additive model, Qwen3.5 (Gated DeltaNet)
+#: rows 2-3 ms: the overlap scheduler explains both.
 SCHEDULERS = {
     "trtllm": SchedulerParams(True, True, 8192, 2048, 0.0, 100.0, 10.0, True),
     "vllm": SchedulerParams(True, True, 8192, 1024, 0.0, 40.0, 10.0, False, seq_overhead_ms=0.010),
-    "sglang": SchedulerParams(False, True, 8192, 4096, 2.0, 120.0, 10.0, False, lockstep=True),
+    "sglang": SchedulerParams(False, True, 8192, 4096, 2.0, 120.0, 10.0, False, lockstep=True,
+                              overlap=True, overlap_residual_ms=0.5),
 }
 
 
@@ -114,11 +137,14 @@ SGLANG_LARGE_GPU_BYTES = 90 * 2**30
 SGLANG_LARGE_GPU_CHUNK = 16384
 
 
-def scheduler_params(name: str, system=None) -> SchedulerParams:
-    """The backend's scheduler defaults; ``system`` (a SystemSpec) applies memory-dependent ones."""
+def scheduler_params(name: str, system=None, spec=None) -> SchedulerParams:
+    """The backend's scheduler defaults; ``system`` (a SystemSpec) applies memory-dependent ones,
+    ``spec`` (the served ModelSpec) model-dependent ones."""
     p = SCHEDULERS[name]
     if name == "sglang" and system is not None and system.gpu.mem_capacity >= SGLANG_LARGE_GPU_BYTES:
-        from dataclasses import replace
-
         p = replace(p, max_num_tokens=SGLANG_LARGE_GPU_CHUNK)
+    if name == "sglang" and spec is not None and getattr(spec, "gdn", None) is not None:
+        # SGLang runs hybrid linear-attention (Gated DeltaNet / Mamba) models without the overlap
+        # scheduler unless --mamba-scheduler-strategy extra_buffer is set (sgl-project/sglang#14792)
+        p = replace(p, overlap=False)
     return p

@@ -77,22 +77,22 @@ def solve_disagg(
     budget = params_prefill.max_num_tokens
     if isl <= budget:
         per_step = max(1, min(pb, budget // isl))
-        service_batch = prefill_engine.mixed_step_ms([per_step], [isl], [0.0], 0.0, 1.0) + params_prefill.host_ms(per_step)
+        service_batch = params_prefill.step_ms(prefill_engine.mixed_step_ms([per_step], [isl], [0.0], 0.0, 1.0), per_step)
         service = service_batch / per_step
     else:
         chunks = math.ceil(isl / budget)
         chunk = isl / chunks
         service_batch = sum(
-            prefill_engine.mixed_step_ms([1], [chunk], [i * chunk], 0.0, 1.0) + params_prefill.host_ms(1) for i in range(chunks)
+            params_prefill.step_ms(prefill_engine.mixed_step_ms([1], [chunk], [i * chunk], 0.0, 1.0), 1) for i in range(chunks)
         )
         per_step = 1
         service = service_batch
     d = c_rank * out_steps / (out_steps + 2.0)
     ttft = service_batch
     rho = 0.0
-    step = decode_engine.decode_scalar(max(d, 1.0), kv) + params_decode.host_ms(max(d, 1.0))
+    step = params_decode.step_ms(decode_engine.decode_scalar(max(d, 1.0), kv), max(d, 1.0))
     for _ in range(iterations):
-        step = decode_engine.decode_scalar(max(d, 1.0), kv) + params_decode.host_ms(max(d, 1.0))
+        step = params_decode.step_ms(decode_engine.decode_scalar(max(d, 1.0), kv), max(d, 1.0))
         cycle = ttft + out_steps * step + transfer_ms
         lam = C / cycle  # requests per ms
         rho = min(lam * service / servers, 0.999)
@@ -107,7 +107,7 @@ def solve_disagg(
             ttft, d = ttft_new, d_new
             break
         ttft, d = 0.5 * (ttft + ttft_new), 0.5 * (d + d_new)
-    step = decode_engine.decode_scalar(max(d, 1.0), kv) + params_decode.host_ms(max(d, 1.0))
+    step = params_decode.step_ms(decode_engine.decode_scalar(max(d, 1.0), kv), max(d, 1.0))
     tpot = (out_steps * step + transfer_ms) / max(osl - 1, 1)
     # first wave: C prompts at once over the prefill workers
     per_worker = C / servers

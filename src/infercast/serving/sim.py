@@ -152,10 +152,10 @@ def simulate(
             cp = np.array([g[0].done_prefill for g in groups], float)
             if params.mixed and running:
                 kv_mean = sum(c.n * (isl + c.generated) for c in running) / in_flight
-                dt = engine.mixed_step_ms(cb, ci, cp, float(in_flight), kv_mean) + params.host_ms(in_flight + cb.sum())
+                dt = params.step_ms(engine.mixed_step_ms(cb, ci, cp, float(in_flight), kv_mean), in_flight + cb.sum())
                 dec_n = in_flight
             else:
-                dt = engine.mixed_step_ms(cb, ci, cp, 0.0, 1.0) + params.host_ms(cb.sum())
+                dt = params.step_ms(engine.mixed_step_ms(cb, ci, cp, 0.0, 1.0), cb.sum())
                 dec_n = 0
             t += dt
             steps += 1
@@ -188,7 +188,7 @@ def simulate(
         blocked = [c for c in waiting if c.arrival <= t]  # waiting but not admissible now
         base_kv = sum(c.n * (isl + c.generated) for c in running) / in_flight
         j = np.arange(k, dtype=float)
-        dts = np.asarray(engine.step_ms(dec_batch=float(in_flight), dec_kv=base_kv + j), float) + params.host_ms(in_flight)
+        dts = params.step_ms(np.asarray(engine.step_ms(dec_batch=float(in_flight), dec_kv=base_kv + j), float), in_flight)
         if pending and not blocked:
             ends = t + np.cumsum(dts)
             # stop after the step during which the next request arrives

@@ -12,8 +12,8 @@ from .silicon import SiliconRow
 
 
 def serving_predictor(cache: EstimatorCache, params=None):
-    def p_for(backend, system=None):
-        return (params or {}).get(backend) or scheduler_params(backend, system)
+    def p_for(backend, system=None, spec=None):
+        return (params or {}).get(backend) or scheduler_params(backend, system, spec)
 
     def predict(row: SiliconRow):
         if row.mode == "disagg":
@@ -21,7 +21,7 @@ def serving_predictor(cache: EstimatorCache, params=None):
         w = row.worker
         est = cache.get(row, w)
         per_rank = clients_per_rank(row, est)
-        res = serve_agg(est.engine, per_rank, row.isl, row.osl, p_for(row.backend, est.data.system), est.memory.capacity_for(per_rank), est.gpus_per_rank)
+        res = serve_agg(est.engine, per_rank, row.isl, row.osl, p_for(row.backend, est.data.system, est.spec), est.memory.capacity_for(per_rank), est.gpus_per_rank)
         return res.ttft_ms, res.tpot_ms, f"data {est.version}; decode batch {res.decode_batch:.0f} ({res.bound})"
 
     def _disagg(row: SiliconRow):
@@ -35,7 +35,7 @@ def serving_predictor(cache: EstimatorCache, params=None):
         conc = float(row.concurrency)
         res = solve_disagg(
             pe.engine, de.engine, conc, row.isl, row.osl, row.prefill_workers, row.decode_workers,
-            de.plan.parallel.attention_dp, row.prefill.batch_size or 1, p_for(row.backend, pe.data.system), p_for(row.backend, de.data.system), transfer, gpus,
+            de.plan.parallel.attention_dp, row.prefill.batch_size or 1, p_for(row.backend, pe.data.system, pe.spec), p_for(row.backend, de.data.system, de.spec), transfer, gpus,
             prefill_dp=pe.plan.parallel.attention_dp,
         )
         return res.ttft_ms, res.tpot_ms, f"data {pe.version}; decode batch {res.decode_batch:.0f}; prefill util {res.prefill_utilisation:.2f}"
