@@ -110,8 +110,10 @@ GEMM_M = np.array(sp.GEMM_M, float)
 # ---------------------------------------------------------------------------------------------
 def test_plan_ops_tp1(est):
     names = [c.name for c in est.engine.ops]
+    # TensorRT-LLM applies RoPE inside its attention op: no separate rotary kernel
+    assert est.plan.fusions.rope_in_attention
     assert sorted(names) == sorted([
-        "embedding", "input_norm", "qkv_gemm", "rope", "attention", "o_gemm", "post_attn_norm",
+        "embedding", "input_norm", "qkv_gemm", "attention", "o_gemm", "post_attn_norm",
         "gate_up_gemm", "activation", "down_gemm", "final_norm", "lm_head",
     ])
     p = {c.name: c.op.params for c in est.engine.ops}

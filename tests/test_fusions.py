@@ -72,3 +72,18 @@ def test_fusion_flag_without_shared_experts_is_inert(pack, tmp_path):
     plan = build_plan(spec, ParallelConfig(tp=2), fusions=Fusions(shared_experts=True))
     assert not plan.fusions.shared_experts
     assert {o.name: o for o in plan.ops}["moe_experts"].params["tokens_multiplier"] == 1.0
+
+
+def test_rope_in_attention(pack, synth):
+    import synthpack as sp
+
+    spec = build_spec(resolve_model(pack, sp.MODEL_ID))
+    par = ParallelConfig(tp=1)
+    plain = build_plan(spec, par)
+    fused = build_plan(spec, par, fusions=Fusions(rope_in_attention=True))
+    assert "rope" in {o.name for o in plain.ops} and not plain.fusions.rope_in_attention
+    assert [o for o in plain.ops if o.name != "rope"] == list(fused.ops)
+    assert fused.fusions.rope_in_attention
+    assert engine_fusions("trtllm", spec, par).rope_in_attention
+    assert not engine_fusions("vllm", spec, par).rope_in_attention
+    assert not engine_fusions("sglang", spec, par).rope_in_attention

@@ -16,6 +16,12 @@ conditions, and what it moved on the dev silicon rows (``python -m benchmarks.fi
   SGLang DeepSeek-V3 b200 0.5.9 rows 21.5% -> 12.3%, DeepSeek-R1 h200 17.4% -> 14.2%. Dropping
   the shared MLP with no extra expert cost fits slightly better (SGLang 13.7%) but would price the
   shared expert's weights and FLOPs at zero.
+* **TensorRT-LLM RoPE in the attention op.** TensorRT-LLM's attention op takes the fused QKV and
+  applies the rotary embedding in its own pre-processing kernel (with the KV-cache write), which
+  its attention tables time; vLLM and SGLang run a separate rotary kernel before attention. Dev
+  rows: TensorRT-LLM TPOT median APE 10.3% -> 9.8%. (Also fusing the RMSNorm after each TP
+  all-reduce into the all-reduce, which TensorRT-LLM does too, measured 10.2% alone and 10.4%
+  together with this; its norm is priced at SOL and kept.)
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from .spec import ModelSpec
 SHARED_EXPERT_FUSION_ARCHS = ("DeepseekV3ForCausalLM",)
 #: routed experts of that architecture (the fused kernel's expert layout assumes it)
 SHARED_EXPERT_FUSION_EXPERTS = 256
+#: backends whose attention op applies RoPE itself (no separate rotary kernel)
+ROPE_IN_ATTENTION_BACKENDS = ("trtllm",)
 
 
 def engine_fusions(backend: str, spec: ModelSpec, par: ParallelConfig) -> Fusions:
@@ -41,4 +49,4 @@ def engine_fusions(backend: str, spec: ModelSpec, par: ParallelConfig) -> Fusion
         and par.ep == 1
         and par.moe_comm != "alltoall"
     )
-    return Fusions(shared_experts=shared)
+    return Fusions(shared_experts=shared, rope_in_attention=backend in ROPE_IN_ATTENTION_BACKENDS)

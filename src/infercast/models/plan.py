@@ -145,9 +145,12 @@ class Fusions:
 
     * ``shared_experts``: the shared expert runs inside the routed-expert kernel as one more expert
       every token selects (SGLang's shared-experts fusion): no separate shared MLP, and the expert
-      kernel sees ``(topk + 1) / topk`` times the token-expert pairs."""
+      kernel sees ``(topk + 1) / topk`` times the token-expert pairs.
+    * ``rope_in_attention``: rotary embedding is applied inside the attention op (TensorRT-LLM's
+      fused attention): no separate RoPE kernel."""
 
     shared_experts: bool = False
+    rope_in_attention: bool = False
 
 
 @dataclass(frozen=True)
@@ -339,7 +342,7 @@ def moe_plan(spec: ModelSpec, par: ParallelConfig, fusions: Fusions | None = Non
         ops.append(PlanOp("moe_reduce_scatter", "reduce_scatter", moe_layers, params={"elements_per_token": h * adp, "group": par.width}))
     elif tp > 1:
         ops.append(PlanOp("moe_allreduce", "allreduce", moe_layers, params={"elements_per_token": h, "group": tp}))
-    return Plan(spec, par, tuple(ops + _ends(spec, par)), fusions=replace(fusions, shared_experts=fuse_shared))
+    return Plan(spec, par, tuple(ops + _ends(spec, par)), fusions=Fusions(shared_experts=fuse_shared))
 
 
 def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
@@ -372,4 +375,7 @@ def build_plan(spec: ModelSpec, par: ParallelConfig, spec_decode: SpecDecode | N
         plan = moe_plan(spec, par, fusions)
     else:
         raise InvalidConfigError(f"no op plan for family {spec.family!r}")
+    if fusions is not None and fusions.rope_in_attention:
+        ops = tuple(o for o in plan.ops if o.name != "rope")
+        plan = replace(plan, ops=ops, fusions=replace(plan.fusions, rope_in_attention=True))
     return _with_mtp(plan, spec_decode or SpecDecode())
