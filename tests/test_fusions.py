@@ -87,3 +87,32 @@ def test_rope_in_attention(pack, synth):
     assert engine_fusions("trtllm", spec, par).rope_in_attention
     assert not engine_fusions("vllm", spec, par).rope_in_attention
     assert not engine_fusions("sglang", spec, par).rope_in_attention
+
+
+def test_allreduce_norm_fusion(pack, tmp_path):
+    from types import SimpleNamespace
+
+    spec = _deepseek_like(pack, tmp_path)
+    par = ParallelConfig(tp=2)
+    plain = {o.name: o for o in build_plan(spec, par).ops}
+    fused_plan = build_plan(spec, par, fusions=Fusions(allreduce_norm=True))
+    fused = {o.name: o for o in fused_plan.ops}
+    assert plain["input_norm"].count == spec.num_layers and "post_attn_norm" in plain
+    # the norms after the all-reduces are in the all-reduce kernel: only layer 0's input norm stays
+    assert fused["input_norm"].count == 1 and "post_attn_norm" not in fused
+    assert fused_plan.fusions.allreduce_norm
+    # nothing to fuse without TP all-reduces
+    solo = build_plan(spec, ParallelConfig(tp=1), fusions=Fusions(allreduce_norm=True))
+    assert not solo.fusions.allreduce_norm and {o.name: o for o in solo.ops}["input_norm"].count == spec.num_layers
+
+    def system(sm, gpn=8):
+        return SimpleNamespace(gpu=SimpleNamespace(sm_version=sm), node=SimpleNamespace(gpus_per_node=gpn))
+
+    assert engine_fusions("sglang", spec, ParallelConfig(tp=8), system(100)).allreduce_norm
+    assert engine_fusions("sglang", spec, ParallelConfig(tp=8), system(90)).allreduce_norm
+    assert not engine_fusions("sglang", spec, ParallelConfig(tp=8), system(120)).allreduce_norm
+    assert not engine_fusions("sglang", spec, ParallelConfig(tp=8), system(100, gpn=4)).allreduce_norm  # multi-node
+    assert not engine_fusions("sglang", spec, ParallelConfig(tp=1, attention_dp=8, moe_tp=1, moe_ep=8), system(100)).allreduce_norm
+    assert not engine_fusions("sglang", spec, ParallelConfig(tp=8)).allreduce_norm  # system unknown
+    assert not engine_fusions("trtllm", spec, ParallelConfig(tp=8), system(100)).allreduce_norm
+    assert not engine_fusions("sglang", _deepseek_like(pack, tmp_path, arch="MiMoForCausalLM"), ParallelConfig(tp=8), system(100)).allreduce_norm

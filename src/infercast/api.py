@@ -122,7 +122,7 @@ class Estimator:
                                  experts=m.experts, moe_tp=par.etp, moe_ep=par.ep, gated=m.gated, distribution=MOE_DISTRIBUTION):
                 par = replace(par, moe_comm="alltoall")  # the backend's wide-EP path (DeepEP dispatch / combine)
         self.plan: Plan = build_plan(spec, par, SpecDecode(_nonneg_int("--nextn", nextn), _unit("--mtp-acceptance", mtp_acceptance)),
-                                     engine_fusions(backend, spec, par))
+                                     engine_fusions(backend, spec, par, self.data.system))
         self.engine = CompiledEngine(self.plan, self.db)
         self.backend = backend_defaults(backend)
         mtp = spec.mtp_layers if self.plan.spec_decode.nextn else 0

@@ -147,10 +147,14 @@ class Fusions:
       every token selects (SGLang's shared-experts fusion): no separate shared MLP, and the expert
       kernel sees ``(topk + 1) / topk`` times the token-expert pairs.
     * ``rope_in_attention``: rotary embedding is applied inside the attention op (TensorRT-LLM's
-      fused attention): no separate RoPE kernel."""
+      fused attention): no separate RoPE kernel.
+    * ``allreduce_norm``: the TP all-reduce kernel also adds the residual and applies the next
+      RMSNorm (SGLang's FlashInfer all-reduce fusion): the norms after the attention and FFN
+      all-reduces drop out (the first layer's input norm stays)."""
 
     shared_experts: bool = False
     rope_in_attention: bool = False
+    allreduce_norm: bool = False
 
 
 @dataclass(frozen=True)
@@ -378,4 +382,7 @@ def build_plan(spec: ModelSpec, par: ParallelConfig, spec_decode: SpecDecode | N
     if fusions is not None and fusions.rope_in_attention:
         ops = tuple(o for o in plan.ops if o.name != "rope")
         plan = replace(plan, ops=ops, fusions=replace(plan.fusions, rope_in_attention=True))
+    if fusions is not None and fusions.allreduce_norm and par.tp > 1:
+        ops = tuple(replace(o, count=1) if o.name == "input_norm" else o for o in plan.ops if o.name != "post_attn_norm")
+        plan = replace(plan, ops=ops, fusions=replace(plan.fusions, allreduce_norm=True))
     return _with_mtp(plan, spec_decode or SpecDecode())
