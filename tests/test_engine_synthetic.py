@@ -404,7 +404,7 @@ def _hand_memory(b, isl, osl, tp=1):
 def test_static_fields_consistent(est):
     b, isl, osl = 4, 300, 50
     r = est.static(b, isl, osl)
-    assert r.fits and r.notes == []
+    assert r.fits and r.notes == ["trtllm kernel fusions in the plan: rope_in_attention (infercast.models.fusions)"]
     assert (r.model, r.system, r.backend, r.backend_version, r.tp, r.pp) == (sp.MODEL_ID, sp.SYSTEM, "trtllm", "1.0", 1, 1)
     assert r.ttft_ms == est.prefill_ms(b, isl)
     assert r.tpot_ms == est.decode_ms(b, isl, osl)

@@ -230,6 +230,9 @@ class Estimator:
         notes = []
         if self.spec.alias_note:
             notes.append(self.spec.alias_note)
+        fused = [name for name, on in asdict(self.plan.fusions).items() if on]
+        if fused:
+            notes.append(f"{self.data.backend} kernel fusions in the plan: {', '.join(fused)} (infercast.models.fusions)")
         if self.spec.max_position and isl + prefix + osl > self.spec.max_position:
             notes.append(f"isl+prefix+osl={isl + prefix + osl} exceeds the model's max_position_embeddings {self.spec.max_position}")
         res = StaticResult(
