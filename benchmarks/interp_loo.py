@@ -407,6 +407,7 @@ def predict_site(L: Lattice, s: int, rng: np.random.Generator, cap: int) -> dict
     sol_q = L.sol_for(L.sites[s])
     if L.family == "moe":
         cost = moe_ops.fixed_cost(L.curves[int(j)][1] for j in rest)
+        choice = moe_ops.consistent_moe_donors(choice, L.sites[s], L.sites[rest], lambda i: L.full(int(rest[i])), cost)
         g = moe_ops.transfer_sites(choice, L.sites[s], L.sites[rest], lambda i: L.full(int(rest[i])), sol_q, cost)
     else:
         g = transfer_grid(choice, lambda i: L.full(int(rest[i])), sol_q)

@@ -67,16 +67,13 @@ heads) and 12-17 us sites whose latencies step between launch-overhead levels.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from itertools import combinations
-
 import numpy as np
 
 from ..errors import NotAvailableError
 from ..interp import sol
 from ..interp.grid import Grid
 from ..interp.provenance import Prov
-from ..interp.transfer import SiteChoice, choose_sites, transfer_grid
+from ..interp.transfer import SiteChoice, choose_sites, consistent_subset, transfer_grid
 from ..data.quant import KV_BYTES
 from .base import DatabaseMode, OpDB, Resolved, choose_kernel, fill_missing, sites_and_curves, sol_resolved
 from .empirical import empirical_resolved
@@ -164,32 +161,14 @@ def choose_donors(stem: str, heads: float, kv_heads: float, sites: np.ndarray) -
 def consistent_donors(stem: str, choice: SiteChoice, site_grid) -> SiteChoice:
     """Drop donors that run another kernel regime (module docstring, "Off-site transfer").
 
-    Two donors agree when the median of ``log(u_a / u_b)`` over the points the transfer blends
-    (the union of their axes; ``u = SOL / latency``) is within ``log(CONSISTENT_UTIL_FACTOR)``.
-    Of the subsets of donors that agree pairwise, the one with the largest total weight is kept
-    (on a tie the larger subset, then the first in the choice's order) and its weights are
-    renormalised; ``how`` is kept. A choice of one donor, or one whose donors all agree, is
-    returned unchanged."""
+    :func:`~infercast.interp.transfer.consistent_subset` with the table's
+    :data:`CONSISTENT_UTIL_FACTOR`: two donors agree when the median of ``log(u_a / u_b)`` over the
+    points the transfer blends is within ``log(factor)``; the heaviest pairwise-agreeing subset is
+    kept, renormalised."""
     factor = CONSISTENT_UTIL_FACTOR.get(stem, 0.0)
-    n = len(choice.indices)
-    if factor <= 1.0 or choice.how == "exact" or n < 2:
+    if factor <= 1.0 or choice.how == "exact" or len(choice.indices) < 2:
         return choice
-    grids = [site_grid(i) for i in choice.indices]
-    axes = tuple(np.unique(np.concatenate([g.axes[a] for g in grids])) for a in range(len(grids[0].axes)))
-    mesh = np.meshgrid(*axes, indexing="ij")
-    logu = [np.log(g.sol(*mesh) / g(*mesh)[0]).ravel() for g in grids]
-    limit = np.log(factor)
-    agree = [[abs(float(np.median(logu[a] - logu[b]))) <= limit for b in range(n)] for a in range(n)]
-    if all(all(row) for row in agree):
-        return choice
-    w = np.asarray(choice.weights, dtype=float)
-    best, best_w = (0,), -1.0
-    for size in range(n, 0, -1):
-        for sub in combinations(range(n), size):
-            if all(agree[a][b] for a in sub for b in sub) and w[list(sub)].sum() > best_w + 1e-12:
-                best, best_w = sub, float(w[list(sub)].sum())
-    return replace(choice, indices=tuple(choice.indices[i] for i in best),
-                   weights=tuple(float(w[i] / best_w) for i in best))
+    return consistent_subset(choice, [site_grid(i) for i in choice.indices], factor)
 
 
 def _ctx_sol(db: OpDB, heads, kv_heads, head_dim, kv_quant, window):
