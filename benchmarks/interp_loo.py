@@ -391,9 +391,11 @@ def predict_site(L: Lattice, s: int, rng: np.random.Generator, cap: int) -> dict
     if len(rest) == 0:
         return None
     if L.family in ("context_attention", "generation_attention"):
-        # as ops/attention.py: donors compared by GQA group size first, then KV heads
-        coords = np.stack([L.sites[:, 0] / L.sites[:, 1], L.sites[:, 1]], axis=1)
-        choice = choose_sites(coords[s], coords[rest], weights=attn_ops.GROUP_WEIGHTS)
+        # as ops/attention.py: donors over (group size, kv heads), then (generation) only donors
+        # whose utilisation agrees within a factor
+        choice = attn_ops.choose_donors(L.family, L.sites[s][0], L.sites[s][1], L.sites[rest])
+        if choice is not None:
+            choice = attn_ops.consistent_donors(L.family, choice, lambda i: L.full(int(rest[i])))
     elif L.family == "moe":
         # as ops/moe.py: default-kernel donors first, utilisation read at equal expert rows over
         # SOL + the pair's fixed cost (from the remaining sites' lowest latency)
@@ -405,6 +407,7 @@ def predict_site(L: Lattice, s: int, rng: np.random.Generator, cap: int) -> dict
     sol_q = L.sol_for(L.sites[s])
     if L.family == "moe":
         cost = moe_ops.fixed_cost(L.curves[int(j)][1] for j in rest)
+        choice = moe_ops.consistent_moe_donors(choice, L.sites[s], L.sites[rest], lambda i: L.full(int(rest[i])), cost)
         g = moe_ops.transfer_sites(choice, L.sites[s], L.sites[rest], lambda i: L.full(int(rest[i])), sol_q, cost)
     else:
         g = transfer_grid(choice, lambda i: L.full(int(rest[i])), sol_q)

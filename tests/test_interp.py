@@ -733,3 +733,56 @@ def test_kv_diagonal_extends_generation_grids_one_doubling():
     assert float(g(1.0, 11.0)[0]) == pytest.approx(2.5, rel=1e-12)  # linear in step, 7 -> 15
     ctx = build_site_grid("context_attention", axes, vals, sol)
     assert ctx.axes[1].tolist() == [1.0, 3.0, 7.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# attention transfer: donors over (group, kv heads); generation drops donors of another regime
+# ---------------------------------------------------------------------------------------------
+def test_attention_donor_weights_per_table():
+    from infercast.ops.attention import choose_donors
+
+    sites = np.array([[8.0, 2.0], [16.0, 2.0], [64.0, 8.0]])  # groups 4, 8, 8; kv 2, 2, 8
+    # query (24, 4): group 6, kv 4 -- no bracketing corners, so inverse squared distances
+    # generation: log2 distances (weights 1, 1): sqrt(0.585^2 + 1), sqrt(0.415^2 + 1), sqrt(0.415^2 + 1)
+    g = choose_donors("generation_attention", 24, 4, sites)
+    d2 = np.array([math.log2(1.5) ** 2 + 1.0, math.log2(4 / 3) ** 2 + 1.0, math.log2(4 / 3) ** 2 + 1.0])
+    w = (1.0 / d2) / (1.0 / d2).sum()
+    assert g.how == "idw" and g.indices == (1, 2, 0)
+    np.testing.assert_allclose(g.weights, [w[1], w[2], w[0]], rtol=1e-12)
+    # context: the group distance counts twice, which puts (8, 2) beyond the gate (1.54 > 1.5)
+    c = choose_donors("context_attention", 24, 4, sites)
+    assert math.sqrt(4 * math.log2(1.5) ** 2 + 1.0) > 1.5
+    assert c.indices == (1, 2)
+    np.testing.assert_allclose(c.weights, [0.5, 0.5], rtol=1e-12)
+
+
+def test_generation_transfer_drops_donors_of_another_regime():
+    from infercast.interp.transfer import SiteChoice
+    from infercast.ops.attention import consistent_donors
+
+    sol = lambda b, s: np.asarray(b, float) * (np.asarray(s, float) + 1.0)  # noqa: E731
+    axes = (np.array([1.0, 2.0]), np.array([1.0, 3.0]))
+    prov = np.zeros((2, 2), np.int8)
+    s = sol(*np.meshgrid(*axes, indexing="ij"))
+
+    def grid_at(util):
+        return Grid(axes, s / util, prov, sol)
+
+    # donors 0 and 2 agree (utilisation 0.5 and 0.6), donor 1 runs 10x slower (0.05)
+    grids = {0: grid_at(0.5), 1: grid_at(0.05), 2: grid_at(0.6)}
+    ch = SiteChoice((0, 1, 2), (0.3, 0.45, 0.25), "idw", 0.0)
+    got = consistent_donors("generation_attention", ch, grids.__getitem__)
+    assert got.indices == (0, 2) and got.how == "idw"
+    np.testing.assert_allclose(got.weights, [0.3 / 0.55, 0.25 / 0.55], rtol=1e-12)
+    # the heavier side wins: with donor 1 at weight 0.6 it is kept alone
+    ch2 = SiteChoice((0, 1, 2), (0.2, 0.6, 0.2), "multilinear", 0.0)
+    got2 = consistent_donors("generation_attention", ch2, grids.__getitem__)
+    assert got2.indices == (1,) and got2.weights == (1.0,) and got2.how == "multilinear"
+    # within the factor (0.5 vs 0.9: 1.8x) both are kept, unchanged
+    ch3 = SiteChoice((0, 3), (0.5, 0.5), "multilinear", 0.0)
+    grids[3] = grid_at(0.9)
+    assert consistent_donors("generation_attention", ch3, grids.__getitem__) is ch3
+    # context attention does not filter; one donor is returned as is
+    assert consistent_donors("context_attention", ch, grids.__getitem__) is ch
+    one = SiteChoice((1,), (1.0,), "idw", 0.0)
+    assert consistent_donors("generation_attention", one, grids.__getitem__) is one

@@ -26,8 +26,8 @@ from infercast.ops.base import DatabaseMode, OpDB
 from infercast.ops.comm import resolve_collective
 from infercast.interp.grid import Grid
 from infercast.ops.moe import (
-    FIXED_COST_FRACTION, TOKEN_SCALE, _get_lattice, choose_donors, fixed_cost, moe_sol_fn, quant_candidates,
-    resolve_moe, resolve_moe_dispatch, transfer_sites,
+    CONSISTENT_UTIL_FACTOR, FIXED_COST_FRACTION, TOKEN_SCALE, _get_lattice, choose_donors, consistent_moe_donors,
+    fixed_cost, moe_sol_fn, quant_candidates, resolve_moe, resolve_moe_dispatch, transfer_sites,
 )
 
 DSV3 = dict(hidden=7168, inter=2048, topk=8, experts=256)
@@ -420,6 +420,40 @@ def test_transfer_reads_donors_at_equal_expert_rows():
         assert g.sol is sol_q
     # an exact choice is the site's own grid
     assert transfer_sites(SiteChoice((1,), (1.0,), "exact", 0.0), query, sites, lambda _: donor, sol_q, cost) is donor
+
+
+def test_consistent_donors_at_expert_rows_over_fixed_cost():
+    """Rule 4: donors whose utilisation (SOL + cost over latency, read at the query's expert rows)
+    differs by more than CONSISTENT_UTIL_FACTOR are not blended together; the heavier side stays."""
+    from infercast.interp.transfer import SiteChoice
+
+    axis = np.array([1.0, 2.0, 4.0, 8.0, 16.0, 32.0])
+    sol = lambda x: 0.001 * np.asarray(x, float)  # noqa: E731
+    cost = 0.002
+
+    def donor(util):  # (SOL + cost) / latency == util at every token count
+        return Grid((axis,), (sol(axis) + cost) / util, np.zeros(len(axis), np.int8), sol, scales=TOKEN_SCALE)
+
+    grids = {0: donor(0.5), 1: donor(0.5 / 1.6), 2: donor(0.5 / 1.4)}
+    sites = np.array([[1024.0, 512, 2, 8], [2048, 512, 2, 8], [4096, 512, 2, 8]])
+    query = (1536, 512, 2, 8)  # same expert rows as every donor: read at the same tokens
+    ch = SiteChoice((0, 1, 2), (0.5, 0.3, 0.2), "idw", 0.0)
+    # 0 vs 1: 1.6x > 1.5 (disagree); 0 vs 2: 1.4x and 1 vs 2: 1.14x agree -> {0, 2} (0.7) beats {1, 2} (0.5)
+    assert CONSISTENT_UTIL_FACTOR == 1.5
+    got = consistent_moe_donors(ch, query, sites, grids.__getitem__, cost)
+    assert got.indices == (0, 2) and got.how == "idw"
+    np.testing.assert_allclose(got.weights, [0.5 / 0.7, 0.2 / 0.7], rtol=1e-12)
+    # read at expert rows: a donor with twice the query's topk/experts is read at half the tokens; a
+    # utilisation that varies along tokens is compared where the blend would read it
+    ramp = Grid((axis,), (sol(axis) + cost) / (0.2 + 0.01 * axis), np.zeros(len(axis), np.int8), sol, scales=TOKEN_SCALE)
+    half = Grid((axis,), (sol(axis) + cost) / (0.2 + 0.02 * axis), np.zeros(len(axis), np.int8), sol, scales=TOKEN_SCALE)
+    sites2 = np.array([[1024.0, 512, 2, 8], [1024.0, 512, 4, 8]])
+    ch2 = SiteChoice((0, 1), (0.5, 0.5), "idw", 0.0)
+    same = consistent_moe_donors(ch2, (1024, 512, 2, 8), sites2, {0: ramp, 1: half}.__getitem__, cost)
+    assert same is ch2  # half(t / 2) == ramp(t): they agree once read at equal expert rows
+    # one donor or an exact hit: unchanged
+    one = SiteChoice((1,), (1.0,), "idw", 0.0)
+    assert consistent_moe_donors(one, query, sites, grids.__getitem__, cost) is one
 
 
 def test_choose_donors_default_kernel_first():

@@ -20,8 +20,8 @@ site that was not collected:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from itertools import product
+from dataclasses import dataclass, replace
+from itertools import combinations, product
 
 import numpy as np
 
@@ -128,3 +128,32 @@ def transfer_grid(
     if choice.how.endswith("held"):
         prov = np.maximum(prov, int(Prov.HELD)).astype(np.int8)
     return Grid(axes, values, prov, query_sol, tuple(site_labels), scales=grids[0].scales)
+
+
+def consistent_subset(choice: SiteChoice, grids: Sequence, factor: float) -> SiteChoice:
+    """Keep only donors that agree on utilisation (used by ops that opt in; others never call it).
+
+    ``grids[j]`` is donor ``choice.indices[j]``'s grid as it would be blended (``axes``, ``sol``,
+    ``__call__``). Two donors agree when the median of ``log(u_a / u_b)`` (``u = SOL / latency``)
+    over the union of their axes is within ``log(factor)``. Of the subsets whose donors agree
+    pairwise, the one with the largest total weight is kept (on a tie the larger subset, then the
+    first in the choice's order) with its weights renormalised; ``how`` is kept. The choice is
+    returned unchanged when ``factor <= 1``, it has one donor, or all its donors agree."""
+    n = len(choice.indices)
+    if factor <= 1.0 or choice.how == "exact" or n < 2:
+        return choice
+    axes = tuple(np.unique(np.concatenate([g.axes[a] for g in grids])) for a in range(len(grids[0].axes)))
+    mesh = np.meshgrid(*axes, indexing="ij")
+    logu = [np.log(np.asarray(g.sol(*mesh), dtype=float) / np.asarray(g(*mesh)[0], dtype=float)).ravel() for g in grids]
+    limit = np.log(factor)
+    agree = [[abs(float(np.median(logu[a] - logu[b]))) <= limit for b in range(n)] for a in range(n)]
+    if all(all(row) for row in agree):
+        return choice
+    w = np.asarray(choice.weights, dtype=float)
+    best, best_w = (0,), -1.0
+    for size in range(n, 0, -1):
+        for sub in combinations(range(n), size):
+            if all(agree[a][b] for a in sub for b in sub) and w[list(sub)].sum() > best_w + 1e-12:
+                best, best_w = sub, float(w[list(sub)].sum())
+    return replace(choice, indices=tuple(choice.indices[i] for i in best),
+                   weights=tuple(float(w[i] / best_w) for i in best))

@@ -26,6 +26,43 @@ unchanged. Tolerance 5%: 2.7 / 12.0% | 2.7 / 14.8%; 20%: 2.8 / 11.8% | 2.6 / 12.
 diagonal below the batch axis's low edge (batch 1 from batch 2 at half the length) gained
 little (hold-low p90 7.9 -> 7.1% | 16.3 -> 16.2%, offline) and is not used: batch 1 often runs a
 different kernel configuration altogether.
+
+**Off-site transfer.** An uncollected ``(heads, kv_heads)`` site is transferred through
+utilisation (:mod:`infercast.interp.transfer`) from donors chosen over ``(group size, kv heads)``
+(group = heads per KV head; :func:`choose_donors`), with per-table distance weights
+(:data:`GROUP_WEIGHTS`). Generation attention then keeps only donors of one kernel regime
+(:func:`consistent_donors`): decode kernels switch implementation at group-size limits, and the
+utilisation across such a limit differs by an order of magnitude, not by the 10-30% of site-to-site
+scatter. On h200 TensorRT-LLM (head_dim 128, batch 64, KV 1024) groups 1-32 run at 35-110% of the
+roofline, while groups 48-128 run at 2-4% with latency proportional to the query heads (64 / 96 /
+128 heads: 341 / 500 / 661 us at 1 or 2 KV heads): a group-48 site blended from group 32 and group
+64 came out 60% under. Two donors agree when the median ``log(u_a / u_b)`` over the blended points is
+within ``log 2`` (:data:`CONSISTENT_UTIL_FACTOR`); of the pairwise-agreeing subsets the heaviest is
+kept, renormalised. Both rules use only the donors' data, as an uncollected query would.
+LOO transfer median / p90, h200 | b200 (``benchmarks.interp_loo``, seed 0; seed 1 in brackets):
+
+==============================  ===============================  ===============================
+rule                            h200                             b200
+==============================  ===============================  ===============================
+before: weights (2, 1)          2.6 / 15.8% (2.7 / 17.6%)        4.0 / 16.3% (4.2 / 15.9%)
+weights (1, 1)                  2.1 / 15.5% (2.0 / 16.4%)        3.1 / 13.0% (3.3 / 13.6%)
+weights (2, 1) + regime filter  2.5 / 15.3%                      4.0 / 16.3%
+weights (1, 1) + filter (used)  2.1 / 14.9% (1.9 / 14.5%)        3.1 / 12.9% (3.3 / 13.1%)
+==============================  ===============================  ===============================
+
+Weighting the group twice isolates sites at the ends of the group range (one donor an octave away
+in KV heads), so each answer carries one donor's scatter; equal weights blend more neighbours.
+Tried and not kept (seed 0, h200 | b200): group weight 0.5 1.8 / 18.3% | 2.6 / 12.9%, 0.75 (with
+the filter) 1.9 / 16.2% | 2.9 / 12.9% (seed 1 1.9 / 15.5%), 1.25 2.2 / 15.5% | 3.3 / 13.3%, 1.5
+2.3 / 15.5% | 3.6 / 13.8%, 3 3.0 / 16.8% | 4.4 / 17.7% (coverage 201/210 on b200); ``(heads, kv
+heads)`` coordinates 2.1 / 19.3% | 3.2 / 15.1%; same-group donors only (when any is within the
+gate) 3.2 / 20.0% | 4.7 / 19.8%; gate 2.0 2.6 / 16.8% | 3.9 / 15.7% (with 6 donors 2.8 / 16.9% |
+4.1 / 16.0%); filter factor 1.5 2.0 / 15.0% | 3.1 / 13.9%, factor 3 2.1 / 15.0% | 3.1 / 12.9%.
+Context attention keeps weights (2, 1) and no filter: equal weights move its transfer from
+2.6 / 11.7% | 3.7 / 13.1% to 2.5 / 11.9% | 3.6 / 12.1% (h200 p90 worse) and the filter changes
+nothing there. What remains in generation attention is mostly the group-48 site on h200 TensorRT-LLM
+(now from the group-64 donor alone, 30% over: lat grows with the query heads there, SOL with the KV
+heads) and 12-17 us sites whose latencies step between launch-overhead levels.
 """
 
 from __future__ import annotations
@@ -36,7 +73,7 @@ from ..errors import NotAvailableError
 from ..interp import sol
 from ..interp.grid import Grid
 from ..interp.provenance import Prov
-from ..interp.transfer import choose_sites, transfer_grid
+from ..interp.transfer import SiteChoice, choose_sites, consistent_subset, transfer_grid
 from ..data.quant import KV_BYTES
 from .base import DatabaseMode, OpDB, Resolved, choose_kernel, fill_missing, sites_and_curves, sol_resolved
 from .empirical import empirical_resolved
@@ -49,8 +86,13 @@ GEN_STEP = 2.0 ** np.arange(1, 18) - 1
 #: batch axes are linear with the ``batch`` floor beyond their high edge
 CTX_SCALES = ("batch", "log")
 GEN_SCALES = ("batch", "linear")
-#: distance weights for (group size, kv heads) when choosing transfer donors
-GROUP_WEIGHTS = (2.0, 1.0)
+#: distance weights for (group size, kv heads) when choosing transfer donors, per table (module
+#: docstring, "Off-site transfer"): context attention weighs the group twice, generation attention
+#: weighs both coordinates alike
+GROUP_WEIGHTS = {"context_attention": (2.0, 1.0), "generation_attention": (1.0, 1.0)}
+#: per table: donors whose utilisation differs by more than this factor (median over the blended
+#: curve points) are not blended together; the heavier consistent subset is kept (0 = off)
+CONSISTENT_UTIL_FACTOR = {"context_attention": 0.0, "generation_attention": 2.0}
 #: per table: truncated corners take the utilisation change between batches from a shorter length
 #: (base.fill_missing). Generation only: decode utilisation climbs with the batch up to the corner
 #: (LOO hold-high median 4.9 / 5.3% -> 3.2 / 3.3%); for context attention the gain is within
@@ -105,6 +147,28 @@ def build_site_grid(stem: str, axes, vals, sol) -> Grid:
     if stem == "generation_attention":
         axes, filled, prov = extend_kv_diagonal(axes, vals, filled, prov, sol, scales)
     return Grid(axes, filled, prov, sol, scales=scales)
+
+
+def choose_donors(stem: str, heads: float, kv_heads: float, sites: np.ndarray) -> SiteChoice | None:
+    """Transfer donors for ``(heads, kv_heads)`` among ``sites`` ((n, 2) heads, kv heads):
+    :func:`~infercast.interp.transfer.choose_sites` over ``(group size, kv heads)`` (group =
+    heads per KV head) with the table's :data:`GROUP_WEIGHTS`. Indices refer to ``sites``."""
+    sites = np.asarray(sites, dtype=float).reshape(-1, 2)
+    group_sites = np.stack([sites[:, 0] / sites[:, 1], sites[:, 1]], axis=1)
+    return choose_sites((heads / kv_heads, kv_heads), group_sites, weights=GROUP_WEIGHTS[stem])
+
+
+def consistent_donors(stem: str, choice: SiteChoice, site_grid) -> SiteChoice:
+    """Drop donors that run another kernel regime (module docstring, "Off-site transfer").
+
+    :func:`~infercast.interp.transfer.consistent_subset` with the table's
+    :data:`CONSISTENT_UTIL_FACTOR`: two donors agree when the median of ``log(u_a / u_b)`` over the
+    points the transfer blends is within ``log(factor)``; the heaviest pairwise-agreeing subset is
+    kept, renormalised."""
+    factor = CONSISTENT_UTIL_FACTOR.get(stem, 0.0)
+    if factor <= 1.0 or choice.how == "exact" or len(choice.indices) < 2:
+        return choice
+    return consistent_subset(choice, [site_grid(i) for i in choice.indices], factor)
 
 
 def _ctx_sol(db: OpDB, heads, kv_heads, head_dim, kv_quant, window):
@@ -186,11 +250,9 @@ def _resolve(db: OpDB, stem: str, heads: int, kv_heads: int, head_dim: int, kv_q
 
         return db.memo((stem, head_dim, kd, ad, window, "site", i), build)
 
-    # donors are compared by GQA group size (heads per KV head) first: kernels change with the
-    # group size, and utilisation transfers poorly across it (LOO: median 19-24% error for
-    # donors of another group vs 2-3% within one)
-    group_sites = np.stack([sites[:, 0] / sites[:, 1], sites[:, 1]], axis=1)
-    choice = None if db.mode is DatabaseMode.EMPIRICAL else choose_sites((heads / kv_heads, kv_heads), group_sites, weights=GROUP_WEIGHTS)
+    choice = None if db.mode is DatabaseMode.EMPIRICAL else choose_donors(stem, heads, kv_heads, sites)
+    if choice is not None:
+        choice = consistent_donors(stem, choice, site_grid)
     if choice is None:
         if db.mode is not DatabaseMode.SILICON:
             return empirical_resolved(stem, sol_q, axes, [site_grid(i) for i in range(len(sites))], scales)
