@@ -4,6 +4,7 @@ be computed by hand."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -201,3 +202,40 @@ def test_sglang_overlap_off_for_hybrid_linear_attention():
     assert not scheduler_params("sglang", spec=SimpleNamespace(gdn=object())).overlap
     assert not scheduler_params("vllm", spec=SimpleNamespace(gdn=None)).overlap
     assert not scheduler_params("trtllm").overlap
+
+
+class BatchPrefillEngine(ConstEngine):
+    """Prefill steps cost a + b x (prompts in the step); decode steps cost ``t``."""
+
+    def __init__(self, a: float, b: float, t: float = 5.0):
+        super().__init__(t)
+        self.a, self.b = a, b
+
+    def mixed_step_ms(self, ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv):
+        return self.a + self.b * float(np.sum(ctx_batch))
+
+
+def test_disagg_prefill_batches_what_arrived_under_load():
+    pe, de = BatchPrefillEngine(a=40.0, b=10.0), ConstEngine(5.0)
+    p = params(max_num_tokens=8192)
+    # one client: never more than its own prompt waiting -> batches of one
+    one = solve_disagg(pe, de, 1, 1024, 101, 1, 1, 1, 1, p, p, 0.0, 2)
+    assert one.prefill_batch == 1
+    # 400 clients on one prefill rank: single prompts (50 ms each) cannot keep up; the batch is
+    # the prompts that arrive while it runs, k = ceil(lam x (40 + 10 k)), within the budget (8)
+    r = solve_disagg(pe, de, 400, 1024, 101, 1, 1, 1, 1, p, p, 0.0, 2)
+    k = r.prefill_batch
+    assert 1 < k <= 8192 // 1024
+    lam = r.arrival_rate_per_s / 1e3  # per ms
+    assert abs(k - min(8, math.ceil(lam * (40.0 + 10.0 * k)))) <= 1
+    assert r.prefill_utilisation == pytest.approx(lam * (40.0 + 10.0 * k) / k, rel=0.05)
+    assert r.prefill_utilisation < 1.0
+    # without batching (one prompt per step) the same load queues far longer
+    import infercast.serving.disagg as D
+
+    try:
+        D.ADAPTIVE_PREFILL_BATCH = False
+        single = solve_disagg(pe, de, 400, 1024, 101, 1, 1, 1, 1, p, p, 0.0, 2)
+    finally:
+        D.ADAPTIVE_PREFILL_BATCH = True
+    assert single.prefill_batch == 1 and single.ttft_ms > 2 * r.ttft_ms
