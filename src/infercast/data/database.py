@@ -25,7 +25,13 @@ from ..errors import InfercastError, NotAvailableError
 from .pack import Pack, find_pack
 from .system import SystemSpec, list_systems, load_system
 from .tables import Table, cached_table
-from .versions import TableLocation, VersionInfo, locate_table, version_info
+from .versions import (
+    TableLocation,
+    VersionInfo,
+    find_in_version,
+    locate_table,
+    version_info,
+)
 
 #: a composite table this much slower (median over shared grid points) than a dominated
 #: sibling's is served by the sibling (see the module docstring)
@@ -153,8 +159,8 @@ class PerfData:
                 continue
             if not _dominates(self.system, other):
                 continue
-            f = other.data_dir / loc.path.parent.parent.parent.name / self.backend / loc.served_by / loc.path.name
-            if not f.exists():
+            f = find_in_version(other.data_dir, self.backend, loc.served_by, stem) if other.data_dir.is_dir() else None
+            if f is None:
                 continue
             theirs = cached_table(f, stem)
             ratio, n = median_slowdown(table, theirs)

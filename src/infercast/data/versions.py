@@ -132,7 +132,8 @@ class TableLocation:
     how: str  # "direct" | "reuse" | "backfill"
 
 
-def _find_in_version(data_dir: Path, backend: str, version: str, stem: str) -> Path | None:
+def find_in_version(data_dir: Path, backend: str, version: str, stem: str) -> Path | None:
+    """``<stem>_perf.parquet`` of exactly ``backend/version`` under any op-family folder of ``data_dir``."""
     fname = f"{stem}_perf.parquet"
     for fam in sorted(p for p in data_dir.iterdir() if p.is_dir()):
         f = fam / backend / version / fname
@@ -160,17 +161,17 @@ def locate_table(data_dir: Path, backend: str, version: str, collected: tuple[st
     """Find ``<stem>_perf.parquet`` for ``backend/version``, honouring reuse then backfill."""
     if not data_dir.is_dir():
         return None
-    f = _find_in_version(data_dir, backend, version, stem)
+    f = find_in_version(data_dir, backend, version, stem)
     if f is not None:
         return TableLocation(stem, f, version, "direct")
     donor = _reuse_target(data_dir, backend, version, stem)
     if donor is not None:
-        f = _find_in_version(data_dir, backend, donor, stem)
+        f = find_in_version(data_dir, backend, donor, stem)
         if f is not None:
             return TableLocation(stem, f, donor, "reuse")
     older = [v for v in collected if version_key(v) < version_key(version)]
     for v in reversed(older):
-        f = _find_in_version(data_dir, backend, v, stem)
+        f = find_in_version(data_dir, backend, v, stem)
         if f is not None:
             return TableLocation(stem, f, v, "backfill")
     return None

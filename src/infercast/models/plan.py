@@ -211,12 +211,22 @@ def kv_heads_per_gpu(spec: ModelSpec, tp: int) -> int:
     return max(1, spec.num_kv_heads // tp)
 
 
-def _attention_ops(spec: ModelSpec, par: ParallelConfig) -> list[PlanOp]:
-    """Norm, QKV, RoPE, attention, output projection (+ TP all-reduce) for every layer."""
+def _applied(fusions: Fusions | None, spec: ModelSpec, par: ParallelConfig) -> Fusions:
+    """The requested fusions this model and layout can take: a shared-expert fusion needs shared
+    experts, an all-reduce + norm fusion needs TP all-reduces."""
+    f = fusions or Fusions()
+    return replace(f, shared_experts=bool(f.shared_experts and spec.moe is not None and spec.moe.shared_inter),
+                   allreduce_norm=bool(f.allreduce_norm and par.tp > 1))
+
+
+def _attention_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions) -> list[PlanOp]:
+    """Norm, QKV, RoPE, attention, output projection (+ TP all-reduce) for every layer; without
+    the RoPE kernel when the attention op applies it, and with only layer 0's input norm and no
+    post-attention norm when the all-reduces apply the norms."""
     tp, L, h = par.tp, spec.num_layers, spec.hidden
     q, act = spec.quant, 2
     heads = spec.num_heads // tp
-    ops = [PlanOp("input_norm", "elementwise", L, params={"bytes_per_token": h * act * 3})]
+    ops = [PlanOp("input_norm", "elementwise", 1 if fusions.allreduce_norm else L, params={"bytes_per_token": h * act * 3})]
     if spec.mla is not None:
         m = spec.mla
         kind = "dsa" if spec.sparse_attention else "mla"
@@ -239,7 +249,8 @@ def _attention_ops(spec: ModelSpec, par: ParallelConfig) -> list[PlanOp]:
             if spec.qk_norm == "per_layer" and tp > 1:
                 # the layer-wide norms of q and of k each all-reduce one fp32 sum of squares per token
                 ops.append(PlanOp("qk_norm_allreduce", "allreduce", 2 * Lf, params={"elements_per_token": 2, "group": tp}))
-        ops.append(PlanOp("rope", "elementwise", Lf, params={"bytes_per_token": (heads + kvh) * hd * act * 2}))
+        if not fusions.rope_in_attention:
+            ops.append(PlanOp("rope", "elementwise", Lf, params={"bytes_per_token": (heads + kvh) * hd * act * 2}))
         windows = spec.layer_windows or (spec.sliding_window or 0,) * Lf
         for w in sorted(set(windows)):
             n = sum(1 for x in windows if x == w)
@@ -264,7 +275,8 @@ def _attention_ops(spec: ModelSpec, par: ParallelConfig) -> list[PlanOp]:
             ]
     if tp > 1:
         ops.append(PlanOp("attn_allreduce", "allreduce", L, params={"elements_per_token": h, "group": tp}))
-    ops.append(PlanOp("post_attn_norm", "elementwise", L, params={"bytes_per_token": h * act * 4}))
+    if not fusions.allreduce_norm:
+        ops.append(PlanOp("post_attn_norm", "elementwise", L, params={"bytes_per_token": h * act * 4}))
     return ops
 
 
@@ -293,14 +305,15 @@ def _ends(spec: ModelSpec, par: ParallelConfig) -> list[PlanOp]:
     return ops
 
 
-def dense_plan(spec: ModelSpec, par: ParallelConfig) -> Plan:
+def dense_plan(spec: ModelSpec, par: ParallelConfig, fusions: Fusions | None = None) -> Plan:
     par.check(spec)
+    fusions = _applied(fusions, spec, par)
     tp, L = par.tp, spec.num_layers
-    ops = _attention_ops(spec, par)
+    ops = _attention_ops(spec, par, fusions)
     ops += _dense_ffn_ops("", L, spec.hidden, spec.intermediate // tp, spec.quant.gemm)
     if tp > 1:
         ops.append(PlanOp("ffn_allreduce", "allreduce", L, params={"elements_per_token": spec.hidden, "group": tp}))
-    return Plan(spec, par, tuple(ops + _ends(spec, par)))
+    return Plan(spec, par, tuple(ops + _ends(spec, par)), fusions=fusions)
 
 
 def moe_plan(spec: ModelSpec, par: ParallelConfig, fusions: Fusions | None = None) -> Plan:
@@ -313,13 +326,13 @@ def moe_plan(spec: ModelSpec, par: ParallelConfig, fusions: Fusions | None = Non
     ``fusions.shared_experts`` folds them into the expert kernel.
     """
     par.check(spec)
-    fusions = fusions or Fusions()
+    fusions = _applied(fusions, spec, par)
     m = spec.moe
-    fuse_shared = bool(fusions.shared_experts and m.shared_inter)
+    fuse_shared = fusions.shared_experts
     tp, L, h = par.tp, spec.num_layers, spec.hidden
     q = spec.quant
     moe_layers = L - m.first_dense_layers
-    ops = _attention_ops(spec, par)
+    ops = _attention_ops(spec, par, fusions)
     if m.first_dense_layers:
         ops += _dense_ffn_ops("dense_", m.first_dense_layers, h, m.dense_inter // tp, q.gemm)
         if tp > 1:
@@ -346,7 +359,7 @@ def moe_plan(spec: ModelSpec, par: ParallelConfig, fusions: Fusions | None = Non
         ops.append(PlanOp("moe_reduce_scatter", "reduce_scatter", moe_layers, params={"elements_per_token": h * adp, "group": par.width}))
     elif tp > 1:
         ops.append(PlanOp("moe_allreduce", "allreduce", moe_layers, params={"elements_per_token": h, "group": tp}))
-    return Plan(spec, par, tuple(ops + _ends(spec, par)), fusions=Fusions(shared_experts=fuse_shared))
+    return Plan(spec, par, tuple(ops + _ends(spec, par)), fusions=fusions)
 
 
 def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
@@ -374,15 +387,9 @@ def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
 def build_plan(spec: ModelSpec, par: ParallelConfig, spec_decode: SpecDecode | None = None,
                fusions: Fusions | None = None) -> Plan:
     if spec.family == "dense":
-        plan = dense_plan(spec, par)
+        plan = dense_plan(spec, par, fusions)
     elif spec.family in ("moe", "mla_moe"):
         plan = moe_plan(spec, par, fusions)
     else:
         raise InvalidConfigError(f"no op plan for family {spec.family!r}")
-    if fusions is not None and fusions.rope_in_attention:
-        ops = tuple(o for o in plan.ops if o.name != "rope")
-        plan = replace(plan, ops=ops, fusions=replace(plan.fusions, rope_in_attention=True))
-    if fusions is not None and fusions.allreduce_norm and par.tp > 1:
-        ops = tuple(replace(o, count=1) if o.name == "input_norm" else o for o in plan.ops if o.name != "post_attn_norm")
-        plan = replace(plan, ops=ops, fusions=replace(plan.fusions, allreduce_norm=True))
     return _with_mtp(plan, spec_decode or SpecDecode())

@@ -35,6 +35,8 @@ from .result import ServingMetrics
 #: in mean TTFT. Calibrated on the dev disaggregated silicon rows (TTFT median APE 60% / 48% / 47%
 #: and GMR 1.22 / 0.98 / 0.78 for 2 / 3 / 5); their harness differs from the aggregated rows'.
 DISAGG_REQUESTS_PER_CLIENT = 4.0
+#: prefill ranks grow their batches with the queue (module docstring); False keeps them at the
+#: configured batch (the model before that rule, kept switchable for comparison)
 ADAPTIVE_PREFILL_BATCH = True
 
 
@@ -81,27 +83,25 @@ def solve_disagg(
     # prefill service: batches of up to prefill_batch prompts, chunked by the token budget
     pb = max(1, int(prefill_batch))
     budget = params_prefill.max_num_tokens
+    batch_cost: dict[int, float] = {}  # prompts in a prefill batch -> its wall time (ms)
     if isl <= budget:
         per_step = max(1, min(pb, budget // isl))
-        service_batch = params_prefill.step_ms(prefill_engine.mixed_step_ms([per_step], [isl], [0.0], 0.0, 1.0), per_step)
-        service = service_batch / per_step
-    else:
+        # under load a prefill rank batches the prompts waiting for it, up to its token budget
+        batch_cap = max(per_step, budget // isl) if ADAPTIVE_PREFILL_BATCH else per_step
+    else:  # one prompt, chunked over several steps
         chunks = math.ceil(isl / budget)
         chunk = isl / chunks
-        service_batch = sum(
+        per_step = batch_cap = 1
+        batch_cost[1] = sum(
             params_prefill.step_ms(prefill_engine.mixed_step_ms([1], [chunk], [i * chunk], 0.0, 1.0), 1) for i in range(chunks)
         )
-        per_step = 1
-        service = service_batch
-    # under load a prefill rank batches the prompts waiting for it, up to its token budget
-    batch_cap = max(per_step, budget // isl) if (ADAPTIVE_PREFILL_BATCH and isl <= budget) else per_step
-    batch_cost = {per_step: service_batch}
 
     def batch_ms(k: int) -> float:
         if k not in batch_cost:
             batch_cost[k] = params_prefill.step_ms(prefill_engine.mixed_step_ms([k], [isl], [0.0], 0.0, 1.0), k)
         return batch_cost[k]
 
+    service_batch = batch_ms(per_step)
     d = c_rank * out_steps / (out_steps + 2.0)
     ttft = service_batch
     rho = 0.0
