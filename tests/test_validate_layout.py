@@ -28,7 +28,13 @@ def _row(id_: str, w: WorkerSpec, mode: str = "agg") -> SiliconRow:
         ("dsr1_b200_sglang_fp4_agg_1024x1024_c4_cfg202", (64, 1, 8, 8), (8, 1, 1, 8)),
         # consistent rows are left alone
         ("2026_04_06_x_b200_sxm_trtllm_fp8_agg_1024x1024_c4_tp8_ep8_7", (8, 1, 1, 8), (8, 1, 1, 8)),
-        ("2026_04_06_x_b200_sxm_vllm_fp4_agg_1024x1024_c4_tp4_ep4_7", (4, 4, 1, 16), (4, 4, 1, 16)),
+        # the square signature (T, T, 1, T*T): T GPUs, TP T, EP T (ids say tp<T>_ep<T>)
+        ("2026_04_06_x_b200_sxm_vllm_fp4_agg_1024x1024_c4_tp4_ep4_7", (4, 4, 1, 16), (4, 1, 1, 4)),
+        ("kimik2_5_b200_vllm_fp4_agg_1024x1024_c4_cfg635", (4, 4, 1, 16), (4, 1, 1, 4)),
+        ("minimax_b200_vllm_fp8_agg_1024x1024_c16_tp2_ep2_1", (2, 2, 1, 4), (2, 1, 1, 2)),
+        # ... but not when the id's tokens say otherwise
+        ("x_vllm_fp4_agg_1024x1024_c4_tp16_ep1_7", (4, 4, 1, 16), (4, 4, 1, 16)),
+        ("x_vllm_fp4_agg_1024x1024_c4_tp4_ep2_7", (4, 4, 1, 16), (4, 4, 1, 16)),
         ("dsr1_b200_sglang_fp4_agg_1024x1024_c4_cfg1", (8, 1, 8, 1), (8, 1, 8, 1)),
         # a product signature that fits one node is a real layout
         ("dsr1_b200_sglang_fp4_agg_1024x1024_c4_cfg1", (4, 1, 2, 2), (4, 1, 2, 2)),
