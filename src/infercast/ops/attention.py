@@ -36,7 +36,7 @@ batch / length do: the site's value at its edge ``e`` is scaled to a coordinate 
 the SOL ratio and by the utilisation change ``u(c) / u(e)`` of donors chosen as transfer donors
 (:func:`choose_donors` among the siblings measured at both ``c`` and ``e``), blended in log space
 with the donors' weights, at every coordinate of the other axis; the cells are marked
-transferred. Where no sibling reaches below the site's edge (every collected site of the h200 / b200
+transferred. Where no sibling reaches below the site's edge (every collected h200 / b200 site
 starts at batch 1 and length 1) nothing changes, so served estimates of collected sites are
 unchanged; the grid's own low-edge rule (:mod:`infercast.interp.grid`) still answers below the
 lattice's lowest coordinate. ``benchmarks.interp_loo`` hold-low median / p90, h200 | b200:
