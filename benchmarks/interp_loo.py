@@ -20,7 +20,9 @@ held-out measured points are predicted from the rest along three paths:
   messages beyond the collected range; ``hold-low`` rarely happens in use, since most axes start
   at 1 (the smallest valid query). An attention cell at the edge of a truncated corner is filled
   by ``ops.attention.build_site_grid`` (utilisation from a smaller batch; generation grids also get
-  one step column along the KV diagonal), as infercast serves such a query;
+  one step column along the KV diagonal; a batch row or length column the held-out edge removed
+  is filled from sibling sites that measured it, ``ops.attention.extend_low_edges``), as infercast
+  serves such a query;
 * ``transfer``: a whole site is removed and its measured points are predicted through
   :func:`~infercast.interp.transfer.choose_sites` + :func:`~infercast.interp.transfer.transfer_grid`
   from the remaining sites (MoE: ``ops.moe.choose_donors`` + ``ops.moe.transfer_sites``, the
@@ -102,6 +104,7 @@ class Lattice:
     curves: dict  # site index -> (axes tuple, values array; NaN = not measured)
     sol_for: Callable  # site coordinates -> SOL function of the curve coordinates
     _full: dict = field(default_factory=dict, repr=False)
+    _plain: dict = field(default_factory=dict, repr=False)
 
     def build(self, s: int, axes: tuple, vals: np.ndarray, plain: bool = False) -> Grid:
         """A site grid from (possibly reduced) curve data, as the ops modules build it (``plain``:
@@ -111,11 +114,23 @@ class Lattice:
             keep = ~np.isnan(vals)
             return Grid((axes[0][keep],), vals[keep], np.zeros(int(keep.sum()), np.int8), sol)
         if len(axes) == 2:
-            # ops/attention.py: site_grid = build_site_grid(stem, ax, vals, sol)
-            return attn_ops.build_site_grid(self.family, axes, vals, sol)
+            # ops/attention.py: site_grid = build_site_grid(stem, ax, vals, sol, siblings)
+            return attn_ops.build_site_grid(self.family, axes, vals, sol, self.siblings(s))
         keep = ~np.isnan(vals)
         # ops/gemm.py and ops/comm.py: a 1-D grid of the measured points, provenance exact
         return Grid((axes[0][keep],), vals[keep], np.zeros(int(keep.sum()), np.int8), sol, scales=SCALES.get(self.family, ()))
+
+    def siblings(self, s: int):
+        """The other sites of the lattice, as ops/attention.py passes them to ``build_site_grid``."""
+        others = [j for j in range(len(self.sites)) if j != s]
+        return attn_ops.Siblings(tuple(float(x) for x in self.sites[s]), self.sites[others],
+                                 [self.curves[j][0] for j in others], lambda k: self._plain_grid(others[k]))
+
+    def _plain_grid(self, j: int) -> Grid:
+        if j not in self._plain:
+            axes, vals = self.curves[j]
+            self._plain[j] = attn_ops.build_site_grid(self.family, axes, vals, self.sol_for(self.sites[j]))
+        return self._plain[j]
 
     def full(self, s: int) -> Grid:
         if s not in self._full:

@@ -786,3 +786,40 @@ def test_generation_transfer_drops_donors_of_another_regime():
     assert consistent_donors("context_attention", ch, grids.__getitem__) is ch
     one = SiteChoice((1,), (1.0,), "idw", 0.0)
     assert consistent_donors("generation_attention", one, grids.__getitem__) is one
+
+
+# ---------------------------------------------------------------------------------------------
+# attention low edges: batches / lengths below a site's first ones, from sibling sites
+# ---------------------------------------------------------------------------------------------
+def test_low_edges_filled_from_siblings():
+    from infercast.ops import attention as A
+
+    def sol(b, n):
+        return np.asarray(b, float) * np.asarray(n, float)
+
+    # sibling (16, 16): utilisation halves from batch 2 to 1 and quarters from length 16 to 1
+    sb, sl = np.array([1.0, 2.0, 4.0]), np.array([1.0, 16.0, 32.0])
+    ub, ul = np.array([0.5, 1.0, 1.0]), np.array([0.25, 1.0, 1.0])
+    sib_vals = np.outer(sb, sl) / np.outer(ub, ul)
+    sib_grid = A.build_site_grid("context_attention", (sb, sl), sib_vals, sol)
+    # the site (8, 8) starts at batch 2 and length 16, at utilisation 1/3
+    axes = (np.array([2.0, 4.0]), np.array([16.0, 32.0]))
+    vals = 3.0 * np.outer(*axes)
+    sib = A.Siblings((8.0, 8.0), np.array([[16.0, 16.0]]), [(sb, sl)], lambda k: sib_grid)
+    g = A.build_site_grid("context_attention", axes, vals, sol, sib)
+    assert g.axes[0].tolist() == [1.0, 2.0, 4.0] and g.axes[1].tolist() == [1.0, 16.0, 32.0]
+    # batch 1: 6 l x SOL ratio 1/2 / utilisation ratio 1/2; length 1: v(b, 16) / 16 / (1/4)
+    np.testing.assert_allclose(g.values[0, 1:], [96.0, 192.0], rtol=1e-12)
+    np.testing.assert_allclose(g.values[:, 0], [24.0, 24.0, 48.0], rtol=1e-12)
+    np.testing.assert_array_equal(g.values[1:, 1:], vals)  # measured cells untouched
+    assert (g.prov[0, :] == Prov.TRANSFERRED).all() and (g.prov[:, 0] == Prov.TRANSFERRED).all()
+    assert (g.prov[1:, 1:] == Prov.EXACT).all()
+    assert float(g(1.0, 1.0)[0]) == pytest.approx(24.0, rel=1e-12)
+    # without siblings the grid's own low-edge rule answers (a different value)
+    plain = A.build_site_grid("context_attention", axes, vals, sol)
+    assert float(plain(1.0, 16.0)[0]) != pytest.approx(96.0, rel=1e-3)
+    # no sibling below the site's edges, or siblings outside the donor gates: unchanged
+    same = A.Siblings((8.0, 8.0), np.array([[16.0, 16.0]]), [axes], lambda k: sib_grid)
+    assert A.build_site_grid("context_attention", axes, vals, sol, same).axes[0].tolist() == [2.0, 4.0]
+    far = A.Siblings((8.0, 8.0), np.array([[1024.0, 1.0]]), [(sb, sl)], lambda k: sib_grid)
+    assert A.build_site_grid("context_attention", axes, vals, sol, far).axes[0].tolist() == [2.0, 4.0]

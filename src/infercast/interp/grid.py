@@ -62,6 +62,17 @@ choice at that one ``m``).
    b200 p90 is vLLM's fp8 kernel at ``m = 1``: 13.5 us slower than at ``m = 2`` (median over its
    483 shapes, 2-3x at small shapes), a batch-1 path that no point at ``m >= 2`` shows. Other paths
    unchanged.
+5. *Tried and not kept* (offline, every site's held-out point, h200 | b200 median / p90).
+   In-curve: robust knots taken separately along the ``a`` members and along the ``a + 1``
+   members of the pairs (the rest as now), window half-width 1 / 2 / 3: 3.2 / 15.6% |
+   2.8 / 16.1% -> 3.4 / 17.0% | 3.0 / 16.7%, 3.5 / 17.6% | 3.1 / 16.7%, 3.5 / 17.7% |
+   3.1 / 16.7%. Hold-high (the last point, from the octave before; now 3.7 / 18.9% |
+   5.0 / 20.3%): the edge utilisation pulled towards the previous point's (log weight 0.2, the
+   octave changes correlate at -0.2 to -0.4: the edge point is noisy) 4.1 / 17.9% |
+   5.6 / 19.8%; the median utilisation of the edge octave 4.8 / 18.0% | 6.7 / 21.8%; a falling
+   edge allowed at a quarter of its rate 3.6 / 20.7% | 4.6 / 21.1% (at half 3.7 / 22.6% |
+   4.8 / 22.4%); latency extended along the edge interval's slope 4.5 / 25.3% | 5.4 / 24.6%. No
+   rule moves both numbers the right way; the rest is the held-out point's own noise.
 
 Outside the grid the query is clamped to the boundary and scaled by the speed-of-light ratio
 ``SOL(query) / SOL(boundary)`` -- the boundary's utilisation ``u = SOL / latency`` is held -- but

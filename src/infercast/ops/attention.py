@@ -27,6 +27,32 @@ diagonal below the batch axis's low edge (batch 1 from batch 2 at half the lengt
 little (hold-low p90 7.9 -> 7.1% | 16.3 -> 16.2%, offline) and is not used: batch 1 often runs a
 different kernel configuration altogether.
 
+**Low edges** (``extend_low_edges``). Below a site's first measured batch or length, the site's
+own curve cannot tell how utilisation changes: batch 1 often runs another kernel configuration
+(b200 decode, batch 1 / batch 2 latency: 5th-95th percentile 0.61-1.15 on TensorRT-LLM), and a
+one-token prefill runs at anything from a quarter of the 16-token latency to the same latency,
+which the 16 -> 32 octave does not tell. Sibling sites of the same table that measured that
+batch / length do: the site's value at its edge ``e`` is scaled to a coordinate ``c`` below it by
+the SOL ratio and by the utilisation change ``u(c) / u(e)`` of donors chosen as transfer donors
+(:func:`choose_donors` among the siblings measured at both ``c`` and ``e``), blended in log space
+with the donors' weights, at every coordinate of the other axis; the cells are marked
+transferred. Where no sibling reaches below the site's edge (every collected h200 / b200 site
+starts at batch 1 and length 1) nothing changes, so served estimates of collected sites are
+unchanged; the grid's own low-edge rule (:mod:`infercast.interp.grid`) still answers below the
+lattice's lowest coordinate. ``benchmarks.interp_loo`` hold-low median / p90, h200 | b200:
+context attention seed 0 3.85 / 21.5% | 4.2 / 15.3% -> 3.0 / 14.0% | 3.8 / 14.8%, seed 1
+3.9 / 23.2% | 4.2 / 15.6% -> 2.8 / 15.2% | 4.0 / 15.3%; generation attention seed 0 1.4 / 7.9% | 2.0 / 16.3% -> 1.4 / 5.3% | 3.0 / 15.2%, seed 1
+1.4 / 9.2% | 2.2 / 17.4% -> 1.4 / 5.5% | 3.3 / 15.8%; other paths unchanged (the b200 generation median rises, within its goal). Offline (every first row / column of every site; not the
+benchmark's sample) the donors' change against the grid's own rule: generation batch axis
+2.0 / 14.5% | 3.6 / 20.4% -> 1.8 / 7.5% | 4.5 / 18.1%; context batch axis 3.2 / 15.5% |
+4.9 / 17.3% -> 2.6 / 13.1% | 4.0 / 15.0%. Tried and not kept: the siblings' median change over
+all sites (no donor choice), generation batch axis 2.2 / 13.0% | 4.3 / 20.7%; a log-space mix of
+the own rule and the donors' (weight 0.5) 1.9 / 10.2% | 4.2 / 18.9%; the same rule on GEMM's m
+axis (m = 1 from the nearest (n, k) sites' m = 1 / m = 2 ratio), hold-low 1.9 / 11.6% |
+2.6 / 26.2% -> 2.7 / 16.2% | 4.8 / 24.4% (offline), or the whole lattice's median ratio
+2.0 / 14.3% | 3.0 / 27.3%: most GEMM m = 1 deviations are per-shape noise, and vLLM's b200 fp8
+m = 1 penalty skips a random 20% of shapes.
+
 **Off-site transfer.** An uncollected ``(heads, kv_heads)`` site is transferred through
 utilisation (:mod:`infercast.interp.transfer`) from donors chosen over ``(group size, kv heads)``
 (group = heads per KV head; :func:`choose_donors`), with per-table distance weights
@@ -67,6 +93,9 @@ heads) and 12-17 us sites whose latencies step between launch-overhead levels.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..errors import NotAvailableError
@@ -105,6 +134,10 @@ def fill_site(stem: str, axes, vals, sol):
     return fill_missing(axes, vals, sol, transport=FILL_TRANSPORT[stem])
 
 
+#: fill a site's batches / lengths below its first measured ones from sibling sites that measured
+#: them (``extend_low_edges``; module docstring, "Low edges")
+SIBLING_LOW_EDGES = True
+
 #: generation attention: a batch row is extended one KV doubling beyond the last step along the
 #: ``batch x KV length`` diagonal only where the diagonal held one octave in, within this factor
 KV_DIAGONAL_TOL = 0.10
@@ -139,13 +172,79 @@ def extend_kv_diagonal(axes, vals, filled, prov, sol, scales):
     return ax, values, pr
 
 
-def build_site_grid(stem: str, axes, vals, sol) -> Grid:
-    """A site's grid as infercast serves it: truncated corners filled (``fill_site``) and, for
-    generation attention, the KV diagonal one doubling beyond the last step (``extend_kv_diagonal``)."""
+@dataclass(frozen=True)
+class Siblings:
+    """The other sites of a site's lattice, for :func:`extend_low_edges`: the site's own
+    ``(heads, kv_heads)``, the siblings' ``(n, 2)`` sites, their measured axes (``(batch, length)``
+    per sibling) and ``grid(k)``, sibling ``k``'s grid as :func:`build_site_grid` builds it without
+    siblings."""
+
+    site: tuple
+    sites: np.ndarray
+    axes: list
+    grid: Callable[[int], Grid]
+
+
+def extend_low_edges(stem: str, axes, values, prov, sol, sib: Siblings):
+    """Rows (batch) and columns (length) that sibling sites measured below this site's first
+    batch / length, filled from the siblings (module docstring, "Low edges"). For each such
+    coordinate ``c`` below the edge ``e`` of an axis, the donors are :func:`choose_donors` among
+    the siblings measured at both ``c`` and ``e``; the site's value at ``(e, y)`` is scaled by the
+    SOL ratio and by the donors' blended utilisation change, ``exp(sum_i w_i log(u_i(c, y) /
+    u_i(e, y)))``, at every coordinate ``y`` of the other axis. Returns ``(axes, values, prov)``,
+    unchanged when no sibling reaches below the site's edges; new cells are marked transferred."""
+    axes = [np.asarray(a, dtype=float) for a in axes]
+    values = np.asarray(values, dtype=float)
+    prov = np.asarray(prov, dtype=np.int8)
+    if not SIBLING_LOW_EDGES or len(sib.sites) == 0:
+        return tuple(axes), values, prov
+    for a in (0, 1):
+        edge = float(axes[a][0])
+        lower = sorted({float(x) for ax in sib.axes for x in np.asarray(ax[a]).tolist() if x < edge})
+        rows, used = [], []
+        for c in lower:
+            cands = [k for k, ax in enumerate(sib.axes) if c in ax[a] and edge in ax[a]]
+            choice = choose_donors(stem, sib.site[0], sib.site[1], sib.sites[cands]) if cands else None
+            if choice is None:
+                continue
+            y = axes[1 - a]
+            at_c = (np.full(len(y), c), y) if a == 0 else (y, np.full(len(y), c))
+            at_e = (np.full(len(y), edge), y) if a == 0 else (y, np.full(len(y), edge))
+            log_du = np.zeros(len(y))
+            for i, w in zip(choice.indices, choice.weights):
+                g = sib.grid(cands[i])
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    du = (g.sol(*at_c) / g(*at_c)[0]) / (g.sol(*at_e) / g(*at_e)[0])
+                log_du += w * np.log(np.asarray(du, dtype=float))
+            v_e = values[0] if a == 0 else values[:, 0]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                new = v_e * (np.asarray(sol(*at_c), dtype=float) / np.asarray(sol(*at_e), dtype=float)) / np.exp(log_du)
+            if not np.all(np.isfinite(new) & (new > 0)):
+                continue
+            rows.append(new)
+            used.append(c)
+        if not used:
+            continue
+        block = np.stack(rows)  # (len(used), len(y))
+        if a == 1:
+            block = block.T
+        axes[a] = np.concatenate([np.array(used), axes[a]])
+        values = np.concatenate([block, values], axis=a)
+        prov = np.concatenate([np.full(block.shape, int(Prov.TRANSFERRED), np.int8), prov], axis=a)
+    return tuple(axes), values, prov
+
+
+def build_site_grid(stem: str, axes, vals, sol, siblings: Siblings | None = None) -> Grid:
+    """A site's grid as infercast serves it: truncated corners filled (``fill_site``), for
+    generation attention the KV diagonal one doubling beyond the last step (``extend_kv_diagonal``),
+    and, given its ``siblings``, the batches / lengths they measured below its own first ones
+    (``extend_low_edges``)."""
     scales = CTX_SCALES if stem == "context_attention" else GEN_SCALES
     filled, prov = fill_site(stem, axes, vals, sol)
     if stem == "generation_attention":
         axes, filled, prov = extend_kv_diagonal(axes, vals, filled, prov, sol, scales)
+    if siblings is not None:
+        axes, filled, prov = extend_low_edges(stem, axes, filled, prov, sol, siblings)
     return Grid(axes, filled, prov, sol, scales=scales)
 
 
@@ -241,12 +340,23 @@ def _resolve(db: OpDB, stem: str, heads: int, kv_heads: int, head_dim: int, kv_q
         return empirical_resolved(stem, sol_q, axes, None, scales)
     table, kernel, (ad, kd), sites, curves = lat
 
+    def plain_grid(i: int) -> Grid:
+        def build():
+            h, kv = sites[i]
+            ax, vals = curves[i]
+            return build_site_grid(stem, ax, vals, solfn(db, int(h), int(kv), head_dim, kd, window))
+
+        return db.memo((stem, head_dim, kd, ad, window, "plain-site", i), build)
+
     def site_grid(i: int) -> Grid:
         def build():
             h, kv = sites[i]
             s = solfn(db, int(h), int(kv), head_dim, kd, window)
             ax, vals = curves[i]
-            return build_site_grid(stem, ax, vals, s)
+            others = [j for j in range(len(sites)) if j != i]
+            sib = Siblings((float(h), float(kv)), np.asarray(sites, float)[others], [curves[j][0] for j in others],
+                           lambda k: plain_grid(others[k]))
+            return build_site_grid(stem, ax, vals, s, sib)
 
         return db.memo((stem, head_dim, kd, ad, window, "site", i), build)
 
