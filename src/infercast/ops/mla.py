@@ -488,7 +488,7 @@ def _foreign_module_donors(db: OpDB, phase: str, gemm_quant: str, kv_quant: str,
         gqs = [gemm_quant] + [g for g in table.unique("gemm_type") if g != gemm_quant]
         for gq in gqs:
             lat, _ = db.memo(("mla-module-lattice", phase, gq, kv_quant, model, mdims, attn_quant),
-                             lambda gq=gq: _module_lattice(db, phase, gq, kv_quant, model, mdims, attn_quant))
+                             lambda gq=gq, model=model, mdims=mdims: _module_lattice(db, phase, gq, kv_quant, model, mdims, attn_quant))
             if lat is None:
                 continue
             _, grids = _resolve_module(db, phase, lat, -1, mdims, gq, kv_quant)
