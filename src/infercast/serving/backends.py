@@ -122,6 +122,15 @@ class SchedulerParams:
 #: 13.3 / 13.4%; all rows 10.2% -> 9.8% (within 20%: 73.5% -> 75.2%), disagg 25.0% -> 20.0%. DeepSeek
 #: rows implied ~0 ms of host time per step with the old additive model, Qwen3.5 (Gated DeltaNet)
 #: rows 2-3 ms: the overlap scheduler explains both.
+#: Measured and not kept (dev rows, all-row TTFT median APE 28.0% at the time): a benchmark capped
+#: in duration (requests per client = min(10, cap / request latency); cap 300 / 900 s: 29.8 / 28.9%);
+#: a length-biased wait for the step in progress (E[T^2] / 2E[T] over decode-only and prefill steps
+#: instead of one average step: 28.5%; plus half a step: 27.9%, within noise); SGLang without
+#: lock-step (SGLang TTFT 35.4% -> 54.9%; on its agg rows the better of the two per row would give
+#: 23.9%, but nothing in
+#: a row tells which regime its harness ran); vLLM requests_per_client 7 with a 30 ms front end
+#: (vLLM TTFT 21.3% -> 19.6%; TensorRT-LLM's optimum on the same grid stays at 10 / 100 ms, and one
+#: benchmark length per backend would be a fit to harnesses, not engines).
 SCHEDULERS = {
     "trtllm": SchedulerParams(True, True, 8192, 2048, 0.0, 100.0, 10.0, True),
     "vllm": SchedulerParams(True, True, 8192, 1024, 0.0, 40.0, 10.0, False, seq_overhead_ms=0.010),
