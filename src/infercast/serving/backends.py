@@ -128,9 +128,8 @@ class SchedulerParams:
 #: instead of one average step: 28.5%; plus half a step: 27.9%, within noise); SGLang without
 #: lock-step (SGLang TTFT 35.4% -> 54.9%; on its agg rows the better of the two per row would give
 #: 23.9%, but nothing in a row tells which regime its harness ran); vLLM requests_per_client 7 with
-#: a 30 ms front end
-#: (vLLM TTFT 21.3% -> 19.6%; TensorRT-LLM's optimum on the same grid stays at 10 / 100 ms, and one
-#: benchmark length per backend would be a fit to harnesses, not engines).
+#: a 30 ms front end (vLLM TTFT 21.3% -> 19.6%; TensorRT-LLM's optimum on the same grid stays at
+#: 10 / 100 ms, and one benchmark length per backend would be a fit to harnesses, not engines).
 SCHEDULERS = {
     "trtllm": SchedulerParams(True, True, 8192, 2048, 0.0, 100.0, 10.0, True),
     "vllm": SchedulerParams(True, True, 8192, 1024, 0.0, 40.0, 10.0, False, seq_overhead_ms=0.010),
