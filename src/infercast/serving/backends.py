@@ -126,7 +126,7 @@ class SchedulerParams:
 #: in duration (requests per client = min(10, cap / request latency); cap 300 / 900 s: 29.8 / 28.9%);
 #: a length-biased wait for the step in progress (E[T^2] / 2E[T] over decode-only and prefill steps
 #: instead of one average step: 28.5%; plus half a step: 27.9%, within noise); SGLang without
-#: lock-step (SGLang TTFT 35.4% -> 54.9%; on its agg rows the better of the two per row would give
+#: lock-step (SGLang agg TTFT 34.5% -> 55.8%; the better of the two per row would give
 #: 23.9%, but nothing in a row tells which regime its harness ran); vLLM requests_per_client 7 with
 #: a 30 ms front end (vLLM TTFT 21.3% -> 19.6%; TensorRT-LLM's optimum on the same grid stays at
 #: 10 / 100 ms, and one benchmark length per backend would be a fit to harnesses, not engines).
