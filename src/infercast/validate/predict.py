@@ -198,7 +198,7 @@ def _square_layout(w, id_match):
     53 vLLM rows (MiniMax-M2.5, Kimi-K2.5) read as T*T GPUs (TP T x attention DP T, EP T*T) while
     their id, where it has tokens, says ``tp<T>_ep<T>``. The measurements side with T GPUs, TP T,
     EP T: MiniMax-M2.5 8192x1024 on "2 x 2" b200 queues for KV cache (13.5 s TTFT at c256, 70 s at
-    c512), which only 2 GPUs explain (their weights leave ~1M tokens of cache for 256 x 9216; 4 GPUs
+    c512), which only 2 GPUs explain (they hold 1.6M cached tokens, 256 x 9216 need 2.4M; 4 GPUs
     would hold them all); on the dev rows this reading
     moves those rows' TPOT geometric-mean ratio from 0.65-0.94 to 0.9-1.1 and the vLLM TPOT median
     APE from 8.0% to 7.4% (attention DP T, TP 1 instead: 7.7%). Only taken when the id's tokens,
