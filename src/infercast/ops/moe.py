@@ -101,6 +101,17 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
 * beyond the collected ``num_tokens`` range (1...16384 in most files) the grid holds the boundary
   utilisation (SOL ratio).
 
+**Not applied: a decode-size gap between backends.** TensorRT-LLM's b200 ``moe_perf`` rows for
+DeepSeek's shape (7168, 2048, 8, 256) at nvfp4 take 61 / 85 / 120 / 154 us at 1 / 4 / 8 / 16 tokens
+(TP 8; CUTLASS and min-latency kernels), 2.5-3x SGLang's and vLLM's tables (19-23 / 31-33 / 45-48
+/ 63-64 us, FlashInfer's TensorRT-LLM-gen MoE), which agree with each other; fp8_block shows the
+same gap (DeepGEMM 98-220 us vs 35-103 us). Serving TensorRT-LLM nvfp4 MoE from SGLang's table
+where its own is > 1.5x slower at <= 16 tokens (dev rows): DeepSeek-R1 TensorRT-LLM 1.1 / 1.2 rows
+fit the fast kernel (TPOT 58-59% -> 12-22%), DeepSeek-V3 rows without a version and Dynamo 0.8.1
+rows fit the slow one (12% -> 24%, 6% -> 20%); all rows TPOT 9.3% -> 9.2%, TTFT 28.0% unchanged.
+The same for fp8_block: TensorRT-LLM TPOT 9.8% -> 10.0%. The rows do not say which MoE backend a
+deployment selected, so the collected table stays.
+
 The ``num_tokens`` axis interpolates **linearly** (:data:`TOKEN_SCALE`): leave-one-out over every
 balanced ``moe_perf`` curve on h200_sxm and b200_sxm (trtllm/vllm/sglang, 15k-67k held-out points
 each) gives median APE 1.4-1.8% linear vs 1.7-2.0% power law (bias -0.1..-0.3% vs +0.8%).
