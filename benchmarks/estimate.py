@@ -13,8 +13,13 @@
 (c) construction of a few configurations in a fresh child, each twice: the first pays for reading
     its perf tables, the second finds them in the per-process table cache. Plus the time
     ``infercast.data.tables.read_table`` takes on the largest ``*_perf.parquet`` (by rows) in the pack.
+(d) the serving model, one closed-loop benchmark configuration per call on constructed
+    estimators: ``serving.agg.serve_agg`` for TensorRT-LLM (analytic steady state + the simulated
+    first wave) and SGLang (the lock-step simulation of every wave), and
+    ``serving.disagg.solve_disagg`` (prefill and decode pools), each over distinct (concurrency,
+    isl, osl) configurations drawn from c 1-512, isl 128-8192, osl 64-2048.
 
-Whole run: about 13-18 s on 2 cores.
+Whole run: about 15-20 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -183,6 +188,46 @@ def warm_throughput(budget_s: float, seed: int = 0) -> dict:
     return out
 
 
+# ---- (d) serving model per configuration ---------------------------------------------------------
+SERVING_CONFIGS = {
+    "trtllm": ("Qwen/Qwen3-32B-FP8", "h200_sxm", "trtllm", 2),
+    "sglang": ("Qwen/Qwen3-32B-FP8", "h200_sxm", "sglang", 2),
+}
+
+
+def serving_speed(budget_s: float, seed: int = 0) -> dict:
+    import infercast
+    from infercast.serving.agg import serve_agg
+    from infercast.serving.backends import scheduler_params
+    from infercast.serving.disagg import kv_transfer_ms, solve_disagg
+
+    rng = np.random.default_rng(seed)
+    n = 2_000
+    cfgs = list(zip(rng.integers(1, 513, n).tolist(), rng.integers(128, 8193, n).tolist(), rng.integers(64, 2049, n).tolist()))
+    out: dict = {}
+    ests = {}
+    for be, (model, system, backend, tp) in SERVING_CONFIGS.items():
+        est = ests[be] = infercast.Estimator(model, system, backend, tp=tp)
+        params = scheduler_params(backend, est.data.system, est.spec)
+
+        def agg(c, i, o, est=est, params=params):
+            return serve_agg(est.engine, c, i, o, params, est.memory.capacity_for(c), est.gpus_per_rank)
+
+        kind = "lock-step simulation" if params.lockstep else "steady state + first wave"
+        out[f"serve_agg, {backend} ({kind}), distinct configs"] = _rate(agg, cfgs, budget_s)
+    pe = de = ests["trtllm"]
+    p = scheduler_params("trtllm", pe.data.system, pe.spec)
+    node = pe.data.system.node
+
+    def disagg(c, i, o):
+        transfer = kv_transfer_ms(pe.memory.kv_per_token, i, pe.gpus, node.inter_node_bw, node.p2p_latency_s)
+        return solve_disagg(pe.engine, de.engine, float(c), i, o, 2, 2, 1, 1, p, p, transfer, 4 * pe.gpus)
+
+    out["solve_disagg, trtllm 2 prefill x 2 decode workers, distinct configs"] = _rate(disagg, cfgs, budget_s)
+    out["config"] = "Qwen/Qwen3-32B-FP8 h200_sxm tp=2"
+    return out
+
+
 # ---- (c) construction and table load ------------------------------------------------------------
 def construction() -> list[dict]:
     out, _ = _run_child(CONSTRUCT_CHILD, [list(c) for c in CONSTRUCT_CONFIGS])
@@ -237,6 +282,11 @@ def render(res: dict) -> None:
     t = res["largest_table"]
     rows.append((f"  read_table on the largest table: {t['path']}", _fmt_s(t["read_table_s"]),
                  f"{t['raw_rows']:,} rows ({t['rows_after_dedup']:,} after median of repeats), {t['mb']:.1f} MB, median of {t['runs']}"))
+    sv = res["serving"]
+    rows += [(f"(d) serving model, one configuration per call: {sv['config']}", "", "")]
+    for k, v in sv.items():
+        if isinstance(v, dict):
+            rows.append((f"  {k}", f"{v['per_s']:,.0f} /s", f"{v['us_per_call'] / 1e3:.2f} ms each, {v['calls']:,} calls in {v['seconds']:.2f} s"))
     rows.append(("total benchmark time", _fmt_s(res["elapsed_s"]), ""))
     try:
         from rich.console import Console
@@ -268,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         "construction": construction(),
         "largest_table": largest_table(1 if args.quick else 3),
         "warm": warm_throughput(0.3 if args.quick else 1.5),
+        "serving": serving_speed(0.3 if args.quick else 1.5),
     }
     res["elapsed_s"] = time.perf_counter() - t0
     if args.json:

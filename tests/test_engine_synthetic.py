@@ -571,3 +571,16 @@ def test_kv_cache_fp8_override(synth):
     np.testing.assert_array_equal(gen.grid(b, t)[0], sp.gen_ms(b, t, 2, 32, "fp8"))
     *_, kv_bf16, _ = _hand_memory(1, 1, 1)
     assert e.memory.kv_per_token == kv_bf16 / 2
+
+
+@pytest.mark.parametrize("b", [1, 8, 40])
+def test_decode_run_equals_decode_steps(est_fp8, b):
+    """The simulator's decode-run shortcut (token-wise ops once, attention over the KV array) is
+    the per-step engine sum, and each step is the formula sum of its components."""
+    kv = np.array([2.0, 64.0, 1000.5, 4096.0])
+    run = est_fp8.engine.decode_run_ms(float(b), kv)
+    steps = np.asarray(est_fp8.engine.step_ms(dec_batch=float(b), dec_kv=kv), float)
+    assert run == pytest.approx(steps, rel=1e-13)
+    exp = _expected_components(est_fp8, b, b, LAYERS * sp.gen_ms(b, 64 - 1, 2, 32))
+    assert run[1] == pytest.approx(sum(exp.values()), rel=1e-13)
+    assert np.all(est_fp8.engine.decode_run_ms(0.0, kv) == 0.0)

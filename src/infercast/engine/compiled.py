@@ -265,6 +265,22 @@ class CompiledEngine:
     def decode_scalar(self, batch: float, kv_len: float) -> float:
         return self.tokenwise_scalar(batch * self.decode_width, batch, batch) + self.generation_attention_scalar(batch, kv_len)
 
+    def decode_run_ms(self, batch: float, kv_len) -> np.ndarray:
+        """Decode-only steps of ``batch`` sequences at each KV length of the array ``kv_len`` (a
+        run of steps between two scheduler events). The token-wise ops do not depend on the KV
+        length, so they are summed once (scalar, memoised) and only the attention ops run over the
+        array: the same values as ``step_ms(dec_batch=batch, dec_kv=kv_len)`` at a fraction of the
+        cost."""
+        kv = np.asarray(kv_len, dtype=float)
+        if batch <= 0:
+            return np.zeros_like(kv)
+        total = np.full(kv.shape, self.tokenwise_scalar(batch * self.decode_width, float(batch), float(batch)))
+        step = np.maximum(kv - 1.0, 1.0)
+        b = np.full(kv.shape, float(batch))
+        for c in self._attn_ops + self._draft_attn_ops:
+            total = total + c.resolved[1].grid(b, step, refuse=True)[0] * c.op.count
+        return total
+
     def mixed_step_ms(self, ctx_batch, ctx_isl, ctx_prefix, dec_batch: float, dec_kv: float) -> float:
         """One step carrying several prefill groups (sequences, new tokens, prefix each) and
         ``dec_batch`` decodes at mean KV length ``dec_kv``: token-wise ops run once over all

@@ -92,6 +92,10 @@ def simulate(
 
     waiting: list[_Cohort] = [_Cohort(C, params.arrival_delay_ms, float(isl), sent=0.0)]
     running: list[_Cohort] = []  # decoding
+    n_running = 0  # requests in ``running`` (kept as cohorts enter and leave it)
+    # a run of decode-only steps: CompiledEngine sums its token-wise ops once per run; any other
+    # engine (tests' synthetic ones) answers through step_ms
+    decode_run = getattr(engine, "decode_run_ms", None) or (lambda b, kv: engine.step_ms(dec_batch=b, dec_kv=kv))
     issued = C
     t = 0.0
     ttft_v, tpot_v, lat_v, w_v = [], [], [], []
@@ -112,20 +116,22 @@ def simulate(
 
     while (waiting or running) and events < max_events:
         events += 1
-        in_flight = sum(c.n for c in running)
+        in_flight = n_running
         kv_used = in_flight * per_req_kv
-        # --- admit prefill work (FCFS) among requests that have arrived by now
-        ready = [c for c in waiting if c.arrival <= t + 1e-9]
+        # --- admit prefill work (FCFS) among requests that have arrived by now. ``waiting`` is
+        # ordered by arrival (cohorts are appended at completion + a fixed delay as time advances,
+        # a split-off rest right after its cohort), so the arrived ones are a prefix of it.
         groups = []  # (n, chunk tokens, prefix)
-        if ready:
+        if waiting and waiting[0].arrival <= t + 1e-9:
             room = budget - (in_flight if params.mixed else 0.0)
             room = max(room, float(params.min_prefill_chunk))
-            for c in ready:
-                if room <= 0:
+            admitted = 0  # sequences newly admitted in this step
+            for c in waiting[:]:  # a snapshot: a rest split off below waits for the next step
+                if c.arrival > t + 1e-9 or room <= 0:
                     break
                 started = c.done_prefill > 0
                 # requests not yet holding KV must be admissible
-                free_seq = params.max_batch_size - in_flight - sum(g[1] for g in groups if g[0].done_prefill == 0)
+                free_seq = params.max_batch_size - in_flight - admitted
                 free_kv = (kv_slots - kv_used) // per_req_kv if not started else c.n
                 can = int(min(c.n, free_kv if not started else c.n, free_seq if not started else c.n))
                 if can <= 0:
@@ -145,6 +151,7 @@ def simulate(
                 room -= take * chunk
                 if not started:
                     kv_used += take * per_req_kv
+                    admitted += take
         # --- run the step
         if groups:
             cb = np.array([g[1] for g in groups], float)
@@ -165,6 +172,7 @@ def simulate(
                     c.generated += tau
                     if c.generated >= osl - 1e-9:
                         running.remove(c)
+                        n_running -= c.n
                         complete(c, t)
             for c, take, chunk in groups:
                 c.remaining -= chunk
@@ -177,6 +185,7 @@ def simulate(
                         complete(c, t)
                     else:
                         running.append(c)
+                        n_running += c.n
             continue
         if not running:
             # nothing runnable: jump to the next arrival
@@ -184,15 +193,13 @@ def simulate(
             continue
         # --- a run of decode-only steps until the next completion or arrival
         k = max(1, min(math.ceil((osl - c.generated) / tau - 1e-9) for c in running))
-        pending = [c.arrival for c in waiting if c.arrival > t]
-        blocked = [c for c in waiting if c.arrival <= t]  # waiting but not admissible now
         base_kv = sum(c.n * (isl + c.generated) for c in running) / in_flight
         j = np.arange(k, dtype=float)
-        dts = params.step_ms(np.asarray(engine.step_ms(dec_batch=float(in_flight), dec_kv=base_kv + j), float), in_flight)
-        if pending and not blocked:
+        dts = params.step_ms(np.asarray(decode_run(float(in_flight), base_kv + j), float), in_flight)
+        if waiting and waiting[0].arrival > t:  # none waiting has arrived (none blocked): the next does
             ends = t + np.cumsum(dts)
             # stop after the step during which the next request arrives
-            idx = int(np.searchsorted(ends, min(pending), side="left"))
+            idx = int(np.searchsorted(ends, waiting[0].arrival, side="left"))
             k = min(k, idx + 1)
             dts = dts[:k]
         t += float(dts.sum())
@@ -202,6 +209,7 @@ def simulate(
             c.generated += k * tau
             if c.generated >= osl - 1e-9:
                 running.remove(c)
+                n_running -= c.n
                 complete(c, t)
 
     w = np.asarray(w_v, float)
