@@ -41,6 +41,9 @@ ATTENTION_KINDS = ("attention", "mla", "dsa", "gdn")
 #: linear-attention layer keeps a fixed-size state): a prefix does not enter their context grid
 STATEFUL_KINDS = ("gdn",)
 ANALYTIC_KINDS = ("elementwise", "p2p")
+#: decode runs of at most this many steps are summed with the scalar grid path (a numpy call costs
+#: more than a few scalar lookups)
+SCALAR_RUN = 4
 
 
 @dataclass
@@ -274,7 +277,10 @@ class CompiledEngine:
         kv = np.asarray(kv_len, dtype=float)
         if batch <= 0:
             return np.zeros_like(kv)
-        total = np.full(kv.shape, self.tokenwise_scalar(batch * self.decode_width, float(batch), float(batch)))
+        tokenwise = self.tokenwise_scalar(batch * self.decode_width, float(batch), float(batch))
+        if kv.size <= SCALAR_RUN:  # most runs end at the next arrival after one step: no numpy
+            return np.array([tokenwise + self.generation_attention_scalar(float(batch), float(x)) for x in kv.ravel()]).reshape(kv.shape)
+        total = np.full(kv.shape, tokenwise)
         step = np.maximum(kv - 1.0, 1.0)
         b = np.full(kv.shape, float(batch))
         for c in self._attn_ops + self._draft_attn_ops:
