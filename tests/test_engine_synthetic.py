@@ -577,10 +577,14 @@ def test_kv_cache_fp8_override(synth):
 def test_decode_run_equals_decode_steps(est_fp8, b):
     """The simulator's decode-run shortcut (token-wise ops once, attention over the KV array) is
     the per-step engine sum, and each step is the formula sum of its components."""
-    kv = np.array([2.0, 64.0, 1000.5, 4096.0])
-    run = est_fp8.engine.decode_run_ms(float(b), kv)
-    steps = np.asarray(est_fp8.engine.step_ms(dec_batch=float(b), dec_kv=kv), float)
-    assert run == pytest.approx(steps, rel=1e-13)
+    from infercast.engine.compiled import SCALAR_RUN
+
     exp = _expected_components(est_fp8, b, b, LAYERS * sp.gen_ms(b, 64 - 1, 2, 32))
-    assert run[1] == pytest.approx(sum(exp.values()), rel=1e-13)
+    # short runs take the scalar path, longer ones the numpy path: both equal the step sums
+    for kv in (np.array([2.0, 64.0, 1000.5]), np.array([2.0, 64.0, 1000.5, 4096.0, 5.0, 17.0, 300.0, 9000.0])):
+        assert (kv.size <= SCALAR_RUN) == (kv.size == 3)
+        run = est_fp8.engine.decode_run_ms(float(b), kv)
+        steps = np.asarray(est_fp8.engine.step_ms(dec_batch=float(b), dec_kv=kv), float)
+        assert run == pytest.approx(steps, rel=1e-13)
+        assert run[1] == pytest.approx(sum(exp.values()), rel=1e-13)
     assert np.all(est_fp8.engine.decode_run_ms(0.0, kv) == 0.0)
