@@ -62,8 +62,35 @@ def cmd_estimate(a) -> int:
     return 0
 
 
+#: ``infercast serve`` flags that override the backend's scheduler defaults
+#: (:class:`infercast.serving.backends.SchedulerParams`): flag -> (field, type, minimum, what)
+SCHEDULER_FLAGS = {
+    "max_num_tokens": ("max_num_tokens", int, 1, "token budget of one engine step (max batched tokens)"),
+    "max_batch_size": ("max_batch_size", int, 1, "running requests at most (max num seqs)"),
+    "front_end_ms": ("arrival_delay_ms", float, 0.0, "client + front-end time per request (HTTP, tokenisation), ms"),
+    "step_overhead_ms": ("step_overhead_ms", float, 0.0, "host time per engine step, ms"),
+    "requests_per_client": ("requests_per_client", float, 1.0, "requests each benchmark client sends (the benchmark length)"),
+}
+
+
+def _scheduler_overrides(a) -> dict:
+    import math
+
+    from ..errors import InvalidInputError
+
+    out = {}
+    for flag, (field, kind, lo, _) in SCHEDULER_FLAGS.items():
+        v = getattr(a, flag, None)
+        if v is None:
+            continue
+        if not (isinstance(v, (int, float)) and math.isfinite(v)) or v < lo:
+            raise InvalidInputError(f"--{flag.replace('_', '-')} must be a finite number >= {lo}, got {v}")
+        out[field] = kind(v)
+    return out
+
+
 def cmd_serve(a) -> int:
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
     from ..errors import InvalidInputError
     from ..serving.agg import serve_agg
@@ -72,10 +99,11 @@ def cmd_serve(a) -> int:
     for name in ("concurrency", "isl", "osl"):
         if getattr(a, name) < 1:
             raise InvalidInputError(f"--{name} must be >= 1, got {getattr(a, name)}")
+    overrides = _scheduler_overrides(a)
     est = _estimator(a)
     dp = est.plan.parallel.attention_dp
     per_rank = -(-a.concurrency // dp)
-    params = scheduler_params(a.backend, est.data.system, est.spec)
+    params = replace(scheduler_params(a.backend, est.data.system, est.spec), **overrides)
     res = serve_agg(est.engine, per_rank, a.isl, a.osl, params, est.memory.capacity_for(per_rank), est.gpus_per_rank)
     out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend, "backend_version": est.version,
            "gpus": est.gpus, "concurrency": a.concurrency, "concurrency_per_rank": per_rank, "isl": a.isl, "osl": a.osl,
@@ -168,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--isl", type=int, required=True)
     sv.add_argument("--osl", type=int, required=True)
     sv.add_argument("--json", action="store_true")
+    for flag, (field, kind, _, what) in SCHEDULER_FLAGS.items():
+        sv.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None,
+                        help=f"{what} (default: the backend's, see infercast.serving.backends)")
     sv.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("systems", help="list systems, backends and data versions in the pack")
