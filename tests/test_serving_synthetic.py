@@ -239,3 +239,50 @@ def test_disagg_prefill_batches_what_arrived_under_load():
     finally:
         D.ADAPTIVE_PREFILL_BATCH = True
     assert single.prefill_batch == 1 and single.ttft_ms > 2 * r.ttft_ms
+
+
+class GroupEngine(TokenEngine):
+    """Step time = a + b x tokens + g per prefill group in the step (one attention call each), so
+    how simultaneously sent requests are grouped shows in the time."""
+
+    def __init__(self, a: float, b: float, g: float):
+        super().__init__(a, b)
+        self.g = g
+
+    def mixed_step_ms(self, ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv):
+        return super().mixed_step_ms(ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv) + self.g * len(np.atleast_1d(ctx_batch))
+
+
+def test_lockstep_waves_repeat_exactly():
+    """Lock-step (prefill-first, no mixing): a wave that the token budget splits over several
+    prefill steps completes at one instant; its successors, sent together, are one batch again,
+    so every wave costs what the first did: the benchmark's time, steps and per-request metrics
+    are the first wave's times the number of waves. Also when prompts are chunked across steps
+    (150-token prompts, 200-token budget: each step fills the budget with the next prompt's chunk)."""
+    for isl in (100, 150):
+        p = params(mixed=False, lockstep=True, max_num_tokens=200, min_prefill_chunk=1)
+        one = simulate(GroupEngine(1.0, 0.01, 0.5), 6, isl, 5, p, 1e9, 1, requests_per_client=1)
+        four = simulate(GroupEngine(1.0, 0.01, 0.5), 6, isl, 5, p, 1e9, 1, requests_per_client=4)
+        assert four.steps == 4 * one.steps
+        assert four.ttft_ms == pytest.approx(one.ttft_ms, rel=1e-12)
+        assert four.tpot_ms == pytest.approx(one.tpot_ms, rel=1e-12)
+        assert four.tokens_per_s_per_gpu == pytest.approx(one.tokens_per_s_per_gpu, rel=1e-12)
+    # hand check, 100-token prompts: 3 prefill steps of 2 requests (200 tokens, one group each),
+    # then 4 decode steps of 6; first tokens at 1, 2, 3 prefill steps (mean 2); a request's TPOT
+    # window holds the prefill steps after its own (2, 1, 0) and the 4 decode steps
+    p = params(mixed=False, lockstep=True, max_num_tokens=200, min_prefill_chunk=1)
+    one = simulate(GroupEngine(1.0, 0.01, 0.5), 6, 100, 5, p, 1e9, 1, requests_per_client=1)
+    pre = 1.0 + 0.01 * 200 + 0.5
+    dec = 1.0 + 0.01 * 6
+    assert one.ttft_ms == pytest.approx(2 * pre)
+    assert one.tpot_ms == pytest.approx((pre * (2 + 1 + 0) / 3 + 4 * dec) / 4)
+
+
+def test_chunked_prefill_fills_the_budget_with_the_next_prompt():
+    """A step that takes whole prompts fills the rest of its token budget with a chunk of the next
+    prompt (chunked prefill), also when that prompt is from the same batch of arrivals."""
+    eng = TokenEngine(1.0, 0.0)
+    simulate(eng, 3, 150, 2, params(max_num_tokens=200, min_prefill_chunk=1), 1e9, 1, requests_per_client=1)
+    # step 1: prompt 1 whole (150) + 50 of prompt 2; step 2: one decode (prompt 1), prompt 2's
+    # last 100 and 99 of prompt 3; step 3: prompt 3's last 51 + prompt 2's decode
+    assert eng.calls == [200.0, 200.0, 52.0]
