@@ -286,3 +286,16 @@ def test_chunked_prefill_fills_the_budget_with_the_next_prompt():
     # step 1: prompt 1 whole (150) + 50 of prompt 2; step 2: one decode (prompt 1), prompt 2's
     # last 100 and 99 of prompt 3; step 3: prompt 3's last 51 + prompt 2's decode
     assert eng.calls == [200.0, 200.0, 52.0]
+
+
+def test_mtp_draft_tokens_count_against_the_token_budget():
+    """With MTP each decoding sequence puts 1 + nextn tokens into a step, so the token budget
+    caps the decode batch at budget x out_steps / (out_steps x width + isl)."""
+    eng = ConstEngine(10.0)
+    eng.decode_width = 2.0
+    p = params(max_num_tokens=1000, max_batch_size=10_000, kv_reserve_full=False)
+    r = solve_steady(eng, 5000, 100, 101, p, kv_capacity_tokens=1e12, gpus=1)
+    assert r.bound == "token budget"
+    assert r.decode_batch == pytest.approx(1000 * 100 / (100 * 2.0 + 100))
+    eng.decode_width = 1.0
+    assert solve_steady(eng, 5000, 100, 101, p, 1e12, 1).decode_batch == pytest.approx(1000 * 100 / (100 + 100))

@@ -89,6 +89,7 @@ def solve_steady(
 ) -> ServingResult:
     C = float(concurrency)
     tau = float(getattr(engine, "tokens_per_step", 1.0))  # output tokens per decode step (MTP)
+    width = float(getattr(engine, "decode_width", 1.0))  # budget tokens per decoding sequence (MTP drafts)
     out_steps = max((osl - 1) / tau, 1.0)
     budget = float(params.max_num_tokens)
     # caps on the decoding set
@@ -97,11 +98,11 @@ def solve_steady(
     caps = {"kv cache": kv_cap, "max requests": float(params.max_batch_size)}
     if params.mixed:
         # D decodes + lam*isl prefill tokens per step must fit the budget
-        caps["token budget"] = budget * out_steps / (out_steps + isl)
+        caps["token budget"] = budget * out_steps / (out_steps * width + isl)
     d = C * out_steps / (out_steps + 2.0)
     n_chunks = 1
     for _ in range(iterations):
-        room = budget - (d if params.mixed else 0.0)
+        room = budget - (d * width if params.mixed else 0.0)
         room = max(room, params.min_prefill_chunk)
         n_chunks = max(1, math.ceil(isl / room))
         d_free = C * out_steps / (out_steps + WAIT_STEPS + n_chunks)

@@ -85,6 +85,7 @@ def simulate(
     per_req_kv = float(isl + osl) if params.kv_reserve_full else float(isl + osl / 2.0)
     kv_slots = math.inf if kv_capacity_tokens <= 0 else kv_capacity_tokens
     tau = float(getattr(engine, "tokens_per_step", 1.0))  # output tokens per decode step (MTP)
+    width = float(getattr(engine, "decode_width", 1.0))  # budget tokens per decoding sequence (MTP drafts)
     if isl + osl > kv_slots:
         raise DoesNotFitError(
             f"one request of {isl}+{osl} tokens needs more KV cache than the worker has ({int(kv_capacity_tokens)} tokens)"
@@ -143,7 +144,7 @@ def simulate(
         # a split-off rest right after its cohort), so the arrived ones are a prefix of it.
         groups = []  # (n, chunk tokens, prefix)
         if waiting and waiting[0].arrival <= t + 1e-9:
-            room = budget - (in_flight if params.mixed else 0.0)
+            room = budget - (in_flight * width if params.mixed else 0.0)
             room = max(room, float(params.min_prefill_chunk))
             admitted = 0  # sequences newly admitted in this step
             i = 0
