@@ -224,7 +224,8 @@ def serving_speed(budget_s: float, seed: int = 0) -> dict:
         return solve_disagg(pe.engine, de.engine, float(c), i, o, 2, 2, 1, 1, p, p, transfer, 4 * pe.gpus)
 
     out["solve_disagg, trtllm 2 prefill x 2 decode workers, distinct configs"] = _rate(disagg, cfgs, budget_s)
-    out["config"] = "Qwen/Qwen3-32B-FP8 h200_sxm tp=2"
+    model, system, _, tp = SERVING_CONFIGS["trtllm"]
+    out["config"] = f"{model} {system} tp={tp}"
     return out
 
 

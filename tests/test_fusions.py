@@ -28,6 +28,12 @@ def _deepseek_like(pack, tmp_path, experts=256, shared=1, arch="DeepseekV3ForCau
     return build_spec(resolve_model(pack, str(d)))
 
 
+def _plain_and_fused(spec, par, fusions):
+    """(ops by name without fusions, the fused plan, its ops by name)."""
+    fused_plan = build_plan(spec, par, fusions=fusions)
+    return {o.name: o for o in build_plan(spec, par).ops}, fused_plan, {o.name: o for o in fused_plan.ops}
+
+
 @pytest.fixture()
 def pack(synth):
     from infercast.data.pack import find_pack
@@ -37,10 +43,7 @@ def pack(synth):
 
 def test_shared_expert_fusion_plan(pack, tmp_path):
     spec = _deepseek_like(pack, tmp_path)
-    par = ParallelConfig(tp=2)
-    plain = {o.name: o for o in build_plan(spec, par).ops}
-    fused_plan = build_plan(spec, par, fusions=Fusions(shared_experts=True))
-    fused = {o.name: o for o in fused_plan.ops}
+    plain, fused_plan, fused = _plain_and_fused(spec, ParallelConfig(tp=2), Fusions(shared_experts=True))
     assert {"shared_gate_up_gemm", "shared_activation", "shared_down_gemm"} <= set(plain)
     assert not any(n.startswith("shared_") for n in fused)
     # the expert kernel sees one more (always selected) expert per token: 9/8 the token-expert pairs
@@ -93,10 +96,7 @@ def test_allreduce_norm_fusion(pack, tmp_path):
     from types import SimpleNamespace
 
     spec = _deepseek_like(pack, tmp_path)
-    par = ParallelConfig(tp=2)
-    plain = {o.name: o for o in build_plan(spec, par).ops}
-    fused_plan = build_plan(spec, par, fusions=Fusions(allreduce_norm=True))
-    fused = {o.name: o for o in fused_plan.ops}
+    plain, fused_plan, fused = _plain_and_fused(spec, ParallelConfig(tp=2), Fusions(allreduce_norm=True))
     assert plain["input_norm"].count == spec.num_layers and "post_attn_norm" in plain
     # the norms after the all-reduces are in the all-reduce kernel: only layer 0's input norm stays
     assert fused["input_norm"].count == 1 and "post_attn_norm" not in fused

@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--isl", type=int, required=True)
     sv.add_argument("--osl", type=int, required=True)
     sv.add_argument("--json", action="store_true")
-    for flag, (field, kind, _, what) in SCHEDULER_FLAGS.items():
+    for flag, (_, kind, _, what) in SCHEDULER_FLAGS.items():
         sv.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None,
                         help=f"{what} (default: the backend's, see infercast.serving.backends)")
     sv.set_defaults(func=cmd_serve)

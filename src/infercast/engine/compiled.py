@@ -277,10 +277,9 @@ class CompiledEngine:
         kv = np.asarray(kv_len, dtype=float)
         if batch <= 0:
             return np.zeros_like(kv)
-        tokenwise = self.tokenwise_scalar(batch * self.decode_width, float(batch), float(batch))
         if kv.size <= SCALAR_RUN:  # most runs end at the next arrival after one step: no numpy
-            return np.array([tokenwise + self.generation_attention_scalar(float(batch), float(x)) for x in kv.ravel()]).reshape(kv.shape)
-        total = np.full(kv.shape, tokenwise)
+            return np.array([self.decode_scalar(float(batch), float(x)) for x in kv.ravel()]).reshape(kv.shape)
+        total = np.full(kv.shape, self.tokenwise_scalar(batch * self.decode_width, float(batch), float(batch)))
         step = np.maximum(kv - 1.0, 1.0)
         b = np.full(kv.shape, float(batch))
         for c in self._attn_ops + self._draft_attn_ops:

@@ -340,23 +340,21 @@ def _resolve(db: OpDB, stem: str, heads: int, kv_heads: int, head_dim: int, kv_q
         return empirical_resolved(stem, sol_q, axes, None, scales)
     table, kernel, (ad, kd), sites, curves = lat
 
-    def plain_grid(i: int) -> Grid:
-        def build():
-            h, kv = sites[i]
-            ax, vals = curves[i]
-            return build_site_grid(stem, ax, vals, solfn(db, int(h), int(kv), head_dim, kd, window))
+    def site_data(i: int):
+        """Site ``i``'s measured axes, values and SOL function (``build_site_grid``'s arguments)."""
+        h, kv = sites[i]
+        ax, vals = curves[i]
+        return ax, vals, solfn(db, int(h), int(kv), head_dim, kd, window)
 
-        return db.memo((stem, head_dim, kd, ad, window, "plain-site", i), build)
+    def plain_grid(i: int) -> Grid:
+        return db.memo((stem, head_dim, kd, ad, window, "plain-site", i), lambda: build_site_grid(stem, *site_data(i)))
 
     def site_grid(i: int) -> Grid:
         def build():
-            h, kv = sites[i]
-            s = solfn(db, int(h), int(kv), head_dim, kd, window)
-            ax, vals = curves[i]
             others = [j for j in range(len(sites)) if j != i]
-            sib = Siblings((float(h), float(kv)), np.asarray(sites, float)[others], [curves[j][0] for j in others],
+            sib = Siblings(tuple(float(x) for x in sites[i]), np.asarray(sites, float)[others], [curves[j][0] for j in others],
                            lambda k: plain_grid(others[k]))
-            return build_site_grid(stem, ax, vals, s, sib)
+            return build_site_grid(stem, *site_data(i), sib)
 
         return db.memo((stem, head_dim, kd, ad, window, "site", i), build)
 
