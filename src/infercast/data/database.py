@@ -12,6 +12,22 @@ faster than the weaker one, a conservative answer), and provenance says so (``ho
 b300_sxm and gb200 (median 1.64-1.71x b200's, while every kernel-level table of the same version
 is 0.88-1.00x); dev silicon rows: vLLM Kimi-K2.5 b300 TPOT median APE 46% -> 15%, gb200 39% ->
 4%; vLLM TPOT 8.1% -> 8.0% (within 20%: 76.4% -> 78.3%).
+
+**Peer-backend consistency.** The sibling rule needs a dominated system whose table is sound; on
+Hopper both vLLM 0.24.0 MLA module tables (h100, h200) carry the same slowdown, so it cannot
+fire. There another backend's copy of the same composite table is the witness: when this
+backend's table is more than :data:`SIBLING_SLOWDOWN` slower (median over shared shapes, kernels
+merged) than a peer backend's on the same system, *and* on some other system the two backends'
+tables agree within :data:`PEER_AGREEMENT` (so the two implementations do not differ by that
+much where both were collected soundly), the slowdown belongs to the collection, and the peer's
+table is served (``how`` = ``peer:<backend> ...``). Without an agreeing system the backends are
+taken to differ for real and nothing changes: in the 0.12.0 pack the DSA and MSA modules differ
+by backend on every system (0.4-0.6x, 5-60x) and stay. It fires for vLLM 0.24.0's MLA
+generation module on h100 / h200 (1.6x TensorRT-LLM 1.3.0rc20's; the two agree within 3% on
+b200 and gb300 0.27.0) and rtx_pro_6000 (1.3x); the slowdown is largest for the smallest shapes
+(1.8x at 1-16 heads, a fixed ~30 us per call), the signature of launch overhead, not of a kernel.
+Dev silicon rows, vLLM Kimi-K2.5 h200: TPOT 1.25-1.33x measured -> see the fidelity table in
+the README.
 """
 
 from __future__ import annotations
@@ -26,6 +42,7 @@ from .pack import Pack, find_pack
 from .system import SystemSpec, list_systems, load_system
 from .tables import Table, cached_table
 from .versions import (
+    SERVING_BACKENDS,
     TableLocation,
     VersionInfo,
     find_in_version,
@@ -40,6 +57,16 @@ SIBLING_SLOWDOWN = 1.3
 SIBLING_MIN_SHARED = 20
 #: tensor-FLOP dtypes the dominance check compares
 SIBLING_FLOP_DTYPES = ("bfloat16", "fp8")
+#: two backends' composite tables "agree" on a system when their median latency ratio is within
+#: this factor either way (see the module docstring)
+PEER_AGREEMENT = 1.10
+#: key columns that name an implementation, not a shape: ignored when two backends are compared
+PEER_IGNORED_KEYS = ("kernel_source", "op_name")
+#: composite tables the peer rule may serve across backends: the MLA modules share one schema and
+#: their readers (``ops.mla``) key the collector conventions on the table's own backend. The DSA
+#: modules are left out: SGLang's carry eager-run rows that ``ops.dsa`` treats per backend, and
+#: no silicon row could check a TensorRT-LLM DSA swap on Hopper.
+PEER_STEMS = ("mla_context_module", "mla_generation_module")
 
 
 #: (table path, system) -> the sibling that serves it instead, or None (per process)
@@ -67,16 +94,20 @@ def _dominates(a: SystemSpec, b: SystemSpec) -> bool:
     return True
 
 
-def median_slowdown(mine: Table, theirs: Table) -> tuple[float, int]:
+def median_slowdown(mine: Table, theirs: Table, ignore: tuple[str, ...] = ()) -> tuple[float, int]:
     """Median latency ratio ``mine / theirs`` over the grid points both tables hold (same key
-    columns, same values), and how many there are."""
-    cols = sorted(set(mine.keys) & set(theirs.keys))
-    if not cols or set(cols) != set(mine.keys) or "latency" not in mine.values or "latency" not in theirs.values:
+    columns, same values), and how many there are. Columns in ``ignore`` are left out of the
+    match; a shape held by several of their values (kernels) counts at its fastest."""
+    own = set(mine.keys) - set(ignore)
+    cols = sorted(own & set(theirs.keys))
+    if not cols or set(cols) != own or "latency" not in mine.values or "latency" not in theirs.values:
         return float("nan"), 0
 
     def index(t: Table) -> dict:
-        rows = zip(*(t.keys[c].tolist() for c in cols))
-        return dict(zip(rows, t.values["latency"].tolist()))
+        out: dict = {}
+        for k, v in zip(zip(*(t.keys[c].tolist() for c in cols)), t.values["latency"].tolist()):
+            out[k] = min(v, out.get(k, float("inf")))
+        return out
 
     a, b = index(mine), index(theirs)
     shared = [k for k in a if k in b and a[k] > 0 and b[k] > 0]
@@ -149,6 +180,61 @@ class PerfData:
         return _SIBLING_VERDICTS[key]
 
     def _find_sibling(self, stem: str, loc: TableLocation, table: Table) -> tuple[TableLocation, Table] | None:
+        return self._sibling_system(stem, loc, table) or self._peer_backend(stem, loc, table)
+
+    def table_backend(self, stem: str) -> str:
+        """The backend whose collector measured the table served for ``stem`` (differs from
+        :attr:`backend` when a peer backend's table serves it; see the module docstring)."""
+        loc = self.served.get(stem) or self.locate(stem)
+        return self.backend if loc is None else loc.path.parent.parent.name
+
+    def _peer_table(self, system: SystemSpec, backend: str, stem: str, version: str | None = None):
+        """(location, table) of ``stem`` for ``backend`` on ``system`` at ``version`` (default its
+        current version), or None."""
+        if not system.data_dir.is_dir():
+            return None
+        try:
+            info = version_info(self.pack, system, backend)
+            ver = version or info.resolve(None)
+        except InfercastError:
+            return None
+        f = find_in_version(system.data_dir, backend, ver, stem)
+        return None if f is None else (f, ver, cached_table(f, stem))
+
+    def _peer_backend(self, stem: str, loc: TableLocation, table: Table) -> tuple[TableLocation, Table] | None:
+        """Another backend's copy of ``stem`` on this system when ours contradicts it and the two
+        agree elsewhere (module docstring)."""
+        if stem not in PEER_STEMS:
+            return None
+        for peer in SERVING_BACKENDS:
+            if peer == self.backend:
+                continue
+            here = self._peer_table(self.system, peer, stem)
+            if here is None:
+                continue
+            f, ver, theirs = here
+            ratio, n = median_slowdown(table, theirs, PEER_IGNORED_KEYS)
+            if n < SIBLING_MIN_SHARED or not ratio > SIBLING_SLOWDOWN:
+                continue
+            for name in list_systems(self.pack):
+                if name == self.system.name:
+                    continue
+                try:
+                    other = load_system(self.pack, name)
+                except InfercastError:
+                    continue
+                mine_there = self._peer_table(other, self.backend, stem, loc.served_by)
+                theirs_there = self._peer_table(other, peer, stem)
+                if mine_there is None or theirs_there is None:
+                    continue
+                r, m = median_slowdown(mine_there[2], theirs_there[2], PEER_IGNORED_KEYS)
+                if m >= SIBLING_MIN_SHARED and 1.0 / PEER_AGREEMENT <= r <= PEER_AGREEMENT:
+                    how = (f"peer:{peer} {ver} ({ratio:.2f}x faster here; {self.backend} {mine_there[1]} and "
+                           f"{peer} {theirs_there[1]} agree within {abs(r - 1) * 100:.0f}% on {name})")
+                    return TableLocation(stem, f, ver, how), theirs
+        return None
+
+    def _sibling_system(self, stem: str, loc: TableLocation, table: Table) -> tuple[TableLocation, Table] | None:
         best = None
         for name in list_systems(self.pack):
             if name == self.system.name:

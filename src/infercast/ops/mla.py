@@ -287,13 +287,16 @@ def _module_lattice(db: OpDB, phase: str, gemm_type: str, kv_quant: str, model_i
         if mdt != attn_quant:
             notes += (f"served by mla_dtype={mdt} rows",)
     curve = ("batch_size", "isl") if phase == "context" else ("batch_size", "step")
-    mask, kernels = merge_kernels(table, base, ("num_heads",) + curve, db.backend)
+    who = db.data.table_backend(stem)  # a peer backend's collector when its table serves (data.database)
+    if who != db.backend:
+        notes += (f"{stem} of {who} ({db.data.served[stem].how})",)
+    mask, kernels = merge_kernels(table, base, ("num_heads",) + curve, who)
     sites, curves = sites_and_curves(table, mask, ("num_heads",), curve)
     if phase == "generation":
-        off = MODULE_STEP_OFFSET.get(db.backend, DEFAULT_MODULE_STEP_OFFSET)
+        off = MODULE_STEP_OFFSET.get(who, DEFAULT_MODULE_STEP_OFFSET)
         curves = {s: ((ax[0], ax[1] - off), v) for s, (ax, v) in curves.items()}
         if off:
-            notes += (f"{stem} step counts the decoded token ({db.backend} collector): looked up at step+{off}",)
+            notes += (f"{stem} step counts the decoded token ({who} collector): looked up at step+{off}",)
     return _Lattice(table, stem, "+".join(k for k in kernels if k), sites, curves, notes, gemm_type, kv_quant), None
 
 
