@@ -299,3 +299,38 @@ def test_mtp_draft_tokens_count_against_the_token_budget():
     assert r.decode_batch == pytest.approx(1000 * 100 / (100 * 2.0 + 100))
     eng.decode_width = 1.0
     assert solve_steady(eng, 5000, 100, 101, p, 1e12, 1).decode_batch == pytest.approx(1000 * 100 / (100 + 100))
+
+
+class CtxEngine(ConstEngine):
+    """Step time = a + b x (prefill tokens + decodes), from ``step_ms``'s shape arguments."""
+
+    def __init__(self, a: float, b: float):
+        super().__init__(a)
+        self.a, self.b = a, b
+
+    def step_ms(self, **shape):
+        toks = float(shape.get("ctx_batch", 0.0)) * float(shape.get("ctx_isl", 0.0)) + float(shape.get("dec_batch", 0.0))
+        kv = np.asarray(shape.get("dec_kv", 1.0), dtype=float)
+        return np.full(kv.shape, self.a + self.b * toks)
+
+
+def test_steady_state_prefill_step_carries_the_prompts_that_arrived_with_it():
+    # C clients, one-chunk prompts (budget 8192 >> isl): fluid decode set d = C*out/(out + 2),
+    # lam = d/out prompts per step; the average step carries lam prompt tokens x isl, the step
+    # of a request's own prefill 1 + lam prompts (Poisson arrivals), so
+    # TTFT = one average step of wait + a + b*((1 + lam)*isl + d)
+    a, b, isl, osl, C = 2.0, 0.001, 1000, 101, 20
+    eng = CtxEngine(a, b)
+    r = solve_steady(eng, C, isl, osl, params(), 1e9, 1)
+    out = osl - 1
+    d = C * out / (out + 2)
+    lam = d / out
+    t_avg = (1 - lam) * (a + b * d) + lam * (a + b * (isl + d))
+    assert r.tpot_ms == pytest.approx(t_avg)
+    assert r.ttft_ms == pytest.approx(t_avg + a + b * ((1 + lam) * isl + d))
+    # a budget that leaves room for little more than the request's own prompt caps the step
+    budget = int(isl + d) + 1
+    fits = (budget - d) / isl
+    assert 1.0 < fits < 1.0 + lam
+    r1 = solve_steady(eng, C, isl, osl, params(max_num_tokens=budget), 1e9, 1)
+    assert r1.ttft_ms == pytest.approx(r1.tpot_ms + a + b * (fits * isl + d), rel=1e-12)
