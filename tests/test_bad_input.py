@@ -372,3 +372,21 @@ def test_serve_scheduler_overrides_apply(synth, capsys):
     assert b["scheduler"]["max_batch_size"] == 64
     assert b["ttft_ms"] - a["ttft_ms"] == pytest.approx(20.0, rel=1e-9)
     assert b["tpot_ms"] == pytest.approx(a["tpot_ms"], rel=1e-12)
+
+
+def test_serve_prefill_scheduling(synth, capsys):
+    """--prefill-scheduling picks the regime: prefill-first runs the lock-step simulation, mixed
+    the steady state; a value outside the two is a usage error (rc 2)."""
+    import json
+
+    argv = lambda *x: serve_argv(synth, *x)  # noqa: E731  (the regime applies to any backend)
+    rc, out, _ = run_cli(capsys, argv("--prefill-scheduling", "prefill-first"))
+    first = json.loads(out)
+    rc2, out2, _ = run_cli(capsys, argv("--prefill-scheduling", "mixed"))
+    mixed = json.loads(out2)
+    assert rc == rc2 == 0
+    assert first["scheduler"]["lockstep"] and not first["scheduler"]["mixed"]
+    assert mixed["scheduler"]["mixed"] and not mixed["scheduler"]["lockstep"]
+    assert first["bound"] == "lock-step simulation" and mixed["bound"] != "lock-step simulation"
+    rc3, _, err = run_cli(capsys, argv("--prefill-scheduling", "sometimes"))
+    assert rc3 == 2 and "invalid choice" in err

@@ -100,6 +100,12 @@ def cmd_serve(a) -> int:
         if getattr(a, name) < 1:
             raise InvalidInputError(f"--{name} must be >= 1, got {getattr(a, name)}")
     overrides = _scheduler_overrides(a)
+    if a.prefill_scheduling is not None:
+        # mixed: prefill chunks ride in decode steps (vLLM / TensorRT-LLM, SGLang --enable-mixed-chunk);
+        # prefill-first: waiting prompts are prefilled in their own steps before decoding resumes
+        # (SGLang's default), which keeps a closed-loop benchmark's clients in lock-step waves
+        mixed = a.prefill_scheduling == "mixed"
+        overrides.update(mixed=mixed, lockstep=not mixed)
     est = _estimator(a)
     dp = est.plan.parallel.attention_dp
     per_rank = -(-a.concurrency // dp)
@@ -199,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (_, kind, _, what) in SCHEDULER_FLAGS.items():
         sv.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None,
                         help=f"{what} (default: the backend's, see infercast.serving.backends)")
+    sv.add_argument("--prefill-scheduling", choices=("mixed", "prefill-first"), default=None,
+                    help="mixed: prefill chunks share steps with decodes (vLLM, TensorRT-LLM, SGLang with "
+                         "--enable-mixed-chunk); prefill-first: prompts get their own steps and decoding pauses "
+                         "(SGLang's default; clients stay in lock-step waves). Default: the backend's")
     sv.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("systems", help="list systems, backends and data versions in the pack")
