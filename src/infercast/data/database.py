@@ -216,13 +216,7 @@ class PerfData:
             ratio, n = median_slowdown(table, theirs, PEER_IGNORED_KEYS)
             if n < SIBLING_MIN_SHARED or not ratio > SIBLING_SLOWDOWN:
                 continue
-            for name in list_systems(self.pack):
-                if name == self.system.name:
-                    continue
-                try:
-                    other = load_system(self.pack, name)
-                except InfercastError:
-                    continue
+            for name, other in self._other_systems():
                 mine_there = self._peer_table(other, self.backend, stem, loc.served_by)
                 theirs_there = self._peer_table(other, peer, stem)
                 if mine_there is None or theirs_there is None:
@@ -234,15 +228,19 @@ class PerfData:
                     return TableLocation(stem, f, ver, how), theirs
         return None
 
-    def _sibling_system(self, stem: str, loc: TableLocation, table: Table) -> tuple[TableLocation, Table] | None:
-        best = None
+    def _other_systems(self):
+        """(name, spec) of every other system of the pack whose spec loads."""
         for name in list_systems(self.pack):
             if name == self.system.name:
                 continue
             try:
-                other = load_system(self.pack, name)
+                yield name, load_system(self.pack, name)
             except InfercastError:
                 continue
+
+    def _sibling_system(self, stem: str, loc: TableLocation, table: Table) -> tuple[TableLocation, Table] | None:
+        best = None
+        for name, other in self._other_systems():
             if not _dominates(self.system, other):
                 continue
             f = find_in_version(other.data_dir, self.backend, loc.served_by, stem) if other.data_dir.is_dir() else None
