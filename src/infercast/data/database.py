@@ -189,8 +189,8 @@ class PerfData:
         return self.backend if loc is None else loc.path.parent.parent.name
 
     def _peer_table(self, system: SystemSpec, backend: str, stem: str, version: str | None = None):
-        """(location, table) of ``stem`` for ``backend`` on ``system`` at ``version`` (default its
-        current version), or None."""
+        """(file, version, table) of ``stem`` for ``backend`` on ``system`` at ``version`` (default
+        that backend's current version there), or None."""
         if not system.data_dir.is_dir():
             return None
         try:
