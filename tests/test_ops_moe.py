@@ -123,9 +123,19 @@ def test_gpt_oss_quant_alias(real_pack_available):
     assert rb.how == "exact" and any("w4a8_mxfp4_mxfp8" in n for n in rb.notes)
     tokens, lat = _raw_moe(b200, "w4a8_mxfp4_mxfp8", 2880, 2880, 4, 128, 1, 1, rb.kernel)
     np.testing.assert_array_equal(rb.grid(tokens)[0], lat)
-    # b200 vLLM collected gpt-oss only as w4a16_mxfp4: the alias falls back to the site that exists
+    # b200 vLLM collected gpt-oss only as w4a16_mxfp4; SGLang's table has the preferred
+    # w4a8_mxfp4_mxfp8 at this site and agrees with vLLM's on w4a16 there (the same FlashInfer
+    # TRT-LLM kernels): SGLang's w4a8 rows serve the vLLM query, noted
     rv = resolve_moe(_db("b200_sxm", "vllm"), quant="mxfp4", moe_tp=1, moe_ep=1, **GPT_OSS)
-    assert rv.how == "exact" and any("-> w4a16_mxfp4" in n for n in rv.notes)
+    assert rv.how == "exact" and any("-> w4a8_mxfp4_mxfp8" in n for n in rv.notes)
+    assert any(n.startswith("w4a8_mxfp4_mxfp8 from sglang") for n in rv.notes)
+    sg = _db("b200_sxm", "sglang")
+    rs = resolve_moe(sg, quant="w4a8_mxfp4_mxfp8", moe_tp=1, moe_ep=1, **GPT_OSS)
+    tokens = rs.grid.axes[0]
+    np.testing.assert_array_equal(rv.grid(tokens)[0], rs.grid(tokens)[0])
+    # an explicit quant mode is never swapped: w4a16 stays vLLM's own
+    r16 = resolve_moe(_db("b200_sxm", "vllm"), quant="w4a16_mxfp4", moe_tp=1, moe_ep=1, **GPT_OSS)
+    assert not any("from sglang" in n for n in r16.notes)
 
 
 @pytest.mark.real_pack
@@ -553,3 +563,69 @@ def test_synth_dispatch_from_table_and_nccl(moe_pack):
     np.testing.assert_allclose(r4.grid(tok)[0], 2.0 * np.asarray(sp.nccl_ms("alltoall", tok * k * h, 4)), rtol=1e-12)
     with pytest.raises(InvalidInputError):
         resolve_moe_dispatch(db, phase="warmup", hidden=h, topk=k, experts=e, ep=2, quant="bfloat16")
+
+
+# ----------------------------------------------------------------------------------------------
+# a preferred quant mode filled from another backend's table (ops.moe._peer_preferred)
+# ----------------------------------------------------------------------------------------------
+
+
+def _peer_moe_pack(tmp_path, trt_w4a16_scale: float, trt_has_w4a8: bool = True):
+    """vLLM with only w4a16_mxfp4 at one site; TensorRT-LLM with w4a16_mxfp4 at ``trt_w4a16_scale``
+    times vLLM's latency there and (optionally) w4a8_mxfp4_mxfp8 at half of it."""
+    from infercast.data.pack import find_pack
+
+    pack = sp.make_pack(tmp_path / "pk")
+    data = pack.systems_dir / "data" / sp.SYSTEM
+    site = (1024, 512, 2, 8)
+    tokens = [1, 2, 4, 8, 16, 32]
+    base = [0.01 + 0.001 * t for t in tokens]
+
+    def table(backend, version, rows):
+        q, lat = zip(*rows)
+        n = len(rows)
+        cols = {
+            "framework": [backend] * n, "version": [version] * n, "device": [sp.DEVICE] * n, "op_name": ["moe"] * n,
+            "kernel_source": ["k"] * n, "moe_dtype": list(q), "num_tokens": tokens * (n // len(tokens)),
+            "hidden_size": [site[0]] * n, "inter_size": [site[1]] * n, "topk": [site[2]] * n,
+            "num_experts": [site[3]] * n, "moe_tp_size": [1] * n, "moe_ep_size": [1] * n,
+            "distribution": ["balanced"] * n, "latency": list(lat),
+        }
+        types = {c: (pa.string() if isinstance(v[0], str) else pa.float64() if isinstance(v[0], float) else pa.int64())
+                 for c, v in cols.items()}
+        _write(data / "moe" / backend / version / "moe_perf.parquet", cols, types)
+
+    table("vllm", sp.VLLM_CURRENT, [("w4a16_mxfp4", v) for v in base])
+    trt = [("w4a16_mxfp4", v * trt_w4a16_scale) for v in base]
+    if trt_has_w4a8:
+        trt += [("w4a8_mxfp4_mxfp8", v / 2) for v in base]
+    table("trtllm", sp.TRTLLM_CURRENT, trt)
+    find_pack(str(pack.systems_dir))
+    return pack, site, base
+
+
+def test_preferred_quant_from_an_agreeing_peer(tmp_path):
+    from infercast.ops.moe import _peer_preferred
+
+    pack, site, base = _peer_moe_pack(tmp_path, trt_w4a16_scale=1.05)
+    vdb = OpDB(PerfData.open(sp.SYSTEM, "vllm", None, pack.systems_dir))
+    lat = _get_lattice(vdb, "w4a16_mxfp4", True, "balanced")
+    got = _peer_preferred(vdb, "w4a8_mxfp4_mxfp8", "w4a16_mxfp4", lat, site, 1, 1, True, "balanced")
+    assert got is not None
+    pdb, q, plat, note = got
+    assert pdb.backend == "trtllm" and q == "w4a8_mxfp4_mxfp8"
+    (ax,), vals = next(iter(plat.curves.values()))
+    np.testing.assert_allclose(vals, np.asarray(base) / 2)
+    assert "agree on w4a16_mxfp4" in note and "0.95" in note  # vllm/trtllm = 1/1.05
+    # the pair at another site / pair: nothing to fill
+    assert _peer_preferred(vdb, "w4a8_mxfp4_mxfp8", "w4a16_mxfp4", lat, site, 2, 1, True, "balanced") is None
+
+
+@pytest.mark.parametrize("scale,has_w4a8", [(1.5, True), (1.0, False)])
+def test_preferred_quant_not_filled_without_agreement_or_data(tmp_path, scale, has_w4a8):
+    from infercast.ops.moe import _peer_preferred
+
+    pack, site, _ = _peer_moe_pack(tmp_path, trt_w4a16_scale=scale, trt_has_w4a8=has_w4a8)
+    vdb = OpDB(PerfData.open(sp.SYSTEM, "vllm", None, pack.systems_dir))
+    lat = _get_lattice(vdb, "w4a16_mxfp4", True, "balanced")
+    assert _peer_preferred(vdb, "w4a8_mxfp4_mxfp8", "w4a16_mxfp4", lat, site, 1, 1, True, "balanced") is None

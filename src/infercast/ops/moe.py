@@ -15,6 +15,15 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
   ``w4a8_mxfp4_mxfp8`` under trtllm but only ``w4a16_mxfp4`` under vllm/sglang, and b200 vllm has
   ``w4a8_mxfp4_mxfp8`` only for (4096, 2048, 6, 256)/(7168, 3072, 6, 384), not gpt-oss
   (2880, 2880, 4, 128), which it has as ``w4a16_mxfp4``. The choice is recorded in the notes.
+  When the preferred form lacks the query's exact site and pair in this backend's table but
+  another backend's table on the same system has it there, and the two tables agree within
+  ``data.database.PEER_AGREEMENT`` (median over shared token counts) on the fallback form at that
+  same site and pair, the engines run the same kernels and the peer's rows of the preferred form
+  serve (:func:`_peer_preferred`, noted). b200: vLLM's and SGLang's gpt-oss ``w4a16_mxfp4`` rows
+  agree (both FlashInfer TRT-LLM MoE), SGLang's ``w4a8_mxfp4_mxfp8`` rows serve vLLM, whose
+  gpt-oss recipe for Blackwell enables MXFP8 activations (``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8``).
+  Dev rows, vLLM gpt-oss-120b b200: TPOT median APE TP1 40.7% -> 11.1%, TP2 34.8% -> 9.9%, TP4
+  7.7% -> 6.9%, TP8 7.1% -> 10.3%; TTFT 42-72% -> 14-32%. An explicit quant mode is never swapped.
 * **kernel**: TensorRT-LLM splits non-gated (relu^2, Nemotron) experts into kernels named
   ``*nongated*`` (``moe_torch_flow_nongated``); ``gated=True`` excludes them, ``gated=False``
   keeps only them. Where the quant mode has no such kernel (every vLLM / SGLang table: their
@@ -376,6 +385,70 @@ def _pairs_str(sites: np.ndarray) -> list[str]:
     return [f"tp{int(tp)}xep{int(ep)}" for tp, ep in sorted({(int(a), int(b)) for a, b in sites[:, 4:6]})]
 
 
+def _site_index(lat: _Lattice, query: tuple, tp: int, ep: int) -> int | None:
+    hit = np.flatnonzero(np.all(lat.sites[:, :4] == np.asarray(query, float), axis=1)
+                         & (lat.sites[:, 4] == tp) & (lat.sites[:, 5] == ep))
+    return int(hit[0]) if len(hit) else None
+
+
+def _peer_db(db: OpDB, backend: str) -> OpDB | None:
+    """The same system's current data of another serving backend (per process), or None."""
+    from ..data.database import PerfData
+    from ..data.versions import version_info
+
+    def build():
+        try:
+            info = version_info(db.data.pack, db.system, backend)
+            return OpDB(PerfData(db.data.pack, db.system, backend, info, info.resolve(None)), db.mode)
+        except InfercastError:
+            return None
+
+    return db.memo(("moe-peer-db", backend), build)
+
+
+def _peer_preferred(db: OpDB, preferred: str, fallback: str, lat: _Lattice, query: tuple, tp: int, ep: int,
+                    gated: bool, distribution: str):
+    """(peer db, preferred quant, its lattice, note) when this backend's table lacks the preferred
+    quant mode at the query's exact site and pair but another backend's table on the same system
+    has it there, and the two tables agree (within ``PEER_AGREEMENT``, median over shared token
+    counts) on the fallback quant at that same site and pair: the engines run the same kernels, so
+    the peer's measurement of the preferred mode stands in for the missing one (module doc)."""
+    from ..data.database import PEER_AGREEMENT
+    from ..data.versions import SERVING_BACKENDS
+
+    mine = _site_index(lat, query, tp, ep)
+    if mine is None:
+        return None
+    (m_ax,), m_vals = lat.curves[mine]
+    for backend in SERVING_BACKENDS:
+        if backend == db.backend:
+            continue
+        pdb = _peer_db(db, backend)
+        if pdb is None:
+            continue
+        try:
+            plat, pfall = _get_lattice(pdb, preferred, gated, distribution), _get_lattice(pdb, fallback, gated, distribution)
+        except InfercastError:
+            continue
+        if plat is None or pfall is None or _site_index(plat, query, tp, ep) is None:
+            continue
+        j = _site_index(pfall, query, tp, ep)
+        if j is None:
+            continue
+        (p_ax,), p_vals = pfall.curves[j]
+        shared, mi, pi = np.intersect1d(m_ax, p_ax, return_indices=True)
+        ok = ~np.isnan(m_vals[mi]) & ~np.isnan(p_vals[pi])
+        if ok.sum() < 3:
+            continue
+        r = float(np.median(m_vals[mi][ok] / p_vals[pi][ok]))
+        if 1.0 / PEER_AGREEMENT <= r <= PEER_AGREEMENT:
+            note = (f"{preferred} from {backend} {pdb.data.version}'s moe table: {db.backend}'s has no {preferred} "
+                    f"at this site, and the two agree on {fallback} here ({db.backend}/{backend} = {r:.2f} over "
+                    f"{int(ok.sum())} token counts)")
+            return pdb, preferred, plat, note
+    return None
+
+
 def _score(lat: _Lattice | None, query: tuple, tp: int, ep: int) -> int:
     if lat is None or len(lat.sites) == 0:
         return 0
@@ -523,11 +596,18 @@ def resolve_moe(
         best = max(scored, key=lambda s: (s[0], s[1]))
         if best[0] > 0:
             q, lat = best[2], best[3]
+        peer = None
+        if q != candidates[0] and lat is not None:
+            peer = _peer_preferred(db, candidates[0], q, lat, query, moe_tp, moe_ep, gated, distribution)
         if quant == MXFP4_ALIAS:
+            lacks = "" if q == candidates[0] else "; preferred " + candidates[0] + " lacks this site"
             notes.append(
-                f"mxfp4 -> {q} ({'FP4 tensor cores' if has_fp4_hardware(db.system) else 'no FP4 tensor cores'}"
-                f"{'' if q == candidates[0] else '; preferred ' + candidates[0] + ' lacks this site'})"
+                f"mxfp4 -> {candidates[0] if peer else q} "
+                f"({'FP4 tensor cores' if has_fp4_hardware(db.system) else 'no FP4 tensor cores'}{lacks})"
             )
+        if peer is not None:
+            db, q, lat, note = peer
+            notes.append(note)
     elif quant == MXFP4_ALIAS:
         notes.append(f"mxfp4 -> {q}")
 
