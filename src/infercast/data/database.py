@@ -140,6 +140,12 @@ class PerfData:
         info = version_info(pack, spec, backend)
         return cls(pack, spec, backend, info, info.resolve(version))
 
+    def for_backend(self, backend: str) -> PerfData:
+        """This pack and system's data for another serving backend, at that backend's current
+        version (raises :class:`~infercast.errors.UnknownBackendError` when it has none here)."""
+        info = version_info(self.pack, self.system, backend)
+        return PerfData(self.pack, self.system, backend, info, info.resolve(None))
+
     def locate(self, stem: str) -> TableLocation | None:
         loc = locate_table(self.system.data_dir, self.backend, self.version, self.versions.collected, stem)
         return loc

@@ -164,13 +164,11 @@ def median_utilisation(db: OpDB, table, mask, quant: str) -> float:
 def _sibling_tables(db: OpDB, quant: str):
     """(backend, PerfData, gemm table, rows of ``quant``) of every other backend on this GPU that
     collected the quant mode, in ``SIBLING_ORDER``."""
-    from ..data.database import PerfData
-
     for be in SIBLING_ORDER:
         if be == db.backend:
             continue
         try:
-            sib = PerfData.open(db.system.name, be, None, db.data.pack.systems_dir)
+            sib = db.data.for_backend(be)
             t = sib.table("gemm")
         except InfercastError:
             continue

@@ -144,7 +144,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..data.database import PEER_AGREEMENT
 from ..data.quant import COMPUTE_DTYPE, WEIGHT_BYTES
+from ..data.versions import SERVING_BACKENDS
 from ..errors import InfercastError, InvalidInputError, NotAvailableError
 from ..interp import sol
 from ..interp.grid import Grid
@@ -393,13 +395,10 @@ def _site_index(lat: _Lattice, query: tuple, tp: int, ep: int) -> int | None:
 
 def _peer_db(db: OpDB, backend: str) -> OpDB | None:
     """The same system's current data of another serving backend (per process), or None."""
-    from ..data.database import PerfData
-    from ..data.versions import version_info
 
     def build():
         try:
-            info = version_info(db.data.pack, db.system, backend)
-            return OpDB(PerfData(db.data.pack, db.system, backend, info, info.resolve(None)), db.mode)
+            return OpDB(db.data.for_backend(backend), db.mode)
         except InfercastError:
             return None
 
@@ -413,9 +412,6 @@ def _peer_preferred(db: OpDB, preferred: str, fallback: str, lat: _Lattice, quer
     has it there, and the two tables agree (within ``PEER_AGREEMENT``, median over shared token
     counts) on the fallback quant at that same site and pair: the engines run the same kernels, so
     the peer's measurement of the preferred mode stands in for the missing one (module doc)."""
-    from ..data.database import PEER_AGREEMENT
-    from ..data.versions import SERVING_BACKENDS
-
     mine = _site_index(lat, query, tp, ep)
     if mine is None:
         return None
