@@ -26,8 +26,9 @@ from infercast.ops.base import DatabaseMode, OpDB
 from infercast.ops.comm import resolve_collective
 from infercast.interp.grid import Grid
 from infercast.ops.moe import (
-    CONSISTENT_UTIL_FACTOR, FIXED_COST_FRACTION, TOKEN_SCALE, _get_lattice, choose_donors, consistent_moe_donors,
-    fixed_cost, moe_sol_fn, quant_candidates, resolve_moe, resolve_moe_dispatch, transfer_sites,
+    CONSISTENT_UTIL_FACTOR, FIXED_COST_FRACTION, TOKEN_SCALE, WIDE_EP_TABLE, _get_lattice, _wide_ep_quant_transfer,
+    choose_donors, consistent_moe_donors, fixed_cost, moe_sol_fn, quant_candidates, resolve_moe, resolve_moe_dispatch,
+    transfer_sites,
 )
 
 DSV3 = dict(hidden=7168, inter=2048, topk=8, experts=256)
@@ -629,3 +630,71 @@ def test_preferred_quant_not_filled_without_agreement_or_data(tmp_path, scale, h
     vdb = OpDB(PerfData.open(sp.SYSTEM, "vllm", None, pack.systems_dir))
     lat = _get_lattice(vdb, "w4a16_mxfp4", True, "balanced")
     assert _peer_preferred(vdb, "w4a8_mxfp4_mxfp8", "w4a16_mxfp4", lat, site, 1, 1, True, "balanced") is None
+
+
+def _wide_ep_pack(tmp_path):
+    """A wide-EP expert table (DeepEP kernel) collected in fp8_block only, at one site and EP2."""
+    from infercast.data.pack import find_pack
+    from infercast.data.system import load_system
+
+    pack = sp.make_pack(tmp_path / "pk")
+    system = load_system(find_pack(str(pack.systems_dir)), sp.SYSTEM)
+    site, tokens = (1024, 512, 2, 8), [2, 4, 8, 16, 32, 64]
+    lat = [0.02 + 0.003 * t for t in tokens]
+    n = len(tokens)
+    cols = {
+        "framework": ["SGLang"] * n, "version": [sp.TRTLLM_CURRENT] * n, "device": [sp.DEVICE] * n,
+        "op_name": ["moe_generation"] * n, "kernel_source": ["deepepmoe"] * n, "moe_dtype": ["fp8_block"] * n,
+        "num_tokens": tokens, "hidden_size": [site[0]] * n, "inter_size": [site[1]] * n, "topk": [site[2]] * n,
+        "num_experts": [site[3]] * n, "moe_tp_size": [1] * n, "moe_ep_size": [2] * n,
+        "distribution": ["balanced"] * n, "latency": lat,
+    }
+    types = {c: (pa.string() if isinstance(v[0], str) else pa.float64() if isinstance(v[0], float) else pa.int64())
+             for c, v in cols.items()}
+    data = pack.systems_dir / "data" / sp.SYSTEM
+    _write(data / "moe" / "trtllm" / sp.TRTLLM_CURRENT / f"{WIDE_EP_TABLE}_perf.parquet", cols, types)
+    find_pack(str(pack.systems_dir))
+    return pack, system, site, np.array(tokens, float), np.array(lat)
+
+
+def test_wide_ep_other_quant_through_sol_ratio(tmp_path):
+    """A quant mode the wide-EP table lacks is served from the fp8_block curve at the same site and
+    pair, scaled by SOL(query mode) / SOL(fp8_block) at each token count, and marked transferred."""
+    pack, system, site, tokens, lat = _wide_ep_pack(tmp_path)
+    db = OpDB(PerfData.open(sp.SYSTEM, "trtllm", None, pack.systems_dir))
+    kw = dict(hidden=site[0], inter=site[1], topk=site[2], experts=site[3], moe_tp=1, moe_ep=2, wide_ep=True)
+    exact = resolve_moe(db, quant="fp8_block", **kw)
+    assert exact.how == "exact" and exact.source == WIDE_EP_TABLE
+    np.testing.assert_array_equal(exact.grid(tokens)[0], lat)
+    r = resolve_moe(db, quant="fp8", **kw)
+    assert r.source == WIDE_EP_TABLE and r.how == "quant-transfer" and r.kernel == "deepepmoe"
+
+    def s(q):
+        return sol.moe(system, COMPUTE_DTYPE[q], WEIGHT_BYTES[q], tokens, *site, 1, 2, True)[0]
+
+    v, p = r.grid(tokens)
+    np.testing.assert_allclose(v, lat * s("fp8") / s("fp8_block"), rtol=1e-12)
+    assert (p == Prov.TRANSFERRED).all()
+    assert any("SOL(fp8) / SOL(fp8_block)" in n for n in r.notes)
+    # another pair, or a mode without tensor cores here (no FP4 on this sm90 GPU): no wide-EP answer
+    assert _wide_ep_quant_transfer(db, "fp8", (*site, 1, 4), True, "balanced") is None
+    assert _wide_ep_quant_transfer(db, "nvfp4", (*site, 1, 2), True, "balanced") is None
+
+
+def test_wide_ep_nvfp4_real_pack(real_pack_available):
+    """SGLang NVFP4 DeepSeek with DP32 x EP32 on gb200: the fp8_block DeepEP curve scaled by the SOL
+    ratio (0.57-0.61 at these token counts), and the all-to-all dispatch instead of the gather."""
+    from infercast.api import Estimator
+
+    db = OpDB(PerfData.open("gb200", "sglang"))
+    kw = dict(hidden=7168, inter=2048, topk=8, experts=256, moe_tp=1, moe_ep=32, distribution="power_law_1.01",
+              wide_ep=True)
+    fp8 = resolve_moe(db, quant="fp8_block", **kw)
+    fp4 = resolve_moe(db, quant="nvfp4", **kw)
+    assert fp4.source == WIDE_EP_TABLE and fp4.how == "quant-transfer"
+    t = np.array([32.0, 256.0, 1024.0, 4096.0])
+    ratio = fp4.grid(t)[0] / fp8.grid(t)[0]
+    assert ((ratio > 0.55) & (ratio < 0.62)).all()
+    est = Estimator("deepseek-ai/DeepSeek-V3", "gb200", "sglang", None, 1, 1, attention_dp=32, moe_ep=32, moe_tp=1,
+                    gemm_quant="nvfp4", moe_quant="nvfp4")
+    assert est.plan.parallel.moe_comm == "alltoall"

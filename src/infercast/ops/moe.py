@@ -337,8 +337,22 @@ def _get_lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_nam
 #: wide-EP table (past its last token count the edge rule applies) and its tokens travel by
 #: all-to-all dispatch/combine (``moe_dispatch``) instead of all-gather + reduce-scatter. Other
 #: layouts (EP8 and small attention-DP groups, other shapes) keep the standard path.
+#:
+#: The wide-EP table is collected in fp8_block only, while SGLang runs NVFP4 DeepSeek checkpoints
+#: wide-EP on Blackwell too (DeepEP dispatch, FP4 grouped experts). Such a query is served from the
+#: fp8_block site **through the speed-of-light ratio** at each token count, SOL_nvfp4 / SOL_fp8_block
+#: (0.57-0.61 at the DeepSeek-V3 site on b200/gb200/gb300: 0.56x the weight bytes, half the math,
+#: the same fixed latency), the utilisation-transfer rule applied across quant modes of one expert
+#: block (:data:`WIDE_EP_DONOR_QUANTS`). The standard tables back it where both modes were
+#: collected: SGLang's nvfp4 / fp8_block latency ratio at that site, EP 8/16/32, 1-256 tokens is
+#: 0.48-0.58 on b200, gb200 and gb300 alike (beyond 512 tokens the standard fp8_block kernel falls
+#: to 0.26, a kernel the DeepEP path does not run). Dev rows, SGLang disaggregated DeepSeek NVFP4
+#: with DP32 x EP32 decode workers (gb200, gb300; 7 rows): TPOT 1.19-1.97x of measured on the
+#: standard path (all-gather over 32 GPUs, standard kernel) -> 0.86-1.22x.
 WIDE_EP_TABLE = "wideep_generation_moe"
 WIDE_EP_BACKENDS = ("sglang",)
+#: quant modes of the wide-EP table that serve another mode's query through the SOL ratio
+WIDE_EP_DONOR_QUANTS = ("fp8_block",)
 
 
 def wide_ep_available(db: OpDB, *, quant: str, hidden: int, inter: int, topk: int, experts: int, moe_tp: int,
@@ -363,6 +377,39 @@ def _resolve_wide_ep(db: OpDB, quant: str, query: tuple, gated: bool, distributi
             g = _site_grid(db, lat, int(hit[0]), gated)
             note = f"wide-EP expert block (DeepEP, {WIDE_EP_TABLE}) for attention DP x EP{int(query[5])}"
             return Resolved(g, WIDE_EP_TABLE, db.served_version(WIDE_EP_TABLE), lat.kernel, "exact", (), lat.notes + (note,))
+    return _wide_ep_quant_transfer(db, quant, query, gated, distribution)
+
+
+def _wide_ep_quant_transfer(db: OpDB, quant: str, query: tuple, gated: bool, distribution: str) -> Resolved | None:
+    """The wide-EP expert block in a quant mode the table lacks, from a donor mode's curve at the
+    same site and pair scaled by the speed-of-light ratio at each token count (see
+    :data:`WIDE_EP_DONOR_QUANTS`); None when no donor has the site or the GPU lacks the tensor
+    cores for the query's mode."""
+    for c in quant_candidates(db.system, quant):
+        if c in WIDE_EP_DONOR_QUANTS:
+            continue
+        sol_c = moe_sol_fn(db, c, *query, gated)
+        try:
+            sol_c(1.0)
+        except InfercastError:
+            continue  # no tensor cores for this mode here: the standard path reports it
+        for d in WIDE_EP_DONOR_QUANTS:
+            lat = _get_lattice(db, d, gated, distribution, WIDE_EP_TABLE)
+            if lat is None:
+                continue
+            hit = np.flatnonzero(np.all(lat.sites == np.asarray(query, float), axis=1))
+            if not len(hit):
+                continue
+            donor = _site_grid(db, lat, int(hit[0]), gated)
+            (axis,) = donor.axes
+            ratio = np.asarray(sol_c(axis), float) / np.asarray(moe_sol_fn(db, d, *query, gated)(axis), float)
+            g = Grid((axis,), donor.values * ratio, np.full(len(axis), Prov.TRANSFERRED, np.int8), sol_c,
+                     scales=TOKEN_SCALE)
+            note = (f"wide-EP expert block (DeepEP, {WIDE_EP_TABLE}) for attention DP x EP{int(query[5])}: "
+                    f"no {c} rows; the {d} curve at this site x SOL({c}) / SOL({d}) "
+                    f"({ratio.min():.2f}-{ratio.max():.2f})")
+            return Resolved(g, WIDE_EP_TABLE, db.served_version(WIDE_EP_TABLE), lat.kernel, "quant-transfer",
+                            (f"{d} {_site_label(lat.sites[int(hit[0])])}",), lat.notes + (note,))
     return None
 
 
