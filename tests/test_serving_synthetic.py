@@ -334,3 +334,89 @@ def test_steady_state_prefill_step_carries_the_prompts_that_arrived_with_it():
     assert 1.0 < fits < 1.0 + lam
     r1 = solve_steady(eng, C, isl, osl, params(max_num_tokens=budget), 1e9, 1)
     assert r1.ttft_ms == pytest.approx(r1.tpot_ms + a + b * (fits * isl + d), rel=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------
+# percentiles (p50 / p90 / p99) from per-request distributions
+# ----------------------------------------------------------------------------------------------
+
+
+def test_distribution_helpers_exact():
+    from infercast.serving.result import Distribution, binomial_share, exponential_tail, mixture, uniform
+
+    d = Distribution(np.array([3.0, 1.0, 2.0]), np.array([1.0, 1.0, 2.0]))
+    assert d.mean() == pytest.approx((3 + 1 + 4) / 4)
+    assert d.percentile(25) == 1.0 and d.percentile(50) == 2.0 and d.percentile(75) == 2.0 and d.percentile(99) == 3.0
+    b = binomial_share(2, 0.5)  # 0, 1/2, 1 with probabilities 1/4, 1/2, 1/4
+    np.testing.assert_allclose(b.values, [0.0, 0.5, 1.0])
+    np.testing.assert_allclose(b.weights / b.weights.sum(), [0.25, 0.5, 0.25])
+    assert binomial_share(50, 0.3).mean() == pytest.approx(0.3)
+    assert binomial_share(10, 0.0).values.tolist() == [0.0] and binomial_share(10, 1.0).values.tolist() == [1.0]
+    u = uniform(10.0, 20.0, n=4)  # quantile midpoints
+    np.testing.assert_allclose(u.values, [11.25, 13.75, 16.25, 18.75])
+    e = exponential_tail(6.0, 0.5)
+    assert e.mean() == pytest.approx(6.0) and e.percentile(40) == 0.0 and e.percentile(90) > 6.0
+    m = mixture((Distribution.point(1.0), 0.25), (Distribution.point(5.0), 0.75))
+    assert m.mean() == pytest.approx(4.0) and m.percentile(20) == 1.0 and m.percentile(30) == 5.0
+    with pytest.raises(ValueError):
+        Distribution(np.array([1.0]), np.array([-1.0]))
+
+
+def test_steady_state_percentiles_follow_its_assumptions():
+    # constant 10 ms steps, one client: TTFT = a uniform wait in [0, 2 steps] + one prefill step
+    # (mean 2 steps); every step costs the same, so TPOT has no spread
+    r = solve_steady(ConstEngine(10.0), 1, 100, 101, params(), 1e9, 1)
+    assert r.tpot_p50_ms == r.tpot_p90_ms == r.tpot_p99_ms == pytest.approx(10.0)
+    assert r.ttft_dist.mean() == pytest.approx(r.ttft_ms)
+    assert r.ttft_p50_ms == pytest.approx(20.0, abs=0.1)
+    assert r.ttft_p90_ms == pytest.approx(10.0 + 0.9 * 20.0, abs=0.1)
+    assert r.ttft_p99_ms == pytest.approx(10.0 + 0.99 * 20.0, abs=0.1)
+
+
+def test_steady_state_tpot_spread_is_the_binomial_count_of_prefill_steps():
+    # step = 1 + 0.01 x tokens: decode-only steps are fast, steps with a 300-token prefill slow;
+    # a request's TPOT is the mean over its osl-1 steps, so it spreads around the mean
+    eng = CtxEngine(1.0, 0.01)
+    r = solve_steady(eng, 8, 300, 41, params(), 1e9, 1)
+    assert r.tpot_dist.mean() == pytest.approx(r.tpot_ms, rel=1e-9)
+    assert r.tpot_p50_ms <= r.tpot_p90_ms < r.tpot_p99_ms
+    fast = 1.0 + 0.01 * r.decode_batch  # a decode-only step; a prefill step adds 300 tokens
+    assert fast < r.tpot_p50_ms and r.tpot_p99_ms < fast + 0.01 * 300
+
+
+class TokenCtxEngine(CtxEngine):
+    """Step time = a + b x tokens in the step, the same through ``step_ms`` (steady state) and
+    ``mixed_step_ms`` (simulation)."""
+
+    def mixed_step_ms(self, ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv):
+        return self.a + self.b * (float(np.sum(np.asarray(ctx_batch) * np.asarray(ctx_isl))) + float(np.sum(dec_batch)))
+
+
+def test_serve_agg_percentiles_mix_the_first_wave_like_the_mean():
+    # 16 clients, 500-token prompts, a 1000-token budget: the first wave's prompts queue two per
+    # step; it is a quarter of the requests (4 per client)
+    eng = TokenCtxEngine(1.0, 0.01)
+    p = params(requests_per_client=4.0, max_num_tokens=1000)
+    r = serve_agg(eng, 16, 500, 50, p, 1e9, 1)
+    assert r.ttft_dist.mean() == pytest.approx(r.ttft_ms, rel=1e-9)
+    assert r.tpot_dist.mean() == pytest.approx(r.tpot_ms, rel=1e-9)
+    first = simulate(eng, 16, 500, 50, p, 1e9, 1, requests_per_client=1)
+    assert len(set(first.ttft_dist.values.tolist())) > 1
+    # the slowest 1% of requests are the first wave's last prompts; the median is a steady one
+    assert r.ttft_p99_ms == pytest.approx(first.ttft_dist.values.max())
+    assert r.ttft_p50_ms < first.ttft_ms
+    assert r.ttft_p50_ms <= r.ttft_p90_ms <= r.ttft_p99_ms
+    lock = serve_agg(eng, 16, 500, 50, dataclasses.replace(p, lockstep=True, mixed=False), 1e9, 1)
+    assert lock.ttft_dist.mean() == pytest.approx(lock.ttft_ms, rel=1e-9)
+    d = lock.to_dict()
+    assert "ttft_p99_ms" in d and "ttft_dist" not in d and "tpot_dist" not in d
+
+
+def test_disagg_percentiles():
+    pe, de = ConstEngine(10.0), ConstEngine(2.0)
+    r = solve_disagg(pe, de, 8, 100, 11, 1, 1, 1, 1, params(), params(), 0.0, 2)
+    assert r.tpot_p50_ms == r.tpot_p99_ms == pytest.approx(r.tpot_ms)
+    assert r.ttft_dist.mean() == pytest.approx(r.ttft_ms, rel=1e-6)
+    assert r.ttft_p50_ms <= r.ttft_p90_ms <= r.ttft_p99_ms
+    # a steady-state request never finishes its prefill faster than one batch
+    assert r.ttft_dist.values.min() >= 10.0 - 1e-9

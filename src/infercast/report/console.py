@@ -106,3 +106,10 @@ def print_serving(d: dict) -> None:
               _f(d["tokens_per_s_per_gpu"], "{:.1f}"), _f(d["tokens_per_s_per_user"], "{:.1f}"),
               _f(d["decode_batch"], "{:.1f}"), str(d["bound"]))
     c.print(t)
+    if d.get("ttft_p50_ms") is not None:
+        p = Table(show_header=True, header_style="bold")
+        for col in ("over requests", "p50", "p90", "p99", "mean"):
+            p.add_column(col, justify="right")
+        for metric, fmt in (("ttft", "{:.2f}"), ("tpot", "{:.3f}")):
+            p.add_row(f"{metric.upper()} ms", *(_f(d[f"{metric}_p{q}_ms"], fmt) for q in (50, 90, 99)), _f(d[f"{metric}_ms"], fmt))
+        c.print(p)

@@ -47,7 +47,14 @@ front-end overhead (HTTP, tokenisation, detokenisation) are named parameters in
 :mod:`.backends`.
 
 Reported: mean TTFT, mean TPOT (= mean step time seen by a decoding request), request latency,
-throughput per GPU and per user.
+throughput per GPU and per user, and the p50 / p90 / p99 of TTFT and TPOT over the requests
+(:mod:`.result`). Their spread in the steady state follows from the same assumptions as the
+means: a request's wait for its first step is uniform on ``[0, 2 x WAIT_STEPS]`` steps (mean
+``WAIT_STEPS``), the queue wait of a capacity-bound engine is the same for every request (FIFO
+behind a full queue), and each of the ``osl - 1`` steps a request decodes through carries prefill
+work independently with the probability the fluid model gives (a binomial count of slow steps);
+the first wave contributes its simulated requests with weight ``1 / requests_per_client``, as in
+the mean. TPOT percentiles are the steady state's, as the mean is.
 """
 
 from __future__ import annotations
@@ -56,7 +63,7 @@ import math
 from dataclasses import dataclass
 
 from .backends import SchedulerParams
-from .result import ServingMetrics
+from .result import Distribution, ServingMetrics, binomial_share, mixture, uniform
 
 #: steps a new request waits before its first prefill chunk: it arrives while a step runs
 WAIT_STEPS = 1.0
@@ -69,6 +76,14 @@ class ServingResult(ServingMetrics):
     prefill_chunks: int
     step_ms: float
     bound: str  # what limits the decode batch: clients / token budget / kv cache / max requests
+    ttft_p50_ms: float | None = None
+    ttft_p90_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p90_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    ttft_dist: Distribution | None = None  # per request (weights = shares of requests)
+    tpot_dist: Distribution | None = None
 
 
 def _steps(engine, d, isl, osl, chunk, chunk_prefix, n_prefill_in_step, mixed: bool):
@@ -136,6 +151,8 @@ def solve_steady(
             engine.step_ms(ctx_batch=tagged, ctx_isl=chunk, ctx_prefix=prefix, dec_batch=d, dec_kv=isl + osl / 2.0))
         t_prefill_step = params.step_ms(mix_own, d + tagged)
         tpot = t_avg
+        t_fast, t_slow = params.step_ms(dec, d), params.step_ms(mix, d + per_step)
+        p_slow = frac
     else:
         # prefill steps pause decoding: a decode token waits for the decode step and, on average,
         # for the prefill steps scheduled in between
@@ -144,13 +161,21 @@ def solve_steady(
         t_avg = t_dec + chunk_load * t_pre / per_step
         t_prefill_step = t_pre
         tpot = t_avg
+        # a decode step is followed by prefill steps with probability min(1, chunk_load)
+        t_fast, t_slow = t_dec, t_dec + t_pre * max(1.0, chunk_load) / per_step
+        p_slow = min(1.0, chunk_load)
     queued = max(0.0, C - d - lam * (WAIT_STEPS + n_chunks))
     wait_ms = WAIT_STEPS * t_avg + (queued / lam * t_avg if lam > 0 else 0.0)
     ttft = wait_ms + n_chunks * t_prefill_step + params.arrival_delay_ms
-    tpot = tpot * out_steps / max(osl - 1, 1)  # per output token (MTP yields tau per step)
+    per_token = out_steps / max(osl - 1, 1)  # MTP yields tau tokens per step
+    tpot = tpot * out_steps / max(osl - 1, 1)
     latency = ttft + tpot * max(osl - 1, 1)
     tput_gpu = (C / latency) * osl * 1e3 / gpus if latency > 0 else 0.0
-    return ServingResult(
+    # per-request spread (module docstring): the wait for the first step, slow steps while decoding
+    first_wait = WAIT_STEPS * t_avg
+    ttft_dist = uniform(0.0, 2.0 * first_wait).shifted(ttft - first_wait)
+    tpot_dist = binomial_share(out_steps, p_slow).scaled(t_slow - t_fast).shifted(t_fast).scaled(per_token)
+    res = ServingResult(
         concurrency=C,
         ttft_ms=ttft,
         tpot_ms=tpot,
@@ -163,6 +188,8 @@ def solve_steady(
         step_ms=t_avg,
         bound=bound,
     )
+    res.set_percentiles(ttft_dist, tpot_dist)
+    return res
 
 
 
@@ -181,15 +208,18 @@ def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacit
         )
     if params.lockstep:
         res = simulate(engine, int(round(concurrency)), isl, osl, params, kv_capacity_tokens, gpus)
-        return ServingResult(
+        out = ServingResult(
             concurrency=float(concurrency), ttft_ms=res.ttft_ms, tpot_ms=res.tpot_ms,
             request_latency_ms=res.request_latency_ms, tokens_per_s_per_gpu=res.tokens_per_s_per_gpu,
             tokens_per_s_per_user=res.tokens_per_s_per_user, decode_batch=res.mean_decode_batch, queued=0.0,
             prefill_chunks=0, step_ms=0.0, bound="lock-step simulation",
         )
+        out.set_percentiles(res.ttft_dist, res.tpot_dist)
+        return out
     steady = solve_steady(engine, concurrency, isl, osl, params, kv_capacity_tokens, gpus)
     k = max(params.requests_per_client, 1.0)
     first = simulate(engine, int(round(concurrency)), isl, osl, params, kv_capacity_tokens, gpus, requests_per_client=1)
     steady.ttft_ms = (first.ttft_ms + (k - 1.0) * steady.ttft_ms) / k
     steady.request_latency_ms = steady.ttft_ms + steady.tpot_ms * max(osl - 1, 1)
+    steady.set_percentiles(mixture((first.ttft_dist, 1.0 / k), (steady.ttft_dist, (k - 1.0) / k)), steady.tpot_dist)
     return steady

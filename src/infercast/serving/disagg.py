@@ -21,6 +21,12 @@ decode worker's continuous batch (decode-only steps). Solved for the steady stat
   waits behind itself) and capped at ``C`` prompts;
 * the first wave (all clients at once) queues ``C / workers`` prompts per prefill worker; mean
   TTFT mixes it in with weight ``1 / requests_per_client`` as in aggregated serving.
+
+Percentiles (:mod:`.result`): a steady-state request waits 0 with probability ``1 - rho`` (a free
+prefill rank) and otherwise an exponential tail with the M/D/1 mean above (the usual
+heavy-traffic shape of a queueing wait); a first-wave request is in batch ``j`` of its worker's
+``ceil(C / workers / k)`` batches with equal probability; every request decodes through the same
+decode-only steps, so TPOT has no spread in this model (its percentiles equal the mean).
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from .backends import SchedulerParams
-from .result import ServingMetrics
+from .result import Distribution, ServingMetrics, exponential_tail, mixture
 
 #: benchmark length (requests per client) of the disaggregated benchmarks: the first wave's weight
 #: in mean TTFT. Calibrated on the dev disaggregated silicon rows (TTFT median APE 60% / 48% / 47%
@@ -47,6 +55,14 @@ class DisaggResult(ServingMetrics):
     kv_transfer_ms: float
     prefill_batch: int = 1  # prompts per prefill step in the steady state
     arrival_rate_per_s: float = 0.0  # requests per second reaching the prefill pool (steady state)
+    ttft_p50_ms: float | None = None
+    ttft_p90_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p90_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    ttft_dist: Distribution | None = None  # per request (weights = shares of requests)
+    tpot_dist: Distribution | None = None
 
 
 def kv_transfer_ms(kv_bytes_per_token_per_gpu: float, isl: int, prefill_gpus: int, bandwidth: float, latency_s: float) -> float:
@@ -137,11 +153,17 @@ def solve_disagg(
     # first wave: C prompts at once over the prefill workers
     per_worker = C / servers
     kf = min(batch_cap, max(per_step, math.ceil(per_worker)))
-    first = (math.ceil(per_worker / kf) + 1) / 2.0 * batch_ms(kf) + params_prefill.arrival_delay_ms
+    n_batches = math.ceil(per_worker / kf)
+    first = (n_batches + 1) / 2.0 * batch_ms(kf) + params_prefill.arrival_delay_ms
     k = DISAGG_REQUESTS_PER_CLIENT
     ttft_mean = (first + (k - 1.0) * ttft) / k
     latency = ttft_mean + max(osl - 1, 1) * tpot
-    return DisaggResult(
+    # per-request spread (module docstring)
+    first_dist = Distribution(np.arange(1, n_batches + 1) * batch_ms(kf) + params_prefill.arrival_delay_ms,
+                              np.ones(n_batches))
+    wait_mean = max(ttft - service_batch - params_prefill.arrival_delay_ms, 0.0)
+    steady_dist = exponential_tail(wait_mean, 1.0 - rho).shifted(ttft - wait_mean)
+    res = DisaggResult(
         concurrency=C,
         ttft_ms=ttft_mean,
         tpot_ms=tpot,
@@ -154,3 +176,5 @@ def solve_disagg(
         prefill_batch=int(k_steady),
         arrival_rate_per_s=lam * 1e3,
     )
+    res.set_percentiles(mixture((first_dist, 1.0 / k), (steady_dist, (k - 1.0) / k)), Distribution.point(tpot))
+    return res

@@ -1,8 +1,109 @@
-"""What every serving model reports: the numbers a benchmark client measures."""
+"""What every serving model reports: the numbers a benchmark client measures.
+
+Besides the means, the serving models report the p50 / p90 / p99 of TTFT and TPOT over the
+benchmark's requests. They come from a per-request :class:`Distribution` (values with weights =
+shares of the requests): the simulated first wave contributes its requests as they ran; the
+analytic steady states contribute the spread their own assumptions imply (see
+:mod:`.agg` and :mod:`.disagg`): where a request lands in the step cycle, how many prefill steps
+interrupt its decoding, how long it queues. Quantiles are of that mixture, weighted by the share
+of requests each part stands for — the same weights as the means.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+#: percentiles every serving result reports
+PERCENTILES = (50, 90, 99)
+#: points that stand for a continuous distribution (equal-weight quantile midpoints)
+QUANTILE_POINTS = 200
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Per-request values (ms) and their weights (any positive scale; shares of the requests)."""
+
+    values: np.ndarray
+    weights: np.ndarray
+
+    def __post_init__(self):
+        v = np.asarray(self.values, float).ravel()
+        w = np.asarray(self.weights, float).ravel()
+        if v.shape != w.shape or not len(v) or (w < 0).any() or not w.sum() > 0:
+            raise ValueError("a distribution needs matching values and non-negative weights with a positive sum")
+        object.__setattr__(self, "values", v)
+        object.__setattr__(self, "weights", w)
+
+    @staticmethod
+    def point(value: float) -> Distribution:
+        return Distribution(np.array([float(value)]), np.array([1.0]))
+
+    def mean(self) -> float:
+        return float(np.dot(self.values, self.weights) / self.weights.sum())
+
+    def percentile(self, q: float) -> float:
+        """The smallest value with at least ``q`` % of the weight at or below it."""
+        o = np.argsort(self.values, kind="stable")
+        cw = np.cumsum(self.weights[o])
+        i = int(np.searchsorted(cw, q / 100.0 * cw[-1] * (1.0 - 1e-12)))
+        return float(self.values[o][min(i, len(o) - 1)])
+
+    def shifted(self, ms: float) -> Distribution:
+        return Distribution(self.values + float(ms), self.weights)
+
+    def scaled(self, factor: float) -> Distribution:
+        return Distribution(self.values * float(factor), self.weights)
+
+
+def mixture(*parts: tuple[Distribution, float]) -> Distribution:
+    """Requests drawn from ``parts`` in proportion to their shares (each part's weights normalised)."""
+    vals, wts = [], []
+    for d, share in parts:
+        if share > 0:
+            vals.append(d.values)
+            wts.append(d.weights / d.weights.sum() * share)
+    return Distribution(np.concatenate(vals), np.concatenate(wts))
+
+
+def uniform(lo: float, hi: float, n: int = QUANTILE_POINTS) -> Distribution:
+    """Uniform on ``[lo, hi]`` as ``n`` equal-weight quantile midpoints."""
+    u = (np.arange(n) + 0.5) / n
+    return Distribution(lo + (hi - lo) * u, np.ones(n))
+
+
+def binomial_share(trials: float, p: float) -> Distribution:
+    """The share ``B / n`` of ``n`` independent trials that succeed with probability ``p``
+    (``n`` rounded to a whole number of trials, at least one): exact probabilities."""
+    n = max(1, int(round(trials)))
+    p = min(max(float(p), 0.0), 1.0)
+    if p in (0.0, 1.0):
+        return Distribution.point(p)
+    # the counts within 12 standard deviations of the mean carry all but ~1e-30 of the mass
+    half = 12.0 * math.sqrt(n * p * (1.0 - p)) + 1.0
+    lo, hi = max(0, int(n * p - half)), min(n, int(math.ceil(n * p + half)))
+    k = np.arange(lo, hi + 1)
+    # log C(n, k) from C(n, lo) by the ratio (n - k + 1) / k, vectorised
+    steps = np.log(n - k[1:] + 1.0) - np.log(k[1:].astype(float))
+    log_c = math.lgamma(n + 1) - math.lgamma(lo + 1) - math.lgamma(n - lo + 1) + np.concatenate(([0.0], np.cumsum(steps)))
+    logp = log_c + k * math.log(p) + (n - k) * math.log1p(-p)
+    w = np.exp(logp - logp.max())
+    keep = w > 1e-12 * w.sum()
+    return Distribution(k[keep] / n, w[keep])
+
+
+def exponential_tail(mean: float, p_zero: float, n: int = QUANTILE_POINTS) -> Distribution:
+    """0 with probability ``p_zero``, else exponential with the mean that makes the overall mean
+    ``mean`` (a queueing wait: no wait when the server is free, an exponential tail otherwise)."""
+    p_zero = min(max(float(p_zero), 0.0), 1.0)
+    if mean <= 0 or p_zero >= 1.0:
+        return Distribution.point(0.0)
+    u = (np.arange(n) + 0.5) / n
+    x = -np.log1p(-u)  # unit exponential at quantile midpoints, rescaled to the exact mean
+    tail = Distribution(x * (mean / (1.0 - p_zero) / x.mean()), np.ones(n))
+    return mixture((Distribution.point(0.0), p_zero), (tail, 1.0 - p_zero)) if p_zero > 0 else tail
 
 
 @dataclass
@@ -15,4 +116,16 @@ class ServingMetrics:
     tokens_per_s_per_user: float
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The numbers (per-request distributions, fields ending in ``_dist``, left out)."""
+        return {k: v for k, v in asdict(self).items() if not k.endswith("_dist")}
+
+    def set_percentiles(self, ttft: Distribution, tpot: Distribution) -> None:
+        """Fill ``ttft_p50_ms`` ... ``tpot_p99_ms`` (and keep the distributions) on results that
+        have those fields."""
+        names = {f.name for f in fields(self)}
+        for metric, dist in (("ttft", ttft), ("tpot", tpot)):
+            if f"{metric}_dist" in names:
+                setattr(self, f"{metric}_dist", dist)
+            for q in PERCENTILES:
+                if f"{metric}_p{q}_ms" in names:
+                    setattr(self, f"{metric}_p{q}_ms", dist.percentile(q))

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import InvalidConfigError
 from .backends import SchedulerParams
-from .result import ServingMetrics
+from .result import Distribution, ServingMetrics
 
 
 class DoesNotFitError(InvalidConfigError):
@@ -55,14 +55,8 @@ class SimResult(ServingMetrics):
     tpot_p50_ms: float
     tpot_p90_ms: float
     tpot_p99_ms: float
-
-
-def _wpct(values, weights, q):
-    v = np.asarray(values, float)
-    w = np.asarray(weights, float)
-    o = np.argsort(v)
-    cw = np.cumsum(w[o])
-    return float(v[o][np.searchsorted(cw, q / 100.0 * cw[-1])])
+    ttft_dist: Distribution | None = None  # per request, as simulated (weights = requests)
+    tpot_dist: Distribution | None = None
 
 
 def simulate(
@@ -237,14 +231,15 @@ def simulate(
                 complete(c, t)
 
     w = np.asarray(w_v, float)
-    ttft = float(np.dot(ttft_v, w) / w.sum())
-    tpot = float(np.dot(tpot_v, w) / w.sum())
+    ttft_d, tpot_d = Distribution(ttft_v, w), Distribution(tpot_v, w)
+    ttft, tpot = ttft_d.mean(), tpot_d.mean()
     lat = float(np.dot(lat_v, w) / w.sum())
     tput = total_requests * osl / (t / 1e3) / gpus if t > 0 else 0.0
-    return SimResult(
+    res = SimResult(
         concurrency=C, ttft_ms=ttft, tpot_ms=tpot, request_latency_ms=lat,
         tokens_per_s_per_gpu=tput, tokens_per_s_per_user=1e3 / tpot if tpot > 0 else 0.0,
         mean_decode_batch=dec_batch_time / t if t > 0 else 0.0, steps=steps,
-        ttft_p50_ms=_wpct(ttft_v, w, 50), ttft_p90_ms=_wpct(ttft_v, w, 90), ttft_p99_ms=_wpct(ttft_v, w, 99),
-        tpot_p50_ms=_wpct(tpot_v, w, 50), tpot_p90_ms=_wpct(tpot_v, w, 90), tpot_p99_ms=_wpct(tpot_v, w, 99),
+        ttft_p50_ms=0.0, ttft_p90_ms=0.0, ttft_p99_ms=0.0, tpot_p50_ms=0.0, tpot_p90_ms=0.0, tpot_p99_ms=0.0,
     )
+    res.set_percentiles(ttft_d, tpot_d)
+    return res
