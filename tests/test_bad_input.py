@@ -390,3 +390,52 @@ def test_serve_prefill_scheduling(synth, capsys):
     assert first["bound"] == "lock-step simulation" and mixed["bound"] != "lock-step simulation"
     rc3, _, err = run_cli(capsys, argv("--prefill-scheduling", "sometimes"))
     assert rc3 == 2 and "invalid choice" in err
+
+
+def disagg_argv(synth, *extra):
+    return [
+        "serve-disagg", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm",
+        "--systems-path", str(synth.systems_dir), "--prefill-workers", "2", "--decode-workers", "1",
+        "--decode-tp", "2", "--concurrency", "8", "--isl", "128", "--osl", "8", "--json", *extra,
+    ]
+
+
+def test_serve_disagg_runs_each_pool_with_its_layout(synth, capsys):
+    """serve-disagg: two prefill workers of one GPU and a TP2 decode worker; the JSON names both
+    layouts, counts their GPUs and reports the percentiles."""
+    import json
+
+    rc, out, err = run_cli(capsys, disagg_argv(synth))
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["prefill"] == {"workers": 2, "gpus_per_worker": 1, "tp": 1, "pp": 1, "attention_dp": 1, "moe_tp": 1, "moe_ep": 1}
+    assert d["decode"]["tp"] == 2 and d["decode"]["gpus_per_worker"] == 2 and d["gpus"] == 4
+    assert d["ttft_p50_ms"] <= d["ttft_p90_ms"] <= d["ttft_p99_ms"] and d["tpot_p99_ms"] == d["tpot_ms"]
+    assert "ttft_dist" not in d and d["decode_kv_capacity"] > 0
+    rc, out, err = run_cli(capsys, [a for a in disagg_argv(synth) if a != "--json"])
+    assert rc == 0 and "prefill: 2 x 1 GPUs" in out and "TTFT ms" in out
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (("--prefill-workers", "0"), "--prefill-workers must be >= 1"),
+        (("--decode-workers", "0"), "--decode-workers must be >= 1"),
+        (("--prefill-batch", "0"), "--prefill-batch must be >= 1"),
+        (("--decode-tp", "3"), "not a power of two"),
+        (("--concurrency", "0"), "--concurrency must be >= 1"),
+    ],
+)
+def test_serve_disagg_bad_input(synth, capsys, extra, needle):
+    assert_one_line_error(*run_cli(capsys, disagg_argv(synth, *extra)), needle)
+
+
+def test_serve_disagg_python_api_checks_the_pair(synth):
+    from infercast.api import Estimator, serve_disagg
+
+    pe = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", systems_path=synth.systems_dir)
+    de = Estimator(sp.MODEL_ID_FP8, sp.SYSTEM, "trtllm", systems_path=synth.systems_dir)
+    with pytest.raises(InvalidInputError, match="same model on the same system and backend"):
+        serve_disagg(pe, de, concurrency=4, isl=128, osl=8, prefill_workers=1, decode_workers=1)
+    with pytest.raises(InvalidInputError, match="concurrency must be a positive integer"):
+        serve_disagg(pe, pe, concurrency=0, isl=128, osl=8, prefill_workers=1, decode_workers=1)

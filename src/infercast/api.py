@@ -332,3 +332,52 @@ def _check(batch, isl, prefix, isl_name: str = "isl"):
     if np.any(p > MAX_TOKENS):
         raise InvalidInputError("prefix is absurdly large", f"the limit is {MAX_TOKENS}")
     return b, i, p
+
+
+def serve_disagg(
+    prefill: Estimator,
+    decode: Estimator,
+    *,
+    concurrency: int,
+    isl: int,
+    osl: int,
+    prefill_workers: int,
+    decode_workers: int,
+    prefill_batch: int = 1,
+    params_prefill=None,
+    params_decode=None,
+):
+    """Disaggregated serving (:mod:`infercast.serving.disagg`) of ``prefill_workers`` copies of
+    the ``prefill`` estimator's layout and ``decode_workers`` of ``decode``'s, under a closed-loop
+    benchmark of ``concurrency`` clients: a :class:`~infercast.serving.disagg.DisaggResult`.
+
+    The KV cache moves from every prefill GPU in parallel over the node-to-node network
+    (``inter_node_bw``, ``p2p_latency`` of the system spec). Scheduler parameters default to each
+    backend's (:func:`infercast.serving.backends.scheduler_params`). The result's
+    ``decode_kv_capacity`` is how many requests of ``isl + osl`` tokens one decode rank's KV cache
+    holds by :mod:`infercast.serving.memory`; the model does not cap the decode batch by it (it is
+    reported, and ``infercast serve-disagg`` warns when the decode batch exceeds it: the memory
+    model is conservative, and measured deployments run where it leaves no room)."""
+    from .serving.backends import scheduler_params
+    from .serving.disagg import kv_transfer_ms, solve_disagg
+
+    for name, v in (("concurrency", concurrency), ("isl", isl), ("osl", osl), ("prefill_workers", prefill_workers),
+                    ("decode_workers", decode_workers), ("prefill_batch", prefill_batch)):
+        _int(name, v)
+    if (prefill.data.system.name, prefill.data.backend, prefill.spec.model_id) != (
+            decode.data.system.name, decode.data.backend, decode.spec.model_id):
+        raise InvalidInputError("prefill and decode workers must serve the same model on the same system and backend",
+                                f"got {prefill.spec.model_id} on {prefill.data.system.name} ({prefill.data.backend}) and "
+                                f"{decode.spec.model_id} on {decode.data.system.name} ({decode.data.backend})")
+    pp = params_prefill or scheduler_params(prefill.data.backend, prefill.data.system, prefill.spec)
+    pd = params_decode or scheduler_params(decode.data.backend, decode.data.system, decode.spec)
+    node = prefill.data.system.node
+    transfer = kv_transfer_ms(prefill.memory.kv_per_token, isl, prefill.gpus, node.inter_node_bw, node.p2p_latency_s)
+    gpus = prefill_workers * prefill.gpus + decode_workers * decode.gpus
+    res = solve_disagg(
+        prefill.engine, decode.engine, float(concurrency), isl, osl, prefill_workers, decode_workers,
+        decode.plan.parallel.attention_dp, prefill_batch, pp, pd, transfer, gpus,
+        prefill_dp=prefill.plan.parallel.attention_dp,
+    )
+    res.decode_kv_capacity = decode.memory.capacity_for(res.decode_batch) / (isl + osl)
+    return res

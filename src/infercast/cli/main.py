@@ -16,16 +16,22 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--systems-path", help="a pack's systems/ directory (default: $INFERCAST_SYSTEMS_PATH, then the installed aiconfigurator-core data)")
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def _add_parallel_args(p: argparse.ArgumentParser, prefix: str = "", who: str = "") -> None:
+    f = f"--{prefix}-" if prefix else "--"
+    p.add_argument(f"{f}tp", type=int, default=1, help=f"tensor parallel size{who}")
+    p.add_argument(f"{f}pp", type=int, default=1, help=f"pipeline parallel size{who}")
+    p.add_argument(f"{f}attention-dp", type=int, default=1, help=f"attention data-parallel ranks per replica (MoE models){who}")
+    p.add_argument(f"{f}moe-tp", type=int, default=None, help=f"tensor parallel size of the experts (default: tp x attention-dp / moe-ep){who}")
+    p.add_argument(f"{f}moe-ep", type=int, default=None, help=f"expert parallel size (default 1){who}")
+
+
+def _add_model_args(p: argparse.ArgumentParser, parallel: bool = True) -> None:
     p.add_argument("--model", required=True, help="HF id (as in the pack's model_configs/), alias, or a local config path")
     p.add_argument("--system", required=True, help="system name, e.g. h200_sxm (see `infercast systems`)")
     p.add_argument("--backend", required=True, choices=["trtllm", "vllm", "sglang"])
     p.add_argument("--backend-version", default=None, help="data version or slot alias current/previous/next (default: current)")
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel size")
-    p.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
-    p.add_argument("--attention-dp", type=int, default=1, help="attention data-parallel ranks per replica (MoE models)")
-    p.add_argument("--moe-tp", type=int, default=None, help="tensor parallel size of the experts (default: tp x attention-dp / moe-ep)")
-    p.add_argument("--moe-ep", type=int, default=None, help="expert parallel size (default 1)")
+    if parallel:
+        _add_parallel_args(p)
     p.add_argument("--nextn", type=int, default=0, help="MTP speculative decoding: draft tokens per step (DeepSeek-style models)")
     p.add_argument("--mtp-acceptance", type=float, default=0.8, help="MTP acceptance rate per draft position (default 0.8)")
     p.add_argument("--moe-quant", default=None, help="override the MoE expert quant mode (fp8_block, nvfp4, mxfp4, int4_wo, ...)")
@@ -36,12 +42,16 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     _add_data_args(p)
 
 
-def _estimator(a):
+def _estimator(a, prefix: str = ""):
+    """The Estimator of the parsed flags; ``prefix`` picks the ``--<prefix>-tp`` ... layout flags."""
     from ..api import Estimator
 
+    def par(name):
+        return getattr(a, f"{prefix}_{name}" if prefix else name)
+
     return Estimator(
-        a.model, a.system, a.backend, a.backend_version, a.tp, a.pp,
-        attention_dp=a.attention_dp, moe_tp=a.moe_tp, moe_ep=a.moe_ep, moe_quant=a.moe_quant,
+        a.model, a.system, a.backend, a.backend_version, par("tp"), par("pp"),
+        attention_dp=par("attention_dp"), moe_tp=par("moe_tp"), moe_ep=par("moe_ep"), moe_quant=a.moe_quant,
         nextn=a.nextn, mtp_acceptance=a.mtp_acceptance,
         gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
         database_mode=a.database_mode, systems_path=a.systems_path,
@@ -121,6 +131,41 @@ def cmd_serve(a) -> int:
 
     print_serving(out)
     return 0
+
+
+def cmd_serve_disagg(a) -> int:
+    from dataclasses import asdict
+
+    from ..api import serve_disagg
+    from ..errors import InvalidInputError
+    from ..serving.backends import scheduler_params
+
+    for name in ("concurrency", "isl", "osl", "prefill_workers", "decode_workers", "prefill_batch"):
+        if getattr(a, name) < 1:
+            raise InvalidInputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    pe, de = _estimator(a, "prefill"), _estimator(a, "decode")
+    res = serve_disagg(pe, de, concurrency=a.concurrency, isl=a.isl, osl=a.osl, prefill_workers=a.prefill_workers,
+                       decode_workers=a.decode_workers, prefill_batch=a.prefill_batch)
+    layout = {
+        "prefill": {"workers": a.prefill_workers, "gpus_per_worker": pe.gpus, **_layout(pe)},
+        "decode": {"workers": a.decode_workers, "gpus_per_worker": de.gpus, **_layout(de)},
+    }
+    out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend, "backend_version": pe.version,
+           "gpus": a.prefill_workers * pe.gpus + a.decode_workers * de.gpus, "isl": a.isl, "osl": a.osl, **layout,
+           "scheduler_prefill": asdict(scheduler_params(a.backend, pe.data.system, pe.spec)),
+           "scheduler_decode": asdict(scheduler_params(a.backend, de.data.system, de.spec))}
+    if a.json:
+        print(json.dumps(out, indent=1, default=str))
+        return 0
+    from ..report.console import print_serving_disagg
+
+    print_serving_disagg(out)
+    return 0
+
+
+def _layout(est) -> dict:
+    p = est.plan.parallel
+    return {"tp": p.tp, "pp": p.pp, "attention_dp": p.attention_dp, "moe_tp": p.etp, "moe_ep": p.ep}
 
 
 def cmd_systems(a) -> int:
@@ -210,6 +255,21 @@ def build_parser() -> argparse.ArgumentParser:
                          "--enable-mixed-chunk); prefill-first: prompts get their own steps and decoding pauses "
                          "(SGLang's default; clients stay in lock-step waves). Default: the backend's")
     sv.set_defaults(func=cmd_serve)
+
+    sd = sub.add_parser("serve-disagg", help="serving model, disaggregated: prefill workers x decode workers under a "
+                                            "closed-loop benchmark")
+    _add_model_args(sd, parallel=False)
+    sd.add_argument("--prefill-workers", type=int, required=True, help="prefill workers (replicas of the prefill layout)")
+    _add_parallel_args(sd, "prefill", " of a prefill worker")
+    sd.add_argument("--prefill-batch", type=int, default=1, help="prompts per prefill step at least (default 1; under "
+                                                                   "load a prefill rank batches what arrived, up to its token budget)")
+    sd.add_argument("--decode-workers", type=int, required=True, help="decode workers (replicas of the decode layout)")
+    _add_parallel_args(sd, "decode", " of a decode worker")
+    sd.add_argument("--concurrency", type=int, required=True, help="closed-loop clients of the whole deployment")
+    sd.add_argument("--isl", type=int, required=True)
+    sd.add_argument("--osl", type=int, required=True)
+    sd.add_argument("--json", action="store_true")
+    sd.set_defaults(func=cmd_serve_disagg)
 
     s = sub.add_parser("systems", help="list systems, backends and data versions in the pack")
     s.add_argument("--json", action="store_true")

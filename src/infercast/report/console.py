@@ -95,6 +95,42 @@ def print_models(rows) -> None:
     _console().print(t)
 
 
+def _print_percentiles(c, d: dict) -> None:
+    if d.get("ttft_p50_ms") is None:
+        return
+    p = Table(show_header=True, header_style="bold")
+    for col in ("over requests", "p50", "p90", "p99", "mean"):
+        p.add_column(col, justify="right")
+    for metric, fmt in (("ttft", "{:.2f}"), ("tpot", "{:.3f}")):
+        p.add_row(f"{metric.upper()} ms", *(_f(d[f"{metric}_p{q}_ms"], fmt) for q in (50, 90, 99)), _f(d[f"{metric}_ms"], fmt))
+    c.print(p)
+
+
+def print_serving_disagg(d: dict) -> None:
+    c = _console()
+
+    def lay(x):
+        return (f"{x['workers']} x {x['gpus_per_worker']} GPUs (tp {x['tp']}, pp {x['pp']}, attention-dp {x['attention_dp']}, "
+                f"moe tp {x['moe_tp']} x ep {x['moe_ep']})")
+
+    c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d['backend_version']} · {d['gpus']} GPUs · "
+            f"concurrency {d['concurrency']:.0f} · isl {d['isl']} osl {d['osl']}[/bold]")
+    c.print(f"prefill: {lay(d['prefill'])}\ndecode:  {lay(d['decode'])}")
+    t = Table(show_header=True, header_style="bold")
+    for col in ("mean TTFT ms", "mean TPOT ms", "request ms", "tok/s/GPU", "tok/s/user", "decode batch",
+                "prefill util", "KV transfer ms"):
+        t.add_column(col, justify="right")
+    t.add_row(_f(d["ttft_ms"]), _f(d["tpot_ms"], "{:.3f}"), _f(d["request_latency_ms"], "{:.0f}"),
+              _f(d["tokens_per_s_per_gpu"], "{:.1f}"), _f(d["tokens_per_s_per_user"], "{:.1f}"),
+              _f(d["decode_batch"], "{:.1f}"), _f(d["prefill_utilisation"], "{:.2f}"), _f(d["kv_transfer_ms"], "{:.3f}"))
+    c.print(t)
+    _print_percentiles(c, d)
+    cap = d.get("decode_kv_capacity")
+    if cap is not None and d["decode_batch"] > cap:
+        c.print(f"[yellow]warning: a decode rank runs {d['decode_batch']:.1f} requests but its KV cache holds "
+                f"{cap:.1f} of {d['isl']}+{d['osl']} tokens by infercast's memory model[/yellow]")
+
+
 def print_serving(d: dict) -> None:
     c = _console()
     c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d['backend_version']} · {d['gpus']} GPUs · "
@@ -106,10 +142,4 @@ def print_serving(d: dict) -> None:
               _f(d["tokens_per_s_per_gpu"], "{:.1f}"), _f(d["tokens_per_s_per_user"], "{:.1f}"),
               _f(d["decode_batch"], "{:.1f}"), str(d["bound"]))
     c.print(t)
-    if d.get("ttft_p50_ms") is not None:
-        p = Table(show_header=True, header_style="bold")
-        for col in ("over requests", "p50", "p90", "p99", "mean"):
-            p.add_column(col, justify="right")
-        for metric, fmt in (("ttft", "{:.2f}"), ("tpot", "{:.3f}")):
-            p.add_row(f"{metric.upper()} ms", *(_f(d[f"{metric}_p{q}_ms"], fmt) for q in (50, 90, 99)), _f(d[f"{metric}_ms"], fmt))
-        c.print(p)
+    _print_percentiles(c, d)

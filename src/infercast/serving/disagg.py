@@ -55,6 +55,7 @@ class DisaggResult(ServingMetrics):
     kv_transfer_ms: float
     prefill_batch: int = 1  # prompts per prefill step in the steady state
     arrival_rate_per_s: float = 0.0  # requests per second reaching the prefill pool (steady state)
+    decode_kv_capacity: float | None = None  # requests of isl+osl one decode rank's KV cache holds (if known)
     ttft_p50_ms: float | None = None
     ttft_p90_ms: float | None = None
     ttft_p99_ms: float | None = None

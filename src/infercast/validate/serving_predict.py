@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
+from ..api import serve_disagg
 from ..errors import UnsupportedModelError
 from ..serving.agg import serve_agg
 from ..serving.backends import scheduler_params
-from ..serving.disagg import kv_transfer_ms, solve_disagg
 from .predict import EstimatorCache, clients_per_rank
 from .silicon import SiliconRow
 
@@ -29,14 +29,10 @@ def serving_predictor(cache: EstimatorCache, params=None):
             raise UnsupportedModelError("disaggregated row without prefill/decode worker counts", "the configuration is not fully specified")
         pe = cache.get(row, row.prefill)
         de = cache.get(row, row.decode)
-        node = pe.data.system.node
-        transfer = kv_transfer_ms(pe.memory.kv_per_token, row.isl, pe.gpus, node.inter_node_bw, node.p2p_latency_s)
-        gpus = row.prefill_workers * pe.gpus + row.decode_workers * de.gpus
-        conc = float(row.concurrency)
-        res = solve_disagg(
-            pe.engine, de.engine, conc, row.isl, row.osl, row.prefill_workers, row.decode_workers,
-            de.plan.parallel.attention_dp, row.prefill.batch_size or 1, p_for(row.backend, pe.data.system, pe.spec), p_for(row.backend, de.data.system, de.spec), transfer, gpus,
-            prefill_dp=pe.plan.parallel.attention_dp,
+        res = serve_disagg(
+            pe, de, concurrency=int(row.concurrency), isl=row.isl, osl=row.osl, prefill_workers=row.prefill_workers,
+            decode_workers=row.decode_workers, prefill_batch=row.prefill.batch_size or 1,
+            params_prefill=p_for(row.backend, pe.data.system, pe.spec), params_decode=p_for(row.backend, de.data.system, de.spec),
         )
         return res.ttft_ms, res.tpot_ms, f"data {pe.version}; decode batch {res.decode_batch:.0f}; prefill util {res.prefill_utilisation:.2f}"
 
