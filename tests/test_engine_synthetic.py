@@ -588,3 +588,21 @@ def test_decode_run_equals_decode_steps(est_fp8, b):
         assert run == pytest.approx(steps, rel=1e-13)
         assert run[1] == pytest.approx(sum(exp.values()), rel=1e-13)
     assert np.all(est_fp8.engine.decode_run_ms(0.0, kv) == 0.0)
+
+
+def test_cuda_graph_padding_reaches_token_wise_ops_only(est):
+    """dec_pad: a decode batch of 5 run in the graph of 8 — every token-wise op costs what it
+    costs for 8 rows, attention what it costs for the 5 real sequences; the scalar decode path
+    agrees."""
+    eng = est.engine
+    padded = eng.components(dec_batch=5.0, dec_kv=300.0, dec_pad=3.0)
+    real = eng.components(dec_batch=5.0, dec_kv=300.0)
+    eight = eng.components(dec_batch=8.0, dec_kv=300.0)
+    kinds = {c.name: c.op.kind for c in eng.ops}
+    assert any(k == "attention" for k in kinds.values()) and any(k == "gemm" for k in kinds.values())
+    for name, (v, _) in padded.items():
+        want = real[name][0] if kinds[name] == "attention" else eight[name][0]
+        np.testing.assert_allclose(v, want, rtol=1e-12)
+    total = sum(float(v) for v, _ in padded.values())
+    assert eng.decode_scalar(5.0, 300.0, 3.0) == pytest.approx(total, rel=1e-12)
+    assert float(eng.decode_run_ms(5.0, np.full(40, 300.0), 3.0)[0]) == pytest.approx(total, rel=1e-12)

@@ -420,3 +420,75 @@ def test_disagg_percentiles():
     assert r.ttft_p50_ms <= r.ttft_p90_ms <= r.ttft_p99_ms
     # a steady-state request never finishes its prefill faster than one batch
     assert r.ttft_dist.values.min() >= 10.0 - 1e-9
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA-graph padding of decode batches
+# ----------------------------------------------------------------------------------------------
+
+
+def test_graph_pad_to_the_next_captured_size():
+    p = params(graph_batch_sizes=(1, 2, 4, 8))
+    assert p.graph_pad(3) == 1.0 and p.graph_pad(2.5) == 1.5 and p.graph_pad(8) == 0.0
+    assert p.graph_pad(9) == 0.0 and p.graph_pad(0) == 0.0  # beyond the largest graph: eager, unpadded
+    assert params().graph_pad(3) == 0.0  # no captured sizes, no padding
+
+
+def test_backend_graph_sizes_and_their_sources():
+    from infercast.serving.backends import CUDA_GRAPH_SIZES, scheduler_params
+
+    v = CUDA_GRAPH_SIZES["vllm"]
+    assert v[:5] == (1, 2, 4, 8, 16) and 248 in v and 256 in v and 264 not in v and 272 in v and v[-1] == 512
+    s = CUDA_GRAPH_SIZES["sglang"]
+    assert s[:5] == (1, 2, 4, 8, 16) and s[-1] == 160 and 12 not in s
+    assert CUDA_GRAPH_SIZES["trtllm"] == ()  # enable_padding is off by default
+
+    class Gpu:
+        def __init__(self, gb):
+            self.mem_capacity = gb * 2**30
+
+    class Sys:
+        def __init__(self, gb):
+            self.gpu = Gpu(gb)
+
+    assert scheduler_params("sglang", Sys(80)).graph_batch_sizes[-1] == 160
+    assert scheduler_params("sglang", Sys(141)).graph_batch_sizes[-1] == 256
+    assert scheduler_params("trtllm", Sys(141)).graph_pad(3) == 0.0
+
+
+class PadEngine(ConstEngine):
+    """Decode step = a + b x rows (padded) + c x real sequences (their attention)."""
+
+    def __init__(self, a: float, b: float, c: float):
+        super().__init__(a)
+        self.a, self.b, self.c = a, b, c
+
+    def step_ms(self, **shape):
+        kv = np.asarray(shape.get("dec_kv", 1.0), dtype=float)
+        d = float(shape.get("dec_batch", 0.0))
+        return np.full(kv.shape, self.a + self.b * (d + float(shape.get("dec_pad", 0.0))) + self.c * d)
+
+    def decode_scalar(self, batch, kv, pad=0.0):
+        return self.a + self.b * (batch + pad) + self.c * batch
+
+
+def test_decode_steps_run_padded_in_every_serving_model():
+    eng = PadEngine(1.0, 0.1, 0.01)
+    p = params(graph_batch_sizes=(1, 2, 4, 8), mixed=False, lockstep=True)
+    # lock-step simulation: 3 clients decode together in the graph of 4
+    r = simulate(eng, 3, 100, 11, p, 1e9, 1, requests_per_client=1)
+    assert r.tpot_ms == pytest.approx(1.0 + 0.1 * 4 + 0.01 * 3)
+    # disaggregated decode pool: 3 clients on one decode rank (constant prefill, no transfer)
+    pe = ConstEngine(0.001)
+    pd = params(graph_batch_sizes=(1, 2, 4, 8))
+    rd = solve_disagg(pe, eng, 3, 100, 1001, 1, 1, 1, 1, params(), pd, 0.0, 2)
+    d = rd.decode_batch
+    assert rd.tpot_ms == pytest.approx(1.0 + 0.1 * (d + pd.graph_pad(d)) + 0.01 * d)
+    assert pd.graph_pad(d) > 0
+    # steady state: the decode-only steps (a share 1 - lam of them, lam = d / 1000 prompts per
+    # step) run padded to the next graph; steps that carry a prefill chunk are not padded
+    rs = solve_steady(eng, 3, 100, 1001, pd, 1e9, 1)
+    r0 = solve_steady(eng, 3, 100, 1001, params(), 1e9, 1)
+    d = rs.decode_batch
+    assert d == pytest.approx(r0.decode_batch)
+    assert rs.tpot_ms - r0.tpot_ms == pytest.approx((1.0 - d / 1000) * 0.1 * pd.graph_pad(d))

@@ -180,14 +180,18 @@ class CompiledEngine:
         ctx_prefix=0.0,
         dec_batch=0.0,
         dec_kv=1.0,
+        dec_pad=0.0,
         phase: str | None = None,
     ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Per-op latency (ms, summed over the op's count) and provenance for one step shape."""
-        ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv = np.broadcast_arrays(
-            *(np.asarray(a, dtype=float) for a in (ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv))
+        """Per-op latency (ms, summed over the op's count) and provenance for one step shape.
+        ``dec_pad``: padding rows of a CUDA graph captured for a larger decode batch — the
+        token-wise ops run on ``dec_batch + dec_pad`` decoding rows, attention on ``dec_batch``."""
+        ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv, dec_pad = np.broadcast_arrays(
+            *(np.asarray(a, dtype=float) for a in (ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv, dec_pad))
         )
-        tokens = ctx_batch * ctx_isl + dec_batch * self.decode_width
-        seqs = ctx_batch + dec_batch
+        rows = dec_batch + dec_pad
+        tokens = ctx_batch * ctx_isl + rows * self.decode_width
+        seqs = ctx_batch + rows
         zero = np.zeros_like(ctx_batch)
         out = {}
         for c in self.ops:
@@ -199,7 +203,7 @@ class CompiledEngine:
                 vg, pg = self._generation_attention(c, dec_batch, dec_kv)
                 out[c.name] = (vc + vg, np.maximum(np.where(ctx_batch > 0, pc, 0), np.where(dec_batch > 0, pg, 0)).astype(np.int8))
             else:
-                out[c.name] = self._tokenwise(c, dec_batch if draft else tokens, dec_batch if draft else seqs)
+                out[c.name] = self._tokenwise(c, rows if draft else tokens, rows if draft else seqs)
         return out
 
     def step_ms(self, **shape) -> np.ndarray:
@@ -265,10 +269,13 @@ class CompiledEngine:
     def prefill_scalar(self, batch: float, isl: float, prefix: float = 0.0) -> float:
         return self.tokenwise_scalar(batch * isl, batch) + self.context_attention_scalar(batch, isl, prefix)
 
-    def decode_scalar(self, batch: float, kv_len: float) -> float:
-        return self.tokenwise_scalar(batch * self.decode_width, batch, batch) + self.generation_attention_scalar(batch, kv_len)
+    def decode_scalar(self, batch: float, kv_len: float, pad: float = 0.0) -> float:
+        """One decode step of ``batch`` sequences at KV length ``kv_len`` (``pad``: CUDA-graph
+        padding rows, token-wise ops only; see :meth:`components`)."""
+        rows = batch + pad
+        return self.tokenwise_scalar(rows * self.decode_width, rows, rows) + self.generation_attention_scalar(batch, kv_len)
 
-    def decode_run_ms(self, batch: float, kv_len) -> np.ndarray:
+    def decode_run_ms(self, batch: float, kv_len, pad: float = 0.0) -> np.ndarray:
         """Decode-only steps of ``batch`` sequences at each KV length of the array ``kv_len`` (a
         run of steps between two scheduler events). The token-wise ops do not depend on the KV
         length, so they are summed once (scalar, memoised) and only the attention ops run over the
@@ -278,8 +285,9 @@ class CompiledEngine:
         if batch <= 0:
             return np.zeros_like(kv)
         if kv.size <= SCALAR_RUN:  # most runs end at the next arrival after one step: no numpy
-            return np.array([self.decode_scalar(float(batch), float(x)) for x in kv.ravel()]).reshape(kv.shape)
-        total = np.full(kv.shape, self.tokenwise_scalar(batch * self.decode_width, float(batch), float(batch)))
+            return np.array([self.decode_scalar(float(batch), float(x), pad) for x in kv.ravel()]).reshape(kv.shape)
+        rows = float(batch) + pad
+        total = np.full(kv.shape, self.tokenwise_scalar(rows * self.decode_width, rows, rows))
         step = np.maximum(kv - 1.0, 1.0)
         b = np.full(kv.shape, float(batch))
         for c in self._attn_ops + self._draft_attn_ops:

@@ -86,10 +86,16 @@ class ServingResult(ServingMetrics):
     tpot_dist: Distribution | None = None
 
 
-def _steps(engine, d, isl, osl, chunk, chunk_prefix, n_prefill_in_step, mixed: bool):
-    """(decode-only step, step carrying prefill, prefill-only step) in ms."""
+def _steps(engine, d, isl, osl, chunk, chunk_prefix, n_prefill_in_step, mixed: bool, pad: float = 0.0):
+    """(decode-only step, step carrying prefill, prefill-only step) in ms; ``pad``: CUDA-graph
+    padding rows of the decode-only step (:meth:`SchedulerParams.graph_pad`)."""
     kv = isl + osl / 2.0
-    dec = float(engine.step_ms(dec_batch=d, dec_kv=kv)) if d > 0 else 0.0
+    if d <= 0:
+        dec = 0.0
+    elif pad > 0:
+        dec = float(engine.step_ms(dec_batch=d, dec_kv=kv, dec_pad=pad))
+    else:
+        dec = float(engine.step_ms(dec_batch=d, dec_kv=kv))
     if mixed:
         mix = float(engine.step_ms(ctx_batch=n_prefill_in_step, ctx_isl=chunk, ctx_prefix=chunk_prefix, dec_batch=d, dec_kv=kv))
         pre = mix
@@ -140,7 +146,7 @@ def solve_steady(
     chunk_load = lam * n_chunks  # prefill chunks needed per step
     per_step = max(1.0, chunk_load)
     frac = min(1.0, chunk_load)  # share of steps carrying prefill work
-    dec, mix, pre = _steps(engine, d, isl, osl, chunk, prefix, per_step, params.mixed)
+    dec, mix, pre = _steps(engine, d, isl, osl, chunk, prefix, per_step, params.mixed, params.graph_pad(d))
     if params.mixed:
         t_avg = (1.0 - frac) * params.step_ms(dec, d) + frac * params.step_ms(mix, d + per_step)
         # the step that carries a request's own prefill also carries the prompts that arrived

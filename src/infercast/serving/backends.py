@@ -80,6 +80,11 @@ class SchedulerParams:
       (TensorRT-LLM's default ``GUARANTEED_NO_EVICT`` capacity policy) or allocates on demand
       (vLLM, SGLang: a running request holds ``isl + osl/2`` tokens on average; preemption keeps the
       pool full rather than idle).
+    * ``graph_batch_sizes``: the decode batch sizes the engine captures CUDA graphs for, with
+      padding: a decode-only step of ``d`` sequences runs the graph of the smallest captured size
+      ``>= d``, so its token-wise ops (GEMM, MoE, norms, collectives) work on that many rows while
+      attention sees the ``d`` real sequences (padded slots have no KV); beyond the largest size
+      the step runs unpadded. Empty: no padding (:data:`CUDA_GRAPH_SIZES` gives the sources).
     """
 
     mixed: bool
@@ -95,6 +100,16 @@ class SchedulerParams:
     seq_overhead_ms: float = 0.0
     overlap: bool = False
     overlap_residual_ms: float = 0.0
+    graph_batch_sizes: tuple[int, ...] = ()
+
+    def graph_pad(self, decodes: float) -> float:
+        """Padding rows a decode-only step of ``decodes`` sequences runs with (0 without a
+        captured size that holds it)."""
+        sizes = self.graph_batch_sizes
+        if not sizes or decodes <= 0 or decodes > sizes[-1]:
+            return 0.0
+        i = int(np.searchsorted(sizes, decodes - 1e-9))
+        return float(sizes[i]) - float(decodes)
 
     def host_ms(self, seqs) -> float:
         """Host time of one step carrying ``seqs`` sequences (decodes + prefills)."""
@@ -130,11 +145,33 @@ class SchedulerParams:
 #: 23.9%, but nothing in a row tells which regime its harness ran); vLLM requests_per_client 7 with
 #: a 30 ms front end (vLLM TTFT 21.3% -> 19.6%; TensorRT-LLM's optimum on the same grid stays at
 #: 10 / 100 ms, and one benchmark length per backend would be a fit to harnesses, not engines).
+def _sizes(*parts) -> tuple[int, ...]:
+    return tuple(sorted({int(x) for part in parts for x in part}))
+
+
+#: CUDA-graph decode batch sizes with padding, per backend (``graph_batch_sizes``):
+#: vLLM (V1 engine): ``[1, 2, 4]``, multiples of 8 below 256, multiples of 16 up to
+#: ``min(2 x max_num_seqs, 512)`` = 512 (``VllmConfig`` cudagraph capture sizes); uniform-decode
+#: batches are padded to the next size. SGLang: ``[1, 2, 4, 8]`` and multiples of 8 from 16 to
+#: 160, to 256 on GPUs with more than 80 GB (``cuda_graph_bs`` / ``cuda_graph_max_bs``
+#: defaults, model_runner ``get_batch_sizes_to_capture``); decode batches are padded. TensorRT-LLM:
+#: ``CudaGraphConfig.enable_padding`` is False by default, so a batch size outside its list runs
+#: without a graph rather than padded: no padding here (the host cost of such eager steps is not
+#: modelled).
+CUDA_GRAPH_SIZES = {
+    "vllm": _sizes([1, 2, 4], range(8, 256, 8), range(256, 513, 16)),
+    "sglang": _sizes([1, 2, 4, 8], range(16, 161, 8)),
+    "trtllm": (),
+}
+SGLANG_LARGE_GPU_GRAPH_SIZES = _sizes(CUDA_GRAPH_SIZES["sglang"], range(160, 257, 8))
+SGLANG_GRAPH_LARGE_GPU_BYTES = 80 * 2**30
+
 SCHEDULERS = {
-    "trtllm": SchedulerParams(True, True, 8192, 2048, 0.0, 100.0, 10.0, True),
-    "vllm": SchedulerParams(True, True, 8192, 1024, 0.0, 40.0, 10.0, False, seq_overhead_ms=0.010),
+    "trtllm": SchedulerParams(True, True, 8192, 2048, 0.0, 100.0, 10.0, True, graph_batch_sizes=CUDA_GRAPH_SIZES["trtllm"]),
+    "vllm": SchedulerParams(True, True, 8192, 1024, 0.0, 40.0, 10.0, False, seq_overhead_ms=0.010,
+                            graph_batch_sizes=CUDA_GRAPH_SIZES["vllm"]),
     "sglang": SchedulerParams(False, True, 8192, 4096, 2.0, 120.0, 10.0, False, lockstep=True,
-                              overlap=True, overlap_residual_ms=0.5),
+                              overlap=True, overlap_residual_ms=0.5, graph_batch_sizes=CUDA_GRAPH_SIZES["sglang"]),
 }
 
 
@@ -151,6 +188,8 @@ def scheduler_params(name: str, system=None, spec=None) -> SchedulerParams:
     p = SCHEDULERS[name]
     if name == "sglang" and system is not None and system.gpu.mem_capacity >= SGLANG_LARGE_GPU_BYTES:
         p = replace(p, max_num_tokens=SGLANG_LARGE_GPU_CHUNK)
+    if name == "sglang" and system is not None and system.gpu.mem_capacity > SGLANG_GRAPH_LARGE_GPU_BYTES:
+        p = replace(p, graph_batch_sizes=SGLANG_LARGE_GPU_GRAPH_SIZES)
     if name == "sglang" and spec is not None and getattr(spec, "gdn", None) is not None:
         # SGLang runs hybrid linear-attention (Gated DeltaNet / Mamba) models without the overlap
         # scheduler unless --mamba-scheduler-strategy extra_buffer is set (sgl-project/sglang#14792)

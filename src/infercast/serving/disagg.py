@@ -72,6 +72,12 @@ def kv_transfer_ms(kv_bytes_per_token_per_gpu: float, isl: int, prefill_gpus: in
     return per_gpu / bandwidth * 1e3 + latency_s * 1e3
 
 
+def _decode_step(engine, params: SchedulerParams, d: float, kv: float) -> float:
+    """Wall time of one decode-only step of ``d`` sequences (CUDA-graph padding included)."""
+    pad = params.graph_pad(d)
+    return params.step_ms(engine.decode_scalar(d, kv, pad) if pad > 0 else engine.decode_scalar(d, kv), d)
+
+
 def solve_disagg(
     prefill_engine,
     decode_engine,
@@ -124,9 +130,9 @@ def solve_disagg(
     rho = 0.0
     k_steady = per_step
     lam = 0.0
-    step = params_decode.step_ms(decode_engine.decode_scalar(max(d, 1.0), kv), max(d, 1.0))
+    step = _decode_step(decode_engine, params_decode, max(d, 1.0), kv)
     for _ in range(iterations):
-        step = params_decode.step_ms(decode_engine.decode_scalar(max(d, 1.0), kv), max(d, 1.0))
+        step = _decode_step(decode_engine, params_decode, max(d, 1.0), kv)
         cycle = ttft + out_steps * step + transfer_ms
         lam = C / cycle  # requests per ms
         # a batch holds the prompts that arrived while the previous one ran (fixed point)
@@ -149,7 +155,7 @@ def solve_disagg(
             ttft, d = ttft_new, d_new
             break
         ttft, d = 0.5 * (ttft + ttft_new), 0.5 * (d + d_new)
-    step = params_decode.step_ms(decode_engine.decode_scalar(max(d, 1.0), kv), max(d, 1.0))
+    step = _decode_step(decode_engine, params_decode, max(d, 1.0), kv)
     tpot = (out_steps * step + transfer_ms) / max(osl - 1, 1)
     # first wave: C prompts at once over the prefill workers
     per_worker = C / servers

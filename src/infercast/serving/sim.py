@@ -90,7 +90,8 @@ def simulate(
     n_running = 0  # requests in ``running`` (kept as cohorts enter and leave it)
     # a run of decode-only steps: CompiledEngine sums its token-wise ops once per run; any other
     # engine (tests' synthetic ones) answers through step_ms
-    decode_run = getattr(engine, "decode_run_ms", None) or (lambda b, kv: engine.step_ms(dec_batch=b, dec_kv=kv))
+    decode_run = getattr(engine, "decode_run_ms", None) or (
+        lambda b, kv, pad=0.0: engine.step_ms(dec_batch=b, dec_kv=kv, **({"dec_pad": pad} if pad else {})))
     issued = C
     t = 0.0
     ttft_v, tpot_v, lat_v, w_v = [], [], [], []
@@ -213,7 +214,9 @@ def simulate(
         k = max(1, min(math.ceil((osl - c.generated) / tau - 1e-9) for c in running))
         base_kv = sum(c.n * (isl + c.generated) for c in running) / in_flight
         j = np.arange(k, dtype=float)
-        dts = params.step_ms(np.asarray(decode_run(float(in_flight), base_kv + j), float), in_flight)
+        pad = params.graph_pad(in_flight)
+        run = decode_run(float(in_flight), base_kv + j, pad) if pad > 0 else decode_run(float(in_flight), base_kv + j)
+        dts = params.step_ms(np.asarray(run, float), in_flight)
         if waiting and waiting[0].arrival > t:  # none waiting has arrived (none blocked): the next does
             ends = t + np.cumsum(dts)
             # stop after the step during which the next request arrives
