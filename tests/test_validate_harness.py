@@ -451,3 +451,19 @@ def test_rowresult_properties(rows: list[SiliconRow]) -> None:
     failed = RowResult(rows[0], None, None, error="X: y", error_kind="X")
     assert not failed.predicted and failed.ttft_ape is None
     assert issubclass(NotAvailableError, InfercastError)
+
+
+def test_reference_benchmark_parses_the_reference_output_and_needs_a_reference(capsys, monkeypatch):
+    """benchmarks.reference reads TTFT / TPOT / memory from the reference's printed estimate, and
+    without a reference to run says how to get one (exit 2) instead of failing later."""
+    from benchmarks import reference as ref
+
+    text = "  TTFT:             1265.208 ms\n  TPOT:             8.351 ms\n  Memory (GPU):     25.19 GB\n"
+    assert ref.parse_reference(text) == {"ttft_ms": 1265.208, "tpot_ms": 8.351, "memory_gb": 25.19}
+    assert ref.parse_reference("no estimate here") == {}
+    argv = ref.reference_argv(["aic"], ref.Config("m/x", "h200_sxm", "vllm", 4, 8, 100, 10, moe_tp=1, moe_ep=4))
+    assert argv[:3] == ["aic", "cli", "estimate"] and argv[argv.index("--moe-ep-size") + 1] == "4"
+    monkeypatch.delenv("INFERCAST_REFERENCE", raising=False)
+    monkeypatch.setattr(ref.shutil, "which", lambda _: None)
+    assert ref.main(["--reference", "/nonexistent/aiconfigurator"]) == 2
+    assert "no reference found" in capsys.readouterr().err
