@@ -492,3 +492,37 @@ def test_decode_steps_run_padded_in_every_serving_model():
     d = rs.decode_batch
     assert d == pytest.approx(r0.decode_batch)
     assert rs.tpot_ms - r0.tpot_ms == pytest.approx((1.0 - d / 1000) * 0.1 * pd.graph_pad(d))
+
+
+# ----------------------------------------------------------------------------------------------
+# properties of the per-request distributions (hypothesis)
+# ----------------------------------------------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_vals = st.lists(st.floats(0.0, 1e6, allow_nan=False), min_size=1, max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_vals, st.data())
+def test_percentiles_are_monotone_and_bounded(values, data):
+    from infercast.serving.result import Distribution
+
+    w = data.draw(st.lists(st.floats(0.01, 100.0), min_size=len(values), max_size=len(values)))
+    d = Distribution(np.array(values), np.array(w))
+    qs = [d.percentile(q) for q in (1, 25, 50, 75, 90, 99, 100)]
+    assert qs == sorted(qs) and min(values) <= qs[0] and qs[-1] == max(values)
+    assert min(values) - 1e-6 <= d.mean() <= max(values) + 1e-6
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 5000), st.floats(0.0, 1.0), st.floats(0.0, 1e3), st.floats(0.0, 0.99))
+def test_spread_helpers_keep_their_means(n, p, mean, p_zero):
+    from infercast.serving.result import binomial_share, exponential_tail, mixture, uniform
+
+    assert binomial_share(n, p).mean() == pytest.approx(p, abs=1e-9)
+    assert exponential_tail(mean, p_zero).mean() == pytest.approx(mean, rel=1e-9, abs=1e-12)
+    u = uniform(mean, 2 * mean + 1)
+    assert u.mean() == pytest.approx(1.5 * mean + 0.5, rel=1e-9)
+    m = mixture((u, 0.3), (binomial_share(n, p), 0.7))
+    assert m.mean() == pytest.approx(0.3 * u.mean() + 0.7 * p, rel=1e-9, abs=1e-9)
