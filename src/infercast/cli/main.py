@@ -124,12 +124,17 @@ def cmd_serve(a) -> int:
     out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend, "backend_version": est.version,
            "gpus": est.gpus, "concurrency": a.concurrency, "concurrency_per_rank": per_rank, "isl": a.isl, "osl": a.osl,
            "scheduler": asdict(params)}
+    return _emit(a, out, "print_serving")
+
+
+def _emit(a, out: dict, printer: str) -> int:
+    """``out`` as JSON with ``--json``, else through ``report.console.<printer>``."""
     if a.json:
         print(json.dumps(out, indent=1, default=str))
         return 0
-    from ..report.console import print_serving
+    from ..report import console
 
-    print_serving(out)
+    getattr(console, printer)(out)
     return 0
 
 
@@ -154,13 +159,7 @@ def cmd_serve_disagg(a) -> int:
            "gpus": a.prefill_workers * pe.gpus + a.decode_workers * de.gpus, "isl": a.isl, "osl": a.osl, **layout,
            "scheduler_prefill": asdict(scheduler_params(a.backend, pe.data.system, pe.spec)),
            "scheduler_decode": asdict(scheduler_params(a.backend, de.data.system, de.spec))}
-    if a.json:
-        print(json.dumps(out, indent=1, default=str))
-        return 0
-    from ..report.console import print_serving_disagg
-
-    print_serving_disagg(out)
-    return 0
+    return _emit(a, out, "print_serving_disagg")
 
 
 def _layout(est) -> dict:

@@ -63,7 +63,7 @@ import math
 from dataclasses import dataclass
 
 from .backends import SchedulerParams
-from .result import Distribution, ServingMetrics, binomial_share, mixture, uniform
+from .result import ServingMetrics, binomial_share, mixture, uniform
 
 #: steps a new request waits before its first prefill chunk: it arrives while a step runs
 WAIT_STEPS = 1.0
@@ -76,14 +76,6 @@ class ServingResult(ServingMetrics):
     prefill_chunks: int
     step_ms: float
     bound: str  # what limits the decode batch: clients / token budget / kv cache / max requests
-    ttft_p50_ms: float | None = None
-    ttft_p90_ms: float | None = None
-    ttft_p99_ms: float | None = None
-    tpot_p50_ms: float | None = None
-    tpot_p90_ms: float | None = None
-    tpot_p99_ms: float | None = None
-    ttft_dist: Distribution | None = None  # per request (weights = shares of requests)
-    tpot_dist: Distribution | None = None
 
 
 def _steps(engine, d, isl, osl, chunk, chunk_prefix, n_prefill_in_step, mixed: bool, pad: float = 0.0):

@@ -56,14 +56,6 @@ class DisaggResult(ServingMetrics):
     prefill_batch: int = 1  # prompts per prefill step in the steady state
     arrival_rate_per_s: float = 0.0  # requests per second reaching the prefill pool (steady state)
     decode_kv_capacity: float | None = None  # requests of isl+osl one decode rank's KV cache holds (if known)
-    ttft_p50_ms: float | None = None
-    ttft_p90_ms: float | None = None
-    ttft_p99_ms: float | None = None
-    tpot_p50_ms: float | None = None
-    tpot_p90_ms: float | None = None
-    tpot_p99_ms: float | None = None
-    ttft_dist: Distribution | None = None  # per request (weights = shares of requests)
-    tpot_dist: Distribution | None = None
 
 
 def kv_transfer_ms(kv_bytes_per_token_per_gpu: float, isl: int, prefill_gpus: int, bandwidth: float, latency_s: float) -> float:

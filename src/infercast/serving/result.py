@@ -12,7 +12,7 @@ of requests each part stands for — the same weights as the means.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -114,18 +114,24 @@ class ServingMetrics:
     request_latency_ms: float
     tokens_per_s_per_gpu: float
     tokens_per_s_per_user: float
+    # over the benchmark's requests (set by :meth:`set_percentiles`; keyword-only, so subclasses
+    # keep their positional fields)
+    ttft_p50_ms: float | None = field(default=None, kw_only=True)
+    ttft_p90_ms: float | None = field(default=None, kw_only=True)
+    ttft_p99_ms: float | None = field(default=None, kw_only=True)
+    tpot_p50_ms: float | None = field(default=None, kw_only=True)
+    tpot_p90_ms: float | None = field(default=None, kw_only=True)
+    tpot_p99_ms: float | None = field(default=None, kw_only=True)
+    ttft_dist: Distribution | None = field(default=None, kw_only=True, repr=False)  # per request
+    tpot_dist: Distribution | None = field(default=None, kw_only=True, repr=False)
 
     def to_dict(self) -> dict:
         """The numbers (per-request distributions, fields ending in ``_dist``, left out)."""
         return {k: v for k, v in asdict(self).items() if not k.endswith("_dist")}
 
     def set_percentiles(self, ttft: Distribution, tpot: Distribution) -> None:
-        """Fill ``ttft_p50_ms`` ... ``tpot_p99_ms`` (and keep the distributions) on results that
-        have those fields."""
-        names = {f.name for f in fields(self)}
+        """Keep the per-request distributions and fill ``ttft_p50_ms`` ... ``tpot_p99_ms``."""
         for metric, dist in (("ttft", ttft), ("tpot", tpot)):
-            if f"{metric}_dist" in names:
-                setattr(self, f"{metric}_dist", dist)
+            setattr(self, f"{metric}_dist", dist)
             for q in PERCENTILES:
-                if f"{metric}_p{q}_ms" in names:
-                    setattr(self, f"{metric}_p{q}_ms", dist.percentile(q))
+                setattr(self, f"{metric}_p{q}_ms", dist.percentile(q))

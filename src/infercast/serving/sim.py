@@ -49,14 +49,6 @@ class _Cohort:
 class SimResult(ServingMetrics):
     mean_decode_batch: float
     steps: int
-    ttft_p50_ms: float
-    ttft_p90_ms: float
-    ttft_p99_ms: float
-    tpot_p50_ms: float
-    tpot_p90_ms: float
-    tpot_p99_ms: float
-    ttft_dist: Distribution | None = None  # per request, as simulated (weights = requests)
-    tpot_dist: Distribution | None = None
 
 
 def simulate(
@@ -242,7 +234,6 @@ def simulate(
         concurrency=C, ttft_ms=ttft, tpot_ms=tpot, request_latency_ms=lat,
         tokens_per_s_per_gpu=tput, tokens_per_s_per_user=1e3 / tpot if tpot > 0 else 0.0,
         mean_decode_batch=dec_batch_time / t if t > 0 else 0.0, steps=steps,
-        ttft_p50_ms=0.0, ttft_p90_ms=0.0, ttft_p99_ms=0.0, tpot_p50_ms=0.0, tpot_p90_ms=0.0, tpot_p99_ms=0.0,
     )
     res.set_percentiles(ttft_d, tpot_d)
     return res
