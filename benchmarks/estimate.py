@@ -226,6 +226,14 @@ def serving_speed(budget_s: float, seed: int = 0) -> dict:
     out["solve_disagg, trtllm 2 prefill x 2 decode workers, distinct configs"] = _rate(disagg, cfgs, budget_s)
     model, system, _, tp = SERVING_CONFIGS["trtllm"]
     out["config"] = f"{model} {system} tp={tp}"
+    # a whole deployment search: every layout of one node x 11 concurrencies (tables already read)
+    from infercast.search import search_agg
+
+    t0 = time.perf_counter()
+    res = search_agg(model, system, "trtllm", 4000, 500, ttft_max_ms=2000, tpot_max_ms=30)
+    dt = time.perf_counter() - t0
+    out["search"] = {"seconds": dt, "candidates": len(res.candidates),
+                     "layouts": len({c.layout for c in res.candidates}), "per_candidate_ms": 1e3 * dt / max(len(res.candidates), 1)}
     return out
 
 
@@ -287,7 +295,10 @@ def render(res: dict) -> None:
     rows += [(f"(d) serving model, one configuration per call: {sv['config']}", "", "")]
     for k, v in sv.items():
         if isinstance(v, dict):
-            rows.append((f"  {k}", f"{v['per_s']:,.0f} /s", f"{v['us_per_call'] / 1e3:.2f} ms each, {v['calls']:,} calls in {v['seconds']:.2f} s"))
+            rows.append((f"  {k}", f"{v['per_s']:,.0f} /s", f"{v['us_per_call'] / 1e3:.2f} ms each, {v['calls']:,} calls in {v['seconds']:.2f} s")
+                        if "per_s" in v else
+                        (f"  search_agg, trtllm, isl 4000 osl 500 ({v['layouts']} layouts x concurrency 1-1024)", _fmt_s(v["seconds"]),
+                         f"{v['candidates']} candidates, {v['per_candidate_ms']:.1f} ms each (estimator construction included)"))
     rows.append(("total benchmark time", _fmt_s(res["elapsed_s"]), ""))
     try:
         from rich.console import Console

@@ -162,6 +162,34 @@ def cmd_serve_disagg(a) -> int:
     return _emit(a, out, "print_serving_disagg")
 
 
+def cmd_search(a) -> int:
+    from dataclasses import asdict
+
+    from ..errors import InvalidInputError
+    from ..search import search_agg
+
+    conc = None
+    if a.concurrency:
+        try:
+            conc = [int(x) for x in a.concurrency.split(",") if x.strip()]
+        except ValueError:
+            raise InvalidInputError(f"--concurrency must be comma-separated integers, got {a.concurrency!r}") from None
+    if a.top < 1:
+        raise InvalidInputError(f"--top must be >= 1, got {a.top}")
+    res = search_agg(
+        a.model, a.system, a.backend, a.isl, a.osl, max_gpus=a.max_gpus, concurrencies=conc,
+        ttft_max_ms=a.ttft_ms, tpot_max_ms=a.tpot_ms, backend_version=a.backend_version, systems_path=a.systems_path,
+        moe_quant=a.moe_quant, gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant,
+        attention_quant=a.attention_quant, nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, database_mode=a.database_mode,
+    )
+    out = res.to_dict()
+    if not a.all:
+        out.pop("candidates")
+    out["top"] = [asdict(c) for c in sorted((c for c in res.candidates if c.meets_targets),
+                                            key=lambda c: -c.tokens_per_s_per_gpu)[:a.top]]
+    return _emit(a, out, "print_search")
+
+
 def _layout(est) -> dict:
     p = est.plan.parallel
     return {"tp": p.tp, "pp": p.pp, "attention_dp": p.attention_dp, "moe_tp": p.etp, "moe_ep": p.ep}
@@ -269,6 +297,19 @@ def build_parser() -> argparse.ArgumentParser:
     sd.add_argument("--osl", type=int, required=True)
     sd.add_argument("--json", action="store_true")
     sd.set_defaults(func=cmd_serve_disagg)
+
+    se = sub.add_parser("search", help="search aggregated deployments (layouts x concurrency) under latency targets")
+    _add_model_args(se, parallel=False)
+    se.add_argument("--isl", type=int, required=True)
+    se.add_argument("--osl", type=int, required=True)
+    se.add_argument("--max-gpus", type=int, default=None, help="GPUs per replica at most (default: one node)")
+    se.add_argument("--ttft-ms", type=float, default=None, help="target: mean TTFT at most this (ms)")
+    se.add_argument("--tpot-ms", type=float, default=None, help="target: mean TPOT at most this (ms)")
+    se.add_argument("--concurrency", default=None, help="comma-separated clients per replica (default: 1, 2, 4, ..., 1024)")
+    se.add_argument("--top", type=int, default=5, help="how many deployments that meet the targets to list (default 5)")
+    se.add_argument("--all", action="store_true", help="JSON: include every evaluated candidate")
+    se.add_argument("--json", action="store_true")
+    se.set_defaults(func=cmd_search)
 
     s = sub.add_parser("systems", help="list systems, backends and data versions in the pack")
     s.add_argument("--json", action="store_true")

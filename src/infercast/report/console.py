@@ -143,3 +143,37 @@ def print_serving(d: dict) -> None:
               _f(d["decode_batch"], "{:.1f}"), str(d["bound"]))
     c.print(t)
     _print_percentiles(c, d)
+
+
+def print_search(d: dict) -> None:
+    c = _console()
+    c = Console(highlight=False, width=max(c.width, 140))  # ten columns: wider than a default terminal
+    targets = ", ".join(t for t in (f"TTFT <= {d['ttft_max_ms']:g} ms" if d["ttft_max_ms"] else "",
+                                    f"TPOT <= {d['tpot_max_ms']:g} ms" if d["tpot_max_ms"] else "") if t) or "none"
+    c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d['backend_version']} · isl {d['isl']} osl {d['osl']} · "
+            f"up to {d['max_gpus']} GPUs per replica · targets: {targets}[/bold]")
+
+    def table(title, rows):
+        t = Table(title=title, show_header=True, header_style="bold")
+        for col in ("layout", "GPUs", "clients", "TTFT ms", "TPOT ms", "TTFT p90", "tok/s/GPU", "tok/s/user", "bound", "meets"):
+            t.add_column(col, justify="left" if col in ("layout", "bound") else "right")
+        for r in rows:
+            t.add_row(r["layout"], str(r["gpus"]), str(r["concurrency"]), _f(r["ttft_ms"]), _f(r["tpot_ms"], "{:.2f}"),
+                      _f(r["ttft_p90_ms"]), _f(r["tokens_per_s_per_gpu"], "{:.1f}"), _f(r["tokens_per_s_per_user"], "{:.1f}"),
+                      str(r["bound"]), "yes" if r["meets_targets"] else "no")
+        c.print(t)
+
+    table("Pareto frontier (tokens/s/user vs tokens/s/GPU)", d["frontier"])
+    if d["top"]:
+        table("best deployments that meet the targets (tokens/s/GPU)", d["top"])
+    best = d["best"]
+    if best is None:
+        c.print("[yellow]no evaluated deployment meets the targets[/yellow]")
+    else:
+        c.print(f"recommended: [bold]{best['layout']}[/bold] ({best['gpus']} GPUs per replica) at {best['concurrency']} "
+                f"clients per replica: TTFT {best['ttft_ms']:.1f} ms, TPOT {best['tpot_ms']:.2f} ms, "
+                f"{best['tokens_per_s_per_gpu']:.1f} tokens/s/GPU, {best['tokens_per_s_per_user']:.1f} tokens/s/user")
+    if d["skipped"]:
+        c.print(f"skipped ({len(d['skipped'])}):")
+        for k, v in list(d["skipped"].items())[:8]:
+            c.print(f"  {k}: {v}")

@@ -1,0 +1,156 @@
+"""Search aggregated deployments: every layout (:mod:`.space`) at every benchmark concurrency,
+through the serving model (:func:`infercast.serving.agg.serve_agg`: what a closed-loop benchmark
+with that many clients would measure), filtered by latency targets and reduced to the Pareto
+frontier and one recommendation (:mod:`.pareto`).
+
+Concurrency is the number of clients of one replica (over its attention-DP ranks); by default the
+powers of two from 1 to ``max_concurrency``. A layout whose weights do not fit, or whose model /
+data cannot be served (no table for a quant mode, a shape out of the data's reach), is skipped
+with the reason, never guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ..errors import InfercastError, InvalidInputError
+from .pareto import meets, pareto_front, recommend
+from .space import Layout, layouts
+
+DEFAULT_MAX_CONCURRENCY = 1024
+
+
+@dataclass
+class Candidate:
+    """One layout at one concurrency, as the serving model predicts it."""
+
+    layout: str
+    tp: int
+    pp: int
+    attention_dp: int
+    moe_tp: int
+    moe_ep: int
+    gpus: int
+    concurrency: int
+    ttft_ms: float
+    tpot_ms: float
+    ttft_p90_ms: float | None
+    tpot_p90_ms: float | None
+    request_latency_ms: float
+    tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+    bound: str
+    meets_targets: bool = True
+
+
+@dataclass
+class SearchResult:
+    model: str
+    system: str
+    backend: str
+    backend_version: str | None
+    isl: int
+    osl: int
+    max_gpus: int
+    ttft_max_ms: float | None
+    tpot_max_ms: float | None
+    candidates: list[Candidate] = field(default_factory=list)
+    frontier: list[int] = field(default_factory=list)  # indices into candidates
+    best: int | None = None
+    skipped: dict[str, str] = field(default_factory=dict)  # layout (or layout@concurrency) -> why
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["frontier"] = [asdict(self.candidates[i]) for i in self.frontier]
+        d["best"] = asdict(self.candidates[self.best]) if self.best is not None else None
+        return d
+
+
+def _positive(name: str, v, kind=float):
+    if v is None:
+        return None
+    try:
+        x = kind(v)
+    except (TypeError, ValueError):
+        raise InvalidInputError(f"{name} must be a positive number, got {v!r}") from None
+    if not x > 0 or x != x or x == float("inf"):
+        raise InvalidInputError(f"{name} must be a positive number, got {v!r}")
+    return x
+
+
+def concurrency_grid(max_concurrency: int) -> list[int]:
+    out, c = [], 1
+    while c <= max_concurrency:
+        out.append(c)
+        c *= 2
+    return out
+
+
+def search_agg(
+    model: str,
+    system: str,
+    backend: str,
+    isl: int,
+    osl: int,
+    *,
+    max_gpus: int | None = None,
+    concurrencies: list[int] | None = None,
+    ttft_max_ms: float | None = None,
+    tpot_max_ms: float | None = None,
+    backend_version: str | None = None,
+    systems_path=None,
+    **estimator_kw,
+) -> SearchResult:
+    """Evaluate every layout of at most ``max_gpus`` GPUs (default: one node) at each concurrency.
+
+    ``estimator_kw`` goes to every :class:`~infercast.Estimator` (quant overrides, ``nextn``,
+    ``database_mode``). Targets are on the mean TTFT and mean TPOT, as benchmarks report them."""
+    from ..api import Estimator
+    from ..serving.agg import serve_agg
+    from ..serving.backends import scheduler_params
+
+    isl, osl = int(_positive("isl", isl, int)), int(_positive("osl", osl, int))
+    ttft_max_ms = _positive("ttft target", ttft_max_ms)
+    tpot_max_ms = _positive("tpot target", tpot_max_ms)
+    conc = sorted({int(_positive("concurrency", c, int)) for c in (concurrencies or concurrency_grid(DEFAULT_MAX_CONCURRENCY))})
+    base = Estimator(model, system, backend, backend_version, systems_path=systems_path, **estimator_kw)
+    node = base.data.system.node
+    gpus_limit = node.gpus_per_node if max_gpus is None else int(_positive("max_gpus", max_gpus, int))
+    lays, skipped = layouts(base.spec, gpus_limit, node.gpus_per_node)
+    res = SearchResult(base.spec.model_id, system, backend, base.version, isl, osl, gpus_limit, ttft_max_ms, tpot_max_ms,
+                       skipped=dict(skipped))
+    params = scheduler_params(backend, base.data.system, base.spec)
+    for lay in lays:
+        try:
+            est = base if lay == Layout() else Estimator(
+                model, system, backend, backend_version, lay.tp, lay.pp, attention_dp=lay.attention_dp,
+                moe_tp=lay.moe_tp, moe_ep=lay.moe_ep, systems_path=systems_path, **estimator_kw)
+        except InfercastError as exc:
+            res.skipped[lay.label] = str(exc)
+            continue
+        _evaluate(res, est, lay, conc, params, serve_agg)
+    ok = [c.meets_targets for c in res.candidates]
+    res.frontier = [int(i) for i in pareto_front([c.tokens_per_s_per_user for c in res.candidates],
+                                                 [c.tokens_per_s_per_gpu for c in res.candidates])]
+    res.best = recommend([c.tokens_per_s_per_gpu for c in res.candidates], [c.gpus for c in res.candidates],
+                         [c.ttft_ms for c in res.candidates], ok)
+    return res
+
+
+def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, serve_agg) -> None:
+    dp = est.plan.parallel.attention_dp
+    for c in conc:
+        per_rank = -(-c // dp)
+        try:
+            r = serve_agg(est.engine, per_rank, res.isl, res.osl, params, est.memory.capacity_for(per_rank), est.gpus_per_rank)
+        except InfercastError as exc:
+            res.skipped[f"{lay.label}@c{c}"] = str(exc)
+            if c == conc[0]:
+                return  # not even the fewest clients fit: the layout does not serve this workload
+            continue
+        p = est.plan.parallel
+        res.candidates.append(Candidate(
+            lay.label, p.tp, p.pp, p.attention_dp, p.etp, p.ep, est.gpus, c, r.ttft_ms, r.tpot_ms, r.ttft_p90_ms,
+            r.tpot_p90_ms, r.request_latency_ms, r.tokens_per_s_per_gpu, r.tokens_per_s_per_user, r.bound,
+            meets(r.ttft_ms, r.tpot_ms, res.ttft_max_ms, res.tpot_max_ms),
+        ))

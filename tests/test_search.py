@@ -1,0 +1,104 @@
+"""Deployment search: the layout space, the Pareto frontier and recommendation (hand-computed),
+an end-to-end search on the synthetic pack, and the command line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import synthpack as sp
+from infercast.cli.main import main
+from infercast.errors import InvalidInputError
+from infercast.search import Layout, layouts, meets, pareto_front, recommend, search_agg
+
+
+def test_pareto_front_by_hand():
+    # (per_user, per_gpu): c is dominated by b, e by d; a duplicate of b is kept once
+    pts = {"a": (10, 100), "b": (20, 80), "c": (15, 70), "d": (40, 50), "e": (30, 40), "b2": (20, 80), "f": (5, 100)}
+    names = list(pts)
+    front = pareto_front([pts[n][0] for n in names], [pts[n][1] for n in names])
+    assert [names[i] for i in front] == ["a", "b", "d"]  # by per_user ascending; f is dominated by a
+    assert pareto_front([], []).tolist() == []
+    with pytest.raises(ValueError):
+        pareto_front([1, 2], [1])
+
+
+def test_meets_and_recommend_by_hand():
+    assert meets(100, 10, 200, 20) and meets(100, 10, None, None)
+    assert not meets(300, 10, 200, None) and not meets(100, 30, None, 20) and not meets(None, 10, 200, None)
+    per_gpu, gpus, ttft = [500, 900, 900, 900, 1000], [2, 4, 2, 2, 8], [50, 40, 60, 30, 10]
+    ok = [True, True, True, True, False]
+    # 1000 misses the targets; among the 900s fewer GPUs win, then the lower TTFT
+    assert recommend(per_gpu, gpus, ttft, ok) == 3
+    assert recommend(per_gpu, gpus, ttft, [False] * 5) is None
+
+
+def test_layout_space_dense_and_moe(synth, real_pack_available):
+    from infercast.api import Estimator
+
+    dense = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", systems_path=synth.systems_dir).spec  # 8 heads, 2 KV heads, 2 layers
+    ok, skipped = layouts(dense, 8, 8)
+    assert [lay.label for lay in ok] == ["tp1", "tp1-pp2", "tp2", "tp2-pp2", "tp4", "tp4-pp2", "tp8"]
+    assert set(skipped) == {"tp1-pp4", "tp1-pp8", "tp2-pp4"} and "exceeds the 2 layers" in skipped["tp1-pp4"]
+    assert all(lay.gpus <= 8 for lay in ok)
+    assert [lay.label for lay in layouts(dense, 16, 8)[0] if lay.gpus == 16] == ["tp8-pp2"]  # TP stays in a node
+    moe = Estimator("deepseek-ai/DeepSeek-V3", "h200_sxm", "trtllm", tp=8).spec
+    labels = [lay.label for lay in layouts(moe, 8, 8)[0]]
+    for want in ("tp8", "tp8-ep8", "tp1-dp8-ep8", "tp4-pp2", "tp1-dp2-ep2"):
+        assert want in labels
+    assert Layout(tp=1, attention_dp=8, moe_tp=1, moe_ep=8).gpus == 8
+    with pytest.raises(InvalidInputError):
+        layouts(dense, 0, 8)
+
+
+def test_search_on_the_synthetic_pack(synth):
+    conc = [1, 4, 16]
+    r = search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, systems_path=synth.systems_dir, concurrencies=conc)
+    assert {c.layout for c in r.candidates} == {"tp1", "tp1-pp2", "tp2", "tp2-pp2", "tp4", "tp4-pp2", "tp8"}
+    assert len(r.candidates) == 7 * len(conc) and all(c.meets_targets for c in r.candidates)
+    u = np.array([c.tokens_per_s_per_user for c in r.candidates])
+    g = np.array([c.tokens_per_s_per_gpu for c in r.candidates])
+    for i in r.frontier:  # nothing beats a frontier point on both
+        assert not np.any((u >= u[i]) & (g >= g[i]) & ((u > u[i]) | (g > g[i])))
+    for j in set(range(len(u))) - set(r.frontier):  # everything else is beaten (or ties) by a frontier point
+        assert any(u[i] >= u[j] and g[i] >= g[j] for i in r.frontier)
+    assert r.best == int(np.argmax(g)) or g[r.best] == g.max()
+    # a TPOT target between the fastest and slowest candidates leaves only those under it
+    tight = float(np.median([c.tpot_ms for c in r.candidates]))
+    r2 = search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, systems_path=synth.systems_dir, concurrencies=conc, tpot_max_ms=tight)
+    assert all(c.meets_targets == (c.tpot_ms <= tight) for c in r2.candidates)
+    assert r2.candidates[r2.best].tpot_ms <= tight
+    r3 = search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, systems_path=synth.systems_dir, concurrencies=conc, ttft_max_ms=1e-6)
+    assert r3.best is None and r3.to_dict()["best"] is None
+    with pytest.raises(InvalidInputError, match="tpot target must be a positive number"):
+        search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, systems_path=synth.systems_dir, tpot_max_ms=-1)
+
+
+def _search_argv(synth, *extra):
+    return ["search", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm", "--systems-path",
+            str(synth.systems_dir), "--isl", "128", "--osl", "8", "--concurrency", "1,4", *extra]
+
+
+def test_search_cli(synth, capsys):
+    assert main(_search_argv(synth, "--json", "--top", "3")) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert {"frontier", "best", "top", "skipped"} <= set(d) and "candidates" not in d and len(d["top"]) == 3
+    assert d["top"][0]["tokens_per_s_per_gpu"] == d["best"]["tokens_per_s_per_gpu"]
+    assert main(_search_argv(synth, "--json", "--all")) == 0
+    assert len(json.loads(capsys.readouterr().out)["candidates"]) == 14
+    assert main(_search_argv(synth, "--tpot-ms", "1e-9")) == 0
+    assert "no evaluated deployment meets the targets" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (("--max-gpus", "0"), "max_gpus must be a positive number"),
+    (("--ttft-ms", "-5"), "ttft target must be a positive number"),
+    (("--concurrency", "1,x"), "--concurrency must be comma-separated integers"),
+    (("--top", "0"), "--top must be >= 1"),
+])
+def test_search_cli_bad_input(synth, capsys, extra, needle):
+    rc = main(_search_argv(synth, *extra))  # a repeated --concurrency: argparse keeps the last
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("infercast: error: ") and needle in err and "Traceback" not in err
