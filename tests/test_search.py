@@ -102,3 +102,30 @@ def test_search_cli_bad_input(synth, capsys, extra, needle):
     rc = main(_search_argv(synth, *extra))  # a repeated --concurrency: argparse keeps the last
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("infercast: error: ") and needle in err and "Traceback" not in err
+
+
+def test_disagg_search_on_the_synthetic_pack(synth):
+    from infercast.search import DisaggCandidate, search_disagg
+
+    r = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, systems_path=synth.systems_dir, concurrencies=[2, 8],
+                      max_gpus=4, max_workers=3)
+    assert r.candidates and all(isinstance(c, DisaggCandidate) for c in r.candidates)
+    for c in r.candidates:  # worker counts and layouts add up to the GPUs, within the budget
+        g = {"tp1": 1, "tp2": 2, "tp4": 4}
+        assert c.gpus == c.prefill_workers * g[c.prefill_layout] + c.decode_workers * g[c.decode_layout] <= 4
+        assert 1 <= c.prefill_workers <= 3 and 1 <= c.decode_workers <= 3
+        assert c.layout == f"P{c.prefill_workers}x{c.prefill_layout} D{c.decode_workers}x{c.decode_layout}"
+    combos = {(c.prefill_layout, c.prefill_workers, c.decode_layout, c.decode_workers) for c in r.candidates}
+    assert ("tp1", 2, "tp2", 1) in combos and ("tp2", 1, "tp2", 1) in combos and ("tp4", 1, "tp1", 1) not in combos
+    assert r.best is not None and r.candidates[r.best].tokens_per_s_per_gpu == max(c.tokens_per_s_per_gpu for c in r.candidates)
+
+
+def test_search_cli_both_modes(synth, capsys):
+    assert main(_search_argv(synth, "--json", "--mode", "both", "--max-gpus", "4")) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["agg"]["mode"] == "agg" and d["disagg"]["mode"] == "disagg"
+    assert d["best_mode"] in ("agg", "disagg")
+    best = d[d["best_mode"]]["best"]["tokens_per_s_per_gpu"]
+    assert best == max(d[m]["best"]["tokens_per_s_per_gpu"] for m in ("agg", "disagg"))
+    assert main(_search_argv(synth, "--mode", "both", "--max-gpus", "4")) == 0
+    assert "best overall:" in capsys.readouterr().out

@@ -166,7 +166,7 @@ def cmd_search(a) -> int:
     from dataclasses import asdict
 
     from ..errors import InvalidInputError
-    from ..search import search_agg
+    from ..search import search_agg, search_disagg
 
     conc = None
     if a.concurrency:
@@ -176,18 +176,26 @@ def cmd_search(a) -> int:
             raise InvalidInputError(f"--concurrency must be comma-separated integers, got {a.concurrency!r}") from None
     if a.top < 1:
         raise InvalidInputError(f"--top must be >= 1, got {a.top}")
-    res = search_agg(
-        a.model, a.system, a.backend, a.isl, a.osl, max_gpus=a.max_gpus, concurrencies=conc,
-        ttft_max_ms=a.ttft_ms, tpot_max_ms=a.tpot_ms, backend_version=a.backend_version, systems_path=a.systems_path,
-        moe_quant=a.moe_quant, gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant,
-        attention_quant=a.attention_quant, nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, database_mode=a.database_mode,
-    )
-    out = res.to_dict()
-    if not a.all:
-        out.pop("candidates")
-    out["top"] = [asdict(c) for c in sorted((c for c in res.candidates if c.meets_targets),
-                                            key=lambda c: -c.tokens_per_s_per_gpu)[:a.top]]
-    return _emit(a, out, "print_search")
+    kw = dict(max_gpus=a.max_gpus, concurrencies=conc, ttft_max_ms=a.ttft_ms, tpot_max_ms=a.tpot_ms,
+              backend_version=a.backend_version, systems_path=a.systems_path, moe_quant=a.moe_quant,
+              gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
+              nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, database_mode=a.database_mode)
+    outs = {}
+    for mode, fn in (("agg", search_agg), ("disagg", search_disagg)):
+        if a.mode in (mode, "both"):
+            res = fn(a.model, a.system, a.backend, a.isl, a.osl, **kw)
+            out = res.to_dict()
+            if not a.all:
+                out.pop("candidates")
+            out["mode"] = mode
+            out["top"] = [asdict(c) for c in sorted((c for c in res.candidates if c.meets_targets),
+                                                    key=lambda c: -c.tokens_per_s_per_gpu)[:a.top]]
+            outs[mode] = out
+    if a.mode != "both":
+        return _emit(a, outs[a.mode], "print_search")
+    bests = {m: o["best"] for m, o in outs.items() if o["best"] is not None}
+    outs["best_mode"] = max(bests, key=lambda m: bests[m]["tokens_per_s_per_gpu"]) if bests else None
+    return _emit(a, outs, "print_search_both")
 
 
 def _layout(est) -> dict:
@@ -302,7 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(se, parallel=False)
     se.add_argument("--isl", type=int, required=True)
     se.add_argument("--osl", type=int, required=True)
-    se.add_argument("--max-gpus", type=int, default=None, help="GPUs per replica at most (default: one node)")
+    se.add_argument("--mode", choices=("agg", "disagg", "both"), default="agg",
+                    help="aggregated replicas, disaggregated prefill/decode workers, or both (default agg)")
+    se.add_argument("--max-gpus", type=int, default=None,
+                    help="GPUs at most: per replica (agg, default one node) or in all (disagg, default two nodes)")
     se.add_argument("--ttft-ms", type=float, default=None, help="target: mean TTFT at most this (ms)")
     se.add_argument("--tpot-ms", type=float, default=None, help="target: mean TPOT at most this (ms)")
     se.add_argument("--concurrency", default=None, help="comma-separated clients per replica (default: 1, 2, 4, ..., 1024)")

@@ -150,8 +150,9 @@ def print_search(d: dict) -> None:
     c = Console(highlight=False, width=max(c.width, 140))  # ten columns: wider than a default terminal
     targets = ", ".join(t for t in (f"TTFT <= {d['ttft_max_ms']:g} ms" if d["ttft_max_ms"] else "",
                                     f"TPOT <= {d['tpot_max_ms']:g} ms" if d["tpot_max_ms"] else "") if t) or "none"
+    scope = "per replica" if d.get("mode", "agg") == "agg" else "in all (disaggregated)"
     c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d['backend_version']} · isl {d['isl']} osl {d['osl']} · "
-            f"up to {d['max_gpus']} GPUs per replica · targets: {targets}[/bold]")
+            f"up to {d['max_gpus']} GPUs {scope} · targets: {targets}[/bold]")
 
     def table(title, rows):
         t = Table(title=title, show_header=True, header_style="bold")
@@ -170,10 +171,22 @@ def print_search(d: dict) -> None:
     if best is None:
         c.print("[yellow]no evaluated deployment meets the targets[/yellow]")
     else:
-        c.print(f"recommended: [bold]{best['layout']}[/bold] ({best['gpus']} GPUs per replica) at {best['concurrency']} "
-                f"clients per replica: TTFT {best['ttft_ms']:.1f} ms, TPOT {best['tpot_ms']:.2f} ms, "
+        unit = "per replica" if d.get("mode", "agg") == "agg" else "in all"
+        c.print(f"recommended: [bold]{best['layout']}[/bold] ({best['gpus']} GPUs {unit}) at {best['concurrency']} "
+                f"clients {unit}: TTFT {best['ttft_ms']:.1f} ms, TPOT {best['tpot_ms']:.2f} ms, "
                 f"{best['tokens_per_s_per_gpu']:.1f} tokens/s/GPU, {best['tokens_per_s_per_user']:.1f} tokens/s/user")
     if d["skipped"]:
         c.print(f"skipped ({len(d['skipped'])}):")
         for k, v in list(d["skipped"].items())[:8]:
             c.print(f"  {k}: {v}")
+
+
+def print_search_both(d: dict) -> None:
+    for mode in ("agg", "disagg"):
+        print_search(d[mode])
+    c = _console()
+    if d["best_mode"] is None:
+        c.print("[yellow]neither mode has a deployment that meets the targets[/yellow]")
+    else:
+        b = d[d["best_mode"]]["best"]
+        c.print(f"[bold]best overall: {d['best_mode']}, {b['layout']}: {b['tokens_per_s_per_gpu']:.1f} tokens/s/GPU[/bold]")

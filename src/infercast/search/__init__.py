@@ -1,9 +1,9 @@
 """Deployment search: enumerate parallel layouts, evaluate them with the serving model at each
 concurrency, filter by latency targets, keep the Pareto frontier and recommend one
-(:func:`search_agg`)."""
+(:func:`search_agg`; disaggregated prefill/decode worker splits: :func:`search_disagg`)."""
 
 from .pareto import meets, pareto_front, recommend
-from .run import Candidate, SearchResult, search_agg
+from .run import Candidate, DisaggCandidate, SearchResult, search_agg, search_disagg
 from .space import Layout, layouts
 
-__all__ = ["Candidate", "Layout", "SearchResult", "layouts", "meets", "pareto_front", "recommend", "search_agg"]
+__all__ = ["Candidate", "DisaggCandidate", "Layout", "SearchResult", "layouts", "meets", "pareto_front", "recommend", "search_agg", "search_disagg"]

@@ -154,3 +154,95 @@ def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, serv
             r.tpot_p90_ms, r.request_latency_ms, r.tokens_per_s_per_gpu, r.tokens_per_s_per_user, r.bound,
             meets(r.ttft_ms, r.tpot_ms, res.ttft_max_ms, res.tpot_max_ms),
         ))
+
+
+# ---- disaggregated ------------------------------------------------------------------------------
+
+
+@dataclass
+class DisaggCandidate(Candidate):
+    """A disaggregated deployment: ``prefill_workers`` x the prefill layout and ``decode_workers``
+    x the decode layout (the parallel fields of :class:`Candidate` are the decode layout's)."""
+
+    prefill_layout: str = ""
+    prefill_workers: int = 0
+    decode_layout: str = ""
+    decode_workers: int = 0
+    prefill_utilisation: float = 0.0
+
+
+def _worker_counts(gp: int, gd: int, max_gpus: int, max_workers: int) -> list[tuple[int, int]]:
+    return [(p, d) for p in range(1, max_workers + 1) for d in range(1, max_workers + 1) if p * gp + d * gd <= max_gpus]
+
+
+def search_disagg(
+    model: str,
+    system: str,
+    backend: str,
+    isl: int,
+    osl: int,
+    *,
+    max_gpus: int | None = None,
+    max_workers: int = 8,
+    concurrencies: list[int] | None = None,
+    ttft_max_ms: float | None = None,
+    tpot_max_ms: float | None = None,
+    backend_version: str | None = None,
+    systems_path=None,
+    **estimator_kw,
+) -> SearchResult:
+    """Disaggregated deployments of at most ``max_gpus`` GPUs in all (default: two nodes): a
+    prefill layout and a decode layout (each within one node, without pipeline stages) times up
+    to ``max_workers`` workers of each, at each concurrency (clients of the whole deployment),
+    through :func:`infercast.api.serve_disagg`. A deployment whose decode ranks would run more
+    requests than their KV cache holds (:mod:`infercast.serving.memory`) is skipped."""
+    from ..api import Estimator, serve_disagg
+
+    isl, osl = int(_positive("isl", isl, int)), int(_positive("osl", osl, int))
+    ttft_max_ms = _positive("ttft target", ttft_max_ms)
+    tpot_max_ms = _positive("tpot target", tpot_max_ms)
+    max_workers = int(_positive("max_workers", max_workers, int))
+    conc = sorted({int(_positive("concurrency", c, int)) for c in (concurrencies or concurrency_grid(DEFAULT_MAX_CONCURRENCY))})
+    base = Estimator(model, system, backend, backend_version, systems_path=systems_path, **estimator_kw)
+    node = base.data.system.node
+    total = 2 * node.gpus_per_node if max_gpus is None else int(_positive("max_gpus", max_gpus, int))
+    lays, skipped = layouts(base.spec, min(total, node.gpus_per_node), node.gpus_per_node)
+    lays = [lay for lay in lays if lay.pp == 1]
+    res = SearchResult(base.spec.model_id, system, backend, base.version, isl, osl, total, ttft_max_ms, tpot_max_ms,
+                       skipped=dict(skipped))
+    ests = {}
+    for lay in lays:
+        try:
+            ests[lay] = base if lay == Layout() else Estimator(
+                model, system, backend, backend_version, lay.tp, lay.pp, attention_dp=lay.attention_dp,
+                moe_tp=lay.moe_tp, moe_ep=lay.moe_ep, systems_path=systems_path, **estimator_kw)
+        except InfercastError as exc:
+            res.skipped[lay.label] = str(exc)
+    for pl, pe in ests.items():
+        for dl, de in ests.items():
+            for pw, dw in _worker_counts(pe.gpus, de.gpus, total, max_workers):
+                label = f"P{pw}x{pl.label} D{dw}x{dl.label}"
+                for c in conc:
+                    try:
+                        r = serve_disagg(pe, de, concurrency=c, isl=isl, osl=osl, prefill_workers=pw, decode_workers=dw)
+                    except InfercastError as exc:
+                        res.skipped[f"{label}@c{c}"] = str(exc)
+                        continue
+                    if r.decode_kv_capacity is not None and r.decode_batch > r.decode_kv_capacity:
+                        res.skipped[f"{label}@c{c}"] = (f"a decode rank would run {r.decode_batch:.0f} requests; its KV "
+                                                        f"cache holds {r.decode_kv_capacity:.0f} of {isl}+{osl} tokens")
+                        break  # more clients only grow the decode batch
+                    p = de.plan.parallel
+                    res.candidates.append(DisaggCandidate(
+                        label, p.tp, p.pp, p.attention_dp, p.etp, p.ep, pw * pe.gpus + dw * de.gpus, c, r.ttft_ms,
+                        r.tpot_ms, r.ttft_p90_ms, r.tpot_p90_ms, r.request_latency_ms, r.tokens_per_s_per_gpu,
+                        r.tokens_per_s_per_user, f"prefill util {r.prefill_utilisation:.2f}",
+                        meets(r.ttft_ms, r.tpot_ms, ttft_max_ms, tpot_max_ms),
+                        prefill_layout=pl.label, prefill_workers=pw, decode_layout=dl.label, decode_workers=dw,
+                        prefill_utilisation=r.prefill_utilisation,
+                    ))
+    res.frontier = [int(i) for i in pareto_front([c.tokens_per_s_per_user for c in res.candidates],
+                                                 [c.tokens_per_s_per_gpu for c in res.candidates])]
+    res.best = recommend([c.tokens_per_s_per_gpu for c in res.candidates], [c.gpus for c in res.candidates],
+                         [c.ttft_ms for c in res.candidates], [c.meets_targets for c in res.candidates])
+    return res
