@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import InfercastError, InvalidInputError
 from .pareto import meets, pareto_front, recommend
-from .space import Layout, layouts
+from .space import Layout, layouts, powers_of_two
 
 DEFAULT_MAX_CONCURRENCY = 1024
 
@@ -79,11 +79,8 @@ def _positive(name: str, v, kind=float):
 
 
 def concurrency_grid(max_concurrency: int) -> list[int]:
-    out, c = [], 1
-    while c <= max_concurrency:
-        out.append(c)
-        c *= 2
-    return out
+    """The default benchmark concurrencies: powers of two up to ``max_concurrency``."""
+    return powers_of_two(max_concurrency)
 
 
 def search_agg(
@@ -105,35 +102,58 @@ def search_agg(
 
     ``estimator_kw`` goes to every :class:`~infercast.Estimator` (quant overrides, ``nextn``,
     ``database_mode``). Targets are on the mean TTFT and mean TPOT, as benchmarks report them."""
-    from ..api import Estimator
     from ..serving.agg import serve_agg
     from ..serving.backends import scheduler_params
+
+    conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
+                             systems_path, estimator_kw)
+    node = base.data.system.node
+    res.max_gpus = node.gpus_per_node if max_gpus is None else int(_positive("max_gpus", max_gpus, int))
+    params = scheduler_params(backend, base.data.system, base.spec)
+    for lay, est in _estimators(res, base, model, layouts(base.spec, res.max_gpus, node.gpus_per_node),
+                                backend_version, systems_path, estimator_kw).items():
+        _evaluate(res, est, lay, conc, params, serve_agg)
+    return _finish(res)
+
+
+def _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version, systems_path,
+           estimator_kw):
+    """Checked inputs: (concurrency grid, the TP1 estimator, an empty result)."""
+    from ..api import Estimator
 
     isl, osl = int(_positive("isl", isl, int)), int(_positive("osl", osl, int))
     ttft_max_ms = _positive("ttft target", ttft_max_ms)
     tpot_max_ms = _positive("tpot target", tpot_max_ms)
     conc = sorted({int(_positive("concurrency", c, int)) for c in (concurrencies or concurrency_grid(DEFAULT_MAX_CONCURRENCY))})
     base = Estimator(model, system, backend, backend_version, systems_path=systems_path, **estimator_kw)
-    node = base.data.system.node
-    gpus_limit = node.gpus_per_node if max_gpus is None else int(_positive("max_gpus", max_gpus, int))
-    lays, skipped = layouts(base.spec, gpus_limit, node.gpus_per_node)
-    res = SearchResult(base.spec.model_id, system, backend, base.version, isl, osl, gpus_limit, ttft_max_ms, tpot_max_ms,
-                       skipped=dict(skipped))
-    params = scheduler_params(backend, base.data.system, base.spec)
-    for lay in lays:
+    return conc, base, SearchResult(base.spec.model_id, system, backend, base.version, isl, osl, 0, ttft_max_ms, tpot_max_ms)
+
+
+def _estimators(res: SearchResult, base, model, space, backend_version, systems_path, estimator_kw,
+                keep=lambda lay: True) -> dict:
+    """An estimator per layout of ``space`` (= :func:`layouts`'s answer) that ``keep`` accepts;
+    the rest and those that cannot be built go to ``res.skipped``."""
+    from ..api import Estimator
+
+    lays, skipped = space
+    res.skipped.update(skipped)
+    out = {}
+    for lay in filter(keep, lays):
         try:
-            est = base if lay == Layout() else Estimator(
-                model, system, backend, backend_version, lay.tp, lay.pp, attention_dp=lay.attention_dp,
-                moe_tp=lay.moe_tp, moe_ep=lay.moe_ep, systems_path=systems_path, **estimator_kw)
+            out[lay] = base if lay == Layout() else Estimator(
+                model, res.system, res.backend, backend_version,
+                lay.tp, lay.pp, attention_dp=lay.attention_dp, moe_tp=lay.moe_tp, moe_ep=lay.moe_ep,
+                systems_path=systems_path, **estimator_kw)
         except InfercastError as exc:
             res.skipped[lay.label] = str(exc)
-            continue
-        _evaluate(res, est, lay, conc, params, serve_agg)
-    ok = [c.meets_targets for c in res.candidates]
+    return out
+
+
+def _finish(res: SearchResult) -> SearchResult:
     res.frontier = [int(i) for i in pareto_front([c.tokens_per_s_per_user for c in res.candidates],
                                                  [c.tokens_per_s_per_gpu for c in res.candidates])]
     res.best = recommend([c.tokens_per_s_per_gpu for c in res.candidates], [c.gpus for c in res.candidates],
-                         [c.ttft_ms for c in res.candidates], ok)
+                         [c.ttft_ms for c in res.candidates], [c.meets_targets for c in res.candidates])
     return res
 
 
@@ -196,28 +216,16 @@ def search_disagg(
     to ``max_workers`` workers of each, at each concurrency (clients of the whole deployment),
     through :func:`infercast.api.serve_disagg`. A deployment whose decode ranks would run more
     requests than their KV cache holds (:mod:`infercast.serving.memory`) is skipped."""
-    from ..api import Estimator, serve_disagg
+    from ..api import serve_disagg
 
-    isl, osl = int(_positive("isl", isl, int)), int(_positive("osl", osl, int))
-    ttft_max_ms = _positive("ttft target", ttft_max_ms)
-    tpot_max_ms = _positive("tpot target", tpot_max_ms)
     max_workers = int(_positive("max_workers", max_workers, int))
-    conc = sorted({int(_positive("concurrency", c, int)) for c in (concurrencies or concurrency_grid(DEFAULT_MAX_CONCURRENCY))})
-    base = Estimator(model, system, backend, backend_version, systems_path=systems_path, **estimator_kw)
+    conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
+                             systems_path, estimator_kw)
+    isl, osl = res.isl, res.osl
     node = base.data.system.node
-    total = 2 * node.gpus_per_node if max_gpus is None else int(_positive("max_gpus", max_gpus, int))
-    lays, skipped = layouts(base.spec, min(total, node.gpus_per_node), node.gpus_per_node)
-    lays = [lay for lay in lays if lay.pp == 1]
-    res = SearchResult(base.spec.model_id, system, backend, base.version, isl, osl, total, ttft_max_ms, tpot_max_ms,
-                       skipped=dict(skipped))
-    ests = {}
-    for lay in lays:
-        try:
-            ests[lay] = base if lay == Layout() else Estimator(
-                model, system, backend, backend_version, lay.tp, lay.pp, attention_dp=lay.attention_dp,
-                moe_tp=lay.moe_tp, moe_ep=lay.moe_ep, systems_path=systems_path, **estimator_kw)
-        except InfercastError as exc:
-            res.skipped[lay.label] = str(exc)
+    total = res.max_gpus = 2 * node.gpus_per_node if max_gpus is None else int(_positive("max_gpus", max_gpus, int))
+    space = layouts(base.spec, min(total, node.gpus_per_node), node.gpus_per_node)
+    ests = _estimators(res, base, model, space, backend_version, systems_path, estimator_kw, keep=lambda lay: lay.pp == 1)
     for pl, pe in ests.items():
         for dl, de in ests.items():
             for pw, dw in _worker_counts(pe.gpus, de.gpus, total, max_workers):
@@ -237,12 +245,8 @@ def search_disagg(
                         label, p.tp, p.pp, p.attention_dp, p.etp, p.ep, pw * pe.gpus + dw * de.gpus, c, r.ttft_ms,
                         r.tpot_ms, r.ttft_p90_ms, r.tpot_p90_ms, r.request_latency_ms, r.tokens_per_s_per_gpu,
                         r.tokens_per_s_per_user, f"prefill util {r.prefill_utilisation:.2f}",
-                        meets(r.ttft_ms, r.tpot_ms, ttft_max_ms, tpot_max_ms),
+                        meets(r.ttft_ms, r.tpot_ms, res.ttft_max_ms, res.tpot_max_ms),
                         prefill_layout=pl.label, prefill_workers=pw, decode_layout=dl.label, decode_workers=dw,
                         prefill_utilisation=r.prefill_utilisation,
                     ))
-    res.frontier = [int(i) for i in pareto_front([c.tokens_per_s_per_user for c in res.candidates],
-                                                 [c.tokens_per_s_per_gpu for c in res.candidates])]
-    res.best = recommend([c.tokens_per_s_per_gpu for c in res.candidates], [c.gpus for c in res.candidates],
-                         [c.ttft_ms for c in res.candidates], [c.meets_targets for c in res.candidates])
-    return res
+    return _finish(res)

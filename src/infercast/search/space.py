@@ -49,7 +49,8 @@ class Layout:
         return "-".join(parts)
 
 
-def _powers(limit: int) -> list[int]:
+def powers_of_two(limit: int) -> list[int]:
+    """1, 2, 4, ... up to ``limit``."""
     out, p = [], 1
     while p <= limit:
         out.append(p)
@@ -62,7 +63,7 @@ def layouts(spec: ModelSpec, max_gpus: int, gpus_per_node: int) -> tuple[list[La
     if not isinstance(max_gpus, int) or max_gpus < 1:
         raise InvalidInputError(f"max_gpus must be a positive integer, got {max_gpus!r}")
     cand: list[Layout] = []
-    for w in _powers(max_gpus):
+    for w in powers_of_two(max_gpus):
         stage = []
         if w <= gpus_per_node:
             stage.append(Layout(tp=w))
@@ -73,7 +74,7 @@ def layouts(spec: ModelSpec, max_gpus: int, gpus_per_node: int) -> tuple[list[La
         for lay in stage:
             cand.append(lay)
             if lay.attention_dp == 1:  # pipeline stages of the TP layouts
-                cand.extend(Layout(lay.tp, pp, 1, lay.moe_tp, lay.moe_ep) for pp in _powers(max_gpus // w)[1:])
+                cand.extend(Layout(lay.tp, pp, 1, lay.moe_tp, lay.moe_ep) for pp in powers_of_two(max_gpus // w)[1:])
     ok, skipped = [], {}
     for lay in cand:
         try:
