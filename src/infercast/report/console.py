@@ -164,7 +164,11 @@ def print_search(d: dict) -> None:
                       str(r["bound"]), "yes" if r["meets_targets"] else "no")
         c.print(t)
 
-    table("Pareto frontier (tokens/s/user vs tokens/s/GPU)", d["frontier"])
+    if not d["frontier"]:
+        c.print(f"[yellow]no layout of up to {d['max_gpus']} GPUs could serve this workload (reasons below); "
+                f"allow more GPUs with --max-gpus[/yellow]")
+    else:
+        table("Pareto frontier (tokens/s/user vs tokens/s/GPU)", d["frontier"])
     if d["top"]:
         table("best deployments that meet the targets (tokens/s/GPU)", d["top"])
     best = d["best"]
