@@ -526,3 +526,25 @@ def test_spread_helpers_keep_their_means(n, p, mean, p_zero):
     assert u.mean() == pytest.approx(1.5 * mean + 0.5, rel=1e-9)
     m = mixture((u, 0.3), (binomial_share(n, p), 0.7))
     assert m.mean() == pytest.approx(0.3 * u.mean() + 0.7 * p, rel=1e-9, abs=1e-9)
+
+
+def test_closed_loop_wait_at_the_prefill_pool():
+    """Schweitzer's mean value analysis of the closed loop: a lone client never waits; with no
+    think time every client is in the queue, so a prompt waits for the other C - 1 (the bottleneck
+    bound, whatever the service's variability); in between, deterministic service halves the
+    queue a prompt finds; with a long think time the wait vanishes."""
+    from infercast.serving.disagg import _closed_loop_wait
+
+    assert _closed_loop_wait(1, 10.0, 0.0, 100.0) == 0.0
+    for det in (1.0, 0.5):
+        assert _closed_loop_wait(16, 2.0, 0.0, 0.0, det=det) == pytest.approx(15 * 2.0, rel=1e-6)
+    # 16 clients, 2 ms per prompt, 40 ms of think time: below saturation (16 x 2 < 40 + 2)
+    exp_, det_ = _closed_loop_wait(16, 2.0, 0.0, 40.0, det=1.0), _closed_loop_wait(16, 2.0, 0.0, 40.0, det=0.5)
+    assert 0.0 < det_ < exp_ < 15 * 2.0
+    # exponential service: Schweitzer's fixed point r = s (1 + Q (C-1)/C), Q = C r / (r + Z)
+    q = 16 * (exp_ + 2.0) / (exp_ + 2.0 + 40.0)
+    assert exp_ + 2.0 == pytest.approx(2.0 * (1 + q * 15 / 16), rel=1e-4)
+    assert _closed_loop_wait(16, 2.0, 0.0, 1e7) < 1e-3
+    # more clients, more wait; never more than the whole population ahead
+    waits = [_closed_loop_wait(c, 2.0, 1.0, 50.0) for c in (2, 8, 32, 128)]
+    assert waits == sorted(waits) and waits[-1] <= 127 * 2.0
