@@ -36,7 +36,7 @@ decode worker's continuous batch (decode-only steps). Solved for the steady stat
   TTFT mixes it in with weight ``1 / requests_per_client`` as in aggregated serving.
 
 Percentiles (:mod:`.result`): a steady-state request waits 0 with probability ``1 - rho`` (a free
-prefill rank) and otherwise an exponential tail with the M/D/1 mean above (the usual
+prefill rank) and otherwise an exponential tail with the closed loop's mean wait above (the usual
 heavy-traffic shape of a queueing wait); a first-wave request is in batch ``j`` of its worker's
 ``ceil(C / workers / k)`` batches with equal probability; every request decodes through the same
 decode-only steps, so TPOT has no spread in this model (its percentiles equal the mean).
@@ -179,8 +179,6 @@ def solve_disagg(
             k = k_new
         service_batch, service, k_steady = batch_ms(k), batch_ms(k) / k, k
         rho = min(lam * service / servers, 0.999)
-        # M/D/1 wait, scaled by the share of *other* clients (a closed loop's lone client never
-        # queues behind itself) and capped: it cannot queue behind more than C prompts
         # the closed loop's queue at the prefill pool (module docstring)
         wait = _closed_loop_wait(C, service / servers, service_batch - service / servers,
                                  out_steps * step + transfer_ms + params_prefill.arrival_delay_ms)
