@@ -1,6 +1,7 @@
-"""Search aggregated deployments: every layout (:mod:`.space`) at every benchmark concurrency,
-through the serving model (:func:`infercast.serving.agg.serve_agg`: what a closed-loop benchmark
-with that many clients would measure), filtered by latency targets and reduced to the Pareto
+"""Search deployments: every layout (:mod:`.space`) at every benchmark concurrency, through the
+serving model (:func:`infercast.serving.agg.serve_agg`: what a closed-loop benchmark with that many
+clients would measure; :func:`search_disagg`: prefill and decode layouts with worker counts through
+:func:`infercast.api.serve_disagg`), filtered by latency targets and reduced to the Pareto
 frontier and one recommendation (:mod:`.pareto`).
 
 Concurrency is the number of clients of one replica (over its attention-DP ranks); by default the
