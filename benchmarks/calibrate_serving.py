@@ -46,7 +46,7 @@ def evaluate(ready, overrides: dict):
     (``{backend or "*": {field: value}}``)."""
     out = {}
     for r, est in ready:
-        p = dataclasses.replace(scheduler_params(r.backend, est.data.system), **overrides.get(r.backend, overrides.get("*", {})))
+        p = dataclasses.replace(scheduler_params(r.backend, est.data.system, est.spec), **overrides.get(r.backend, overrides.get("*", {})))
         per_rank = clients_per_rank(r, est)
         try:
             res = serve_agg(est.engine, per_rank, r.isl, r.osl, p, est.memory.capacity_for(per_rank), est.gpus_per_rank)
