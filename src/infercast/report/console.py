@@ -6,8 +6,9 @@ from rich.console import Console
 from rich.table import Table
 
 
-def _console() -> Console:
-    return Console(highlight=False)
+def _console(min_width: int = 0) -> Console:
+    c = Console(highlight=False)
+    return Console(highlight=False, width=max(c.width, min_width)) if c.width < min_width else c
 
 
 def _f(x, fmt="{:.2f}") -> str:
@@ -146,8 +147,7 @@ def print_serving(d: dict) -> None:
 
 
 def print_search(d: dict) -> None:
-    c = _console()
-    c = Console(highlight=False, width=max(c.width, 140))  # ten columns: wider than a default terminal
+    c = _console(min_width=140)  # ten columns: wider than a default terminal
     targets = ", ".join(t for t in (f"TTFT <= {d['ttft_max_ms']:g} ms" if d["ttft_max_ms"] else "",
                                     f"TPOT <= {d['tpot_max_ms']:g} ms" if d["tpot_max_ms"] else "") if t) or "none"
     scope = "per replica" if d.get("mode", "agg") == "agg" else "in all (disaggregated)"

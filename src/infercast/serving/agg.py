@@ -82,12 +82,7 @@ def _steps(engine, d, isl, osl, chunk, chunk_prefix, n_prefill_in_step, mixed: b
     """(decode-only step, step carrying prefill, prefill-only step) in ms; ``pad``: CUDA-graph
     padding rows of the decode-only step (:meth:`SchedulerParams.graph_pad`)."""
     kv = isl + osl / 2.0
-    if d <= 0:
-        dec = 0.0
-    elif pad > 0:
-        dec = float(engine.step_ms(dec_batch=d, dec_kv=kv, dec_pad=pad))
-    else:
-        dec = float(engine.step_ms(dec_batch=d, dec_kv=kv))
+    dec = float(engine.step_ms(dec_batch=d, dec_kv=kv, dec_pad=pad)) if d > 0 else 0.0
     if mixed:
         mix = float(engine.step_ms(ctx_batch=n_prefill_in_step, ctx_isl=chunk, ctx_prefix=chunk_prefix, dec_batch=d, dec_kv=kv))
         pre = mix

@@ -109,8 +109,7 @@ def _closed_loop_wait(clients: float, s: float, delay: float, think: float,
 
 def _decode_step(engine, params: SchedulerParams, d: float, kv: float) -> float:
     """Wall time of one decode-only step of ``d`` sequences (CUDA-graph padding included)."""
-    pad = params.graph_pad(d)
-    return params.step_ms(engine.decode_scalar(d, kv, pad) if pad > 0 else engine.decode_scalar(d, kv), d)
+    return params.step_ms(engine.decode_scalar(d, kv, params.graph_pad(d)), d)
 
 
 def solve_disagg(

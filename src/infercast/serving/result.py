@@ -12,7 +12,7 @@ of requests each part stands for — the same weights as the means.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -127,7 +127,7 @@ class ServingMetrics:
 
     def to_dict(self) -> dict:
         """The numbers (per-request distributions, fields ending in ``_dist``, left out)."""
-        return {k: v for k, v in asdict(self).items() if not k.endswith("_dist")}
+        return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.endswith("_dist")}
 
     def set_percentiles(self, ttft: Distribution, tpot: Distribution) -> None:
         """Keep the per-request distributions and fill ``ttft_p50_ms`` ... ``tpot_p99_ms``."""

@@ -83,7 +83,7 @@ def simulate(
     # a run of decode-only steps: CompiledEngine sums its token-wise ops once per run; any other
     # engine (tests' synthetic ones) answers through step_ms
     decode_run = getattr(engine, "decode_run_ms", None) or (
-        lambda b, kv, pad=0.0: engine.step_ms(dec_batch=b, dec_kv=kv, **({"dec_pad": pad} if pad else {})))
+        lambda b, kv, pad=0.0: engine.step_ms(dec_batch=b, dec_kv=kv, dec_pad=pad))
     issued = C
     t = 0.0
     ttft_v, tpot_v, lat_v, w_v = [], [], [], []
@@ -206,8 +206,7 @@ def simulate(
         k = max(1, min(math.ceil((osl - c.generated) / tau - 1e-9) for c in running))
         base_kv = sum(c.n * (isl + c.generated) for c in running) / in_flight
         j = np.arange(k, dtype=float)
-        pad = params.graph_pad(in_flight)
-        run = decode_run(float(in_flight), base_kv + j, pad) if pad > 0 else decode_run(float(in_flight), base_kv + j)
+        run = decode_run(float(in_flight), base_kv + j, params.graph_pad(in_flight))
         dts = params.step_ms(np.asarray(run, float), in_flight)
         if waiting and waiting[0].arrival > t:  # none waiting has arrived (none blocked): the next does
             ends = t + np.cumsum(dts)
