@@ -49,7 +49,8 @@ def evaluate(ready, overrides: dict):
         p = dataclasses.replace(scheduler_params(r.backend, est.data.system, est.spec), **overrides.get(r.backend, overrides.get("*", {})))
         per_rank = clients_per_rank(r, est)
         try:
-            res = serve_agg(est.engine, per_rank, r.isl, r.osl, p, est.memory.capacity_for(per_rank), est.gpus_per_rank)
+            res = serve_agg(est.engine, per_rank, r.isl, r.osl, p, est.memory.capacity_for(per_rank), est.gpus_per_rank,
+                ranks=est.plan.parallel.attention_dp)
         except InfercastError:
             continue
         out.setdefault(r.backend, []).append((res.ttft_ms / r.measured_ttft_ms, res.tpot_ms / r.measured_tpot_ms))

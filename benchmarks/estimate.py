@@ -211,7 +211,8 @@ def serving_speed(budget_s: float, seed: int = 0) -> dict:
         params = scheduler_params(backend, est.data.system, est.spec)
 
         def agg(c, i, o, est=est, params=params):
-            return serve_agg(est.engine, c, i, o, params, est.memory.capacity_for(c), est.gpus_per_rank)
+            return serve_agg(est.engine, c, i, o, params, est.memory.capacity_for(c), est.gpus_per_rank,
+                             ranks=est.plan.parallel.attention_dp)
 
         kind = "lock-step simulation" if params.lockstep else "steady state + first wave"
         out[f"serve_agg, {backend} ({kind}), distinct configs"] = _rate(agg, cfgs, budget_s)

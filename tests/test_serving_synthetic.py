@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from infercast.serving.agg import serve_agg, solve_steady
+from infercast.serving.agg import adp_balance_wait_steps, serve_agg, solve_steady
 from infercast.serving.backends import SchedulerParams
 from infercast.serving.disagg import solve_disagg
 from infercast.serving.sim import DoesNotFitError, simulate
@@ -548,3 +548,80 @@ def test_closed_loop_wait_at_the_prefill_pool():
     # more clients, more wait; never more than the whole population ahead
     waits = [_closed_loop_wait(c, 2.0, 1.0, 50.0) for c in (2, 8, 32, 128)]
     assert waits == sorted(waits) and waits[-1] <= 127 * 2.0
+
+
+# ---- attention-DP balance hold ------------------------------------------------------------------
+
+
+def _hold_monte_carlo(ranks: int, period: float, timeout: float, n: int = 200_000, seed: int = 1) -> float:
+    """The hold of adp_balance_wait_steps, played: the other ranks' next arrivals uniform on
+    [0, period]; the hold ends when all have one or at the timeout; mean wait per request."""
+    rng = np.random.default_rng(seed)
+    u = rng.random((n, ranks - 1)) * period
+    end = np.minimum(timeout, u.max(axis=1))
+    waits = end + np.clip(end[:, None] - u, 0.0, None).sum(axis=1)
+    held = 1 + (u <= end[:, None]).sum(axis=1)
+    return float(waits.sum() / held.sum())
+
+
+@pytest.mark.parametrize("ranks,period,timeout", [(2, 50.0, 60.0), (8, 40.0, 60.0), (8, 150.0, 60.0), (4, 100.0, 30.0),
+                                                  (16, 80.0, 60.0)])
+def test_adp_hold_matches_its_model_played_out(ranks, period, timeout):
+    exact = adp_balance_wait_steps(ranks, 1.0 / period, timeout)
+    assert exact == pytest.approx(_hold_monte_carlo(ranks, period, timeout), rel=0.01)
+
+
+def test_adp_hold_limits():
+    assert adp_balance_wait_steps(1, 0.1, 60) == 0.0  # one rank: nothing to wait for
+    assert adp_balance_wait_steps(8, 0.1, 0) == 0.0  # hold off
+    assert adp_balance_wait_steps(8, 0.0, 60) == 0.0  # no arrivals
+    # timeout beyond the arrival period: the hold always ends when the last rank receives one
+    assert adp_balance_wait_steps(8, 1 / 40, 60) == pytest.approx(40 * 7 / 16)
+    # a timeout far below the period: a hold holds one request, for the whole timeout
+    assert adp_balance_wait_steps(8, 1e-6, 60) == pytest.approx(60, rel=1e-3)
+
+
+def test_adp_hold_adds_its_steps_to_ttft_only():
+    eng = ConstEngine(10.0)
+    p = params(adp_balance_timeout_steps=60)
+    one = solve_steady(eng, 16, 100, 1001, p, 1e9, 1, ranks=1)
+    eight = solve_steady(eng, 16, 100, 1001, p, 1e9, 1, ranks=8)
+    assert one.ttft_ms == pytest.approx(solve_steady(eng, 16, 100, 1001, params(), 1e9, 1).ttft_ms)
+    lam = eight.decode_batch / 1000
+    assert eight.ttft_ms - one.ttft_ms == pytest.approx(10.0 * adp_balance_wait_steps(8, lam, 60), rel=1e-3)
+    assert eight.tpot_ms == pytest.approx(one.tpot_ms)
+    assert eight.ttft_dist.mean() == pytest.approx(eight.ttft_ms)  # the hold's spread keeps the mean
+    assert eight.ttft_p99_ms > one.ttft_p99_ms
+    assert eight.balance_hold_ms == pytest.approx(eight.ttft_ms - one.ttft_ms)
+    # held requests are not decoding (Little's law): fewer decodes than without the hold
+    assert eight.decode_batch < one.decode_batch
+    # serve_agg passes the ranks through to the steady state; the first wave starts every rank
+    # together and holds nothing
+    p4 = dataclasses.replace(p, requests_per_client=4.0)
+    gap = serve_agg(eng, 16, 100, 1001, p4, 1e9, 1, ranks=8).ttft_ms - serve_agg(eng, 16, 100, 1001, p4, 1e9, 1).ttft_ms
+    assert gap == pytest.approx(3 / 4 * (eight.ttft_ms - one.ttft_ms))
+
+
+@pytest.mark.parametrize("ranks,period,timeout", [(8, 40.0, 60.0), (8, 150.0, 60.0), (2, 50.0, 20.0)])
+def test_adp_hold_spread_matches_its_model_played_out(ranks, period, timeout):
+    from infercast.serving.agg import adp_balance_wait
+
+    d = adp_balance_wait(ranks, 1.0 / period, timeout)
+    assert d.mean() == pytest.approx(adp_balance_wait_steps(ranks, 1.0 / period, timeout))
+    rng = np.random.default_rng(2)
+    u = rng.random((100_000, ranks - 1)) * period
+    end = np.minimum(timeout, u.max(axis=1))
+    held = u <= end[:, None]
+    waits = np.concatenate([end, np.broadcast_to(end[:, None], u.shape)[held] - u[held]])
+    for q in (50, 90, 99):
+        assert d.percentile(q) == pytest.approx(np.percentile(waits, q), rel=0.03, abs=0.02 * min(period, timeout))
+
+
+def test_distribution_plus_adds_independent_draws():
+    from infercast.serving.result import Distribution, uniform
+
+    s = uniform(0.0, 1.0).plus(uniform(0.0, 1.0))  # triangular on [0, 2]
+    assert s.mean() == pytest.approx(1.0)
+    assert s.percentile(50) == pytest.approx(1.0, abs=0.01)
+    assert s.percentile(90) == pytest.approx(2.0 - math.sqrt(0.2), abs=0.01)
+    assert Distribution.point(3.0).plus(Distribution.point(4.0)).percentile(99) == pytest.approx(7.0)

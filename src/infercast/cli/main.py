@@ -80,6 +80,8 @@ SCHEDULER_FLAGS = {
     "front_end_ms": ("arrival_delay_ms", float, 0.0, "client + front-end time per request (HTTP, tokenisation), ms"),
     "step_overhead_ms": ("step_overhead_ms", float, 0.0, "host time per engine step, ms"),
     "requests_per_client": ("requests_per_client", float, 1.0, "requests each benchmark client sends (the benchmark length)"),
+    "adp_balance_timeout_steps": ("adp_balance_timeout_steps", int, 0,
+                                  "attention DP: steps a prefill is held waiting for every rank to have one (0: no hold)"),
 }
 
 
@@ -120,7 +122,7 @@ def cmd_serve(a) -> int:
     dp = est.plan.parallel.attention_dp
     per_rank = -(-a.concurrency // dp)
     params = replace(scheduler_params(a.backend, est.data.system, est.spec), **overrides)
-    res = serve_agg(est.engine, per_rank, a.isl, a.osl, params, est.memory.capacity_for(per_rank), est.gpus_per_rank)
+    res = serve_agg(est.engine, per_rank, a.isl, a.osl, params, est.memory.capacity_for(per_rank), est.gpus_per_rank, ranks=dp)
     out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend, "backend_version": est.version,
            "gpus": est.gpus, "concurrency": a.concurrency, "concurrency_per_rank": per_rank, "isl": a.isl, "osl": a.osl,
            "scheduler": asdict(params)}

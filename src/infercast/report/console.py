@@ -144,6 +144,9 @@ def print_serving(d: dict) -> None:
               _f(d["decode_batch"], "{:.1f}"), str(d["bound"]))
     c.print(t)
     _print_percentiles(c, d)
+    if d.get("balance_hold_ms"):
+        c.print(f"attention-DP balance hold: {d['balance_hold_ms']:.1f} ms of the steady-state TTFT (a prefill waits "
+                "until every rank has one, or the backend's timeout)")
 
 
 def print_search(d: dict) -> None:

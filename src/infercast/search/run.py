@@ -163,7 +163,8 @@ def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, serv
     for c in conc:
         per_rank = -(-c // dp)
         try:
-            r = serve_agg(est.engine, per_rank, res.isl, res.osl, params, est.memory.capacity_for(per_rank), est.gpus_per_rank)
+            r = serve_agg(est.engine, per_rank, res.isl, res.osl, params, est.memory.capacity_for(per_rank), est.gpus_per_rank,
+                ranks=est.plan.parallel.attention_dp)
         except InfercastError as exc:
             res.skipped[f"{lay.label}@c{c}"] = str(exc)
             if c == conc[0]:

@@ -35,6 +35,11 @@ Steady state, per step (a *fluid* model: averages, not individual requests):
   average step and does not change. Dev silicon rows (TensorRT-LLM and vLLM, the mixed
   backends): TTFT median APE 27.8% -> 27.5%, TPOT unchanged; vLLM rows at concurrency 17-64
   17.9% -> 17.2%, 65-256 25.8% -> 25.3%;
+* with attention data parallelism and a backend that holds prefills until every rank has one
+  (TensorRT-LLM's balance rule, :attr:`SchedulerParams.adp_balance_timeout_steps`), a new request
+  also waits :func:`adp_balance_wait_steps` steps: in TTFT and, as for the wait above, among the
+  ``W`` requests not decoding. Dev rows, TensorRT-LLM with attention DP: TTFT geometric-mean ratio
+  0.38 -> 0.81;
 * the decode set is capped by the token budget (prefill + decode tokens per step <= budget), the
   KV-cache capacity (tokens of running requests) and the backend's max running requests; above a
   cap the excess clients queue, and TTFT grows by their wait (Little's law again).
@@ -62,11 +67,67 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from .backends import SchedulerParams
-from .result import ServingMetrics, binomial_share, mixture, uniform
+from .result import QUANTILE_POINTS, Distribution, ServingMetrics, binomial_share, mixture, uniform
 
 #: steps a new request waits before its first prefill chunk: it arrives while a step runs
 WAIT_STEPS = 1.0
+
+
+def _hold_shape(ranks: int, lam: float, timeout: float):
+    """(period ``P`` in steps, ``a = min(timeout / P, 1)``, ``M = ranks - 1``) of the balance hold,
+    or None when nothing is held."""
+    if ranks <= 1 or timeout <= 0 or lam <= 0:
+        return None
+    period = 1.0 / lam
+    return period, min(timeout / period, 1.0), ranks - 1
+
+
+def adp_balance_wait_steps(ranks: int, lam: float, timeout: float) -> float:
+    """Mean steps a new request's prefill is held by an attention-DP balance rule
+    (:attr:`SchedulerParams.adp_balance_timeout_steps`): prefills wait until every one of
+    ``ranks`` ranks has one, or ``timeout`` steps after the hold began; then all waiting ones run.
+
+    Arrivals: in the closed loop a new request goes to the rank whose request just finished (the
+    least loaded), so each rank receives one request every ``P = 1 / lam`` steps (``lam`` =
+    completions per step per rank), at a phase independent of the other ranks'. A hold starts at
+    an arrival on one rank (the opener); the other ``M = ranks - 1`` ranks' next arrivals ``u_j``
+    are uniform on ``[0, P]``; it ends at ``L = min(timeout, max u_j)`` and holds the opener and
+    the ranks with ``u_j <= L`` (joiners). With ``a = min(timeout / P, 1)``, in units of ``P``:
+    requests per hold ``1 + M a``; the sum of their waits ``L + sum_j (L - u_j)^+`` has mean
+    ``a + M a^2 / 2 - a^(M+1)``; the mean wait is the ratio (renewal-reward). ``timeout >= P``
+    gives ``(ranks - 1) / (2 ranks) P``; a timeout much shorter than ``P`` gives ``timeout`` (each
+    hold holds one request). :func:`adp_balance_wait` gives the spread."""
+    shape = _hold_shape(ranks, lam, timeout)
+    if shape is None:
+        return 0.0
+    period, a, m = shape
+    return period * (a + m * a * a / 2.0 - a ** (m + 1)) / (1.0 + m * a)
+
+
+def adp_balance_wait(ranks: int, lam: float, timeout: float) -> Distribution:
+    """Per-request wait (steps) of the balance hold of :func:`adp_balance_wait_steps`, as
+    quantile midpoints. In units of ``P``, for ``0 <= x < a``: the opener waits ``L``,
+    ``P(L <= x) = x^M`` (the rest, ``1 - a^M``, at the timeout ``a``); a joiner arriving at ``u``
+    waits ``min(a - u, (max of the other M - 1) - u)^+``, so over ``u`` uniform on ``[0, a]``
+    ``P(w <= x) = (x + (a^M - x^M) / M) / a``; requests mix the two ``1 : M a``. The mean is
+    :func:`adp_balance_wait_steps`'s."""
+    shape = _hold_shape(ranks, lam, timeout)
+    if shape is None:
+        return Distribution.point(0.0)
+    period, a, m = shape
+    x = np.linspace(0.0, a, 2049)
+    opener = np.where(x < a, x ** m, 1.0)
+    joiner = (x + (a ** m - x ** m) / m) / a
+    cdf = (opener + m * a * joiner) / (1.0 + m * a)
+    q = (np.arange(QUANTILE_POINTS) + 0.5) / QUANTILE_POINTS
+    # the inverse CDF; quantiles above the CDF's value just below ``a`` fall in the atom at ``a``
+    waits = np.interp(q, cdf[:-1], x[:-1], right=a)
+    waits = np.where(q > cdf[-2], a, waits) * period
+    mean = adp_balance_wait_steps(ranks, lam, timeout)
+    return Distribution(waits + (mean - waits.mean()), np.ones(QUANTILE_POINTS))
 
 
 @dataclass
@@ -76,6 +137,7 @@ class ServingResult(ServingMetrics):
     prefill_chunks: int
     step_ms: float
     bound: str  # what limits the decode batch: clients / token budget / kv cache / max requests
+    balance_hold_ms: float = 0.0  # steady-state prefill hold of the attention-DP balance rule
 
 
 def _steps(engine, d, isl, osl, chunk, chunk_prefix, n_prefill_in_step, mixed: bool, pad: float = 0.0):
@@ -101,7 +163,11 @@ def solve_steady(
     kv_capacity_tokens: float,
     gpus: int,
     iterations: int = 6,
+    ranks: int = 1,
 ) -> ServingResult:
+    """The steady state of ``concurrency`` clients on one rank (module docstring); ``ranks``: the
+    attention-DP ranks of the replica, for the balance hold
+    (:attr:`SchedulerParams.adp_balance_timeout_steps`, :func:`adp_balance_wait_steps`)."""
     C = float(concurrency)
     tau = float(getattr(engine, "tokens_per_step", 1.0))  # output tokens per decode step (MTP)
     width = float(getattr(engine, "decode_width", 1.0))  # budget tokens per decoding sequence (MTP drafts)
@@ -116,14 +182,16 @@ def solve_steady(
         caps["token budget"] = budget * out_steps / (out_steps * width + isl)
     d = C * out_steps / (out_steps + 2.0)
     n_chunks = 1
+    hold = 0.0  # balance-hold steps (attention DP)
     for _ in range(iterations):
         room = budget - (d * width if params.mixed else 0.0)
         room = max(room, params.min_prefill_chunk)
         n_chunks = max(1, math.ceil(isl / room))
-        d_free = C * out_steps / (out_steps + WAIT_STEPS + n_chunks)
+        hold = adp_balance_wait_steps(ranks, d / out_steps, params.adp_balance_timeout_steps)
+        d_free = C * out_steps / (out_steps + WAIT_STEPS + hold + n_chunks)
         d = min([d_free, *caps.values()])
     cap_name, cap_val = min(caps.items(), key=lambda kv: kv[1])
-    d_free = C * out_steps / (out_steps + WAIT_STEPS + n_chunks)
+    d_free = C * out_steps / (out_steps + WAIT_STEPS + hold + n_chunks)
     bound = cap_name if cap_val < d_free else "clients"
     d = max(d, 0.0)
     lam = d / out_steps  # completions (= new prefills) per step
@@ -157,8 +225,9 @@ def solve_steady(
         # a decode step is followed by prefill steps with probability min(1, chunk_load)
         t_fast, t_slow = t_dec, t_dec + t_pre * max(1.0, chunk_load) / per_step
         p_slow = min(1.0, chunk_load)
-    queued = max(0.0, C - d - lam * (WAIT_STEPS + n_chunks))
-    wait_ms = WAIT_STEPS * t_avg + (queued / lam * t_avg if lam > 0 else 0.0)
+    hold = adp_balance_wait_steps(ranks, lam, params.adp_balance_timeout_steps)
+    queued = max(0.0, C - d - lam * (WAIT_STEPS + hold + n_chunks))
+    wait_ms = (WAIT_STEPS + hold) * t_avg + (queued / lam * t_avg if lam > 0 else 0.0)
     ttft = wait_ms + n_chunks * t_prefill_step + params.arrival_delay_ms
     per_token = out_steps / max(osl - 1, 1)  # MTP yields tau tokens per step
     tpot = tpot * out_steps / max(osl - 1, 1)
@@ -167,6 +236,9 @@ def solve_steady(
     # per-request spread (module docstring): the wait for the first step, slow steps while decoding
     first_wait = WAIT_STEPS * t_avg
     ttft_dist = uniform(0.0, 2.0 * first_wait).shifted(ttft - first_wait)
+    if hold > 0:  # plus the balance hold's own spread (its mean is already in ``ttft``)
+        held = adp_balance_wait(ranks, lam, params.adp_balance_timeout_steps).scaled(t_avg)
+        ttft_dist = ttft_dist.plus(held.shifted(-held.mean()))
     tpot_dist = binomial_share(out_steps, p_slow).scaled(t_slow - t_fast).shifted(t_fast).scaled(per_token)
     res = ServingResult(
         concurrency=C,
@@ -180,18 +252,21 @@ def solve_steady(
         prefill_chunks=n_chunks,
         step_ms=t_avg,
         bound=bound,
+        balance_hold_ms=hold * t_avg,
     )
     res.set_percentiles(ttft_dist, tpot_dist)
     return res
 
 
 
-def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacity_tokens, gpus) -> ServingResult:
+def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacity_tokens, gpus, ranks: int = 1) -> ServingResult:
     """Mean TTFT/TPOT a closed-loop benchmark client reports (first wave + steady state).
 
     ``concurrency`` is the clients of one attention-DP rank (of the replica for pure TP), with
     that rank's KV capacity; ``gpus`` the GPUs behind them (``Estimator.gpus_per_rank``), so
-    throughput per GPU comes out right for attention-DP layouts too."""
+    throughput per GPU comes out right for attention-DP layouts too; ``ranks`` the replica's
+    attention-DP ranks (the balance hold of the steady state; the first wave starts every rank
+    together, so it holds nothing)."""
     from .sim import DoesNotFitError, simulate
 
     if kv_capacity_tokens < isl + osl:
@@ -209,7 +284,7 @@ def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacit
         )
         out.set_percentiles(res.ttft_dist, res.tpot_dist)
         return out
-    steady = solve_steady(engine, concurrency, isl, osl, params, kv_capacity_tokens, gpus)
+    steady = solve_steady(engine, concurrency, isl, osl, params, kv_capacity_tokens, gpus, ranks=ranks)
     k = max(params.requests_per_client, 1.0)
     first = simulate(engine, int(round(concurrency)), isl, osl, params, kv_capacity_tokens, gpus, requests_per_client=1)
     steady.ttft_ms = (first.ttft_ms + (k - 1.0) * steady.ttft_ms) / k

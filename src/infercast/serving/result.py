@@ -57,6 +57,17 @@ class Distribution:
     def scaled(self, factor: float) -> Distribution:
         return Distribution(self.values * float(factor), self.weights)
 
+    def plus(self, other: Distribution, n: int = QUANTILE_POINTS) -> Distribution:
+        """The sum of independent draws from ``self`` and ``other``, as ``n`` equal-weight quantile
+        midpoints, shifted so its mean is the exact sum of the two means."""
+        vals = np.add.outer(self.values, other.values).ravel()
+        wts = np.outer(self.weights / self.weights.sum(), other.weights / other.weights.sum()).ravel()
+        o = np.argsort(vals, kind="stable")
+        cw = np.cumsum(wts[o])
+        idx = np.minimum(np.searchsorted(cw, (np.arange(n) + 0.5) / n * cw[-1]), len(o) - 1)
+        q = vals[o][idx]
+        return Distribution(q + (self.mean() + other.mean() - q.mean()), np.ones(n))
+
 
 def mixture(*parts: tuple[Distribution, float]) -> Distribution:
     """Requests drawn from ``parts`` in proportion to their shares (each part's weights normalised)."""

@@ -21,7 +21,8 @@ def serving_predictor(cache: EstimatorCache, params=None):
         w = row.worker
         est = cache.get(row, w)
         per_rank = clients_per_rank(row, est)
-        res = serve_agg(est.engine, per_rank, row.isl, row.osl, p_for(row.backend, est.data.system, est.spec), est.memory.capacity_for(per_rank), est.gpus_per_rank)
+        res = serve_agg(est.engine, per_rank, row.isl, row.osl, p_for(row.backend, est.data.system, est.spec), est.memory.capacity_for(per_rank), est.gpus_per_rank,
+                        ranks=est.plan.parallel.attention_dp)
         return res.ttft_ms, res.tpot_ms, f"data {est.version}; decode batch {res.decode_batch:.0f} ({res.bound})"
 
     def _disagg(row: SiliconRow):
