@@ -593,6 +593,8 @@ def test_adp_hold_adds_its_steps_to_ttft_only():
     assert eight.ttft_dist.mean() == pytest.approx(eight.ttft_ms)  # the hold's spread keeps the mean
     assert eight.ttft_p99_ms > one.ttft_p99_ms
     assert eight.balance_hold_ms == pytest.approx(eight.ttft_ms - one.ttft_ms)
+    # one client per rank: the rank a request arrives at has no decodes, so nothing is held
+    assert solve_steady(eng, 1, 100, 1001, p, 1e9, 1, ranks=8).balance_hold_ms == 0.0
     # held requests are not decoding (Little's law): fewer decodes than without the hold
     assert eight.decode_batch < one.decode_batch
     # serve_agg passes the ranks through to the steady state; the first wave starts every rank

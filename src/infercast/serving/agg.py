@@ -183,11 +183,14 @@ def solve_steady(
     d = C * out_steps / (out_steps + 2.0)
     n_chunks = 1
     hold = 0.0  # balance-hold steps (attention DP)
+    # the hold applies only while every rank has decodes running: with one client per rank, the
+    # rank a request arrives at has none, and TensorRT-LLM then releases the prefill at once
+    hold_ranks = ranks if C > 1 else 1
     for _ in range(iterations):
         room = budget - (d * width if params.mixed else 0.0)
         room = max(room, params.min_prefill_chunk)
         n_chunks = max(1, math.ceil(isl / room))
-        hold = adp_balance_wait_steps(ranks, d / out_steps, params.adp_balance_timeout_steps)
+        hold = adp_balance_wait_steps(hold_ranks, d / out_steps, params.adp_balance_timeout_steps)
         d_free = C * out_steps / (out_steps + WAIT_STEPS + hold + n_chunks)
         d = min([d_free, *caps.values()])
     cap_name, cap_val = min(caps.items(), key=lambda kv: kv[1])
@@ -225,7 +228,7 @@ def solve_steady(
         # a decode step is followed by prefill steps with probability min(1, chunk_load)
         t_fast, t_slow = t_dec, t_dec + t_pre * max(1.0, chunk_load) / per_step
         p_slow = min(1.0, chunk_load)
-    hold = adp_balance_wait_steps(ranks, lam, params.adp_balance_timeout_steps)
+    hold = adp_balance_wait_steps(hold_ranks, lam, params.adp_balance_timeout_steps)
     queued = max(0.0, C - d - lam * (WAIT_STEPS + hold + n_chunks))
     wait_ms = (WAIT_STEPS + hold) * t_avg + (queued / lam * t_avg if lam > 0 else 0.0)
     ttft = wait_ms + n_chunks * t_prefill_step + params.arrival_delay_ms
@@ -237,7 +240,7 @@ def solve_steady(
     first_wait = WAIT_STEPS * t_avg
     ttft_dist = uniform(0.0, 2.0 * first_wait).shifted(ttft - first_wait)
     if hold > 0:  # plus the balance hold's own spread (its mean is already in ``ttft``)
-        held = adp_balance_wait(ranks, lam, params.adp_balance_timeout_steps).scaled(t_avg)
+        held = adp_balance_wait(hold_ranks, lam, params.adp_balance_timeout_steps).scaled(t_avg)
         ttft_dist = ttft_dist.plus(held.shifted(-held.mean()))
     tpot_dist = binomial_share(out_steps, p_slow).scaled(t_slow - t_fast).shifted(t_fast).scaled(per_token)
     res = ServingResult(
