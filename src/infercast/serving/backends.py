@@ -192,10 +192,12 @@ SCHEDULERS = {
 }
 
 
-#: SGLang sizes its chunked-prefill budget by GPU memory: 8192 tokens on 80 GB parts, 16384 on the
-#: 141-192 GB parts (its server_args memory rule). The dev rows agree: TTFT median APE of the
-#: SGLang rows 39% with 8192 everywhere, 34% with 16384 on the large parts.
-SGLANG_LARGE_GPU_BYTES = 90 * 2**30
+#: SGLang sizes its chunked-prefill budget by GPU memory (``server_args``: ``chunked_prefill_size``
+#: 2048 below 35 GiB, 8192 below 160 GiB -- "H100, H200, A100, H20" -- and 16384 from 160 GiB --
+#: "B200, MI300"). The dev rows agree: SGLang TTFT median APE 39% with 8192 everywhere, 34% with
+#: 16384 on H200 and the Blackwell parts, and the same 34% (h200 rows 93% -> 75%, TPOT 11.4% ->
+#: 11.35%) with H200 at 8192 as the rule says.
+SGLANG_LARGE_GPU_BYTES = 160 * 2**30
 SGLANG_LARGE_GPU_CHUNK = 16384
 
 
