@@ -448,12 +448,32 @@ def test_backend_graph_sizes_and_their_sources():
             self.mem_capacity = gb * 2**30
 
     class Sys:
-        def __init__(self, gb):
+        def __init__(self, gb, name="gpu"):
             self.gpu = Gpu(gb)
+            self.name = name
 
     assert scheduler_params("sglang", Sys(80)).graph_batch_sizes[-1] == 160
     assert scheduler_params("sglang", Sys(141)).graph_batch_sizes[-1] == 256
     assert scheduler_params("trtllm", Sys(141)).graph_pad(3) == 0.0
+
+
+def test_token_budgets_follow_each_engines_memory_rule():
+    from infercast.serving.backends import scheduler_params
+
+    class Sys:
+        def __init__(self, gib, name="gpu"):
+            self.gpu = type("Gpu", (), {"mem_capacity": gib * 2**30})()
+            self.name = name
+
+    # SGLang chunked_prefill_size: 2048 below 35 GiB, 8192 below 160 GiB, 16384 above
+    assert [scheduler_params("sglang", Sys(g)).max_num_tokens for g in (24, 80, 141, 180)] == [2048, 8192, 8192, 16384]
+    # vLLM: 8192 tokens / 1024 sequences on >= 70 GiB parts that are not A100s, else 2048 / 256
+    big = scheduler_params("vllm", Sys(80, "h100_sxm"))
+    assert (big.max_num_tokens, big.max_batch_size) == (8192, 1024)
+    for small in (Sys(80, "a100_sxm"), Sys(48, "l40s")):
+        p = scheduler_params("vllm", small)
+        assert (p.max_num_tokens, p.max_batch_size) == (2048, 256)
+    assert scheduler_params("trtllm", Sys(24)).max_num_tokens == 8192  # TensorRT-LLM: one default
 
 
 class PadEngine(ConstEngine):

@@ -10,9 +10,11 @@ Values are the engines' documented defaults for the versions in the pack:
   of 80-141 GB parts, e.g. 0.897 on H200 at TP8).
 * ``tokens_per_block``: KV paging granularity (trtllm 32, vllm 16, sglang page size 1).
 * ``max_num_tokens``: token budget of one step (trtllm ``max_num_tokens`` 8192, vLLM
-  ``max_num_batched_tokens`` 8192 for online serving, SGLang ``chunked_prefill_size`` 8192).
+  ``max_num_batched_tokens`` 8192 for online serving on >= 70 GiB GPUs other than A100, 2048
+  elsewhere, SGLang ``chunked_prefill_size`` 2048 / 8192 / 16384 by GPU memory; see
+  :func:`scheduler_params`).
 * ``max_batch_size``: sequences per step (trtllm 2048, vLLM ``max_num_seqs`` 1024 (v1 engine on
-  H100-class GPUs), SGLang ``max_running_requests`` bounded by the KV pool -> 4096 here).
+  H100-class GPUs, 256 elsewhere), SGLang ``max_running_requests`` bounded by the KV pool -> 4096 here).
 * ``step_overhead_ms``: host-side scheduling / launch cost per iteration not in the kernel
   tables. A starting point; the serving model calibrates it on the dev rows.
 """
@@ -199,6 +201,19 @@ SCHEDULERS = {
 #: 11.35%) with H200 at 8192 as the rule says.
 SGLANG_LARGE_GPU_BYTES = 160 * 2**30
 SGLANG_LARGE_GPU_CHUNK = 16384
+SGLANG_SMALL_GPU_BYTES = 35 * 2**30
+SGLANG_SMALL_GPU_CHUNK = 2048
+
+#: vLLM's online-serving defaults by GPU (``EngineArgs.get_batch_defaults``): ``max_num_batched_tokens``
+#: 8192 and ``max_num_seqs`` 1024 on GPUs with at least 70 GiB that are not A100s ("a larger
+#: ``max_num_batched_tokens`` on A100 reduces throughput", vllm-project/vllm#17885); 2048 and 256
+#: elsewhere (A100, L40S, L4, ...). Every dev silicon row is on a large part, so no row moves.
+VLLM_LARGE_GPU_BYTES = 70 * 2**30
+VLLM_SMALL_GPU_TOKENS, VLLM_SMALL_GPU_SEQS = 2048, 256
+
+
+def _vllm_small_gpu(system) -> bool:
+    return system.gpu.mem_capacity < VLLM_LARGE_GPU_BYTES or "a100" in str(getattr(system, "name", "")).lower()
 
 
 def scheduler_params(name: str, system=None, spec=None) -> SchedulerParams:
@@ -207,6 +222,10 @@ def scheduler_params(name: str, system=None, spec=None) -> SchedulerParams:
     p = SCHEDULERS[name]
     if name == "sglang" and system is not None and system.gpu.mem_capacity >= SGLANG_LARGE_GPU_BYTES:
         p = replace(p, max_num_tokens=SGLANG_LARGE_GPU_CHUNK)
+    if name == "sglang" and system is not None and system.gpu.mem_capacity < SGLANG_SMALL_GPU_BYTES:
+        p = replace(p, max_num_tokens=SGLANG_SMALL_GPU_CHUNK)
+    if name == "vllm" and system is not None and _vllm_small_gpu(system):
+        p = replace(p, max_num_tokens=VLLM_SMALL_GPU_TOKENS, max_batch_size=VLLM_SMALL_GPU_SEQS)
     if name == "sglang" and system is not None and system.gpu.mem_capacity > SGLANG_GRAPH_LARGE_GPU_BYTES:
         p = replace(p, graph_batch_sizes=SGLANG_LARGE_GPU_GRAPH_SIZES)
     if name == "sglang" and spec is not None and getattr(spec, "gdn", None) is not None:
