@@ -19,7 +19,7 @@ import numpy as np
 
 from infercast.errors import InfercastError
 from infercast.serving.backends import scheduler_params
-from infercast.serving.agg import serve_agg
+from infercast.api import serve_agg
 from infercast.validate.cli import default_silicon_csv
 from infercast.validate.predict import EstimatorCache, clients_per_rank
 from infercast.validate.silicon import load_ids, load_rows
@@ -49,8 +49,7 @@ def evaluate(ready, overrides: dict):
         p = dataclasses.replace(scheduler_params(r.backend, est.data.system, est.spec), **overrides.get(r.backend, overrides.get("*", {})))
         per_rank = clients_per_rank(r, est)
         try:
-            res = serve_agg(est.engine, per_rank, r.isl, r.osl, p, est.memory.capacity_for(per_rank), est.gpus_per_rank,
-                ranks=est.plan.parallel.attention_dp)
+            res = serve_agg(est, per_rank, r.isl, r.osl, p)
         except InfercastError:
             continue
         out.setdefault(r.backend, []).append((res.ttft_ms / r.measured_ttft_ms, res.tpot_ms / r.measured_tpot_ms))

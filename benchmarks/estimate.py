@@ -197,7 +197,7 @@ SERVING_CONFIGS = {
 
 def serving_speed(budget_s: float, seed: int = 0) -> dict:
     import infercast
-    from infercast.serving.agg import serve_agg
+    from infercast.api import serve_agg
     from infercast.serving.backends import scheduler_params
     from infercast.serving.disagg import kv_transfer_ms, solve_disagg
 
@@ -211,8 +211,7 @@ def serving_speed(budget_s: float, seed: int = 0) -> dict:
         params = scheduler_params(backend, est.data.system, est.spec)
 
         def agg(c, i, o, est=est, params=params):
-            return serve_agg(est.engine, c, i, o, params, est.memory.capacity_for(c), est.gpus_per_rank,
-                             ranks=est.plan.parallel.attention_dp)
+            return serve_agg(est, c, i, o, params)
 
         kind = "lock-step simulation" if params.lockstep else "steady state + first wave"
         out[f"serve_agg, {backend} ({kind}), distinct configs"] = _rate(agg, cfgs, budget_s)

@@ -334,6 +334,21 @@ def _check(batch, isl, prefix, isl_name: str = "isl"):
     return b, i, p
 
 
+def serve_agg(est: Estimator, clients_per_rank: int, isl: int, osl: int, params=None):
+    """Aggregated serving (:func:`infercast.serving.agg.serve_agg`) of one replica of ``est``'s
+    layout under a closed-loop benchmark of ``clients_per_rank`` clients on each attention-DP rank:
+    a :class:`~infercast.serving.agg.ServingResult`. The rank's KV capacity, the GPUs behind it and
+    the replica's attention-DP ranks come from ``est``; scheduler parameters default to the
+    backend's (:func:`infercast.serving.backends.scheduler_params`)."""
+    from .serving.agg import serve_agg as serve
+    from .serving.backends import scheduler_params
+
+    clients = _int("clients per rank", clients_per_rank)
+    p = params or scheduler_params(est.data.backend, est.data.system, est.spec)
+    return serve(est.engine, clients, _int("isl", isl), _int("osl", osl), p, est.memory.capacity_for(clients),
+                 est.gpus_per_rank, ranks=est.plan.parallel.attention_dp)
+
+
 def serve_disagg(
     prefill: Estimator,
     decode: Estimator,

@@ -105,7 +105,7 @@ def cmd_serve(a) -> int:
     from dataclasses import asdict, replace
 
     from ..errors import InvalidInputError
-    from ..serving.agg import serve_agg
+    from ..api import serve_agg
     from ..serving.backends import scheduler_params
 
     for name in ("concurrency", "isl", "osl"):
@@ -122,7 +122,7 @@ def cmd_serve(a) -> int:
     dp = est.plan.parallel.attention_dp
     per_rank = -(-a.concurrency // dp)
     params = replace(scheduler_params(a.backend, est.data.system, est.spec), **overrides)
-    res = serve_agg(est.engine, per_rank, a.isl, a.osl, params, est.memory.capacity_for(per_rank), est.gpus_per_rank, ranks=dp)
+    res = serve_agg(est, per_rank, a.isl, a.osl, params)
     out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend, "backend_version": est.version,
            "gpus": est.gpus, "concurrency": a.concurrency, "concurrency_per_rank": per_rank, "isl": a.isl, "osl": a.osl,
            "scheduler": asdict(params)}

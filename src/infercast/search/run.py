@@ -103,7 +103,6 @@ def search_agg(
 
     ``estimator_kw`` goes to every :class:`~infercast.Estimator` (quant overrides, ``nextn``,
     ``database_mode``). Targets are on the mean TTFT and mean TPOT, as benchmarks report them."""
-    from ..serving.agg import serve_agg
     from ..serving.backends import scheduler_params
 
     conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
@@ -113,7 +112,7 @@ def search_agg(
     params = scheduler_params(backend, base.data.system, base.spec)
     for lay, est in _estimators(res, base, model, layouts(base.spec, res.max_gpus, node.gpus_per_node),
                                 backend_version, systems_path, estimator_kw).items():
-        _evaluate(res, est, lay, conc, params, serve_agg)
+        _evaluate(res, est, lay, conc, params)
     return _finish(res)
 
 
@@ -158,13 +157,14 @@ def _finish(res: SearchResult) -> SearchResult:
     return res
 
 
-def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, serve_agg) -> None:
+def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params) -> None:
+    from ..api import serve_agg
+
     dp = est.plan.parallel.attention_dp
     for c in conc:
         per_rank = -(-c // dp)
         try:
-            r = serve_agg(est.engine, per_rank, res.isl, res.osl, params, est.memory.capacity_for(per_rank), est.gpus_per_rank,
-                ranks=est.plan.parallel.attention_dp)
+            r = serve_agg(est, per_rank, res.isl, res.osl, params)
         except InfercastError as exc:
             res.skipped[f"{lay.label}@c{c}"] = str(exc)
             if c == conc[0]:

@@ -164,7 +164,6 @@ def solve_disagg(
     rho = 0.0
     k_steady = per_step
     lam = 0.0
-    step = _decode_step(decode_engine, params_decode, max(d, 1.0), kv)
     for _ in range(iterations):
         step = _decode_step(decode_engine, params_decode, max(d, 1.0), kv)
         cycle = ttft + out_steps * step + transfer_ms

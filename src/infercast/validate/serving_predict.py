@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from ..api import serve_disagg
+from ..api import serve_agg, serve_disagg
 from ..errors import UnsupportedModelError
-from ..serving.agg import serve_agg
 from ..serving.backends import scheduler_params
 from .predict import EstimatorCache, clients_per_rank
 from .silicon import SiliconRow
@@ -21,8 +20,7 @@ def serving_predictor(cache: EstimatorCache, params=None):
         w = row.worker
         est = cache.get(row, w)
         per_rank = clients_per_rank(row, est)
-        res = serve_agg(est.engine, per_rank, row.isl, row.osl, p_for(row.backend, est.data.system, est.spec), est.memory.capacity_for(per_rank), est.gpus_per_rank,
-                        ranks=est.plan.parallel.attention_dp)
+        res = serve_agg(est, per_rank, row.isl, row.osl, p_for(row.backend, est.data.system, est.spec))
         return res.ttft_ms, res.tpot_ms, f"data {est.version}; decode batch {res.decode_batch:.0f} ({res.bound})"
 
     def _disagg(row: SiliconRow):
