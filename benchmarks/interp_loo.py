@@ -56,7 +56,7 @@ import numpy as np
 from infercast.data.database import PerfData
 from infercast.errors import InfercastError
 from infercast.interp.grid import BeyondRangeError, Grid
-from infercast.interp.transfer import choose_sites, transfer_grid
+from infercast.interp.transfer import choose_sites, siblings_by_distance, transfer_grid
 from infercast.ops import attention as attn_ops
 from infercast.ops import comm as comm_ops
 from infercast.ops import gemm as gemm_ops
@@ -105,6 +105,7 @@ class Lattice:
     sol_for: Callable  # site coordinates -> SOL function of the curve coordinates
     _full: dict = field(default_factory=dict, repr=False)
     _plain: dict = field(default_factory=dict, repr=False)
+    _reach: dict = field(default_factory=dict, repr=False)
 
     def build(self, s: int, axes: tuple, vals: np.ndarray, plain: bool = False) -> Grid:
         """A site grid from (possibly reduced) curve data, as the ops modules build it (``plain``:
@@ -117,8 +118,27 @@ class Lattice:
             # ops/attention.py: site_grid = build_site_grid(stem, ax, vals, sol, siblings)
             return attn_ops.build_site_grid(self.family, axes, vals, sol, self.siblings(s))
         keep = ~np.isnan(vals)
-        # ops/gemm.py and ops/comm.py: a 1-D grid of the measured points, provenance exact
+        if self.family == "gemm":
+            # ops/gemm.py: the measured points, extended beyond the high edge by the siblings' trend
+            return gemm_ops.build_site_grid(axes[0][keep], vals[keep], sol, self.gemm_siblings(s), reach=self.reach())
+        # ops/comm.py: a 1-D grid of the measured points, provenance exact
         return Grid((axes[0][keep],), vals[keep], np.zeros(int(keep.sum()), np.int8), sol, scales=SCALES.get(self.family, ()))
+
+    def reach(self, dropped: int | None = None) -> float:
+        """The largest m the lattice's sites (but ``dropped``) measured."""
+        if dropped not in self._reach:
+            self._reach[dropped] = gemm_ops.lattice_reach({j: c for j, c in self.curves.items() if j != dropped})
+        return self._reach[dropped]
+
+    def gemm_siblings(self, s: int, dropped: int | None = None):
+        """The lattice's other sites, nearest first, as ops/gemm.py passes them to ``build_site_grid``
+        (without ``dropped``, the site a transfer leaves out)."""
+        for j in siblings_by_distance(self.sites[s], self.sites, exclude=s):
+            if int(j) == dropped:
+                continue
+            axes, vals = self.curves[int(j)]
+            keep = ~np.isnan(vals)
+            yield axes[0][keep], vals[keep], self.sol_for(self.sites[int(j)])
 
     def siblings(self, s: int):
         """The other sites of the lattice, as ops/attention.py passes them to ``build_site_grid``."""
@@ -131,6 +151,16 @@ class Lattice:
             axes, vals = self.curves[j]
             self._plain[j] = attn_ops.build_site_grid(self.family, axes, vals, self.sol_for(self.sites[j]))
         return self._plain[j]
+
+    def donor(self, s: int, dropped: int) -> Grid:
+        """Site ``s``'s grid as a transfer donor when site ``dropped`` is left out (a GEMM site's
+        sibling extension must not see the dropped site either)."""
+        if self.family != "gemm":
+            return self.full(s)
+        axes, vals = self.curves[s]
+        keep = ~np.isnan(vals)
+        return gemm_ops.build_site_grid(axes[0][keep], vals[keep], self.sol_for(self.sites[s]), self.gemm_siblings(s, dropped),
+                                        reach=self.reach(dropped))
 
     def full(self, s: int) -> Grid:
         if s not in self._full:
@@ -425,7 +455,7 @@ def predict_site(L: Lattice, s: int, rng: np.random.Generator, cap: int) -> dict
         choice = moe_ops.consistent_moe_donors(choice, L.sites[s], L.sites[rest], lambda i: L.full(int(rest[i])), cost)
         g = moe_ops.transfer_sites(choice, L.sites[s], L.sites[rest], lambda i: L.full(int(rest[i])), sol_q, cost)
     else:
-        g = transfer_grid(choice, lambda i: L.full(int(rest[i])), sol_q)
+        g = transfer_grid(choice, lambda i: L.donor(int(rest[i]), s), sol_q)
     axes, vals = L.curves[s]
     cells = np.argwhere(~np.isnan(vals))
     if len(cells) > cap:
@@ -435,7 +465,7 @@ def predict_site(L: Lattice, s: int, rng: np.random.Generator, cap: int) -> dict
     pred = g(*coords)[0]
     blend = np.zeros(len(meas))
     for i, w in zip(choice.indices, choice.weights):
-        blend += w * L.full(int(rest[i]))(*coords)[0]
+        blend += w * L.donor(int(rest[i]), s)(*coords)[0]
     tags = {"transfer": choice.how}
     if L.family == "gemm":
         tags["quant"] = L.label.split(" ")[0]

@@ -49,7 +49,19 @@ choice at that one ``m``).
    2.9 / 17.0% -> 3.4 / 16.3% | 2.9 / 17.0%); other paths unchanged.
 3. *High edge.* The falling high-edge rule below does not apply: a tile axis's high edge holds or
    climbs. The last octave (``m`` 8192 -> 16384) is two noisy points; LOO hold-high p90 falls from
-   23.5 / 22.3% to 19.3 / 20.5% (medians unchanged, 3.6 / 5.1%).
+   23.5 / 22.3% to 19.3 / 20.5% (medians unchanged, 3.6 / 5.1%). Before that rule applies, a GEMM
+   site whose curve stops short of its siblings' range is extended to the positions they measured
+   (:func:`infercast.ops.gemm.build_site_grid`, :func:`infercast.interp.transfer.extend_from_siblings`):
+   from each of its last two points, the median utilisation ratio (beyond / at that point) of the
+   eight nearest sibling sites that measured both carries its own utilisation out; the median of
+   the two estimates is used (provenance held). TensorRT-LLM's tables stop at m = 16384 for 42 of
+   483 shapes and at 32768 for the rest. LOO hold-high median / p90, h200 / b200: 3.6 / 19.3% |
+   5.1 / 20.5% -> 3.1 / 13.4% | 3.3 / 13.7%; from the last point alone 2.9 / 17.7% | 2.8 / 15.2%,
+   with 4 / 16 siblings 3.1 / 18.6% | 3.1 / 16.2% and 3.0 / 18.1% | 3.1 / 15.3% (offline, one
+   own point). The same rule below the low edge (offline, two own points): 1.9 / 11.2% |
+   2.5 / 25.4% -> 2.0 / 13.8% | 3.3 / 17.2%, worse on h200 and at the median, so not used there;
+   gated on the siblings agreeing (median absolute deviation of their log ratios <= 0.02): no
+   change (11.3 / 26.0%).
 4. *Low edge.* Below the first point the edge value is first lowered to what the median
    utilisation over the edge octave (the points up to twice the edge, as for the low-edge
    exponent below) gives at the edge, ``SOL(edge) / median(u)``, when that is lower; it is never

@@ -157,3 +157,118 @@ def consistent_subset(choice: SiteChoice, grids: Sequence, factor: float) -> Sit
                 best, best_w = sub, float(w[list(sub)].sum())
     return replace(choice, indices=tuple(choice.indices[i] for i in best),
                    weights=tuple(float(w[i] / best_w) for i in best))
+
+
+# ---- a curve's range extended by its sibling sites' trend ---------------------------------------
+#: the nearest sibling sites (log2 site distance) whose trend a curve borrows beyond its edge
+SIBLING_K = 8
+#: the curve's own points nearest the edge that the trend is carried from (one estimate each,
+#: median of them): one point is as noisy as the point itself, two halve the spread
+SIBLING_OWN_POINTS = 2
+
+
+def siblings_by_distance(site: Sequence[float], sites: np.ndarray, exclude: int | None = None) -> np.ndarray:
+    """Indices of ``sites`` (minus ``exclude``) ordered by log2 distance from ``site``, nearest first;
+    ties in the order of ``sites`` (stable), so the order is deterministic."""
+    ls = np.log2(np.asarray(sites, dtype=float).reshape(len(sites), -1))
+    d = np.linalg.norm(ls - np.log2(np.asarray(site, dtype=float)), axis=1)
+    order = np.argsort(d, kind="stable")
+    return order[order != exclude] if exclude is not None else order
+
+
+def extend_from_siblings(
+    x: np.ndarray,
+    v: np.ndarray,
+    sol: Callable,
+    siblings,
+    k: int = SIBLING_K,
+    own_points: int = SIBLING_OWN_POINTS,
+    reach: float | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Extend a measured 1-D curve beyond its high edge with the trend of its sibling sites.
+
+    ``x``/``v``: the curve's measured points (ascending); ``sol``: its speed of light;
+    ``siblings``: an iterable of ``(x_j, v_j, sol_j)``, nearest first (see
+    :func:`siblings_by_distance`; consumed lazily, only as far as needed). For each curve position
+    ``t`` beyond ``x[-1]`` that a sibling measured, and each of the curve's last ``own_points``
+    points ``r``, the utilisation ratio ``u_j(t) / u_j(r)`` of the ``k`` nearest siblings that
+    measured both ``t`` and ``r`` gives the estimate ``u(r) * median(ratio)``; the median of those
+    estimates is ``u(t)``, and the latency ``SOL(t) / u(t)`` is added with provenance
+    :attr:`Prov.HELD`. ``reach`` (optional): the furthest position any sibling measured; a curve
+    that reaches it is returned at once, without walking the siblings. Returns ``(x, v, prov)`` of the measured points (exact) and the added ones;
+    unchanged when no sibling reaches beyond the edge.
+
+    Why: a collected curve that stops short of its neighbours' range (TensorRT-LLM's GEMM tables
+    end at m = 16384 for 42 of 483 shapes, at 32768 for the rest) otherwise holds or extrapolates
+    its own last octave, which at the top of the m axis is two noisy points. The siblings measured
+    how utilisation moves there, and the median over eight of them is steadier than any one
+    curve's edge (``benchmarks.interp_loo``, GEMM hold-high; :mod:`infercast.interp.grid`).
+    """
+    x = np.asarray(x, dtype=float)
+    v = np.asarray(v, dtype=float)
+    prov = np.zeros(len(x), np.int8)
+    if len(x) == 0 or (reach is not None and x[-1] >= reach):
+        return x, v, prov
+    refs = x[-min(own_points, len(x)):]
+    u_ref = np.asarray(sol(refs), dtype=float).reshape(-1) / v[-len(refs):]
+    sib: list[tuple[np.ndarray, np.ndarray, Callable]] = []  # siblings reached so far (measured points)
+    util: dict[int, np.ndarray] = {}  # their utilisation, computed when first needed
+    it = iter(siblings)
+
+    def sibling(i: int):
+        while len(sib) <= i:
+            nxt = next(it, None)
+            if nxt is None:
+                return None
+            sx, sv, ssol = nxt
+            sx = np.asarray(sx, dtype=float)
+            sv = np.asarray(sv, dtype=float)
+            ok = ~np.isnan(sv) & (sv > 0)
+            sib.append((sx[ok], sv[ok], ssol))
+        return sib[i]
+
+    def utilisation(i: int) -> np.ndarray:
+        if i not in util:
+            sx, sv, ssol = sib[i]
+            util[i] = np.asarray(ssol(sx), dtype=float).reshape(-1) / sv
+        return util[i]
+
+    # positions beyond the edge that the k nearest siblings reaching beyond it measured
+    targets: set[float] = set()
+    reaching, i = 0, 0
+    while reaching < k:
+        s = sibling(i)
+        if s is None:
+            break
+        if len(s[0]) and s[0][-1] > x[-1]:
+            targets.update(s[0][s[0] > x[-1]].tolist())
+            reaching += 1
+        i += 1
+    if not targets:
+        return x, v, prov
+    add_x, add_v = [], []
+    for t in sorted(targets):
+        estimates = []
+        for r, ur in zip(refs, u_ref):
+            ratios, i = [], 0
+            while len(ratios) < k:
+                s = sibling(i)
+                if s is None:
+                    break
+                sx = s[0]
+                it_, ir = np.searchsorted(sx, t), np.searchsorted(sx, r)
+                if it_ < len(sx) and sx[it_] == t and ir < len(sx) and sx[ir] == r:
+                    su = utilisation(i)
+                    ratios.append(su[it_] / su[ir])
+                i += 1
+            if ratios:
+                estimates.append(ur * float(np.median(ratios)))
+        if estimates:
+            u_t = float(np.median(estimates))
+            if u_t > 0:
+                add_x.append(t)
+                add_v.append(float(np.asarray(sol(np.array([t])), dtype=float).reshape(-1)[0]) / u_t)
+    if not add_x:
+        return x, v, prov
+    return (np.concatenate([x, add_x]), np.concatenate([v, add_v]),
+            np.concatenate([prov, np.full(len(add_x), int(Prov.HELD), np.int8)]))

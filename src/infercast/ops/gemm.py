@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import InfercastError, NotAvailableError
 from ..interp import sol
 from ..interp.grid import TILE, Grid
-from ..interp.transfer import choose_sites, transfer_grid
+from ..interp.transfer import choose_sites, extend_from_siblings, siblings_by_distance, transfer_grid
 from ..data.quant import COMPUTE_DTYPE, WEIGHT_BYTES
 from .base import DatabaseMode, OpDB, Resolved, merge_kernels, sites_and_curves, sol_resolved
 from .empirical import empirical_resolved
@@ -31,6 +31,30 @@ def gemm_sol_fn(db: OpDB, quant: str, n: int, k: int):
         return sol.gemm(system, cdt, wb, m, n, k)[0]
 
     return f
+
+
+def build_site_grid(axis, vals, sol_fn, siblings=(), reach: float | None = None) -> Grid:
+    """One collected ``(n, k)`` site's m-curve as a grid: its measured points, and beyond its last
+    one the positions its sibling sites measured, carried by their utilisation trend
+    (:func:`infercast.interp.transfer.extend_from_siblings`; ``siblings``: ``(m, latency, sol)``
+    of the lattice's other sites, nearest first; ``reach``: the largest m any of them measured)."""
+    x, v, prov = extend_from_siblings(axis, vals, sol_fn, siblings, reach=reach)
+    return Grid((x,), v, prov, sol_fn, scales=M_SCALE)
+
+
+def lattice_reach(curves) -> float:
+    """The largest m any site of a lattice measured."""
+    return max(float(np.nanmax(np.where(np.isnan(v), -np.inf, ax[0]))) for ax, v in curves.values())
+
+
+def lattice_siblings(db: OpDB, quant: str, sites, curves, i: int, exclude=()):
+    """``(m, latency, sol)`` of the lattice's other sites, nearest to site ``i`` first (lazily)."""
+    for j in siblings_by_distance(sites[i], sites, exclude=i):
+        if int(j) in exclude:
+            continue
+        (axis,), vals = curves[int(j)]
+        n_j, k_j = sites[int(j)]
+        yield axis, vals, gemm_sol_fn(db, quant, int(n_j), int(k_j))
 
 
 def _lattice(db: OpDB, quant: str):
@@ -255,11 +279,13 @@ def resolve_gemm(db: OpDB, quant: str, n: int, k: int) -> Resolved:
     if lat is None:
         return empirical_resolved("gemm", sol_q, (M_AXIS,), None)
     table, kernel, sites, curves, notes = lat
+    reach = db.memo(("gemm-reach", quant), lambda: lattice_reach(curves))
 
     def site_grid(i: int) -> Grid:
         (axis,), vals = curves[i]
         n_i, k_i = sites[i]
-        return Grid((axis,), vals, np.zeros(len(axis), np.int8), gemm_sol_fn(db, quant, int(n_i), int(k_i)), scales=M_SCALE)
+        return build_site_grid(axis, vals, gemm_sol_fn(db, quant, int(n_i), int(k_i)),
+                               lattice_siblings(db, quant, sites, curves, i), reach=reach)
 
     choice = None if db.mode is DatabaseMode.EMPIRICAL else choose_sites((n, k), sites)
     if choice is None:

@@ -1,0 +1,103 @@
+"""A curve that stops short of its siblings' range is extended by their utilisation trend
+(infercast.interp.transfer.extend_from_siblings; GEMM site grids use it beyond their high edge)."""
+
+import numpy as np
+import pytest
+
+from infercast.interp.provenance import Prov
+from infercast.interp.transfer import extend_from_siblings, siblings_by_distance
+from infercast.ops.gemm import build_site_grid, lattice_reach
+
+
+def sol_fn(scale):
+    """A roofline-like speed of light: fixed cost plus linear work."""
+    return lambda m: scale * (2.0 + np.asarray(m, dtype=float))
+
+
+def trend(m):
+    """Utilisation shape shared by every site: climbs then saturates."""
+    m = np.asarray(m, dtype=float)
+    return m / (m + 8.0)
+
+
+def curve(scale, c, xs):
+    """Latency of a site whose utilisation is ``c * trend``."""
+    xs = np.asarray(xs, dtype=float)
+    return xs, sol_fn(scale)(xs) / (c * trend(xs))
+
+
+FULL = np.array([1, 2, 4, 8, 16, 32, 64], float)
+
+
+def test_extension_recovers_a_shared_trend_exactly():
+    x, v = curve(3.0, 0.7, FULL[:5])  # stops at 16
+    sibs = [(*curve(s, c, FULL), sol_fn(s)) for s, c in ((1.0, 0.5), (2.0, 0.9), (5.0, 0.6))]
+    xe, ve, pe = extend_from_siblings(x, v, sol_fn(3.0), sibs, k=3, own_points=2)
+    np.testing.assert_array_equal(xe, FULL)
+    _, want = curve(3.0, 0.7, FULL)
+    np.testing.assert_allclose(ve, want, rtol=1e-12)
+    np.testing.assert_array_equal(ve[:5], v)  # measured points untouched, bit for bit
+    assert list(pe) == [Prov.EXACT] * 5 + [Prov.HELD] * 2
+
+
+def test_median_over_siblings_ignores_one_outlier():
+    x, v = curve(3.0, 0.7, FULL[:5])
+    good = [(*curve(s, c, FULL), sol_fn(s)) for s, c in ((1.0, 0.5), (2.0, 0.9))]
+    ox, ov = curve(4.0, 0.8, FULL)
+    ov = ov.copy()
+    ov[5:] *= 3.0  # an outlier sibling: 3x slower beyond the edge
+    sibs = [good[0], (ox, ov, sol_fn(4.0)), good[1]]
+    _, ve, _ = extend_from_siblings(x, v, sol_fn(3.0), sibs, k=3, own_points=1)
+    _, want = curve(3.0, 0.7, FULL)
+    np.testing.assert_allclose(ve, want, rtol=1e-12)
+
+
+def test_only_the_k_nearest_siblings_count():
+    x, v = curve(3.0, 0.7, FULL[:5])
+    near = (*curve(1.0, 0.5, FULL), sol_fn(1.0))
+    fx, fv = curve(2.0, 0.5, FULL)
+    far = (fx, fv * np.where(fx > 16, 2.0, 1.0), sol_fn(2.0))  # a different trend, further away
+    _, ve, _ = extend_from_siblings(x, v, sol_fn(3.0), [near, far], k=1, own_points=1)
+    np.testing.assert_allclose(ve, curve(3.0, 0.7, FULL)[1], rtol=1e-12)
+    _, ve2, _ = extend_from_siblings(x, v, sol_fn(3.0), [far, near], k=1, own_points=1)
+    assert ve2[-1] == pytest.approx(2.0 * ve[-1], rel=1e-12)
+
+
+def test_no_sibling_beyond_the_edge_leaves_the_curve_alone():
+    x, v = curve(3.0, 0.7, FULL)
+    sibs = [(*curve(1.0, 0.5, FULL[:4]), sol_fn(1.0))]
+    xe, ve, pe = extend_from_siblings(x, v, sol_fn(3.0), sibs)
+    np.testing.assert_array_equal(xe, x)
+    np.testing.assert_array_equal(ve, v)
+    assert not pe.any()
+
+
+def test_reach_short_circuits_without_walking_the_siblings():
+    x, v = curve(3.0, 0.7, FULL)
+
+    def siblings():
+        raise AssertionError("siblings walked although the curve reaches the lattice's range")
+        yield  # pragma: no cover
+
+    _, ve, _ = extend_from_siblings(x, v, sol_fn(3.0), siblings(), reach=64.0)
+    np.testing.assert_array_equal(ve, v)
+
+
+def test_siblings_by_distance_is_nearest_first_and_stable():
+    sites = np.array([[1024, 1024], [2048, 1024], [512, 1024], [1024, 4096], [4096, 4096]], float)
+    order = siblings_by_distance((1024, 1024), sites, exclude=0)
+    # 2048 and 512 are one octave away each: the tie keeps the sites' order
+    assert list(order) == [1, 2, 3, 4]
+
+
+def test_gemm_site_grid_is_exact_on_its_points_and_held_beyond():
+    x, v = curve(3.0, 0.7, FULL[:5])
+    sibs = [(*curve(s, c, FULL), sol_fn(s)) for s, c in ((1.0, 0.5), (2.0, 0.9), (5.0, 0.6))]
+    g = build_site_grid(x, v, sol_fn(3.0), sibs, reach=64.0)
+    val, prov = g(x)
+    np.testing.assert_array_equal(val, v)
+    assert not prov.any()
+    val, prov = g(np.array([32.0, 64.0]))
+    np.testing.assert_allclose(val, curve(3.0, 0.7, [32.0, 64.0])[1], rtol=1e-12)
+    assert list(prov) == [Prov.HELD, Prov.HELD]
+    assert lattice_reach({0: ((x,), v), 1: ((FULL,), curve(1.0, 0.5, FULL)[1])}) == 64.0
