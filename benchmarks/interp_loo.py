@@ -153,14 +153,14 @@ class Lattice:
         return self._plain[j]
 
     def donor(self, s: int, dropped: int) -> Grid:
-        """Site ``s``'s grid as a transfer donor when site ``dropped`` is left out (a GEMM site's
-        sibling extension must not see the dropped site either)."""
+        """Site ``s``'s grid as a transfer donor when site ``dropped`` is left out, as ops/gemm.py
+        builds donors (``donor_values``; the sibling extension must not see the dropped site)."""
         if self.family != "gemm":
             return self.full(s)
         axes, vals = self.curves[s]
         keep = ~np.isnan(vals)
-        return gemm_ops.build_site_grid(axes[0][keep], vals[keep], self.sol_for(self.sites[s]), self.gemm_siblings(s, dropped),
-                                        reach=self.reach(dropped))
+        return gemm_ops.build_site_grid(axes[0][keep], gemm_ops.donor_values(vals[keep]), self.sol_for(self.sites[s]),
+                                        self.gemm_siblings(s, dropped), reach=self.reach(dropped))
 
     def full(self, s: int) -> Grid:
         if s not in self._full:
