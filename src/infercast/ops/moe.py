@@ -84,7 +84,10 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
   coordinates ``(hidden, inter, topk/experts, experts)``, ``(hidden, inter, topk/experts)`` and
   ``(hidden x inter, hidden/inter, topk/experts, experts)``, donors restricted to the same
   ``topk`` / ``experts`` / ``topk/experts``, 1-6 donors, gates 1-2.5, and rule 2's ``c`` as the
-  pair's smallest ``latency - SOL`` (9.3% / 11.4% alone, vs 8.1% / 10.5%).
+  pair's smallest ``latency - SOL`` (9.3% / 11.4% alone, vs 8.1% / 10.5%). Nor a kernel-weighted
+  linear regression of log utilisation on the log2 site coordinates over every remaining site
+  (Gaussian weights, bandwidth 1-2.5 log2 units, ridge 0.01-0.5) in place of the donors' blend:
+  every site dropped in turn, b200 9.1% -> 8.3% at best, h200 6.4% -> 7.4%.
 
   4. **consistent donors** (:func:`consistent_moe_donors`): donors whose utilisation, read as rules
      2 and 3 blend it, differs by more than :data:`CONSISTENT_UTIL_FACTOR` (1.5x; median of the

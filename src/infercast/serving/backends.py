@@ -153,6 +153,15 @@ class SchedulerParams:
 #: 23.9%, but nothing in a row tells which regime its harness ran); vLLM requests_per_client 7 with
 #: a 30 ms front end (vLLM TTFT 21.3% -> 19.6%; TensorRT-LLM's optimum on the same grid stays at
 #: 10 / 100 ms, and one benchmark length per backend would be a fit to harnesses, not engines).
+#: Also measured and not kept (all-row TTFT 26.42%): one more step of wait before a TensorRT-LLM
+#: request's first chunk (its overlap scheduler admits new work one iteration late): TensorRT-LLM
+#: TTFT 30.4% -> 31.7%, TPOT 9.8% -> 9.9%; SGLang's lock-step waves desynchronised by output
+#: lengths spread +-10% over 4 or 8 client lanes (each lane keeps its length, so lanes drift
+#: apart wave by wave, as random lengths de-phase real clients; every wave simulated): SGLang
+#: TTFT 35.8% -> 43.5% / 46.4%, TPOT 11.3% -> 11.3% / 11.4%. Bounds on what per-group constants
+#: could do (fitted on the same rows, so optimistic): the best TTFT shift per (backend, version)
+#: gives 22.0%, per (backend, system, model) 18.6%, the best TTFT scale per (backend, system,
+#: model) 18.8%; the TTFT error varies within a model's rows, with concurrency and lengths.
 def _sizes(*parts) -> tuple[int, ...]:
     return tuple(sorted({int(x) for part in parts for x in part}))
 
