@@ -324,3 +324,23 @@ def test_wide_ep_moe_communication_is_alltoall(real_pack_available):
     assert 0 < d < g
     with pytest.raises(InvalidInputError, match="MoE communication"):
         ParallelConfig(tp=1, attention_dp=2, moe_ep=2, moe_comm="ring").check(trt.plan.model)
+
+
+def test_trtllm_gemm_site_short_of_its_siblings_is_extended(real_pack_available):
+    """TensorRT-LLM's h200 fp8 GEMM table stops at m = 16384 for some shapes (n=32, k=65536) and
+    at 32768 for the rest: the short site is carried out to 32768 by its siblings' trend (held),
+    its measured points stay exact."""
+    from infercast.data.database import PerfData
+    from infercast.interp.provenance import Prov
+    from infercast.ops import gemm as gemm_ops
+    from infercast.ops.base import OpDB
+
+    db = OpDB(PerfData.open("h200_sxm", "trtllm"))
+    r = gemm_ops.resolve_gemm(db, "fp8", 32, 65536)
+    assert r.how == "exact"
+    axis = r.grid.axes[0]
+    assert axis[-1] == 32768.0 and 16384.0 in axis
+    v, p = r.grid([16384.0, 32768.0])
+    assert p[0] == Prov.EXACT and p[1] == Prov.HELD
+    # this shape streams its activations (m x k): twice the rows take about twice as long
+    assert 1.5 < v[1] / v[0] < 2.5

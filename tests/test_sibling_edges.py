@@ -101,3 +101,16 @@ def test_gemm_site_grid_is_exact_on_its_points_and_held_beyond():
     np.testing.assert_allclose(val, curve(3.0, 0.7, [32.0, 64.0])[1], rtol=1e-12)
     assert list(prov) == [Prov.HELD, Prov.HELD]
     assert lattice_reach({0: ((x,), v), 1: ((FULL,), curve(1.0, 0.5, FULL)[1])}) == 64.0
+
+
+def test_transfer_donors_drop_only_disturbed_points():
+    from infercast.ops.gemm import DONOR_CLIP, donor_values
+
+    v = np.array([10.0, 10.2, 10.1, 14.0, 10.3, 10.4, 10.6, 10.5])  # one disturbed run at index 3
+    d = donor_values(v)
+    assert d[3] == pytest.approx(10.3)  # the median of its five nearest points
+    keep = np.arange(len(v)) != 3
+    np.testing.assert_array_equal(d[keep], v[keep])  # the rest bit for bit
+    small = v.copy()
+    small[3] = 10.2 * (1.0 + 0.5 * DONOR_CLIP)  # within the clip: kept
+    assert donor_values(small)[3] == small[3]

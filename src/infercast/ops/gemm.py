@@ -47,7 +47,7 @@ def build_site_grid(axis, vals, sol_fn, siblings=(), reach: float | None = None)
 #: own tile steps are not the query site's (another n, k tiles differently), and one disturbed
 #: donor point otherwise passes straight into the transferred curve, where the query site's own
 #: lookups keep every measured value bit for bit. The SGLang GEMM tables (also serving vLLM's
-#: fp8_block and TensorRT-LLM's nvfp4 on b200) scatter: 12-13% of their points lie more than 15%
+#: fp8_block and TensorRT-LLM's nvfp4 on b200) scatter: 9-13% of their points lie more than 15%
 #: from that median, against 1-5% in TensorRT-LLM's and vLLM's own. LOO GEMM transfer median / p90,
 #: b200 | h200, seed 0: 3.8 / 16.9% | 3.2 / 13.1% -> 3.4 / 14.9% | 3.3 / 13.3%; seed 1:
 #: 4.1 / 16.0% | 3.5 / 12.2% -> 3.7 / 14.9% | 3.4 / 12.5%. Threshold 0.15: 3.4 / 15.1% | 3.3 / 13.8%
@@ -69,11 +69,9 @@ def lattice_reach(curves) -> float:
     return max(float(np.nanmax(np.where(np.isnan(v), -np.inf, ax[0]))) for ax, v in curves.values())
 
 
-def lattice_siblings(db: OpDB, quant: str, sites, curves, i: int, exclude=()):
+def lattice_siblings(db: OpDB, quant: str, sites, curves, i: int):
     """``(m, latency, sol)`` of the lattice's other sites, nearest to site ``i`` first (lazily)."""
     for j in siblings_by_distance(sites[i], sites, exclude=i):
-        if int(j) in exclude:
-            continue
         (axis,), vals = curves[int(j)]
         n_j, k_j = sites[int(j)]
         yield axis, vals, gemm_sol_fn(db, quant, int(n_j), int(k_j))
