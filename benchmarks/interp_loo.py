@@ -56,7 +56,7 @@ import numpy as np
 from infercast.data.database import PerfData
 from infercast.errors import InfercastError
 from infercast.interp.grid import BeyondRangeError, Grid
-from infercast.interp.transfer import choose_sites, siblings_by_distance, transfer_grid
+from infercast.interp.transfer import choose_sites, transfer_grid
 from infercast.ops import attention as attn_ops
 from infercast.ops import comm as comm_ops
 from infercast.ops import gemm as gemm_ops
@@ -120,7 +120,8 @@ class Lattice:
         keep = ~np.isnan(vals)
         if self.family == "gemm":
             # ops/gemm.py: the measured points, extended beyond the high edge by the siblings' trend
-            return gemm_ops.build_site_grid(axes[0][keep], vals[keep], sol, self.gemm_siblings(s), reach=self.reach())
+            return gemm_ops.build_site_grid(axes[0][keep], vals[keep], sol,
+                                            gemm_ops.lattice_siblings(self.sites, self.curves, s, self.sol_for), reach=self.reach())
         # ops/comm.py: a 1-D grid of the measured points, provenance exact
         return Grid((axes[0][keep],), vals[keep], np.zeros(int(keep.sum()), np.int8), sol, scales=SCALES.get(self.family, ()))
 
@@ -129,16 +130,6 @@ class Lattice:
         if dropped not in self._reach:
             self._reach[dropped] = gemm_ops.lattice_reach({j: c for j, c in self.curves.items() if j != dropped})
         return self._reach[dropped]
-
-    def gemm_siblings(self, s: int, dropped: int | None = None):
-        """The lattice's other sites, nearest first, as ops/gemm.py passes them to ``build_site_grid``
-        (without ``dropped``, the site a transfer leaves out)."""
-        for j in siblings_by_distance(self.sites[s], self.sites, exclude=s):
-            if int(j) == dropped:
-                continue
-            axes, vals = self.curves[int(j)]
-            keep = ~np.isnan(vals)
-            yield axes[0][keep], vals[keep], self.sol_for(self.sites[int(j)])
 
     def siblings(self, s: int):
         """The other sites of the lattice, as ops/attention.py passes them to ``build_site_grid``."""
@@ -160,7 +151,8 @@ class Lattice:
         axes, vals = self.curves[s]
         keep = ~np.isnan(vals)
         return gemm_ops.build_site_grid(axes[0][keep], gemm_ops.donor_values(vals[keep]), self.sol_for(self.sites[s]),
-                                        self.gemm_siblings(s, dropped), reach=self.reach(dropped))
+                                        gemm_ops.lattice_siblings(self.sites, self.curves, s, self.sol_for, dropped),
+                                        reach=self.reach(dropped))
 
     def full(self, s: int) -> Grid:
         if s not in self._full:

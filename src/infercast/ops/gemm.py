@@ -69,12 +69,14 @@ def lattice_reach(curves) -> float:
     return max(float(np.nanmax(np.where(np.isnan(v), -np.inf, ax[0]))) for ax, v in curves.values())
 
 
-def lattice_siblings(db: OpDB, quant: str, sites, curves, i: int):
-    """``(m, latency, sol)`` of the lattice's other sites, nearest to site ``i`` first (lazily)."""
+def lattice_siblings(sites, curves, i: int, sol_for, dropped: int | None = None):
+    """``(m, latency, sol)`` of the lattice's other sites (but ``dropped``), nearest to site ``i``
+    first, lazily; ``sol_for(site)`` gives a site's speed of light."""
     for j in siblings_by_distance(sites[i], sites, exclude=i):
-        (axis,), vals = curves[int(j)]
-        n_j, k_j = sites[int(j)]
-        yield axis, vals, gemm_sol_fn(db, quant, int(n_j), int(k_j))
+        j = int(j)
+        if j != dropped:
+            (axis,), vals = curves[j]
+            yield axis, vals, sol_for(sites[j])
 
 
 def _lattice(db: OpDB, quant: str):
@@ -301,11 +303,13 @@ def resolve_gemm(db: OpDB, quant: str, n: int, k: int) -> Resolved:
     table, kernel, sites, curves, notes = lat
     reach = db.memo(("gemm-reach", quant), lambda: lattice_reach(curves))
 
+    def site_sol(site):
+        return gemm_sol_fn(db, quant, int(site[0]), int(site[1]))
+
     def site_grid(i: int, donor: bool = False) -> Grid:
         (axis,), vals = curves[i]
-        n_i, k_i = sites[i]
-        return build_site_grid(axis, donor_values(vals) if donor else vals, gemm_sol_fn(db, quant, int(n_i), int(k_i)),
-                               lattice_siblings(db, quant, sites, curves, i), reach=reach)
+        return build_site_grid(axis, donor_values(vals) if donor else vals, site_sol(sites[i]),
+                               lattice_siblings(sites, curves, i, site_sol), reach=reach)
 
     choice = None if db.mode is DatabaseMode.EMPIRICAL else choose_sites((n, k), sites)
     if choice is None:

@@ -8,7 +8,9 @@ from rich.table import Table
 
 def _console(min_width: int = 0) -> Console:
     c = Console(highlight=False)
-    return Console(highlight=False, width=max(c.width, min_width)) if c.width < min_width else c
+    if c.width < min_width:
+        c.width = min_width
+    return c
 
 
 def _f(x, fmt="{:.2f}") -> str:

@@ -79,11 +79,6 @@ def _positive(name: str, v, kind=float):
     return x
 
 
-def concurrency_grid(max_concurrency: int) -> list[int]:
-    """The default benchmark concurrencies: powers of two up to ``max_concurrency``."""
-    return powers_of_two(max_concurrency)
-
-
 def search_agg(
     model: str,
     system: str,
@@ -124,7 +119,7 @@ def _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_ma
     isl, osl = int(_positive("isl", isl, int)), int(_positive("osl", osl, int))
     ttft_max_ms = _positive("ttft target", ttft_max_ms)
     tpot_max_ms = _positive("tpot target", tpot_max_ms)
-    conc = sorted({int(_positive("concurrency", c, int)) for c in (concurrencies or concurrency_grid(DEFAULT_MAX_CONCURRENCY))})
+    conc = sorted({int(_positive("concurrency", c, int)) for c in (concurrencies or powers_of_two(DEFAULT_MAX_CONCURRENCY))})
     base = Estimator(model, system, backend, backend_version, systems_path=systems_path, **estimator_kw)
     return conc, base, SearchResult(base.spec.model_id, system, backend, base.version, isl, osl, 0, ttft_max_ms, tpot_max_ms)
 
@@ -157,6 +152,14 @@ def _finish(res: SearchResult) -> SearchResult:
     return res
 
 
+def _fields(res: SearchResult, label: str, est, gpus: int, c: int, r, bound: str) -> tuple:
+    """:class:`Candidate`'s fields, in order, for serving result ``r`` of ``est``'s layout."""
+    p = est.plan.parallel
+    return (label, p.tp, p.pp, p.attention_dp, p.etp, p.ep, gpus, c, r.ttft_ms, r.tpot_ms, r.ttft_p90_ms, r.tpot_p90_ms,
+            r.request_latency_ms, r.tokens_per_s_per_gpu, r.tokens_per_s_per_user, bound,
+            meets(r.ttft_ms, r.tpot_ms, res.ttft_max_ms, res.tpot_max_ms))
+
+
 def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params) -> None:
     from ..api import serve_agg
 
@@ -170,12 +173,7 @@ def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params) -> N
             if c == conc[0]:
                 return  # not even the fewest clients fit: the layout does not serve this workload
             continue
-        p = est.plan.parallel
-        res.candidates.append(Candidate(
-            lay.label, p.tp, p.pp, p.attention_dp, p.etp, p.ep, est.gpus, c, r.ttft_ms, r.tpot_ms, r.ttft_p90_ms,
-            r.tpot_p90_ms, r.request_latency_ms, r.tokens_per_s_per_gpu, r.tokens_per_s_per_user, r.bound,
-            meets(r.ttft_ms, r.tpot_ms, res.ttft_max_ms, res.tpot_max_ms),
-        ))
+        res.candidates.append(Candidate(*_fields(res, lay.label, est, est.gpus, c, r, r.bound)))
 
 
 # ---- disaggregated ------------------------------------------------------------------------------
@@ -242,12 +240,8 @@ def search_disagg(
                         res.skipped[f"{label}@c{c}"] = (f"a decode rank would run {r.decode_batch:.0f} requests; its KV "
                                                         f"cache holds {r.decode_kv_capacity:.0f} of {isl}+{osl} tokens")
                         break  # more clients only grow the decode batch
-                    p = de.plan.parallel
                     res.candidates.append(DisaggCandidate(
-                        label, p.tp, p.pp, p.attention_dp, p.etp, p.ep, pw * pe.gpus + dw * de.gpus, c, r.ttft_ms,
-                        r.tpot_ms, r.ttft_p90_ms, r.tpot_p90_ms, r.request_latency_ms, r.tokens_per_s_per_gpu,
-                        r.tokens_per_s_per_user, f"prefill util {r.prefill_utilisation:.2f}",
-                        meets(r.ttft_ms, r.tpot_ms, res.ttft_max_ms, res.tpot_max_ms),
+                        *_fields(res, label, de, pw * pe.gpus + dw * de.gpus, c, r, f"prefill util {r.prefill_utilisation:.2f}"),
                         prefill_layout=pl.label, prefill_workers=pw, decode_layout=dl.label, decode_workers=dw,
                         prefill_utilisation=r.prefill_utilisation,
                     ))

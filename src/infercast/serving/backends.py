@@ -229,14 +229,16 @@ def scheduler_params(name: str, system=None, spec=None) -> SchedulerParams:
     """The backend's scheduler defaults; ``system`` (a SystemSpec) applies memory-dependent ones,
     ``spec`` (the served ModelSpec) model-dependent ones."""
     p = SCHEDULERS[name]
-    if name == "sglang" and system is not None and system.gpu.mem_capacity >= SGLANG_LARGE_GPU_BYTES:
-        p = replace(p, max_num_tokens=SGLANG_LARGE_GPU_CHUNK)
-    if name == "sglang" and system is not None and system.gpu.mem_capacity < SGLANG_SMALL_GPU_BYTES:
-        p = replace(p, max_num_tokens=SGLANG_SMALL_GPU_CHUNK)
-    if name == "vllm" and system is not None and _vllm_small_gpu(system):
+    if system is not None and name == "sglang":
+        mem = system.gpu.mem_capacity
+        if mem >= SGLANG_LARGE_GPU_BYTES:
+            p = replace(p, max_num_tokens=SGLANG_LARGE_GPU_CHUNK)
+        elif mem < SGLANG_SMALL_GPU_BYTES:
+            p = replace(p, max_num_tokens=SGLANG_SMALL_GPU_CHUNK)
+        if mem > SGLANG_GRAPH_LARGE_GPU_BYTES:
+            p = replace(p, graph_batch_sizes=SGLANG_LARGE_GPU_GRAPH_SIZES)
+    if system is not None and name == "vllm" and _vllm_small_gpu(system):
         p = replace(p, max_num_tokens=VLLM_SMALL_GPU_TOKENS, max_batch_size=VLLM_SMALL_GPU_SEQS)
-    if name == "sglang" and system is not None and system.gpu.mem_capacity > SGLANG_GRAPH_LARGE_GPU_BYTES:
-        p = replace(p, graph_batch_sizes=SGLANG_LARGE_GPU_GRAPH_SIZES)
     if name == "sglang" and spec is not None and getattr(spec, "gdn", None) is not None:
         # SGLang runs hybrid linear-attention (Gated DeltaNet / Mamba) models without the overlap
         # scheduler unless --mamba-scheduler-strategy extra_buffer is set (sgl-project/sglang#14792)
