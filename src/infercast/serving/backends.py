@@ -200,7 +200,8 @@ TRTLLM_ADP_TIMEOUT_STEPS = 60
 #: hidden while the GPU step is longer; it surfaces at large batches of short steps, which is where
 #: SGLang's TPOT was under-predicted (geometric-mean ratio 0.88 at concurrency 128-255, 0.72 at
 #: 256-511). Dev rows, SGLang TPOT median APE (within 20%) at 0 / 10 / 20 / 30 / 40 / 50 / 60 us:
-#: 11.2 (71.8%) / 11.0 / 10.8 / 10.7 / 10.5 (74.5%) / 10.5 / 10.9%; TTFT unchanged (35.8%). The
+#: 11.2 (71.8%) / 11.0 / 10.8 / 10.7 / 10.5 (74.5%) / 10.5 / 10.9% (sweep without seven b300 rows;
+#: all SGLang rows at 40 us: 10.6%, 74.5%); TTFT unchanged (35.8%). The
 #: gain is at high concurrency and on the hybrid linear-attention rows that run without overlap
 #: (Qwen3.5 B200 TPOT 10.0% -> 8.9%); DeepSeek rows, whose GPU steps are long, do not move.
 SGLANG_SEQ_OVERHEAD_MS = 0.040
