@@ -698,3 +698,69 @@ def test_wide_ep_nvfp4_real_pack(real_pack_available):
     est = Estimator("deepseek-ai/DeepSeek-V3", "gb200", "sglang", None, 1, 1, attention_dp=32, moe_ep=32, moe_tp=1,
                     gemm_quant="nvfp4", moe_quant="nvfp4")
     assert est.plan.parallel.moe_comm == "alltoall"
+
+
+# ----------------------------------------------------------------------------------------------
+# TensorRT-LLM's low-latency NVFP4 expert kernel at small batch
+# ----------------------------------------------------------------------------------------------
+
+
+def _kernel_table(rows):
+    """A stand-in table (``keys`` only) of (kernel, tokens, site) rows at one pair (tp 8, ep 1)."""
+    from types import SimpleNamespace
+
+    kern, tokens, site = zip(*rows)
+    keys = {"kernel_source": np.array(kern), "num_tokens": np.array(tokens, float),
+            "moe_tp_size": np.full(len(rows), 8.0), "moe_ep_size": np.ones(len(rows))}
+    for c, j in zip(("hidden_size", "inter_size", "topk", "num_experts"), range(4)):
+        keys[c] = np.array([s[j] for s in site], float)
+    return SimpleNamespace(keys=keys)
+
+
+def test_low_latency_rows_replace_cutlass_up_to_128_tokens_where_both_measured():
+    from infercast.ops.moe import TRTLLM_LOW_LATENCY_KERNEL as LL, TRTLLM_LOW_LATENCY_MAX_TOKENS, _prefer_low_latency
+
+    a, b = (7168, 2048, 8, 256), (4096, 1536, 8, 128)
+    cut = "moe_torch_flow_cutlass"
+    rows = [(cut, n, a) for n in (1, 2, 64, 128, 256, 512)] + [(LL, n, a) for n in (1, 2, 128, 256)]
+    rows += [(cut, n, b) for n in (1, 2, 256)]  # site b: no low-latency rows
+    rows += [(cut, 4, a)]  # outside the mask below
+    t = _kernel_table(rows)
+    candidates = np.ones(len(rows), bool)
+    candidates[-1] = False
+    chosen = candidates & (t.keys["kernel_source"] == cut)  # what merge_kernels picks: CUTLASS first
+    out = _prefer_low_latency(t, chosen, candidates)
+    kept = {(k, int(n), s) for (k, n, s), m in zip(rows, out) if m}
+    # at 1, 2 and 128 tokens the low-latency kernel's rows replace CUTLASS's ...
+    assert {(LL, 1, a), (LL, 2, a), (LL, 128, a)} <= kept
+    assert not {(cut, 1, a), (cut, 2, a), (cut, 128, a)} & kept
+    # ... CUTLASS keeps 64 (not measured by the other), 256 and 512 (above the threshold), site b;
+    # the low-latency row at 256 stays unused; the row outside the candidates is not brought in
+    assert {(cut, 64, a), (cut, 256, a), (cut, 512, a), (cut, 1, b), (cut, 2, b), (cut, 256, b)} <= kept
+    assert (LL, 256, a) not in kept and (cut, 4, a) not in kept
+    assert out.sum() == 9  # one row per point
+    assert TRTLLM_LOW_LATENCY_MAX_TOKENS == 128
+    # a table without the low-latency kernel: the choice unchanged
+    t2 = _kernel_table([r for r in rows if r[0] != LL])
+    m2 = np.ones(len(t2.keys["num_tokens"]), bool)
+    np.testing.assert_array_equal(_prefer_low_latency(t2, m2, m2), m2)
+
+
+@pytest.mark.real_pack
+def test_trtllm_b200_nvfp4_experts_run_the_low_latency_kernel_at_small_batch(real_pack_available):
+    from infercast.ops.moe import TRTLLM_LOW_LATENCY_KERNEL
+
+    db = _db("b200_sxm", "trtllm")
+    r = resolve_moe(db, quant="nvfp4", moe_tp=8, moe_ep=1, **DSV3)
+    low_t, low = _raw_moe(db, "nvfp4", 7168, 2048, 8, 256, 8, 1, TRTLLM_LOW_LATENCY_KERNEL)
+    cut_t, cut = _raw_moe(db, "nvfp4", 7168, 2048, 8, 256, 8, 1, "moe_torch_flow_cutlass")
+    small, large = low_t <= 128, cut_t > 128
+    v, p = r.grid(low_t[small])
+    np.testing.assert_array_equal(v, low[small])
+    assert (p == Prov.EXACT).all()
+    np.testing.assert_array_equal(r.grid(cut_t[large])[0], cut[large])
+    # the low-latency kernel is the faster one there (why the engine picks it)
+    assert np.all(low[small] < np.interp(low_t[small], cut_t, cut))
+    # SGLang's table is untouched by the rule (its kernels are its own)
+    rs = resolve_moe(_db("b200_sxm", "sglang"), quant="nvfp4", moe_tp=8, moe_ep=1, **DSV3)
+    assert TRTLLM_LOW_LATENCY_KERNEL not in (rs.kernel or "")

@@ -113,16 +113,16 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
 * beyond the collected ``num_tokens`` range (1...16384 in most files) the grid holds the boundary
   utilisation (SOL ratio).
 
-**Not applied: a decode-size gap between backends.** TensorRT-LLM's b200 ``moe_perf`` rows for
-DeepSeek's shape (7168, 2048, 8, 256) at nvfp4 take 61 / 85 / 120 / 154 us at 1 / 4 / 8 / 16 tokens
-(TP 8; CUTLASS and min-latency kernels), 2.5-3x SGLang's and vLLM's tables (19-23 / 31-33 / 45-48
-/ 63-64 us, FlashInfer's TensorRT-LLM-gen MoE), which agree with each other; fp8_block shows the
-same gap (DeepGEMM 98-220 us vs 35-103 us). Serving TensorRT-LLM nvfp4 MoE from SGLang's table
-where its own is > 1.5x slower at <= 16 tokens (dev rows): DeepSeek-R1 TensorRT-LLM 1.1 / 1.2 rows
-fit the fast kernel (TPOT 58-59% -> 12-22%), DeepSeek-V3 rows without a version and Dynamo 0.8.1
-rows fit the slow one (12% -> 24%, 6% -> 20%); all rows TPOT 9.3% -> 9.2%, TTFT 28.0% unchanged.
-The same for fp8_block: TensorRT-LLM TPOT 9.8% -> 10.0%. The rows do not say which MoE backend a
-deployment selected, so the collected table stays.
+**TensorRT-LLM NVFP4 at small batch.** TensorRT-LLM's b200 ``moe_perf`` rows for DeepSeek's shape
+(7168, 2048, 8, 256) at nvfp4, TP 8, come from two kernels: CUTLASS (61 / 85 / 120 / 154 us at
+1 / 4 / 8 / 16 tokens) and a low-latency kernel (20 / 32 / 43 / 60 us), the latter as fast as
+SGLang's and vLLM's TensorRT-LLM-gen tables (19-23 / 31-33 / 45-48 / 63-64 us). Up to 128 tokens
+the low-latency rows are used (:func:`_prefer_low_latency`, with the evidence). An earlier variant,
+serving TensorRT-LLM nvfp4 MoE from SGLang's table where its own is > 1.5x slower at <= 16 tokens,
+left the dev rows' TPOT at 9.3% -> 9.2%: the DeepSeek-V3 rows that fit the slow kernel were the ones
+predicted with MTP they did not run. fp8_block shows the same gap (DeepGEMM 98-220 us vs 35-103 us
+in SGLang's table) but has no second TensorRT-LLM kernel in the pack; serving it from SGLang's
+table: TensorRT-LLM TPOT 9.8% -> 10.0%, so its collected table stays.
 
 The ``num_tokens`` axis interpolates **linearly** (:data:`TOKEN_SCALE`): leave-one-out over every
 balanced ``moe_perf`` curve on h200_sxm and b200_sxm (trtllm/vllm/sglang, 15k-67k held-out points
@@ -174,6 +174,11 @@ PAIR_COLS = ("moe_tp_size", "moe_ep_size")
 MOE_QUANTS = ("bfloat16", "fp8", "fp8_block", "nvfp4", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8", "int4_wo", "w4afp8")
 MXFP4_ALIAS = "mxfp4"
 NONGATED_TAG = "nongated"
+#: TensorRT-LLM's small-batch NVFP4 expert kernel (see :func:`_prefer_low_latency`)
+TRTLLM_LOW_LATENCY_KERNEL = "moe_torch_flow_min_latency"
+#: tokens per rank (after attention-DP gathering) up to which TensorRT-LLM's NVFP4 experts run the
+#: low-latency kernel
+TRTLLM_LOW_LATENCY_MAX_TOKENS = 128
 DEFAULT_DISTRIBUTION = "balanced"
 
 #: serving backend -> phase -> moe_a2a comm_backend (DeepEP high-throughput / low-latency)
@@ -307,7 +312,10 @@ def _lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_name: s
             )
         base &= np.isin(table.keys["kernel_source"], want)
     if table.has("kernel_source"):
+        candidates = base
         base, order = merge_kernels(table, base, SITE_COLS + PAIR_COLS + ("num_tokens",), db.backend)
+        if db.backend == "trtllm":
+            base = _prefer_low_latency(table, base, candidates)
         kernel = "+".join(order)
     else:
         order, kernel = [], None
@@ -320,6 +328,44 @@ def _lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_name: s
         is_default = (table.keys["kernel_source"][rows] == order[0]).astype(float)
         primary = np.bincount(site_of, is_default, len(sites)) * 2 > np.bincount(site_of, minlength=len(sites))
     return _Lattice(table, quant, kernel, dist, site_gated, sites, curves, tuple(notes), primary)
+
+
+def _prefer_low_latency(table, chosen: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    """TensorRT-LLM NVFP4 experts at small batch: among the ``candidates`` rows, those of the
+    low-latency kernel (:data:`TRTLLM_LOW_LATENCY_KERNEL`) at up to
+    :data:`TRTLLM_LOW_LATENCY_MAX_TOKENS` tokens replace the ``chosen`` rows (one per point, after
+    :func:`~infercast.ops.base.merge_kernels`) of the same points; every larger point, and every
+    point the low-latency kernel lacks, stays with the kernel chosen (CUTLASS, the default: it has
+    the most rows), which also keeps its place as the sites' default kernel for transfer.
+
+    Why: TensorRT-LLM's own DeepSeek-R1 NVFP4 recipes for B200 (``examples/configs/database``)
+    select the ``TRTLLM`` MoE backend (TensorRT-LLM-gen kernels) for the tensor-parallel, small-batch
+    configurations and CUTLASS for the attention-DP, large-batch ones; the pack has no rows of that
+    backend, but its low-latency rows match its speed: DeepSeek's expert shape (7168, 2048, 8, 256)
+    at TP 8 takes 20 / 32 / 43 / 60 us at 1 / 4 / 8 / 16 tokens there, as in SGLang's and vLLM's
+    tables of the same TensorRT-LLM-gen kernels (19-23 / 31-33 / 45-48 / 63-64 us), against
+    61 / 85 / 120 / 154 us for CUTLASS. The low-latency rows exist for b200 and gb200 only; elsewhere
+    nothing changes. Dev rows, TensorRT-LLM: TPOT median APE 9.77% -> 9.72% (within 20%: 75.4% ->
+    77.2%), TTFT unchanged (30.4%); with the DeepSeek-V3 mapping of
+    :meth:`infercast.validate.predict.EstimatorCache.nextn_for` 9.51% (79.7%), TTFT 30.2% (that
+    mapping alone, with the CUTLASS rows: 10.05%: the V3 rows' missing MTP and the slow kernel
+    had cancelled). The low-latency rows at every token count (not only up to 128) fit the dev rows
+    better still (9.29%), but the recipes run CUTLASS for large batches; not used."""
+    ks = table.keys["kernel_source"]
+    rows = np.flatnonzero(candidates)
+    small = table.keys["num_tokens"][rows].astype(float) <= TRTLLM_LOW_LATENCY_MAX_TOKENS
+    low = small & (ks[rows] == TRTLLM_LOW_LATENCY_KERNEL)
+    if not low.any():
+        return chosen
+    point = np.stack([table.keys[c][rows].astype(float) for c in SITE_COLS + PAIR_COLS + ("num_tokens",)], axis=1)
+    _, inv = np.unique(point, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    covered = np.zeros(int(inv.max()) + 1, bool)
+    covered[inv[low]] = True
+    out = chosen.copy()
+    out[rows[covered[inv]]] = False  # every row of a point the low-latency kernel measured ...
+    out[rows[low]] = True  # ... gives way to its row
+    return out
 
 
 def _get_lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_name: str = "moe") -> _Lattice | None:

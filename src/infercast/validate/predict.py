@@ -31,6 +31,8 @@ Predictor = Callable[[SiliconRow], tuple[float, float, str]]
 #: :meth:`EstimatorCache.nextn_for`). The rows do not say; on the TensorRT-LLM DeepSeek dev rows
 #: TPOT median APE is 22.2% at 0.6, 21.8% at 0.7, 24.5% at 0.8 (the API default), 27.3% at 0.9.
 MTP_ACCEPTANCE = 0.7
+#: models whose TensorRT-LLM rows are predicted without MTP (see :meth:`EstimatorCache.nextn_for`)
+NO_MTP_MODELS = ("DeepSeek-V3",)
 
 
 class EstimatorCache:
@@ -52,8 +54,17 @@ class EstimatorCache:
         DeepSeek serving recipes enable it, and the dev rows agree: with nextn=1 the TPOT
         geometric-mean ratio of DeepSeek-V3/R1 TensorRT-LLM rows goes from 1.35/1.75 to 1.01/1.23,
         while SGLang rows fit without it (1.01/1.02). So: nextn=1 for TensorRT-LLM rows of
-        checkpoints that ship MTP layers, 0 otherwise."""
-        if row.backend != "trtllm":
+        checkpoints that ship MTP layers, 0 otherwise -- except DeepSeek-V3 rows
+        (:data:`NO_MTP_MODELS`). Where the dev rows hold distinct DeepSeek-V3 and -R1 measurements of
+        one configuration (TensorRT-LLM 1.1.0rc2.post2, b200 and h200, fp8, TP 8 / EP 8, seven
+        pairs: same version, lengths, concurrency and parallelism), V3's TPOT is 1.4-2.0x R1's
+        (13.7 vs 7.1 ms at concurrency 4 on h200): the speed-up MTP gives, on an identical
+        architecture. NVIDIA's TensorRT-LLM recipes that enable MTP are DeepSeek-R1's. (Other rows
+        hold the same measurement under both names; they cannot tell.) Dev rows, with the
+        low-latency NVFP4 experts of :func:`infercast.ops.moe._prefer_low_latency`: TensorRT-LLM
+        DeepSeek-V3 TPOT median APE h200 35.3% -> 9.0%, b200 16.7% -> 22.3% (its rows are mostly
+        the DeepSeek-R1 measurements again), all TensorRT-LLM rows 9.72% -> 9.51%."""
+        if row.backend != "trtllm" or row.model.split("/")[-1] in NO_MTP_MODELS:
             return 0
         key = ("mtp", model)
         hit = self._cache.get(key)
