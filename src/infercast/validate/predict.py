@@ -29,7 +29,8 @@ Predictor = Callable[[SiliconRow], tuple[float, float, str]]
 
 #: Acceptance rate of the MTP draft token assumed for the rows that run MTP (see
 #: :meth:`EstimatorCache.nextn_for`). The rows do not say; the API's default (0.8). Dev rows, all
-#: TensorRT-LLM rows, TPOT median APE at 0.6 / 0.7 / 0.8 / 0.9: 9.60 / 9.51 / 9.43 / 9.46%
+#: TensorRT-LLM rows, TPOT median APE at 0.6 / 0.7 / 0.8 / 0.9: 9.60 / 9.51 / 9.43 / 9.46%; all
+#: rows 0.7 -> 0.8: TPOT 8.80 -> 8.79%, TTFT 26.41 -> 26.48% (a wash; the default is kept)
 #: (before DeepSeek-V3 rows ran without MTP and NVFP4 experts on the low-latency kernel, the
 #: DeepSeek rows alone preferred 0.7: 22.2 / 21.8 / 24.5 / 27.3%).
 MTP_ACCEPTANCE = 0.8
