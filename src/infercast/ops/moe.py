@@ -349,7 +349,7 @@ def _prefer_low_latency(table, chosen: np.ndarray, candidates: np.ndarray) -> np
     77.2%), TTFT unchanged (30.4%); with the DeepSeek-V3 mapping of
     :meth:`infercast.validate.predict.EstimatorCache.nextn_for` 9.51% (79.7%), TTFT 30.2% (that
     mapping alone, with the CUTLASS rows: 10.05%: the V3 rows' missing MTP and the slow kernel
-    had cancelled). The low-latency rows at every token count (not only up to 128) fit the dev rows
+    had cancelled). The low-latency kernel made the default, at every token count, fits the dev rows
     better still (9.29%), but the recipes run CUTLASS for large batches; not used."""
     ks = table.keys["kernel_source"]
     rows = np.flatnonzero(candidates)
