@@ -8,7 +8,11 @@ Mapping (facts from the fidelity README):
   what was benchmarked);
 * data version: the pack's *current* slot for the backend. The CSV's ``backend_version`` values are
   the versions that were benchmarked (often Dynamo runtime tags); perf tables exist only for some.
-  Using the current collected version is a modelling decision, reported in each row's note;
+  Using the current collected version is a modelling decision, reported in each row's note.
+  Measured and not used: the benchmarked version's own tables wherever the pack collected that
+  version (465 dev rows: vLLM 0.18 / 0.19, SGLang 0.5.6.post2 / 0.5.9; tables that version lacks
+  from the current one): TPOT median APE 8.79% -> 9.44%, TTFT 26.48% -> 26.94% (vLLM TPOT
+  7.0% -> 8.3%, SGLang 10.6% -> 11.8%);
 * agg: ``tp``/``pp`` per replica; the concurrency per replica comes from the benchmark
   concurrency (``_c<N>_``) divided over attention-DP ranks as the row says;
 * a row whose TP (or attention-DP) column is the *product* of the TP and EP sizes its id names
