@@ -712,14 +712,19 @@ def _kernel_table(rows):
     kern, tokens, site = zip(*rows)
     keys = {"kernel_source": np.array(kern), "num_tokens": np.array(tokens, float),
             "moe_tp_size": np.full(len(rows), 8.0), "moe_ep_size": np.ones(len(rows))}
-    for c, j in zip(("hidden_size", "inter_size", "topk", "num_experts"), range(4)):
+    for j, c in enumerate(("hidden_size", "inter_size", "topk", "num_experts")):
         keys[c] = np.array([s[j] for s in site], float)
     return SimpleNamespace(keys=keys)
 
 
 def test_low_latency_rows_replace_cutlass_up_to_128_tokens_where_both_measured():
-    from infercast.ops.moe import TRTLLM_LOW_LATENCY_KERNEL as LL, TRTLLM_LOW_LATENCY_MAX_TOKENS, _prefer_low_latency
+    from infercast.ops.moe import (
+        TRTLLM_LOW_LATENCY_KERNEL,
+        TRTLLM_LOW_LATENCY_MAX_TOKENS,
+        _prefer_low_latency,
+    )
 
+    LL = TRTLLM_LOW_LATENCY_KERNEL
     a, b = (7168, 2048, 8, 256), (4096, 1536, 8, 128)
     cut = "moe_torch_flow_cutlass"
     rows = [(cut, n, a) for n in (1, 2, 64, 128, 256, 512)] + [(LL, n, a) for n in (1, 2, 128, 256)]
