@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from infercast.errors import InvalidConfigError
 from infercast.serving.agg import adp_balance_wait_steps, serve_agg, solve_steady
 from infercast.serving.backends import SchedulerParams
 from infercast.serving.disagg import solve_disagg
@@ -647,3 +648,68 @@ def test_distribution_plus_adds_independent_draws():
     assert s.percentile(50) == pytest.approx(1.0, abs=0.01)
     assert s.percentile(90) == pytest.approx(2.0 - math.sqrt(0.2), abs=0.01)
     assert Distribution.point(3.0).plus(Distribution.point(4.0)).percentile(99) == pytest.approx(7.0)
+
+
+def test_unchunked_prompt_waits_until_the_decodes_leave_room():
+    # 2 clients, 100-token prompts, budget 100, 10 ms steps. The first prompt fills step 1. With
+    # chunked prefill the second runs 99 + 1 tokens beside the first's decodes (first token at
+    # 30 ms); without, it waits for the first request's 2 decode steps to finish (30 ms) and takes
+    # step 4 (first token at 40 ms).
+    eng = ConstEngine(10.0)
+    kw = {"max_num_tokens": 100, "min_prefill_chunk": 1}
+    chunked = simulate(eng, 2, 100, 3, params(**kw), 1e9, 1, requests_per_client=1)
+    whole = simulate(eng, 2, 100, 3, params(chunked=False, **kw), 1e9, 1, requests_per_client=1)
+    assert chunked.ttft_ms == pytest.approx((10.0 + 30.0) / 2)
+    assert whole.ttft_ms == pytest.approx((10.0 + 40.0) / 2)
+    assert whole.tpot_ms == pytest.approx(10.0)
+    # the chunking floor does not let a whole prompt overflow the budget
+    floored = simulate(eng, 2, 100, 3, params(chunked=False, max_num_tokens=100, min_prefill_chunk=256), 1e9, 1,
+                       requests_per_client=1)
+    assert floored.ttft_ms == pytest.approx(whole.ttft_ms)
+
+
+def test_unchunked_prompt_longer_than_the_budget_is_refused():
+    eng = ConstEngine(10.0)
+    p = params(chunked=False, max_num_tokens=512)
+    for call in (lambda: simulate(eng, 4, 1000, 10, p, 1e9, 1),
+                 lambda: solve_steady(eng, 4, 1000, 10, p, 1e9, 1),
+                 lambda: serve_agg(eng, 4, 1000, 10, p, 1e9, 1),
+                 lambda: solve_disagg(eng, eng, 4, 1000, 10, 1, 1, 1, 1, p, params(), 0.0, 2)):
+        with pytest.raises(InvalidConfigError, match="chunked prefill"):
+            call()
+    # chunked, the same prompt is served
+    assert serve_agg(eng, 4, 1000, 10, params(max_num_tokens=512), 1e9, 1).ttft_ms > 0
+
+
+def test_steady_state_unchunked_caps_the_decodes_beside_a_whole_prompt():
+    # budget 1050, prompts of 1000: chunked, ~95 decodes share steps with chunks of the next
+    # prompts (2 chunks each); whole prompts fit only beside at most 50 decodes
+    eng = ConstEngine(10.0)
+    chunked = solve_steady(eng, 100, 1000, 101, params(max_num_tokens=1050), 1e9, 1)
+    whole = solve_steady(eng, 100, 1000, 101, params(max_num_tokens=1050, chunked=False), 1e9, 1)
+    assert chunked.prefill_chunks == 2
+    assert chunked.decode_batch == pytest.approx(1050 * 100 / (100 + 1000))
+    assert whole.prefill_chunks == 1
+    assert whole.decode_batch == pytest.approx(50.0)
+    assert whole.bound == "token budget"
+
+
+def test_steady_state_unchunked_prompt_filling_the_budget_runs_alone():
+    # a prompt as long as the budget leaves no room for a decode beside it: the engine can only
+    # run it in a step of its own, which is the non-mixed model
+    eng = TokenEngine(2.0, 0.01)
+    p = params(max_num_tokens=100, chunked=False)
+    got = solve_steady(eng, 4, 100, 11, p, 1e9, 1)
+    want = solve_steady(eng, 4, 100, 11, dataclasses.replace(p, mixed=False), 1e9, 1)
+    assert got.tpot_ms == pytest.approx(want.tpot_ms)
+    assert got.ttft_ms == pytest.approx(want.ttft_ms)
+    assert got.decode_batch > 0
+
+
+def test_simulation_that_runs_out_of_events_raises_instead_of_reporting_a_part():
+    eng = ConstEngine(10.0)
+    # 4 clients x 3 requests in waves of one (budget 100, prompts of 100): far more than 5 events
+    p = params(max_num_tokens=100, chunked=False, requests_per_client=3.0)
+    with pytest.raises(InvalidConfigError, match="did not finish"):
+        simulate(eng, 4, 100, 3, p, 1e9, 1, max_events=5)
+    assert simulate(eng, 4, 100, 3, p, 1e9, 1).ttft_ms > 0

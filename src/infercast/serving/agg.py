@@ -18,6 +18,10 @@ The benchmark: ``C`` clients per engine replica, each sending its next request (
 tokens, ``osl`` output tokens) the moment the previous one completes. The engine runs one step
 after another; a step carries every running decode (one token each) and, within a token budget,
 prefill tokens of waiting requests (chunked when a prompt exceeds the budget left by the decodes).
+An engine without chunked prefill (``SchedulerParams.chunked`` off) runs each prompt whole: it
+takes one step, and the running decodes are capped so that one prompt fits beside them
+(``D x draft width <= budget - isl``); when not even one decode does, prefill steps run alone, as on an engine
+that does not mix.
 
 Steady state, per step (a *fluid* model: averages, not individual requests):
 
@@ -65,12 +69,20 @@ the mean. TPOT percentiles are the steady state's, as the mean is.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .backends import SchedulerParams
-from .result import QUANTILE_POINTS, Distribution, ServingMetrics, binomial_share, mixture, uniform
+from .result import (
+    QUANTILE_POINTS,
+    Distribution,
+    ServingMetrics,
+    binomial_share,
+    mixture,
+    uniform,
+)
+from .sim import check_prompt_fits_budget
 
 #: steps a new request waits before its first prefill chunk: it arrives while a step runs
 WAIT_STEPS = 1.0
@@ -177,9 +189,17 @@ def solve_steady(
     footprint = float(isl + osl) if params.kv_reserve_full else float(isl + osl / 2.0)
     kv_cap = kv_capacity_tokens / footprint if kv_capacity_tokens > 0 else 0.0
     caps = {"kv cache": kv_cap, "max requests": float(params.max_batch_size)}
+    check_prompt_fits_budget(isl, params)
+    if params.mixed and not params.chunked and budget - isl < width:
+        # not one decode fits beside a whole prompt: prefill steps run alone, as on an engine that
+        # does not mix prefill into decode steps
+        params = replace(params, mixed=False)
     if params.mixed:
         # D decodes + lam*isl prefill tokens per step must fit the budget
         caps["token budget"] = budget * out_steps / (out_steps * width + isl)
+        if not params.chunked:
+            # a whole prompt must fit beside the running decodes (module docstring of .sim)
+            caps["token budget"] = min(caps["token budget"], (budget - isl) / width)
     d = C * out_steps / (out_steps + 2.0)
     n_chunks = 1
     hold = 0.0  # balance-hold steps (attention DP)
@@ -187,9 +207,10 @@ def solve_steady(
     # rank a request arrives at has none, and TensorRT-LLM then releases the prefill at once
     hold_ranks = ranks if C > 1 else 1
     for _ in range(iterations):
-        room = budget - (d * width if params.mixed else 0.0)
-        room = max(room, params.min_prefill_chunk)
-        n_chunks = max(1, math.ceil(isl / room))
+        if params.chunked:
+            room = budget - (d * width if params.mixed else 0.0)
+            room = max(room, params.min_prefill_chunk)
+            n_chunks = max(1, math.ceil(isl / room))
         hold = adp_balance_wait_steps(hold_ranks, d / out_steps, params.adp_balance_timeout_steps)
         d_free = C * out_steps / (out_steps + WAIT_STEPS + hold + n_chunks)
         d = min([d_free, *caps.values()])

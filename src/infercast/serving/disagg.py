@@ -51,6 +51,7 @@ import numpy as np
 
 from .backends import SchedulerParams
 from .result import Distribution, ServingMetrics, exponential_tail, mixture
+from .sim import check_prompt_fits_budget
 
 #: benchmark length (requests per client) of the disaggregated benchmarks: the first wave's weight
 #: in mean TTFT. Calibrated on the dev disaggregated silicon rows (TTFT median APE 60% / 48% / 47%
@@ -140,6 +141,7 @@ def solve_disagg(
     # prefill service: batches of up to prefill_batch prompts, chunked by the token budget
     pb = max(1, int(prefill_batch))
     budget = params_prefill.max_num_tokens
+    check_prompt_fits_budget(isl, params_prefill)
     batch_cost: dict[int, float] = {}  # prompts in a prefill batch -> its wall time (ms)
     if isl <= budget:
         per_step = max(1, min(pb, budget // isl))

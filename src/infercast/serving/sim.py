@@ -7,7 +7,9 @@ a benchmark client reports them.
 
 The engine runs steps back to back. Each step carries every running decode (one token each) and,
 within the token budget (``max_num_tokens``), prefill work of waiting requests, first come first
-served; a prompt that does not fit the room left is chunked (``min_prefill_chunk`` at least).
+served; a prompt that does not fit the room left is chunked (``min_prefill_chunk`` at least), or,
+on an engine without chunked prefill (``chunked`` off), waits until the running decodes leave room
+for the whole prompt (a prompt longer than the budget is refused: such an engine rejects it).
 Backends that do not mix prefill and decode (SGLang's default) run a prefill step that pauses
 decoding whenever requests wait. A request is admitted only if the KV cache can hold its whole
 ``isl + osl`` and the running set is below ``max_batch_size``. A request that arrives while a step
@@ -32,6 +34,17 @@ from .result import Distribution, ServingMetrics
 
 class DoesNotFitError(InvalidConfigError):
     """The configuration cannot hold even one request."""
+
+
+def check_prompt_fits_budget(isl: int, params: SchedulerParams) -> None:
+    """An engine without chunked prefill runs a prompt in one step, so ``isl`` must fit its token
+    budget (TensorRT-LLM, vLLM and SGLang reject a longer prompt unless chunked prefill is on)."""
+    if not params.chunked and isl > params.max_num_tokens:
+        raise InvalidConfigError(
+            f"a prompt of {isl} tokens does not fit the step budget of {params.max_num_tokens} tokens, "
+            "and the scheduler runs without chunked prefill",
+            "raise max_num_tokens to at least the input length, or enable chunked prefill",
+        )
 
 
 @dataclass
@@ -72,6 +85,7 @@ def simulate(
     kv_slots = math.inf if kv_capacity_tokens <= 0 else kv_capacity_tokens
     tau = float(getattr(engine, "tokens_per_step", 1.0))  # output tokens per decode step (MTP)
     width = float(getattr(engine, "decode_width", 1.0))  # budget tokens per decoding sequence (MTP drafts)
+    check_prompt_fits_budget(isl, params)
     if isl + osl > kv_slots:
         raise DoesNotFitError(
             f"one request of {isl}+{osl} tokens needs more KV cache than the worker has ({int(kv_capacity_tokens)} tokens)"
@@ -132,7 +146,8 @@ def simulate(
         groups = []  # (n, chunk tokens, prefix)
         if waiting and waiting[0].arrival <= t + 1e-9:
             room = budget - (in_flight * width if params.mixed else 0.0)
-            room = max(room, float(params.min_prefill_chunk))
+            if params.chunked:  # the least prefill work a step takes when decodes fill the budget
+                room = max(room, float(params.min_prefill_chunk))
             admitted = 0  # sequences newly admitted in this step
             i = 0
             while i < len(waiting):  # live: a rest split off below is next, and may take a chunk
@@ -224,6 +239,12 @@ def simulate(
                 n_running -= c.n
                 complete(c, t)
 
+    if waiting or running:
+        raise InvalidConfigError(
+            f"the benchmark of {C} clients x {total_requests // max(C, 1)} requests did not finish in {max_events} "
+            "scheduler events",
+            "the configuration makes no progress or needs more events than allowed; pass a larger max_events",
+        )
     w = np.asarray(w_v, float)
     ttft_d, tpot_d = Distribution(ttft_v, w), Distribution(tpot_v, w)
     ttft, tpot = ttft_d.mean(), tpot_d.mean()
