@@ -713,3 +713,23 @@ def test_simulation_that_runs_out_of_events_raises_instead_of_reporting_a_part()
     with pytest.raises(InvalidConfigError, match="did not finish"):
         simulate(eng, 4, 100, 3, p, 1e9, 1, max_events=5)
     assert simulate(eng, 4, 100, 3, p, 1e9, 1).ttft_ms > 0
+
+
+def test_one_output_token_has_no_decode_phase():
+    # osl 1: the prefill step's token completes the request. Clients of one wave share the step
+    # (budget 8192 holds both prompts), every wave alike: TTFT = one 10 ms step, TPOT 0.
+    eng = ConstEngine(10.0)
+    r = serve_agg(eng, 2, 100, 1, params(requests_per_client=3.0), 1e9, 1)
+    assert r.ttft_ms == pytest.approx(10.0)
+    assert r.tpot_ms == 0.0
+    assert r.request_latency_ms == pytest.approx(10.0)
+    assert r.decode_batch == 0.0
+    assert r.tokens_per_s_per_gpu == pytest.approx(2 / 0.010)
+    # disaggregated: the prefill worker's token completes it; nothing moves to the decode pool
+    pe, de = ConstEngine(10.0), ConstEngine(2.0)
+    d = solve_disagg(pe, de, 1, 100, 1, 1, 1, 1, 1, params(), params(), 5.0, 2)
+    assert d.tpot_ms == 0.0 and d.kv_transfer_ms == 0.0 and d.decode_batch == 0.0
+    assert d.request_latency_ms == pytest.approx(d.ttft_ms)
+    assert d.ttft_ms == pytest.approx(10.0)
+    two = solve_disagg(pe, de, 1, 100, 2, 1, 1, 1, 1, params(), params(), 5.0, 2)
+    assert two.tpot_ms == pytest.approx(2.0 + 5.0)  # one decode step behind the transfer

@@ -298,13 +298,17 @@ def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacit
             f"one request of {isl}+{osl} tokens needs more KV cache than a rank has ({int(kv_capacity_tokens)} tokens)",
             "weights and reserves leave too little memory; use more GPUs or a smaller quant",
         )
-    if params.lockstep:
+    if params.lockstep or osl <= 1:
+        # one output token: a request completes with its prefill, so there is no decode phase for
+        # the steady-state model to solve; every client finishes with the step that carries its
+        # prompt, and the closed loop is played out as it runs
         res = simulate(engine, int(round(concurrency)), isl, osl, params, kv_capacity_tokens, gpus)
         out = ServingResult(
             concurrency=float(concurrency), ttft_ms=res.ttft_ms, tpot_ms=res.tpot_ms,
             request_latency_ms=res.request_latency_ms, tokens_per_s_per_gpu=res.tokens_per_s_per_gpu,
             tokens_per_s_per_user=res.tokens_per_s_per_user, decode_batch=res.mean_decode_batch, queued=0.0,
-            prefill_chunks=0, step_ms=0.0, bound="lock-step simulation",
+            prefill_chunks=0, step_ms=0.0,
+            bound="lock-step simulation" if params.lockstep else "prefill only (osl 1)",
         )
         out.set_percentiles(res.ttft_dist, res.tpot_dist)
         return out

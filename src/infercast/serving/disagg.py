@@ -134,7 +134,12 @@ def solve_disagg(
     # each attention-DP rank of a prefill worker prefills its own requests
     servers = max(prefill_workers * max(prefill_dp, 1), 1)
     tau = float(getattr(decode_engine, "tokens_per_step", 1.0))  # output tokens per decode step (MTP)
-    out_steps = max((osl - 1) / tau, 1.0)
+    if osl <= 1:
+        # one output token: the prefill worker's first token completes the request; no KV moves
+        # and the decode pool does nothing
+        out_steps, transfer_ms = 0.0, 0.0
+    else:
+        out_steps = max((osl - 1) / tau, 1.0)
     ranks = max(decode_workers * decode_dp, 1)
     c_rank = C / ranks
     kv = isl + osl / 2.0
@@ -190,7 +195,7 @@ def solve_disagg(
             break
         ttft, d = 0.5 * (ttft + ttft_new), 0.5 * (d + d_new)
     step = _decode_step(decode_engine, params_decode, max(d, 1.0), kv)
-    tpot = (out_steps * step + transfer_ms) / max(osl - 1, 1)
+    tpot = (out_steps * step + transfer_ms) / max(osl - 1, 1) if osl > 1 else 0.0
     # first wave: C prompts at once over the prefill workers
     per_worker = C / servers
     kf = min(batch_cap, max(per_step, math.ceil(per_worker)))
@@ -210,7 +215,7 @@ def solve_disagg(
         tpot_ms=tpot,
         request_latency_ms=latency,
         tokens_per_s_per_gpu=C / latency * osl * 1e3 / gpus,
-        tokens_per_s_per_user=1e3 / tpot,
+        tokens_per_s_per_user=1e3 / tpot if tpot > 0 else 0.0,
         decode_batch=d,
         prefill_utilisation=rho,
         kv_transfer_ms=transfer_ms,
