@@ -439,3 +439,21 @@ def test_serve_disagg_python_api_checks_the_pair(synth):
         serve_disagg(pe, de, concurrency=4, isl=128, osl=8, prefill_workers=1, decode_workers=1)
     with pytest.raises(InvalidInputError, match="concurrency must be a positive integer"):
         serve_disagg(pe, pe, concurrency=0, isl=128, osl=8, prefill_workers=1, decode_workers=1)
+
+
+def test_serve_notes_a_request_longer_than_the_context_window(synth, capsys):
+    """The synthetic model's window is 4096 tokens: `serve` still answers (the engine would need an
+    extended window) but says so, in the JSON and on the console; within the window, no note."""
+    import json
+
+    def argv(isl, *extra):
+        a = serve_argv(synth, *extra)
+        a[a.index("--isl") + 1] = str(isl)
+        return a
+
+    rc, out, _ = run_cli(capsys, argv(4090))
+    assert rc == 0 and json.loads(out)["notes"] == ["isl+prefix+osl=4098 exceeds the model's max_position_embeddings 4096"]
+    rc, out, _ = run_cli(capsys, argv(128))
+    assert rc == 0 and json.loads(out)["notes"] == []
+    rc, out, _ = run_cli(capsys, [x for x in argv(4090) if x != "--json"])
+    assert rc == 0 and "note: isl+prefix+osl=4098 exceeds" in out

@@ -217,6 +217,14 @@ class Estimator:
         w = np.where(exact, 1.0, np.where((j == 0) | (j == DECODE_SAMPLES - 1), 0.5, 1.0)) * mask
         return (per * w).sum(axis=-1) / w.sum(axis=-1)
 
+    def context_notes(self, isl: int, osl: int, prefix: int = 0) -> list[str]:
+        """A note when a request is longer than the model's context window (the engines refuse
+        such requests unless the window is extended, e.g. by RoPE scaling in the config)."""
+        total = int(isl) + int(prefix) + int(osl)
+        if self.spec.max_position and total > self.spec.max_position:
+            return [f"isl+prefix+osl={total} exceeds the model's max_position_embeddings {self.spec.max_position}"]
+        return []
+
     # ---- static estimate ----------------------------------------------------------------------
     def static(self, batch_size: int, isl: int, osl: int, prefix: int = 0, breakdown: bool = True) -> StaticResult:
         _check(batch_size, isl, prefix)
@@ -233,8 +241,7 @@ class Estimator:
         fused = [name for name, on in asdict(self.plan.fusions).items() if on]
         if fused:
             notes.append(f"{self.data.backend} kernel fusions in the plan: {', '.join(fused)} (infercast.models.fusions)")
-        if self.spec.max_position and isl + prefix + osl > self.spec.max_position:
-            notes.append(f"isl+prefix+osl={isl + prefix + osl} exceeds the model's max_position_embeddings {self.spec.max_position}")
+        notes.extend(self.context_notes(isl, osl, prefix))
         res = StaticResult(
             model=self.spec.model_id, system=self.data.system.name, backend=self.data.backend,
             backend_version=self.data.version, tp=self.plan.parallel.tp, pp=self.plan.parallel.pp,

@@ -125,7 +125,7 @@ def cmd_serve(a) -> int:
     res = serve_agg(est, per_rank, a.isl, a.osl, params)
     out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend, "backend_version": est.version,
            "gpus": est.gpus, "concurrency": a.concurrency, "concurrency_per_rank": per_rank, "isl": a.isl, "osl": a.osl,
-           "scheduler": asdict(params)}
+           "scheduler": asdict(params), "notes": est.context_notes(a.isl, a.osl)}
     return _emit(a, out, "print_serving")
 
 
@@ -160,7 +160,8 @@ def cmd_serve_disagg(a) -> int:
     out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend, "backend_version": pe.version,
            "gpus": a.prefill_workers * pe.gpus + a.decode_workers * de.gpus, "isl": a.isl, "osl": a.osl, **layout,
            "scheduler_prefill": asdict(scheduler_params(a.backend, pe.data.system, pe.spec)),
-           "scheduler_decode": asdict(scheduler_params(a.backend, de.data.system, de.spec))}
+           "scheduler_decode": asdict(scheduler_params(a.backend, de.data.system, de.spec)),
+           "notes": pe.context_notes(a.isl, a.osl)}
     return _emit(a, out, "print_serving_disagg")
 
 

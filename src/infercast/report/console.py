@@ -132,6 +132,12 @@ def print_serving_disagg(d: dict) -> None:
     if cap is not None and d["decode_batch"] > cap:
         c.print(f"[yellow]warning: a decode rank runs {d['decode_batch']:.1f} requests but its KV cache holds "
                 f"{cap:.1f} of {d['isl']}+{d['osl']} tokens by infercast's memory model[/yellow]")
+    _print_notes(c, d)
+
+
+def _print_notes(c, d: dict) -> None:
+    for note in d.get("notes") or ():
+        c.print(f"[yellow]note: {note}[/yellow]")
 
 
 def print_serving(d: dict) -> None:
@@ -149,6 +155,7 @@ def print_serving(d: dict) -> None:
     if d.get("balance_hold_ms"):
         c.print(f"attention-DP balance hold: {d['balance_hold_ms']:.1f} ms of the steady-state TTFT (a prefill waits "
                 "until every rank has one, or the backend's timeout)")
+    _print_notes(c, d)
 
 
 def print_search(d: dict) -> None:
