@@ -235,6 +235,26 @@ def test_prefix_scales_context_attention(est):
     assert est.prefill_ms(2, 64, 64) > est.prefill_ms(2, 64) > 0
 
 
+def test_prefix_never_makes_context_attention_cheaper(est, synth):
+    # the synthetic table's 10 us fixed cost dominates short attentions: 16 new tokens on a 48- or
+    # 112-token prefix scale to 5.3 / 4.3 us by their share of query-key pairs, less than the 16
+    # tokens alone (10.1 us), which is the floor (ops.attention.with_prefix)
+    alone = float(est.engine.components(ctx_batch=1, ctx_isl=16)["attention"][0])
+    assert alone == pytest.approx(LAYERS * sp.ctx_ms(1, 16, 8, 32), rel=1e-14)
+    pre = np.array([0.0, 48.0, 112.0])
+    v = est.engine.components(ctx_batch=np.ones(3), ctx_isl=np.full(3, 16.0), ctx_prefix=pre)["attention"][0]
+    np.testing.assert_allclose(v, alone, rtol=1e-14)
+    # the scalar twin agrees
+    for p, want in zip(pre, v):
+        assert est.engine.context_attention_scalar(1.0, 16.0, float(p)) == pytest.approx(float(want), rel=1e-12)
+    # the public per-op API too
+    from infercast.ops.queries import PerfDB
+
+    db = PerfDB(sp.SYSTEM, "trtllm", systems_path=synth.systems_dir)
+    r = db.context_attention(1, 16, 8, 2, 32, prefix=np.array([0.0, 48.0]))
+    assert r.ms[1] == pytest.approx(r.ms[0], rel=1e-12)
+
+
 # ---------------------------------------------------------------------------------------------
 # step sums
 # ---------------------------------------------------------------------------------------------

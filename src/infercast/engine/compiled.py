@@ -17,7 +17,8 @@ Op kinds and how they are evaluated:
   grid at ``tokens x params["x_per_token"]`` (elements for collectives; 1 for GEMM/MoE);
 * ``attention`` / ``mla``: a context grid over ``(batch, length)`` and a generation grid over
   ``(batch, cached tokens)``; a cached prefix scales the full causal attention over
-  ``isl + prefix`` by the share of query-key pairs the new tokens own (:func:`prefix_fraction`);
+  ``isl + prefix`` by the share of query-key pairs the new tokens own, never below the new tokens
+  alone (:func:`~infercast.ops.attention.with_prefix`);
 * analytic (``elementwise``, ``p2p``): bytes over bandwidth plus a constant latency.
 
 Every evaluator has a plain-Python scalar twin (:meth:`Grid.scalar`) for callers asking one
@@ -32,7 +33,7 @@ import numpy as np
 
 from ..interp.provenance import Prov
 from ..models.plan import Plan, PlanOp
-from ..ops.attention import prefix_fraction, resolve_context_attention, resolve_generation_attention
+from ..ops.attention import resolve_context_attention, resolve_generation_attention, with_prefix
 from ..ops.base import OpDB, Resolved
 
 GRID_KINDS = ("gemm", "moe", "allreduce", "allgather", "reduce_scatter", "alltoall", "moe_dispatch")
@@ -162,7 +163,10 @@ class CompiledEngine:
             v, pr = c.resolved[0].grid(b, isl, refuse=True)
         else:
             v, pr = c.resolved[0].grid(b, isl + prefix, refuse=True)
-            v = np.where(prefix > 0, v * prefix_fraction(isl, prefix), v)
+            if np.any(prefix > 0):
+                alone, pa = c.resolved[0].grid(b, isl, refuse=True)
+                v = with_prefix(v, alone, isl, prefix)
+                pr = np.maximum(pr, np.where(prefix > 0, pa, pr)).astype(np.int8)
         return np.where(active, v * c.op.count, 0.0), pr
 
     def _generation_attention(self, c: CompiledOp, batch, kv_len):
@@ -257,7 +261,10 @@ class CompiledEngine:
             if c.op.kind in STATEFUL_KINDS:
                 total += c.resolved[0].grid.scalar(batch, isl, refuse=True)[0] * c.op.count
             else:
-                total += c.resolved[0].grid.scalar(batch, isl + prefix, refuse=True)[0] * c.op.count * frac
+                v = c.resolved[0].grid.scalar(batch, isl + prefix, refuse=True)[0] * frac
+                if prefix > 0:  # never below the new tokens alone (ops.attention.with_prefix)
+                    v = max(v, c.resolved[0].grid.scalar(batch, isl, refuse=True)[0])
+                total += v * c.op.count
         return total
 
     def generation_attention_scalar(self, batch: float, kv_len: float) -> float:

@@ -389,3 +389,13 @@ def prefix_fraction(isl, prefix):
     prefix = np.asarray(prefix, dtype=float)
     total = isl + prefix
     return (isl * prefix + isl * (isl + 1.0) / 2.0) / (total * (total + 1.0) / 2.0)
+
+
+def with_prefix(full, alone, isl, prefix):
+    """Context attention of ``isl`` new tokens over a cached ``prefix``: ``full`` (the measured
+    causal attention over ``isl + prefix`` tokens) times :func:`prefix_fraction`, but never less
+    than ``alone`` (the same ``isl`` tokens with no prefix). A short attention's time is mostly
+    fixed cost (launch, tiles), which the share of query-key pairs would scale away: a 16-token
+    prompt on a 64-token prefix is not cheaper than the 16 tokens alone."""
+    prefix = np.asarray(prefix, dtype=float)
+    return np.where(prefix > 0, np.maximum(full * prefix_fraction(isl, prefix), alone), full)
