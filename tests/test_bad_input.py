@@ -457,3 +457,34 @@ def test_serve_notes_a_request_longer_than_the_context_window(synth, capsys):
     assert rc == 0 and json.loads(out)["notes"] == []
     rc, out, _ = run_cli(capsys, [x for x in argv(4090) if x != "--json"])
     assert rc == 0 and "note: isl+prefix+osl=4098 exceeds" in out
+
+
+def test_serve_disagg_refuses_a_worker_that_cannot_hold_one_request(synth):
+    """A worker whose KV cache cannot hold one request (weights leave too little memory) cannot
+    run: serve_disagg refuses it, naming the pool, as the aggregated model does; the disaggregated
+    search skips such a layout once, with the reason."""
+    import dataclasses
+
+    from infercast.api import Estimator, one_request_misfit, serve_disagg
+    from infercast.search import search_disagg
+    from infercast.serving.sim import DoesNotFitError
+
+    def est(tp, cap=None):
+        e = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", tp=tp, systems_path=synth.systems_dir)
+        if cap is not None:  # the synthetic GPUs hold millions of tokens: shrink the KV budget
+            e.memory = dataclasses.replace(e.memory, kv_capacity_tokens=cap)
+        return e
+
+    small, big = est(1, cap=1000), est(2)
+    assert one_request_misfit(big, 1000) is None
+    assert "holds 1000 tokens of the 1001" in one_request_misfit(small, 1001)
+    kw = {"concurrency": 2, "prefill_workers": 1, "decode_workers": 1}
+    with pytest.raises(DoesNotFitError, match="a prefill worker cannot serve one request"):
+        serve_disagg(small, big, isl=1200, osl=8, **kw)
+    with pytest.raises(DoesNotFitError, match="a decode worker cannot serve one request"):
+        serve_disagg(big, small, isl=996, osl=8, **kw)  # the prompt fits, prompt + output do not
+    assert serve_disagg(small, big, isl=996, osl=8, **kw).ttft_ms > 0
+    # the search: with max_gpus 1 no pair of workers fits, and says so
+    r = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, max_gpus=1, concurrencies=[1],
+                      systems_path=synth.systems_dir)
+    assert not r.candidates and r.skipped == {"P tp1 D tp1": "one prefill worker (1 GPUs) and one decode worker (1) exceed 1 GPUs"}

@@ -221,6 +221,26 @@ def test_cli_serve_json(real_pack_available, capsys):
     assert d2["tpot_ms"] > d["tpot_ms"] and d2["tokens_per_s_per_gpu"] > d["tokens_per_s_per_gpu"]
 
 
+def test_cli_serve_attention_dp_counts_the_clients_there_are(real_pack_available, capsys):
+    """Attention DP 8: one client keeps one rank busy and seven idle; the busiest rank's
+    latencies stand for it, the throughput per GPU is an eighth of eight clients' (which share
+    the same per-rank load)."""
+    base = ["serve", "--model", "deepseek-ai/DeepSeek-V3", "--system", "h200_sxm", "--backend", "trtllm", "--tp", "1",
+            "--attention-dp", "8", "--moe-ep", "8", "--isl", "1000", "--osl", "100", "--json", "--concurrency"]
+    out = {}
+    for c in (1, 8, 9):
+        assert main([*base, str(c)]) == 0
+        out[c] = json.loads(capsys.readouterr().out)
+    assert out[1]["concurrency_per_rank"] == out[8]["concurrency_per_rank"] == 1 and out[9]["concurrency_per_rank"] == 2
+    assert out[1]["ttft_ms"] == out[8]["ttft_ms"] and out[1]["tpot_ms"] == out[8]["tpot_ms"]
+    assert out[1]["tokens_per_s_per_gpu"] == pytest.approx(out[8]["tokens_per_s_per_gpu"] / 8, rel=1e-12)
+    # nine clients: two on the busiest rank (sixteen's latencies), nine sixteenths of its throughput
+    assert main([*base, "16"]) == 0
+    sixteen = json.loads(capsys.readouterr().out)
+    assert out[9]["tpot_ms"] == sixteen["tpot_ms"]
+    assert out[9]["tokens_per_s_per_gpu"] == pytest.approx(sixteen["tokens_per_s_per_gpu"] * 9 / 16, rel=1e-12)
+
+
 def test_trtllm_fp8_gemm_host_floor_is_removed(real_pack_available):
     """TensorRT-LLM's fp8 torch_flow GEMM rows floor ~12 us on every GPU (host overhead); the
     excess over the sibling backends' floor is subtracted, other tables are left alone."""

@@ -356,6 +356,31 @@ def serve_agg(est: Estimator, clients_per_rank: int, isl: int, osl: int, params=
                  est.gpus_per_rank, ranks=est.plan.parallel.attention_dp)
 
 
+def serve_agg_replica(est: Estimator, concurrency: int, isl: int, osl: int, params=None):
+    """:func:`serve_agg` for ``concurrency`` clients of the whole replica: ``(result, clients per
+    rank)``. With attention data parallelism the clients spread over the ranks, the busiest rank
+    holding ``ceil(concurrency / ranks)`` of them; its latencies stand for every client (the ranks
+    step together behind the experts' collectives), and the throughput counts the clients there
+    are: with fewer clients than ranks, some ranks idle."""
+    c = _int("concurrency", concurrency)
+    dp = est.plan.parallel.attention_dp
+    per_rank = -(-c // dp)
+    r = serve_agg(est, per_rank, isl, osl, params)
+    if per_rank * dp != c:
+        r.tokens_per_s_per_gpu *= c / (per_rank * dp)
+    return r, per_rank
+
+
+def one_request_misfit(est: Estimator, tokens: int) -> str | None:
+    """Why one request of ``tokens`` KV tokens does not fit a rank of ``est``'s layout (weights,
+    activations and reserves leave too little memory), or None when it does."""
+    mem = est.memory
+    if mem.capacity_for(1) >= tokens:
+        return None
+    return (f"its KV cache holds {int(mem.capacity_for(1))} tokens of the {int(tokens)} one request needs "
+            f"({mem.weights / GB:.1f} GB of weights per GPU of {mem.capacity / GB:.0f} GB)")
+
+
 def serve_disagg(
     prefill: Estimator,
     decode: Estimator,
@@ -391,6 +416,13 @@ def serve_disagg(
         raise InvalidInputError("prefill and decode workers must serve the same model on the same system and backend",
                                 f"got {prefill.spec.model_id} on {prefill.data.system.name} ({prefill.data.backend}) and "
                                 f"{decode.spec.model_id} on {decode.data.system.name} ({decode.data.backend})")
+    for role, est, tokens in (("prefill", prefill, isl), ("decode", decode, isl + osl)):
+        why = one_request_misfit(est, tokens)
+        if why:
+            from .serving.sim import DoesNotFitError
+
+            raise DoesNotFitError(f"a {role} worker cannot serve one request: {why}",
+                                  "use more GPUs per worker or a smaller quant")
     pp = params_prefill or scheduler_params(prefill.data.backend, prefill.data.system, prefill.spec)
     pd = params_decode or scheduler_params(decode.data.backend, decode.data.system, decode.spec)
     node = prefill.data.system.node

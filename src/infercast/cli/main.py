@@ -105,7 +105,7 @@ def cmd_serve(a) -> int:
     from dataclasses import asdict, replace
 
     from ..errors import InvalidInputError
-    from ..api import serve_agg
+    from ..api import serve_agg_replica
     from ..serving.backends import scheduler_params
 
     for name in ("concurrency", "isl", "osl"):
@@ -119,10 +119,8 @@ def cmd_serve(a) -> int:
         mixed = a.prefill_scheduling == "mixed"
         overrides.update(mixed=mixed, lockstep=not mixed)
     est = _estimator(a)
-    dp = est.plan.parallel.attention_dp
-    per_rank = -(-a.concurrency // dp)
     params = replace(scheduler_params(a.backend, est.data.system, est.spec), **overrides)
-    res = serve_agg(est, per_rank, a.isl, a.osl, params)
+    res, per_rank = serve_agg_replica(est, a.concurrency, a.isl, a.osl, params)
     out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend, "backend_version": est.version,
            "gpus": est.gpus, "concurrency": a.concurrency, "concurrency_per_rank": per_rank, "isl": a.isl, "osl": a.osl,
            "scheduler": asdict(params), "notes": est.context_notes(a.isl, a.osl)}

@@ -177,7 +177,8 @@ def print_search(d: dict) -> None:
         c.print(t)
 
     if not d["frontier"]:
-        c.print(f"[yellow]no layout of up to {d['max_gpus']} GPUs could serve this workload (reasons below); "
+        why = " (reasons below)" if d.get("skipped") else ""
+        c.print(f"[yellow]no layout of up to {d['max_gpus']} GPUs could serve this workload{why}; "
                 f"allow more GPUs with --max-gpus[/yellow]")
     else:
         table("Pareto frontier (tokens/s/user vs tokens/s/GPU)", d["frontier"])

@@ -161,13 +161,11 @@ def _fields(res: SearchResult, label: str, est, gpus: int, c: int, r, bound: str
 
 
 def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params) -> None:
-    from ..api import serve_agg
+    from ..api import serve_agg_replica
 
-    dp = est.plan.parallel.attention_dp
     for c in conc:
-        per_rank = -(-c // dp)
         try:
-            r = serve_agg(est, per_rank, res.isl, res.osl, params)
+            r, _ = serve_agg_replica(est, c, res.isl, res.osl, params)
         except InfercastError as exc:
             res.skipped[f"{lay.label}@c{c}"] = str(exc)
             if c == conc[0]:
@@ -216,7 +214,7 @@ def search_disagg(
     to ``max_workers`` workers of each, at each concurrency (clients of the whole deployment),
     through :func:`infercast.api.serve_disagg`. A deployment whose decode ranks would run more
     requests than their KV cache holds (:mod:`infercast.serving.memory`) is skipped."""
-    from ..api import serve_disagg
+    from ..api import one_request_misfit, serve_disagg
 
     max_workers = int(_positive("max_workers", max_workers, int))
     conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
@@ -226,9 +224,22 @@ def search_disagg(
     total = res.max_gpus = 2 * node.gpus_per_node if max_gpus is None else int(_positive("max_gpus", max_gpus, int))
     space = layouts(base.spec, min(total, node.gpus_per_node), node.gpus_per_node)
     ests = _estimators(res, base, model, space, backend_version, systems_path, estimator_kw, keep=lambda lay: lay.pp == 1)
-    for pl, pe in ests.items():
-        for dl, de in ests.items():
-            for pw, dw in _worker_counts(pe.gpus, de.gpus, total, max_workers):
+    roles = {}
+    for role, tokens in (("prefill", isl), ("decode", isl + osl)):
+        roles[role] = {}
+        for lay, e in ests.items():
+            why = one_request_misfit(e, tokens)
+            if why:
+                res.skipped[f"{role} {lay.label}"] = f"does not fit: {why}"
+            else:
+                roles[role][lay] = e
+    for pl, pe in roles["prefill"].items():
+        for dl, de in roles["decode"].items():
+            counts = _worker_counts(pe.gpus, de.gpus, total, max_workers)
+            if not counts:
+                res.skipped[f"P {pl.label} D {dl.label}"] = (
+                    f"one prefill worker ({pe.gpus} GPUs) and one decode worker ({de.gpus}) exceed {total} GPUs")
+            for pw, dw in counts:
                 label = f"P{pw}x{pl.label} D{dw}x{dl.label}"
                 for c in conc:
                     try:
