@@ -488,3 +488,25 @@ def test_serve_disagg_refuses_a_worker_that_cannot_hold_one_request(synth):
     r = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, max_gpus=1, concurrencies=[1],
                       systems_path=synth.systems_dir)
     assert not r.candidates and r.skipped == {"P tp1 D tp1": "one prefill worker (1 GPUs) and one decode worker (1) exceed 1 GPUs"}
+
+
+def test_serve_disagg_errors_name_the_pools_flags(synth, capsys):
+    argv = ["serve-disagg", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm",
+            "--systems-path", str(synth.systems_dir), "--concurrency", "4", "--isl", "128", "--osl", "8",
+            "--prefill-workers", "1", "--decode-workers", "1"]
+    assert_one_line_error(*run_cli(capsys, [*argv, "--prefill-tp", "3"]), "--prefill-tp 3 is not a power of two")
+    assert_one_line_error(*run_cli(capsys, [*argv, "--decode-tp", "3"]), "--decode-tp 3 is not a power of two")
+
+
+def test_moe_quant_on_a_dense_model_is_refused(synth, capsys):
+    argv = ["estimate", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm",
+            "--systems-path", str(synth.systems_dir), "--isl", "128", "--osl", "8", "--moe-quant", "fp8"]
+    assert_one_line_error(*run_cli(capsys, argv), f"--moe-quant fp8 given, but {sp.MODEL_ID} has no MoE experts")
+
+
+def test_plan_out_that_cannot_be_written(synth, capsys, tmp_path):
+    argv = ["estimate", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm",
+            "--systems-path", str(synth.systems_dir), "--isl", "128", "--osl", "8", "--plan-out"]
+    assert_one_line_error(*run_cli(capsys, [*argv, str(tmp_path / "missing" / "plan.json")]),
+                          "cannot write --plan-out")
+    assert_one_line_error(*run_cli(capsys, [*argv, str(tmp_path)]), "cannot write --plan-out")

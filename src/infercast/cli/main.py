@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -46,23 +47,43 @@ def _estimator(a, prefix: str = ""):
     """The Estimator of the parsed flags; ``prefix`` picks the ``--<prefix>-tp`` ... layout flags."""
     from ..api import Estimator
 
+    from ..errors import InvalidInputError
+
     def par(name):
         return getattr(a, f"{prefix}_{name}" if prefix else name)
 
-    return Estimator(
-        a.model, a.system, a.backend, a.backend_version, par("tp"), par("pp"),
-        attention_dp=par("attention_dp"), moe_tp=par("moe_tp"), moe_ep=par("moe_ep"), moe_quant=a.moe_quant,
-        nextn=a.nextn, mtp_acceptance=a.mtp_acceptance,
-        gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
-        database_mode=a.database_mode, systems_path=a.systems_path,
-    )
+    try:
+        est = Estimator(
+            a.model, a.system, a.backend, a.backend_version, par("tp"), par("pp"),
+            attention_dp=par("attention_dp"), moe_tp=par("moe_tp"), moe_ep=par("moe_ep"), moe_quant=a.moe_quant,
+            nextn=a.nextn, mtp_acceptance=a.mtp_acceptance,
+            gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
+            database_mode=a.database_mode, systems_path=a.systems_path,
+        )
+    except InfercastError as exc:
+        if not prefix:
+            raise
+        # name the flag the user gave: --prefill-tp, not --tp
+        def flag(text):
+            return re.sub(r"--(tp|pp|attention-dp|moe-tp|moe-ep)\b", rf"--{prefix}-\1", text)
+
+        raise type(exc)(flag(exc.what), flag(exc.why), exc.available) from exc
+    if a.moe_quant and est.spec.moe is None:
+        raise InvalidInputError(f"--moe-quant {a.moe_quant} given, but {a.model} has no MoE experts",
+                                "--gemm-quant sets the quant mode of a dense model's layers")
+    return est
 
 
 def cmd_estimate(a) -> int:
     est = _estimator(a)
     res = est.static(a.batch, a.isl, a.osl, a.prefix)
     if a.plan_out:
-        Path(a.plan_out).write_text(est.plan.to_json())
+        try:
+            Path(a.plan_out).write_text(est.plan.to_json())
+        except OSError as exc:
+            from ..errors import InvalidInputError
+
+            raise InvalidInputError(f"cannot write --plan-out {a.plan_out}", exc.strerror or str(exc)) from exc
     if a.json:
         print(json.dumps(res.to_dict(), indent=1, default=str))
         return 0

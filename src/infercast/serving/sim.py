@@ -243,7 +243,8 @@ def simulate(
         raise InvalidConfigError(
             f"the benchmark of {C} clients x {total_requests // max(C, 1)} requests did not finish in {max_events} "
             "scheduler events",
-            "the configuration makes no progress or needs more events than allowed; pass a larger max_events",
+            "the benchmark is too long to play out step by step (or makes no progress); run fewer clients or "
+            "fewer requests per client (--concurrency, --requests-per-client)",
         )
     w = np.asarray(w_v, float)
     ttft_d, tpot_d = Distribution(ttft_v, w), Distribution(tpot_v, w)
