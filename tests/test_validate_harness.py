@@ -467,3 +467,180 @@ def test_reference_benchmark_parses_the_reference_output_and_needs_a_reference(c
     monkeypatch.setattr(ref.shutil, "which", lambda _: None)
     assert ref.main(["--reference", "/nonexistent/aiconfigurator"]) == 2
     assert "no reference found" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- CLI on bad input
+#
+# These run `infercast validate` in-process on the synthetic pack (fast, no real data needed).
+
+
+def _synth_agg(id_: str, source: str, *, osl: str = "8", bs: str = "4", tpot: str = "1") -> dict[str, str]:
+    import synthpack as sp
+
+    row = _agg(id_, source, "10", tpot, system=sp.SYSTEM, bs=bs, tp="1")
+    row.update(model_path=sp.MODEL_ID, gemm_quant_mode="", isl="128", osl=osl)
+    return row
+
+
+def _synth_disagg_without_concurrency() -> dict[str, str]:
+    """Worker counts given, but no _c<N>_ in the id, no silicon_concurrency=N, no decode batch."""
+    import synthpack as sp
+
+    row = _disagg("synth_disagg_128x8_cfg9", "source_file=x.csv", "10", "1", workers=("1.0", "1.0"), decode_bs="")
+    row.update(
+        model_path=sp.MODEL_ID, system=sp.SYSTEM, backend="trtllm", gemm_quant_mode="", moe_quant_mode="",
+        isl="128", osl="8", prefill_tp_size="1", prefill_moe_ep_size="", decode_tp_size="1", decode_moe_ep_size="",
+    )
+    return row
+
+
+def _validate(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from infercast.cli.main import main
+
+    code = main(["validate", *args])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def _one_line_error(err: str) -> str:
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def _results_by_id(path: Path) -> dict[str, dict[str, str]]:
+    with path.open() as fh:
+        return {r["id"]: r for r in csv.DictReader(fh)}
+
+
+NO_CONCURRENCY = "InvalidInputError: row has no benchmark concurrency"
+
+
+def test_validate_row_without_concurrency_is_reported_and_the_run_goes_on(synth, tmp_path, capsys) -> None:
+    """A row with no concurrency anywhere (id, silicon_data_source, batch columns) is reported
+    as not predictable; it neither crashes the run (disagg: int(None)) nor is predicted at an
+    assumed concurrency of 1 (agg without batch_size)."""
+    agg_no_conc = _synth_agg("synth_agg_128x8_nobatch", "source_file=x.csv", bs="")
+    good = _synth_agg("synth_agg_128x8_c4_ok", "silicon_concurrency=4")
+    csv_path = _write(tmp_path / "s.csv", [_synth_disagg_without_concurrency(), agg_no_conc, good])
+    rows = load_rows(csv_path)
+    assert [r.concurrency for r in rows] == [None, None, 4]
+
+    for extra in ([], ["--static"]):
+        out = tmp_path / f"out{len(extra)}"
+        code, stdout, _ = _validate(
+            ["--silicon", str(csv_path), "--systems-path", str(synth.systems_dir), "--json", "--out", str(out), *extra],
+            capsys,
+        )
+        assert code == 0
+        assert json.loads(stdout)["predicted"] == 1
+        table = _results_by_id(out / "results.csv")
+        assert table["synth_agg_128x8_nobatch"]["error"].startswith(NO_CONCURRENCY)
+        assert table["synth_agg_128x8_nobatch"]["predicted_ttft_ms"] == ""
+        assert table["synth_agg_128x8_c4_ok"]["error"] == "" and float(table["synth_agg_128x8_c4_ok"]["predicted_ttft_ms"]) > 0
+        if not extra:  # the static model rejects every disagg row before looking at it
+            assert table["synth_disagg_128x8_cfg9"]["error"].startswith(NO_CONCURRENCY)
+            assert "row has no benchmark concurrency" in (out / "report.md").read_text()
+
+
+def test_load_ids_not_utf8_is_a_typed_error(sample: Path, tmp_path: Path, capsys) -> None:
+    ids_file = tmp_path / "ids.bin"
+    ids_file.write_bytes(b"\xff\xfe\xfaqwen\n")
+    with pytest.raises(DataFileError, match="cannot read id list .*ids.bin: not UTF-8 text"):
+        load_ids(ids_file)
+    code, _, err = _validate(["--silicon", str(sample), "--ids", str(ids_file)], capsys)
+    assert code == 2
+    assert "cannot read id list" in _one_line_error(err) and str(ids_file) in err
+
+
+@pytest.fixture()
+def no_prediction(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record calls of the prediction loop of `infercast validate` (a flag error must come first)."""
+    import infercast.validate.cli as vcli
+
+    calls: list[int] = []
+    monkeypatch.setattr(vcli, "run_validation", lambda rows, predictor: calls.append(len(rows)) or [])
+    return calls
+
+
+def test_validate_bad_out_fails_before_predicting(synth, sample: Path, tmp_path: Path, capsys, no_prediction) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory")
+    base = ["--silicon", str(sample), "--systems-path", str(synth.systems_dir)]
+
+    code, _, err = _validate([*base, "--out", str(afile)], capsys)
+    assert code == 2
+    assert f"cannot write the report to {afile}: it exists and is not a directory" in _one_line_error(err)
+
+    below_file = afile / "sub"  # mkdir fails (NotADirectoryError), like --out /proc/nope
+    code, _, err = _validate([*base, "--out", str(below_file)], capsys)
+    assert code == 2
+    assert f"cannot create the report directory {below_file}" in _one_line_error(err)
+    assert no_prediction == []
+
+    # the writer itself gives the same typed error
+    results = run_validation(load_rows(sample), fake_predictor)
+    with pytest.raises(DataFileError, match="not a directory"):
+        write_all(results, afile)
+
+
+def test_validate_bad_database_mode_or_systems_path_fails_up_front(
+    synth, sample: Path, tmp_path: Path, capsys, no_prediction
+) -> None:
+    from infercast.ops.base import DatabaseMode
+    from infercast.validate.predict import EstimatorCache
+
+    with pytest.raises(InvalidInputError) as info:
+        DatabaseMode.parse("BOGUS")
+    code, _, err = _validate(
+        ["--silicon", str(sample), "--systems-path", str(synth.systems_dir), "--database-mode", "BOGUS"], capsys
+    )
+    assert code == 2
+    assert _one_line_error(err) == f"infercast: error: {info.value}"  # as `estimate` says it
+    with pytest.raises(InvalidInputError, match="unknown database mode"):
+        EstimatorCache(synth.systems_dir, "BOGUS")
+    assert EstimatorCache(synth.systems_dir, "hybrid").database_mode is DatabaseMode.HYBRID
+
+    empty = tmp_path / "systems"
+    empty.mkdir()
+    code, _, err = _validate(["--silicon", str(sample), "--systems-path", str(empty)], capsys)
+    assert code == 2
+    assert "holds no system YAML files" in _one_line_error(err) and str(empty) in err
+    assert no_prediction == []
+
+
+def test_osl1_rows_are_compared_on_ttft_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """osl 1: one output token, TPOT undefined. The row keeps its TTFT comparison and stays out
+    of the TPOT statistics, whatever TPOT the predictor (0.0) or the CSV (empty) gives."""
+    one = dict(_agg("m_agg_1024x1_c8_one", "silicon_concurrency=8", "100", ""), osl="1")
+    one_measured = dict(_agg("m_agg_1024x1_c8_two", "silicon_concurrency=8", "200", "7"), osl="1")
+    normal = _agg("m_agg_1024x128_c8_three", "silicon_concurrency=8", "100", "10")
+    rows = load_rows(_write(tmp_path / "osl1.csv", [one, one_measured, normal]))
+
+    results = run_validation(rows, lambda r: (r.measured_ttft_ms * 1.1, 0.0 if r.osl == 1 else 12.0, "n"))
+    assert [r.error for r in results] == [None, None, None]
+    assert [r.predicted for r in results] == [True, True, True]
+    assert [r.tpot_defined for r in rows] == [False, False, True]
+    assert rows[0].measured  # TTFT is all an osl-1 row can measure
+    assert results[0].tpot_ms is None and results[0].ttft_ms == pytest.approx(110.0)
+    assert results[0].note == "n; osl 1: TPOT undefined, row left out of the TPOT statistics"
+    assert results[1].tpot_ape is None and results[1].ttft_ape == pytest.approx(0.1)
+
+    s = summarize(results)
+    assert (s["rows"], s["predicted"], s["ttft_n"], s["tpot_n"]) == (3, 3, 3, 1)
+    assert s["ttft_median_ape"] == pytest.approx(0.1)
+    assert s["tpot_median_ape"] == pytest.approx(0.2) and s["tpot_bias"] == pytest.approx(0.2)
+
+    # metrics alone: a TTFT-only result, and a TPOT given for an osl-1 row is ignored
+    direct = [RowResult(rows[0], 120.0, None), RowResult(rows[1], 220.0, 3.5)]
+    assert all(r.predicted for r in direct) and direct[1].tpot_signed is None
+    d = summarize(direct)
+    assert (d["predicted"], d["ttft_n"], d["tpot_n"], d["tpot_median_ape"]) == (2, 2, 0, None)
+    assert d["ttft_median_ape"] == pytest.approx(0.15)
+    json.dumps(d)
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    written = write_all(results, tmp_path / "out", summary=s)
+    table = _results_by_id(written["csv"])
+    assert table["m_agg_1024x1_c8_one"]["predicted_tpot_ms"] == "" and table["m_agg_1024x1_c8_one"]["error"] == ""
+    assert float(table["m_agg_1024x1_c8_two"]["ttft_ape"]) == pytest.approx(0.1)
+    assert "lack a usable measurement" not in written["markdown"].read_text()

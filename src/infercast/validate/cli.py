@@ -8,9 +8,10 @@ from pathlib import Path
 
 from ..data.pack import find_pack
 from ..errors import DataFileError
+from ..ops.base import DatabaseMode
 from .metrics import summarize
 from .predict import EstimatorCache, static_predictor
-from .report import render_console, run_validation, write_all
+from .report import prepare_out_dir, render_console, run_validation, write_all
 from .silicon import load_ids, load_rows
 
 
@@ -32,10 +33,17 @@ def make_predictor(kind: str, systems_path=None, database_mode="SILICON"):
 
 
 def run_validate(a) -> int:
+    # Flags first, as the other commands check them: an unknown --database-mode or a
+    # --systems-path without a pack would otherwise fail every row one by one (each reported as
+    # not predictable) and the run would end "0/N rows predicted" with exit code 0.
+    database_mode = DatabaseMode.parse(a.database_mode)
+    find_pack(a.systems_path)
     csv_path = Path(a.silicon) if a.silicon else default_silicon_csv(a.systems_path)
     ids = load_ids(a.ids) if a.ids else None
     rows = load_rows(csv_path, ids)
-    predictor = make_predictor("static" if a.static else "serving", a.systems_path, a.database_mode)
+    if a.out:
+        prepare_out_dir(a.out)  # a bad --out fails now, not after every row was predicted
+    predictor = make_predictor("static" if a.static else "serving", a.systems_path, database_mode)
     t0 = time.perf_counter()
     results = run_validation(rows, predictor)
     elapsed = time.perf_counter() - t0

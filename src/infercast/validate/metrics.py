@@ -62,6 +62,10 @@ class RowResult:
     ``ttft_ms`` / ``tpot_ms`` are ``None`` when the row could not be predicted; then
     ``error`` holds the reason (``"<ErrorClass>: <message>"``) and ``error_kind`` the
     error class name. ``note`` is free text from the predictor (e.g. a fallback it used).
+
+    A row whose TPOT is undefined (``osl`` 1, see :attr:`SiliconRow.tpot_defined`) is
+    predicted with a TTFT alone: ``tpot_ms`` is ``None`` (any value given is ignored), its
+    TTFT enters the TTFT statistics and it is left out of the TPOT statistics.
     """
 
     row: SiliconRow
@@ -73,7 +77,14 @@ class RowResult:
 
     @property
     def predicted(self) -> bool:
-        return self.error is None and self.ttft_ms is not None and self.tpot_ms is not None
+        if self.error is not None or self.ttft_ms is None:
+            return False
+        return self.tpot_ms is not None or not self.row.tpot_defined
+
+    @property
+    def scored_tpot_ms(self) -> float | None:
+        """The predicted TPOT that enters the statistics (``None`` where TPOT is undefined)."""
+        return self.tpot_ms if self.row.tpot_defined else None
 
     @property
     def ttft_ape(self) -> float | None:
@@ -81,7 +92,7 @@ class RowResult:
 
     @property
     def tpot_ape(self) -> float | None:
-        return _row_ape(self.tpot_ms, self.row.measured_tpot_ms)
+        return _row_ape(self.scored_tpot_ms, self.row.measured_tpot_ms)
 
     @property
     def ttft_signed(self) -> float | None:
@@ -89,7 +100,7 @@ class RowResult:
 
     @property
     def tpot_signed(self) -> float | None:
-        return _row_signed(self.tpot_ms, self.row.measured_tpot_ms)
+        return _row_signed(self.scored_tpot_ms, self.row.measured_tpot_ms)
 
 
 def _row_signed(pred: float | None, meas: float | None) -> float | None:
@@ -179,12 +190,9 @@ def _block(results: Sequence[RowResult]) -> dict[str, Any]:
         "coverage": (predicted / rows) if rows else None,
     }
     for metric in ("ttft", "tpot"):
-        pred = np.array(
-            [
-                getattr(r, f"{metric}_ms") if r.predicted else np.nan
-                for r in results
-            ],
-            dtype=float,
+        # A row without a TPOT (osl 1) contributes its TTFT only: NaN keeps it out of the TPOT pairs.
+        pred = _as_float_array(
+            (r.ttft_ms if metric == "ttft" else r.scored_tpot_ms) if r.predicted else None for r in results
         )
         meas = _as_float_array(getattr(r.row, f"measured_{metric}_ms") for r in results)
         stats = error_stats(pred, meas)

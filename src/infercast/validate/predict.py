@@ -26,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ..api import Estimator
-from ..errors import InfercastError, UnsupportedModelError
+from ..errors import InfercastError, InvalidInputError, UnsupportedModelError
+from ..ops.base import DatabaseMode
 from .silicon import SiliconRow
 
 Predictor = Callable[[SiliconRow], tuple[float, float, str]]
@@ -45,7 +46,9 @@ NO_MTP_MODELS = ("DeepSeek-V3",)
 class EstimatorCache:
     def __init__(self, systems_path=None, database_mode="SILICON"):
         self.systems_path = systems_path
-        self.database_mode = database_mode
+        # Parsed here, not per row: an unknown mode would otherwise fail every row one by one
+        # (each reported as not predictable) instead of failing the run (InvalidInputError).
+        self.database_mode = DatabaseMode.parse(database_mode)
         self._cache: dict = {}
 
     def checkpoint(self, row: SiliconRow) -> tuple[str, str | None, str | None]:
@@ -277,6 +280,22 @@ def _kv_quant(row: SiliconRow) -> str | None:
     return None
 
 
+def benchmark_concurrency(row: SiliconRow) -> int:
+    """The row's benchmark concurrency (closed-loop clients), which every prediction needs.
+
+    Raises :class:`InvalidInputError` when the row does not carry one (no ``_c<N>_`` in its id,
+    no ``silicon_concurrency=N`` in ``silicon_data_source`` and no batch columns to derive it
+    from, see :class:`SiliconRow`): :func:`~infercast.validate.report.run_validation` reports such
+    a row as not predictable instead of predicting it at some assumed concurrency."""
+    if row.concurrency is None or row.concurrency <= 0:
+        raise InvalidInputError(
+            "row has no benchmark concurrency",
+            "no _c<N>_ token in its id, no silicon_concurrency=N in silicon_data_source and no "
+            "batch columns to derive it from",
+        )
+    return int(row.concurrency)
+
+
 def clients_per_rank(row: SiliconRow, est: Estimator) -> int:
     """Closed-loop clients one attention-DP rank serves. The row's ``batch_size`` is that number
     (the benchmark concurrency is batch_size x attention_dp in 3,577 of 3,607 agg rows; in the
@@ -286,7 +305,7 @@ def clients_per_rank(row: SiliconRow, est: Estimator) -> int:
     w = row.worker
     if w is not None and w.batch_size and w.attention_dp == est.plan.parallel.attention_dp:
         return max(1, int(w.batch_size))
-    return max(1, round(float(row.concurrency or 1) / max(est.plan.parallel.attention_dp, 1)))
+    return max(1, round(float(benchmark_concurrency(row)) / max(est.plan.parallel.attention_dp, 1)))
 
 
 def static_predictor(cache: EstimatorCache) -> Predictor:
@@ -295,6 +314,7 @@ def static_predictor(cache: EstimatorCache) -> Predictor:
     def predict(row: SiliconRow):
         if row.mode != "agg":
             raise UnsupportedModelError("disaggregated rows need the serving model", "run without --static")
+        benchmark_concurrency(row)
         w = row.worker
         est = cache.get(row, w)
         batch = clients_per_rank(row, est)

@@ -11,13 +11,14 @@ import csv
 import html
 import json
 import math
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infercast.errors import InfercastError
+from infercast.errors import DataFileError, InfercastError
 from infercast.validate.metrics import RowResult, summarize
 from infercast.validate.silicon import SiliconRow
 
@@ -31,6 +32,8 @@ __all__ = [
     "plot_error_vs_concurrency",
     "render_console",
     "write_all",
+    "prepare_out_dir",
+    "NO_TPOT_NOTE",
     "CSV_COLUMNS",
     "WORST_N",
 ]
@@ -39,6 +42,9 @@ __all__ = [
 Predictor = Callable[[SiliconRow], tuple[Any, ...]]
 
 WORST_N = 20
+
+#: Note of a row whose TPOT is undefined (osl 1), see :func:`run_validation`.
+NO_TPOT_NOTE = "osl 1: TPOT undefined, row left out of the TPOT statistics"
 
 CSV_COLUMNS: tuple[str, ...] = (
     "id",
@@ -91,6 +97,12 @@ def run_validation(
     latency that is not a finite positive number is recorded as an
     ``InvalidPrediction`` error so it shows up in the report instead of skewing the
     statistics. ``progress(done, total)`` is called after each row when given.
+
+    Rows with ``osl`` 1 have no TPOT (one output token, no inter-token gap; see
+    :attr:`SiliconRow.tpot_defined`): whatever TPOT the predictor returns (typically 0.0) is
+    ignored, the row's ``tpot_ms`` is ``None`` and its note says so. The row counts as predicted
+    when its TTFT is valid, its TTFT enters the TTFT statistics, and it is left out of the TPOT
+    statistics (``tpot_n`` does not count it).
     """
     rows = list(rows)
     total = len(rows)
@@ -110,7 +122,11 @@ def run_validation(
                 )
             note = None if len(value) == 2 or value[2] is None else str(value[2])
             ttft, bad_ttft = _check_prediction(value[0], "predicted TTFT")
-            tpot, bad_tpot = _check_prediction(value[1], "predicted TPOT")
+            if row.tpot_defined:
+                tpot, bad_tpot = _check_prediction(value[1], "predicted TPOT")
+            else:
+                tpot, bad_tpot = None, None
+                note = "; ".join(n for n in (note, NO_TPOT_NOTE) if n)
             bad = "; ".join(b for b in (bad_ttft, bad_tpot) if b)
             if bad:
                 out.append(
@@ -564,6 +580,25 @@ def render_console(summary: Mapping[str, Any], groups: Sequence[str] = ("mode", 
     return table
 
 
+def prepare_out_dir(out_dir: str | Path) -> Path:
+    """Create the report directory ``out_dir`` (and its parents) if needed and return it.
+
+    Raises :class:`DataFileError` naming the path when it exists but is not a directory, cannot
+    be created, or is not writable. Call it before a long prediction run so a bad ``--out`` fails
+    at once rather than after every row was predicted.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise DataFileError(f"cannot write the report to {out}", "it exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataFileError(f"cannot create the report directory {out}", exc.strerror or str(exc)) from exc
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise DataFileError(f"cannot write the report to {out}", "the directory is not writable")
+    return out
+
+
 def write_all(
     results: Sequence[RowResult],
     out_dir: str | Path,
@@ -577,17 +612,27 @@ def write_all(
     when matplotlib is available, ``error_vs_concurrency.png`` into ``out_dir``.
 
     Returns the written paths keyed ``csv``, ``json``, ``markdown``, ``html``, ``plot``.
+    Raises :class:`DataFileError` when ``out_dir`` is not a usable directory (see
+    :func:`prepare_out_dir`) or a file in it cannot be written.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(out_dir)
     if summary is None:
         summary = summarize(results, by=by)
     written: dict[str, Path] = {}
-    plot = plot_error_vs_concurrency(results, out / "error_vs_concurrency.png")
-    if plot is not None:
-        written["plot"] = plot
-    written["csv"] = write_csv(results, out / "results.csv")
-    written["json"] = write_json(summary, out / "summary.json")
-    written["markdown"] = write_markdown(summary, results, out / "report.md", title=title, meta=meta, plot_path=plot)
-    written["html"] = write_html(summary, results, out / "report.html", title=title, meta=meta, plot_path=plot)
+    target = out
+    try:
+        target = out / "error_vs_concurrency.png"
+        plot = plot_error_vs_concurrency(results, target)
+        if plot is not None:
+            written["plot"] = plot
+        target = out / "results.csv"
+        written["csv"] = write_csv(results, target)
+        target = out / "summary.json"
+        written["json"] = write_json(summary, target)
+        target = out / "report.md"
+        written["markdown"] = write_markdown(summary, results, target, title=title, meta=meta, plot_path=plot)
+        target = out / "report.html"
+        written["html"] = write_html(summary, results, target, title=title, meta=meta, plot_path=plot)
+    except OSError as exc:
+        raise DataFileError(f"cannot write {target}", exc.strerror or str(exc)) from exc
     return written

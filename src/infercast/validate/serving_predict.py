@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..api import serve_agg, serve_disagg
 from ..errors import UnsupportedModelError
 from ..serving.backends import scheduler_params
-from .predict import EstimatorCache, clients_per_rank
+from .predict import EstimatorCache, benchmark_concurrency, clients_per_rank
 from .silicon import SiliconRow
 
 
@@ -17,6 +17,7 @@ def serving_predictor(cache: EstimatorCache, params=None):
     def predict(row: SiliconRow):
         if row.mode == "disagg":
             return _disagg(row)
+        benchmark_concurrency(row)
         w = row.worker
         est = cache.get(row, w)
         per_rank = clients_per_rank(row, est)
@@ -26,10 +27,11 @@ def serving_predictor(cache: EstimatorCache, params=None):
     def _disagg(row: SiliconRow):
         if not (row.prefill_workers and row.decode_workers and row.prefill and row.decode):
             raise UnsupportedModelError("disaggregated row without prefill/decode worker counts", "the configuration is not fully specified")
+        concurrency = benchmark_concurrency(row)
         pe = cache.get(row, row.prefill)
         de = cache.get(row, row.decode)
         res = serve_disagg(
-            pe, de, concurrency=int(row.concurrency), isl=row.isl, osl=row.osl, prefill_workers=row.prefill_workers,
+            pe, de, concurrency=concurrency, isl=row.isl, osl=row.osl, prefill_workers=row.prefill_workers,
             decode_workers=row.decode_workers, prefill_batch=row.prefill.batch_size or 1,
             params_prefill=p_for(row.backend, pe.data.system, pe.spec), params_decode=p_for(row.backend, de.data.system, de.spec),
         )

@@ -135,9 +135,20 @@ class SiliconRow:
         return self.prefill_workers is not None and self.decode_workers is not None
 
     @property
+    def tpot_defined(self) -> bool:
+        """False when the row's TPOT is undefined: with ``osl`` 1 (or 0) a request emits no
+        second token, so there is no inter-token gap to time. Such a row is validated on TTFT
+        alone (see :func:`infercast.validate.report.run_validation`). ``True`` when ``osl`` is
+        unknown (such a row is not predictable anyway)."""
+        return self.osl is None or self.osl >= 2
+
+    @property
     def measured(self) -> bool:
-        """True when both TTFT and TPOT were measured (finite and positive)."""
-        return self.measured_ttft_ms is not None and self.measured_tpot_ms is not None
+        """True when every latency the row defines was measured (finite and positive): TTFT,
+        and TPOT unless :attr:`tpot_defined` is false."""
+        if self.measured_ttft_ms is None:
+            return False
+        return self.measured_tpot_ms is not None or not self.tpot_defined
 
     @property
     def implied_concurrency(self) -> int | None:
@@ -447,12 +458,21 @@ def load_rows(path: str | Path, ids: set[str] | None = None) -> list[SiliconRow]
 
 
 def load_ids(path: str | Path) -> set[str]:
-    """Read a row-id list: one id per line; blank lines and ``#`` comments are ignored."""
+    """Read a row-id list: one id per line; blank lines and ``#`` comments are ignored.
+
+    Raises :class:`DataFileError` naming the file when it cannot be read or is not UTF-8 text.
+    """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise DataFileError(f"cannot read id list {path}", exc.strerror or str(exc)) from exc
+    except UnicodeDecodeError as exc:
+        raise DataFileError(
+            f"cannot read id list {path}",
+            f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+            "expected one row id per line",
+        ) from exc
     ids: set[str] = set()
     for line in text.splitlines():
         item = line.split("#", 1)[0].strip()
