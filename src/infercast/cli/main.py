@@ -227,13 +227,15 @@ def _layout(est) -> dict:
 
 def cmd_systems(a) -> int:
     from ..data.pack import find_pack
-    from ..data.system import list_systems, load_system
+    from ..data.system import scan_systems
     from ..data.versions import backends_for, version_info
 
     pack = find_pack(a.systems_path)
     rows = []
-    for name in list_systems(pack):
-        spec = load_system(pack, name)
+    for name, spec, problem in scan_systems(pack):
+        if spec is None:  # a broken system file is listed with what is wrong, not fatal
+            rows.append({"system": name, "backend": None, "slots": {}, "collected": [], "error": problem})
+            continue
         for be in backends_for(spec):
             info = version_info(pack, spec, be)
             rows.append({"system": name, "backend": be, "slots": info.slots(), "collected": list(info.collected)})
@@ -256,7 +258,11 @@ def cmd_models(a) -> int:
     pack = find_pack(a.systems_path)
     out = []
     for mid in pack_model_ids(pack):
-        mc = resolve_model(pack, mid)
+        try:
+            mc = resolve_model(pack, mid)
+        except InfercastError as exc:  # one unreadable config does not end the listing
+            out.append({"model": mid, "architecture": None, "supported": False, "error": str(exc)})
+            continue
         cfg = mc.config.get("text_config") or mc.config
         arch = (mc.config.get("architectures") or cfg.get("architectures") or ["?"])[0]
         out.append({"model": mid, "architecture": arch, "supported": arch in FAMILIES})

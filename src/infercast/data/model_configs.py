@@ -37,7 +37,16 @@ class ModelConfig:
 
 
 def _parse_json(path: Path) -> dict:
-    text = path.read_text()
+    if path.is_dir():
+        raise DataFileError(f"model config {path} is a directory, not a file", "expected a JSON file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataFileError(
+            f"model config {path} is not UTF-8 text", f"{exc.reason} at byte {exc.start}; expected a JSON file"
+        ) from None
+    except OSError as exc:
+        raise DataFileError(f"cannot read model config {path}", exc.strerror or str(exc)) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -111,7 +120,7 @@ def resolve_model(pack: Pack, model: str) -> ModelConfig:
     for cand, quant, _ in _alias_candidates(model):
         if cand.startswith("*/"):
             hits = [k for k in ids if k.lower().split("/", 1)[1] == cand[2:].lower()]
-            hit = sorted(hits)[0] if hits else None
+            hit = min(hits) if hits else None
         else:
             hit = lower.get(cand.lower())
         if hit is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -84,62 +86,169 @@ class SystemSpec:
         return int(self.nccl_mem[k])
 
 
-def list_systems(pack: Pack) -> list[str]:
+def system_yaml_names(pack: Pack) -> list[str]:
+    """Every ``<system>.yaml`` of the pack (control files excluded), loadable or not."""
     return sorted(
         p.stem for p in pack.systems_dir.glob("*.yaml") if p.stem not in CONTROL_FILES
     )
 
 
-def _num(d: dict, key: str, default=None, *, where: str):
-    v = d.get(key, default)
+def scan_systems(pack: Pack) -> list[tuple[str, SystemSpec | None, str | None]]:
+    """``(name, spec, None)`` for each system that loads, ``(name, None, reason)`` for each whose
+    YAML is broken. Never raises for a broken system file (for listings)."""
+    out: list[tuple[str, SystemSpec | None, str | None]] = []
+    for name in system_yaml_names(pack):
+        try:
+            out.append((name, _load_system(pack.systems_dir, name), None))
+        except DataFileError as exc:
+            out.append((name, None, str(exc)))
+    return out
+
+
+_log = logging.getLogger("infercast")
+_warned: set[tuple[str, str]] = set()
+
+
+def list_systems(pack: Pack) -> list[str]:
+    """Names of the pack's usable systems. A system whose YAML does not load is left out with a
+    one-line warning (once per process) naming the file and what is wrong with it, so one broken
+    file does not break a listing; :func:`load_system` of that name raises the DataFileError."""
+    names = []
+    for name, spec, problem in scan_systems(pack):
+        if spec is not None:
+            names.append(name)
+        elif (str(pack.systems_dir), problem) not in _warned:
+            _warned.add((str(pack.systems_dir), problem))
+            _log.warning("infercast: warning: skipped system %r: %s", name, problem)
+    return names
+
+
+# -- reading values -------------------------------------------------------------------------------
+#: what a value must be: (test, words for the message)
+_POSITIVE = (lambda x: x > 0, "a positive number")
+_NON_NEGATIVE = (lambda x: x >= 0, "a number >= 0")
+
+
+def _to_float(v) -> float | None:
+    """``v`` as a finite float, or None. Numeric strings count: PyYAML reads ``141e9`` (no dot)
+    as the string "141e9", which a user means as a number."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, str):
+        try:
+            v = float(v.strip().replace("_", ""))
+        except ValueError:
+            return None
+    if not isinstance(v, (int, float)):
+        return None
+    x = float(v)
+    return x if math.isfinite(x) else None
+
+
+def _bad(where: str, name: str, v, must: str) -> DataFileError:
+    return DataFileError(f"system spec {where}: {name} must be {must}, got {v!r}")
+
+
+def _num(d: dict, key: str, default=None, *, where: str, sect: str, rule=_POSITIVE):
+    """``d[key]`` (or ``default``) as a float obeying ``rule``; None if absent and no default."""
+    v = d.get(key)
+    if v is None:
+        v = default
     if v is None:
         return None
-    try:
-        return float(v)
-    except (TypeError, ValueError) as exc:
-        raise DataFileError(f"{where}: {key} is not a number ({v!r})") from exc
+    x = _to_float(v)
+    ok, must = rule
+    if x is None or not ok(x):
+        raise _bad(where, f"{sect}.{key}", v, must)
+    return x
+
+
+def _int(d: dict, key: str, default=None, *, where: str, sect: str, rule=_POSITIVE) -> int | None:
+    """Like :func:`_num` for a count or a byte size: the value must be a whole number."""
+    v = d.get(key)
+    if v is None:
+        v = default
+    if v is None:
+        return None
+    if isinstance(v, int) and not isinstance(v, bool):
+        x: float | int | None = v
+    else:
+        x = _to_float(v)
+        if x is not None and not x.is_integer():
+            x = None
+    ok, must = rule
+    if x is None or not ok(x):
+        raise _bad(where, f"{sect}.{key}", v, must.replace("number", "whole number"))
+    return int(x)
+
+
+def _section(raw: dict, sect: str, where: str) -> dict:
+    v = raw.get(sect)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise DataFileError(f"system spec {where}: {sect} must be a mapping of keys to values, got {v!r}")
+    return v
 
 
 @lru_cache(maxsize=64)
 def _load_system(systems_dir: Path, name: str) -> SystemSpec:
     path = systems_dir / f"{name}.yaml"
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DataFileError(f"cannot read system spec {path}", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except (OSError, yaml.YAMLError) as exc:
-        raise DataFileError(f"cannot read system spec {path}", str(exc)) from exc
-    gpu, node, misc = raw.get("gpu") or {}, raw.get("node") or {}, raw.get("misc") or {}
+        # PyYAML's messages span lines; the CLI prints one
+        raise DataFileError(f"cannot read system spec {path}", " ".join(str(exc).split())) from exc
     where = str(path)
-    for sect, keys in (("gpu", ("mem_bw", "mem_capacity")), ("node", ("num_gpus_per_node", "intra_node_bw"))):
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise DataFileError(f"system spec {where} is not a mapping of sections (gpu, node, misc)", f"got {type(raw).__name__}")
+    gpu, node, misc = (_section(raw, s, where) for s in ("gpu", "node", "misc"))
+    for sect, d, keys in (("gpu", gpu, ("mem_bw", "mem_capacity")), ("node", node, ("num_gpus_per_node", "intra_node_bw"))):
         for k in keys:
-            if (raw.get(sect) or {}).get(k) is None:
+            if d.get(k) is None:
                 raise DataFileError(f"{where}: missing {sect}.{k}")
-    flops = {dt: float(gpu[key]) for dt, key in FLOPS_KEYS.items() if gpu.get(key) is not None}
+    G = {"where": where, "sect": "gpu"}
+    N = {"where": where, "sect": "node"}
+    flops = {dt: _num(gpu, key, **G) for dt, key in FLOPS_KEYS.items() if gpu.get(key) is not None}
     g = GpuSpec(
-        mem_bw=_num(gpu, "mem_bw", where=where),
-        mem_bw_efficiency=_num(gpu, "mem_bw_empirical_scaling_factor", 1.0, where=where),
-        mem_latency_s=_num(gpu, "mem_empirical_constant_latency", 0.0, where=where),
-        mem_capacity=int(gpu["mem_capacity"]),
+        mem_bw=_num(gpu, "mem_bw", **G),
+        mem_bw_efficiency=_num(gpu, "mem_bw_empirical_scaling_factor", 1.0, **G),
+        mem_latency_s=_num(gpu, "mem_empirical_constant_latency", 0.0, **G, rule=_NON_NEGATIVE),
+        mem_capacity=_int(gpu, "mem_capacity", **G),
         tc_flops=flops,
-        power_w=_num(gpu, "power", 0.0, where=where),
-        sm_version=int(gpu["sm_version"]) if gpu.get("sm_version") is not None else None,
+        power_w=_num(gpu, "power", 0.0, **G, rule=_NON_NEGATIVE),
+        sm_version=_int(gpu, "sm_version", **G),
     )
     n = NodeSpec(
-        gpus_per_node=int(node["num_gpus_per_node"]),
-        gpus_per_rack=int(node["num_gpus_per_rack"]) if node.get("num_gpus_per_rack") else None,
-        intra_node_bw=_num(node, "intra_node_bw", where=where),
-        inter_node_bw=_num(node, "inter_node_bw", node.get("intra_node_bw"), where=where),
-        inter_rack_bw=_num(node, "inter_rack_bw", where=where),
-        pcie_bw=_num(node, "pcie_bw", where=where),
-        p2p_latency_s=_num(node, "p2p_latency", 1e-5, where=where),
-        inter_rack_latency_s=_num(node, "inter_rack_latency", where=where),
+        gpus_per_node=_int(node, "num_gpus_per_node", **N),
+        gpus_per_rack=_int(node, "num_gpus_per_rack", **N),
+        intra_node_bw=_num(node, "intra_node_bw", **N),
+        inter_node_bw=_num(node, "inter_node_bw", node.get("intra_node_bw"), **N),
+        inter_rack_bw=_num(node, "inter_rack_bw", **N),
+        pcie_bw=_num(node, "pcie_bw", **N),
+        p2p_latency_s=_num(node, "p2p_latency", 1e-5, **N, rule=_NON_NEGATIVE),
+        inter_rack_latency_s=_num(node, "inter_rack_latency", **N, rule=_NON_NEGATIVE),
     )
+    nccl_raw = misc.get("nccl_mem")
+    if nccl_raw is None:
+        nccl_raw = {1: 0}
+    if not isinstance(nccl_raw, dict) or not nccl_raw:
+        raise DataFileError(f"system spec {where}: misc.nccl_mem must map GPU counts to bytes, got {nccl_raw!r}")
+    nccl_mem = {}
+    for k in nccl_raw:
+        gpus = _int({"gpus": k}, "gpus", where=where, sect="misc.nccl_mem")  # the key: a GPU count
+        nccl_mem[gpus] = _int(nccl_raw, k, where=where, sect="misc.nccl_mem", rule=_NON_NEGATIVE)
     return SystemSpec(
         name=name,
         data_dir=systems_dir / str(raw.get("data_dir", f"data/{name}")),
         gpu=g,
         node=n,
-        nccl_mem={int(k): int(v) for k, v in (misc.get("nccl_mem") or {1: 0}).items()},
-        other_mem=int(misc.get("other_mem", 0)),
+        nccl_mem=nccl_mem,
+        other_mem=_int(misc, "other_mem", 0, where=where, sect="misc", rule=_NON_NEGATIVE),
         nccl_version=str(misc["nccl_version"]) if misc.get("nccl_version") is not None else None,
         oneccl_version=str(misc["oneccl_version"]) if misc.get("oneccl_version") is not None else None,
         raw=raw,
@@ -147,8 +256,9 @@ def _load_system(systems_dir: Path, name: str) -> SystemSpec:
 
 
 def load_system(pack: Pack, name: str) -> SystemSpec:
-    if name not in list_systems(pack):
-        raise UnknownSystemError(
-            f"unknown system {name!r}", f"no {name}.yaml in {pack.systems_dir}", list_systems(pack)
-        )
+    """The spec of one system. UnknownSystemError if it has no YAML, DataFileError if the YAML
+    is unreadable or holds a value that cannot be right (non-numeric, zero or negative)."""
+    names = system_yaml_names(pack)
+    if name not in names:
+        raise UnknownSystemError(f"unknown system {name!r}", f"no {name}.yaml in {pack.systems_dir}", names)
     return _load_system(pack.systems_dir, name)

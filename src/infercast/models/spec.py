@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 
 from ..data.model_configs import ModelConfig
-from ..errors import InvalidConfigError, InvalidInputError, UnsupportedModelError
-
 from ..data.quant import COMPUTE_DTYPE, GEMM_QUANTS, KV_BYTES, KV_QUANTS, WEIGHT_BYTES  # noqa: F401
+from ..errors import InvalidConfigError, InvalidInputError, UnsupportedModelError
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,51 @@ def _first(d: dict, *keys, default=None):
     return default
 
 
+_REQUIRED = object()
+
+
+def _as_int(v) -> int | None:
+    """``v`` as an int if it is a whole number (an int, an integral float, or such a string)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        try:
+            return int(v.strip())
+        except ValueError:
+            try:
+                v = float(v.strip())
+            except ValueError:
+                return None
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        return int(v)
+    return None
+
+
+def _int_field(d: dict, *keys: str, where: str, default=_REQUIRED, minimum: int | None = 1,
+               default_note: str = "") -> int | None:
+    """The first of ``keys`` that ``d`` sets (not null), as an int >= ``minimum``; ``default`` if
+    none is set (None passes through). Errors name the config, the field and the value."""
+    for key in keys:
+        if d.get(key) is not None:
+            v, shown = d[key], key
+            break
+    else:
+        if default is _REQUIRED:
+            raise InvalidInputError(f"model config {where} is malformed", f"missing field {' / '.join(keys)}")
+        if default is None:
+            return None
+        v, shown = default, f"{keys[0]} (not set; {default_note or 'default'})"
+    n = _as_int(v)
+    if n is None:
+        raise InvalidInputError(f"model config {where} is malformed", f"{shown} must be a whole number, got {v!r}")
+    if minimum is not None and n < minimum:
+        must = "positive" if minimum == 1 else f">= {minimum}"
+        raise InvalidInputError(f"model config {where} is malformed", f"{shown} must be {must}, got {v!r}")
+    return n
+
+
 def build_spec(mc: ModelConfig) -> ModelSpec:
     if not isinstance(mc.config, dict):
         raise InvalidInputError(f"model config {mc.resolved_id} is not a JSON object")
@@ -213,50 +258,72 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
             "supported: dense GQA decoders, GQA + MoE, and DeepSeek-style MLA + MoE",
             supported_architectures(),
         )
-    hidden = int(text["hidden_size"])
-    heads = int(text["num_attention_heads"])
-    if hidden <= 0 or heads <= 0:
-        raise InvalidInputError(f"model config {mc.resolved_id} is malformed", "hidden_size and num_attention_heads must be > 0")
-    kv = int(_first(text, "num_key_value_heads", default=heads))
-    head_dim = int(_first(text, "head_dim", default=hidden // heads))
-    sw = text.get("sliding_window") if text.get("use_sliding_window", True) else None
-    max_pos = _first(text, "max_position_embeddings")
-    if sw is not None and max_pos is not None and int(sw) >= int(max_pos):
+    where = mc.resolved_id
+    hidden = _int_field(text, "hidden_size", where=where)
+    heads = _int_field(text, "num_attention_heads", where=where)
+    layers = _int_field(text, "num_hidden_layers", where=where)
+    vocab = _int_field(text, "vocab_size", where=where, default=_first(cfg, "vocab_size", default=32000))
+    sw = _int_field(text, "sliding_window", where=where, default=None, minimum=0) if text.get("use_sliding_window", True) else None
+    max_pos = _int_field(text, "max_position_embeddings", where=where, default=None, minimum=0)
+    if sw is not None and max_pos and sw >= max_pos:
         sw = None
     moe = mla = None
     windows = None
-    inter = _first(text, "intermediate_size", default=0)
+    inter = _int_field(text, "intermediate_size", where=where, default=0, minimum=1 if family == "dense" else 0,
+                       default_note="needed for the dense FFN")
     if family in ("moe", "mla_moe"):
-        experts = int(_first(text, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts"))
-        topk = int(_first(text, "num_experts_per_tok", "moe_top_k", "top_k_experts"))
-        expert_inter = int(_first(text, "moe_intermediate_size", default=inter))
-        n_shared = int(_first(text, "n_shared_experts", "num_shared_experts", default=0) or 0)
-        shared_inter = int(_first(text, "shared_expert_intermediate_size", "shared_intermediate_size", default=n_shared * expert_inter) or 0)
-        first_dense = int(_first(text, "first_k_dense_replace", default=0) or 0)
-        moe = MoESpec(experts, topk, expert_inter, shared_inter, first_dense, int(inter) if first_dense else 0, True)
+        experts = _int_field(text, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts", where=where)
+        topk = _int_field(text, "num_experts_per_tok", "moe_top_k", "top_k_experts", where=where)
+        if topk > experts:
+            raise InvalidInputError(f"model config {where} is malformed",
+                                    f"{topk} experts per token (num_experts_per_tok) exceed the {experts} experts")
+        expert_inter = _int_field(text, "moe_intermediate_size", where=where, default=inter,
+                                  default_note="intermediate_size")
+        n_shared = _int_field(text, "n_shared_experts", "num_shared_experts", where=where, default=0, minimum=0)
+        shared_inter = _int_field(text, "shared_expert_intermediate_size", "shared_intermediate_size", where=where,
+                                  default=n_shared * expert_inter, minimum=0, default_note="n_shared_experts x moe_intermediate_size")
+        first_dense = _int_field(text, "first_k_dense_replace", where=where, default=0, minimum=0)
+        if first_dense and inter < 1:
+            raise InvalidInputError(f"model config {where} is malformed",
+                                    f"first_k_dense_replace={first_dense} dense layers need intermediate_size > 0, got {inter}")
+        moe = MoESpec(experts, topk, expert_inter, shared_inter, first_dense, inter if first_dense else 0, True)
     if family == "mla_moe":
         mla = MLASpec(
-            q_lora_rank=int(text["q_lora_rank"]) if text.get("q_lora_rank") else None,
-            kv_lora_rank=int(text["kv_lora_rank"]),
-            qk_nope_head_dim=int(text["qk_nope_head_dim"]),
-            qk_rope_head_dim=int(text["qk_rope_head_dim"]),
-            v_head_dim=int(text["v_head_dim"]),
+            q_lora_rank=_int_field(text, "q_lora_rank", where=where) if text.get("q_lora_rank") else None,
+            kv_lora_rank=_int_field(text, "kv_lora_rank", where=where),
+            qk_nope_head_dim=_int_field(text, "qk_nope_head_dim", where=where, minimum=0),
+            qk_rope_head_dim=_int_field(text, "qk_rope_head_dim", where=where, minimum=0),
+            v_head_dim=_int_field(text, "v_head_dim", where=where),
         )
-        kv = heads
+        kv = heads  # MLA: every query head has its own (latent-projected) K and V
         head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        if head_dim < 1:
+            raise InvalidInputError(f"model config {where} is malformed",
+                                    "qk_nope_head_dim + qk_rope_head_dim must be positive, got 0")
+    else:
+        kv = _int_field(text, "num_key_value_heads", where=where, default=heads,
+                        default_note="num_attention_heads")
+        head_dim = _int_field(text, "head_dim", where=where, default=hidden // heads,
+                              default_note=f"hidden_size // num_attention_heads = {hidden} // {heads}")
+        if heads % kv:
+            raise InvalidInputError(
+                f"model config {where} is malformed",
+                f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv} "
+                "(grouped-query attention shares each KV head among a whole group of query heads)",
+            )
     lt = text.get("layer_types")
     gdn = None
     if lt and "linear_attention" in lt:
         gdn = GDNSpec(
             linear_layers=sum(1 for t in lt if t == "linear_attention"),
-            num_k_heads=int(text["linear_num_key_heads"]),
-            head_k_dim=int(text["linear_key_head_dim"]),
-            num_v_heads=int(text["linear_num_value_heads"]),
-            head_v_dim=int(text["linear_value_head_dim"]),
-            conv_kernel=int(_first(text, "linear_conv_kernel_dim", default=4)),
+            num_k_heads=_int_field(text, "linear_num_key_heads", where=where),
+            head_k_dim=_int_field(text, "linear_key_head_dim", where=where),
+            num_v_heads=_int_field(text, "linear_num_value_heads", where=where),
+            head_v_dim=_int_field(text, "linear_value_head_dim", where=where),
+            conv_kernel=_int_field(text, "linear_conv_kernel_dim", where=where, default=4),
         )
     if lt and text.get("sliding_window"):
-        w = int(text["sliding_window"])
+        w = _int_field(text, "sliding_window", where=where, minimum=0)
         windows = tuple(w if t == "sliding_attention" else 0 for t in lt)
         sw = None
     return ModelSpec(
@@ -264,25 +331,25 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
         resolved_id=mc.resolved_id,
         architecture=arch,
         family=family,
-        num_layers=int(text["num_hidden_layers"]),
+        num_layers=layers,
         hidden=hidden,
         num_heads=heads,
         num_kv_heads=kv,
         head_dim=head_dim,
-        intermediate=int(inter),
-        vocab=int(_first(text, "vocab_size", default=cfg.get("vocab_size", 32000))),
+        intermediate=inter,
+        vocab=vocab,
         tie_embeddings=bool(_first(text, "tie_word_embeddings", default=False)),
-        sliding_window=int(sw) if sw else None,
-        max_position=int(max_pos) if max_pos else None,
+        sliding_window=sw or None,
+        max_position=max_pos or None,
         quant=infer_quant(mc, text),
         alias_note=mc.alias_note,
         moe=moe,
         mla=mla,
         layer_windows=windows,
-        mtp_layers=int(_first(text, "num_nextn_predict_layers", "mtp_num_hidden_layers", default=0) or 0),
+        mtp_layers=_int_field(text, "num_nextn_predict_layers", "mtp_num_hidden_layers", where=where, default=0, minimum=0),
         gdn=gdn,
         sparse_attention=bool(text.get("index_topk")) and family == "mla_moe",
-        index_head_dim=int(text.get("index_head_dim") or 0),
+        index_head_dim=_int_field(text, "index_head_dim", where=where, default=0, minimum=0),
         attn_output_gate=bool(text.get("attn_output_gate", False)),
         qk_norm=_qk_norm(arch, text),
     )

@@ -84,7 +84,7 @@ def print_systems(pack, rows) -> None:
         t.add_column(col)
     for r in rows:
         s = r["slots"]
-        t.add_row(r["system"], r["backend"] or "(no data)", s.get("current", "-"), s.get("previous", "-"), s.get("next", "-"), ", ".join(r["collected"]))
+        t.add_row(r["system"], r["backend"] or (f"(broken: {r['error']})" if r.get("error") else "(no data)"), s.get("current", "-"), s.get("previous", "-"), s.get("next", "-"), ", ".join(r["collected"]))
     c.print(t)
 
 
@@ -94,6 +94,9 @@ def print_models(rows) -> None:
     t.add_column("architecture")
     t.add_column("supported")
     for r in rows:
+        if r.get("error"):
+            t.add_row(r["model"], f"(unreadable: {r['error']})", "no")
+            continue
         t.add_row(r["model"], r["architecture"], "yes" if r["supported"] else "not yet")
     _console().print(t)
 
