@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import synthpack as sp
+
 from infercast import Estimator
 from infercast.cli.main import main
 from infercast.errors import (
@@ -460,30 +460,36 @@ def test_serve_notes_a_request_longer_than_the_context_window(synth, capsys):
 
 
 def test_serve_disagg_refuses_a_worker_that_cannot_hold_one_request(synth):
-    """A worker whose KV cache cannot hold one request (weights leave too little memory) cannot
-    run: serve_disagg refuses it, naming the pool, as the aggregated model does; the disaggregated
-    search skips such a layout once, with the reason."""
+    """A worker whose weights alone exceed its GPU's memory cannot run: serve_disagg refuses it,
+    naming the pool. One whose KV cache (by the conservative memory account) holds less than a
+    request is served, with the capacity reported; the disaggregated search, which recommends,
+    skips it with the reason."""
     import dataclasses
 
     from infercast.api import Estimator, one_request_misfit, serve_disagg
     from infercast.search import search_disagg
     from infercast.serving.sim import DoesNotFitError
 
-    def est(tp, cap=None):
+    def est(tp, **mem):
         e = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", tp=tp, systems_path=synth.systems_dir)
-        if cap is not None:  # the synthetic GPUs hold millions of tokens: shrink the KV budget
-            e.memory = dataclasses.replace(e.memory, kv_capacity_tokens=cap)
+        if mem:  # the synthetic GPUs hold millions of tokens: shrink what is left
+            e.memory = dataclasses.replace(e.memory, **mem)
         return e
 
-    small, big = est(1, cap=1000), est(2)
-    assert one_request_misfit(big, 1000) is None
-    assert "holds 1000 tokens of the 1001" in one_request_misfit(small, 1001)
+    ok = est(2)
+    heavy = est(1, weights=est(1).memory.capacity * 1.01)
+    short = est(1, kv_capacity_tokens=1000)
+    assert one_request_misfit(ok, 1000) is None
+    assert "more than the GPU's" in one_request_misfit(heavy, 10, strict=False)
+    assert one_request_misfit(short, 1001, strict=False) is None
+    assert "holds 1000 tokens of the 1001" in one_request_misfit(short, 1001)
     kw = {"concurrency": 2, "prefill_workers": 1, "decode_workers": 1}
-    with pytest.raises(DoesNotFitError, match="a prefill worker cannot serve one request"):
-        serve_disagg(small, big, isl=1200, osl=8, **kw)
+    with pytest.raises(DoesNotFitError, match="a prefill worker cannot serve one request: its weights take"):
+        serve_disagg(heavy, ok, isl=128, osl=8, **kw)
     with pytest.raises(DoesNotFitError, match="a decode worker cannot serve one request"):
-        serve_disagg(big, small, isl=996, osl=8, **kw)  # the prompt fits, prompt + output do not
-    assert serve_disagg(small, big, isl=996, osl=8, **kw).ttft_ms > 0
+        serve_disagg(ok, heavy, isl=128, osl=8, **kw)
+    r = serve_disagg(short, ok, isl=1200, osl=8, **kw)
+    assert r.ttft_ms > 0 and r.prefill_kv_capacity == pytest.approx(1000 / 1200)
     # the search: with max_gpus 1 no pair of workers fits, and says so
     r = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, max_gpus=1, concurrencies=[1],
                       systems_path=synth.systems_dir)

@@ -343,7 +343,13 @@ def test_steady_state_prefill_step_carries_the_prompts_that_arrived_with_it():
 
 
 def test_distribution_helpers_exact():
-    from infercast.serving.result import Distribution, binomial_share, exponential_tail, mixture, uniform
+    from infercast.serving.result import (
+        Distribution,
+        binomial_share,
+        exponential_tail,
+        mixture,
+        uniform,
+    )
 
     d = Distribution(np.array([3.0, 1.0, 2.0]), np.array([1.0, 1.0, 2.0]))
     assert d.mean() == pytest.approx((3 + 1 + 4) / 4)
@@ -539,7 +545,12 @@ def test_percentiles_are_monotone_and_bounded(values, data):
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 5000), st.floats(0.0, 1.0), st.floats(0.0, 1e3), st.floats(0.0, 0.99))
 def test_spread_helpers_keep_their_means(n, p, mean, p_zero):
-    from infercast.serving.result import binomial_share, exponential_tail, mixture, uniform
+    from infercast.serving.result import (
+        binomial_share,
+        exponential_tail,
+        mixture,
+        uniform,
+    )
 
     assert binomial_share(n, p).mean() == pytest.approx(p, abs=1e-9)
     assert exponential_tail(mean, p_zero).mean() == pytest.approx(mean, rel=1e-9, abs=1e-12)
@@ -733,3 +744,34 @@ def test_one_output_token_has_no_decode_phase():
     assert d.ttft_ms == pytest.approx(10.0)
     two = solve_disagg(pe, de, 1, 100, 2, 1, 1, 1, 1, params(), params(), 5.0, 2)
     assert two.tpot_ms == pytest.approx(2.0 + 5.0)  # one decode step behind the transfer
+
+
+def test_front_end_time_grows_with_the_open_streams():
+    # 3 ms per request + 0.5 ms per open stream: 4 clients on a replica of 2 attention-DP ranks
+    # (8 streams) see 3 + 0.5 x 8 = 7 ms, exactly as a flat 7 ms front end
+    eng = ConstEngine(10.0)
+    p = params(arrival_delay_ms=3.0, front_end_per_stream_ms=0.5, requests_per_client=4.0)
+    assert p.front_end_ms(8) == 7.0 and p.for_streams(8) == params(arrival_delay_ms=7.0, requests_per_client=4.0)
+    flat = params(arrival_delay_ms=7.0, requests_per_client=4.0)
+    got, want = serve_agg(eng, 4, 100, 11, p, 1e9, 1, ranks=2), serve_agg(eng, 4, 100, 11, flat, 1e9, 1, ranks=2)
+    assert got.ttft_ms == pytest.approx(want.ttft_ms) and got.tpot_ms == pytest.approx(want.tpot_ms)
+    assert got.ttft_ms > serve_agg(eng, 4, 100, 11, params(arrival_delay_ms=3.0, requests_per_client=4.0), 1e9, 1,
+                                   ranks=2).ttft_ms
+    # disaggregated: the deployment's clients are the streams
+    pe, de = ConstEngine(10.0), ConstEngine(2.0)
+    a = solve_disagg(pe, de, 6, 100, 11, 1, 1, 1, 1, params(arrival_delay_ms=1.0, front_end_per_stream_ms=1.0), params(), 0.0, 2)
+    b = solve_disagg(pe, de, 6, 100, 11, 1, 1, 1, 1, params(arrival_delay_ms=7.0), params(), 0.0, 2)
+    assert a.ttft_ms == pytest.approx(b.ttft_ms)
+
+
+def test_vllm_front_end_defaults():
+    from infercast.serving.backends import (
+        VLLM_FRONT_END_MS,
+        VLLM_FRONT_END_PER_STREAM_MS,
+        scheduler_params,
+    )
+
+    v = scheduler_params("vllm")
+    assert (v.arrival_delay_ms, v.front_end_per_stream_ms) == (VLLM_FRONT_END_MS, VLLM_FRONT_END_PER_STREAM_MS) == (15.0, 0.7)
+    assert v.front_end_ms(100) == pytest.approx(85.0)
+    assert scheduler_params("trtllm").front_end_per_stream_ms == scheduler_params("sglang").front_end_per_stream_ms == 0.0

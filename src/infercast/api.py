@@ -371,11 +371,15 @@ def serve_agg_replica(est: Estimator, concurrency: int, isl: int, osl: int, para
     return r, per_rank
 
 
-def one_request_misfit(est: Estimator, tokens: int) -> str | None:
-    """Why one request of ``tokens`` KV tokens does not fit a rank of ``est``'s layout (weights,
-    activations and reserves leave too little memory), or None when it does."""
+def one_request_misfit(est: Estimator, tokens: int, *, strict: bool = True) -> str | None:
+    """Why a rank of ``est``'s layout cannot serve one request of ``tokens`` KV tokens, or None.
+    Always: its weights alone exceed the GPU's memory. ``strict``: also when the KV cache left by
+    weights, activations and reserves (:mod:`infercast.serving.memory`, a conservative account)
+    holds fewer than ``tokens``."""
     mem = est.memory
-    if mem.capacity_for(1) >= tokens:
+    if mem.weights >= mem.capacity:
+        return f"its weights take {mem.weights / GB:.1f} GB per GPU, more than the GPU's {mem.capacity / GB:.0f} GB"
+    if not strict or mem.capacity_for(1) >= tokens:
         return None
     return (f"its KV cache holds {int(mem.capacity_for(1))} tokens of the {int(tokens)} one request needs "
             f"({mem.weights / GB:.1f} GB of weights per GPU of {mem.capacity / GB:.0f} GB)")
@@ -402,9 +406,11 @@ def serve_disagg(
     (``inter_node_bw``, ``p2p_latency`` of the system spec). Scheduler parameters default to each
     backend's (:func:`infercast.serving.backends.scheduler_params`). The result's
     ``decode_kv_capacity`` is how many requests of ``isl + osl`` tokens one decode rank's KV cache
-    holds by :mod:`infercast.serving.memory`; the model does not cap the decode batch by it (it is
-    reported, and ``infercast serve-disagg`` warns when the decode batch exceeds it: the memory
-    model is conservative, and measured deployments run where it leaves no room)."""
+    holds by :mod:`infercast.serving.memory` (``prefill_kv_capacity``: prompts one prefill rank
+    holds); the model does not cap the decode batch by it (it is reported, and ``infercast
+    serve-disagg`` warns when the decode batch exceeds it: the memory model is conservative, and
+    measured deployments run where it leaves no room). A worker whose weights alone exceed its
+    GPUs' memory is refused (:class:`~infercast.serving.sim.DoesNotFitError`)."""
     from .serving.backends import scheduler_params
     from .serving.disagg import kv_transfer_ms, solve_disagg
 
@@ -417,7 +423,9 @@ def serve_disagg(
                                 f"got {prefill.spec.model_id} on {prefill.data.system.name} ({prefill.data.backend}) and "
                                 f"{decode.spec.model_id} on {decode.data.system.name} ({decode.data.backend})")
     for role, est, tokens in (("prefill", prefill, isl), ("decode", decode, isl + osl)):
-        why = one_request_misfit(est, tokens)
+        # only what cannot run at all: the memory account is conservative, and measured
+        # deployments run where it leaves no KV room (the capacities are reported, the CLI warns)
+        why = one_request_misfit(est, tokens, strict=False)
         if why:
             from .serving.sim import DoesNotFitError
 
@@ -434,4 +442,5 @@ def serve_disagg(
         prefill_dp=prefill.plan.parallel.attention_dp,
     )
     res.decode_kv_capacity = decode.memory.capacity_for(res.decode_batch) / (isl + osl)
+    res.prefill_kv_capacity = prefill.memory.capacity_for(res.prefill_batch) / isl
     return res

@@ -46,7 +46,6 @@ def _add_model_args(p: argparse.ArgumentParser, parallel: bool = True) -> None:
 def _estimator(a, prefix: str = ""):
     """The Estimator of the parsed flags; ``prefix`` picks the ``--<prefix>-tp`` ... layout flags."""
     from ..api import Estimator
-
     from ..errors import InvalidInputError
 
     def par(name):
@@ -99,6 +98,8 @@ SCHEDULER_FLAGS = {
     "max_num_tokens": ("max_num_tokens", int, 1, "token budget of one engine step (max batched tokens)"),
     "max_batch_size": ("max_batch_size", int, 1, "running requests at most (max num seqs)"),
     "front_end_ms": ("arrival_delay_ms", float, 0.0, "client + front-end time per request (HTTP, tokenisation), ms"),
+    "front_end_per_stream_ms": ("front_end_per_stream_ms", float, 0.0,
+                                "front-end time per open stream (the client's and API server's event loops), ms"),
     "step_overhead_ms": ("step_overhead_ms", float, 0.0, "host time per engine step, ms"),
     "requests_per_client": ("requests_per_client", float, 1.0, "requests each benchmark client sends (the benchmark length)"),
     "adp_balance_timeout_steps": ("adp_balance_timeout_steps", int, 0,
@@ -125,8 +126,8 @@ def _scheduler_overrides(a) -> dict:
 def cmd_serve(a) -> int:
     from dataclasses import asdict, replace
 
-    from ..errors import InvalidInputError
     from ..api import serve_agg_replica
+    from ..errors import InvalidInputError
     from ..serving.backends import scheduler_params
 
     for name in ("concurrency", "isl", "osl"):

@@ -135,6 +135,10 @@ def print_serving_disagg(d: dict) -> None:
     if cap is not None and d["decode_batch"] > cap:
         c.print(f"[yellow]warning: a decode rank runs {d['decode_batch']:.1f} requests but its KV cache holds "
                 f"{cap:.1f} of {d['isl']}+{d['osl']} tokens by infercast's memory model[/yellow]")
+    pcap = d.get("prefill_kv_capacity")
+    if pcap is not None and d.get("prefill_batch", 1) > pcap:
+        c.print(f"[yellow]warning: a prefill rank runs {d.get('prefill_batch', 1)} prompts at once but its KV cache "
+                f"holds {pcap:.1f} of {d['isl']} tokens by infercast's memory model[/yellow]")
     _print_notes(c, d)
 
 

@@ -293,6 +293,7 @@ def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacit
     together, so it holds nothing)."""
     from .sim import DoesNotFitError, simulate
 
+    params = params.for_streams(concurrency * ranks)  # the replica's front end serves every rank's clients
     if kv_capacity_tokens < isl + osl:
         raise DoesNotFitError(
             f"one request of {isl}+{osl} tokens needs more KV cache than a rank has ({int(kv_capacity_tokens)} tokens)",

@@ -71,6 +71,10 @@ class SchedulerParams:
     * ``arrival_delay_ms``: client and front-end time between a request's send and its arrival in
       the scheduler's queue (HTTP, tokenisation); it also delays the first token as seen by the
       client.
+    * ``front_end_per_stream_ms``: front-end time that grows with the open streams: the benchmark
+      client and the engine's API server each run one Python event loop that handles every open
+      stream's token events, so a new request's send and its first token's receipt wait behind the
+      other streams' work (:meth:`front_end_ms`; :data:`VLLM_FRONT_END_PER_STREAM_MS`).
     * ``requests_per_client``: how many requests each benchmark client sends (the benchmark
       length; the first wave of a closed-loop benchmark starts synchronised).
     * ``lockstep``: requests that start together stay together for the whole benchmark (SGLang's
@@ -109,6 +113,19 @@ class SchedulerParams:
     overlap_residual_ms: float = 0.0
     graph_batch_sizes: tuple[int, ...] = ()
     adp_balance_timeout_steps: int = 0
+    front_end_per_stream_ms: float = 0.0
+
+    def front_end_ms(self, streams: float) -> float:
+        """Client + front-end time of a request while ``streams`` requests are open on the
+        replica's front end: ``arrival_delay_ms + front_end_per_stream_ms x streams``."""
+        return self.arrival_delay_ms + self.front_end_per_stream_ms * float(streams)
+
+    def for_streams(self, streams: float) -> SchedulerParams:
+        """These parameters with the front-end time of ``streams`` open streams folded into
+        ``arrival_delay_ms`` (what the serving models read)."""
+        if self.front_end_per_stream_ms == 0.0:
+            return self
+        return replace(self, arrival_delay_ms=self.front_end_ms(streams), front_end_per_stream_ms=0.0)
 
     def graph_pad(self, decodes: float) -> float:
         """Padding rows a decode-only step of ``decodes`` sequences runs with (0 without a
@@ -206,11 +223,28 @@ TRTLLM_ADP_TIMEOUT_STEPS = 60
 #: (Qwen3.5 B200 TPOT 10.0% -> 8.9%); DeepSeek rows, whose GPU steps are long, do not move.
 SGLANG_SEQ_OVERHEAD_MS = 0.040
 
+#: vLLM's front end: 15 ms per request plus 0.7 ms per open stream (``arrival_delay_ms``,
+#: ``front_end_per_stream_ms``). The vLLM dev rows' TTFT residual against the model grows with
+#: concurrency (median measured - predicted at 4 / 16 / 64 / 128 / 256 / 512 clients: -10 / +5 /
+#: +31 / +66 / +138 / +407 ms with a flat 40 ms front end), while vLLM 0.15-0.19 rows at low
+#: concurrency imply 10-20 ms. Both the benchmark client (``vllm bench serve``: one asyncio loop for
+#: all streams) and vLLM's API server (one process detokenising and sending every stream's tokens)
+#: do per-stream work on one core, which is where a new request waits. Dev rows, vLLM TTFT median
+#: APE (within 20%) at (base ms, ms per stream): (40, 0) 18.9% (53.1%); (40, 0.3) 17.1%; (30, 0.5)
+#: 15.3%; (20, 0.7) 14.9% (60.2%); (15, 0.6) 14.3% (61.0%); (15, 0.7) 13.9% (60.5%); (10, 0.7)
+#: 14.6%; (10, 0.9) 14.9%; (5, 0.8) 17.7%; (0, 0.9) 20.8%; TPOT unchanged. TensorRT-LLM's and
+#: SGLang's rows do not ask for it (TensorRT-LLM TTFT 30.2% at (100, 0) -> 29.9 / 30.1 / 30.6% at
+#: (80, 0.5) / (80, 0.8) / (100, 0.3); SGLang 35.8% -> 36.0 / 36.9% at (120, 0.3) / (100, 0.8)):
+#: their TTFT errors are dominated by other regimes (module notes above), so they keep 0.
+VLLM_FRONT_END_MS = 15.0
+VLLM_FRONT_END_PER_STREAM_MS = 0.7
+
 SCHEDULERS = {
     "trtllm": SchedulerParams(True, True, 8192, 2048, 0.0, 100.0, 10.0, True, graph_batch_sizes=CUDA_GRAPH_SIZES["trtllm"],
                               adp_balance_timeout_steps=TRTLLM_ADP_TIMEOUT_STEPS),
-    "vllm": SchedulerParams(True, True, 8192, 1024, 0.0, 40.0, 10.0, False, seq_overhead_ms=0.010,
-                            graph_batch_sizes=CUDA_GRAPH_SIZES["vllm"]),
+    "vllm": SchedulerParams(True, True, 8192, 1024, 0.0, VLLM_FRONT_END_MS, 10.0, False, seq_overhead_ms=0.010,
+                            graph_batch_sizes=CUDA_GRAPH_SIZES["vllm"],
+                            front_end_per_stream_ms=VLLM_FRONT_END_PER_STREAM_MS),
     "sglang": SchedulerParams(False, True, 8192, 4096, 2.0, 120.0, 10.0, False, lockstep=True, seq_overhead_ms=SGLANG_SEQ_OVERHEAD_MS,
                               overlap=True, overlap_residual_ms=0.5, graph_batch_sizes=CUDA_GRAPH_SIZES["sglang"]),
 }

@@ -70,6 +70,7 @@ class DisaggResult(ServingMetrics):
     prefill_batch: int = 1  # prompts per prefill step in the steady state
     arrival_rate_per_s: float = 0.0  # requests per second reaching the prefill pool (steady state)
     decode_kv_capacity: float | None = None  # requests of isl+osl one decode rank's KV cache holds (if known)
+    prefill_kv_capacity: float | None = None  # prompts of isl tokens one prefill rank's KV cache holds (if known)
 
 
 def kv_transfer_ms(kv_bytes_per_token_per_gpu: float, isl: int, prefill_gpus: int, bandwidth: float, latency_s: float) -> float:
@@ -131,6 +132,7 @@ def solve_disagg(
     prefill_dp: int = 1,
 ) -> DisaggResult:
     C = float(concurrency)
+    params_prefill = params_prefill.for_streams(C)  # the deployment's front end serves every client
     # each attention-DP rank of a prefill worker prefills its own requests
     servers = max(prefill_workers * max(prefill_dp, 1), 1)
     tau = float(getattr(decode_engine, "tokens_per_step", 1.0))  # output tokens per decode step (MTP)
