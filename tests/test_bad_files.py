@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 import synthpack as sp
+from cli_helpers import assert_one_line_error, run_cli
 
-from infercast.cli.main import main
 from infercast.data.model_configs import resolve_model
 from infercast.data.pack import find_pack
 from infercast.data.system import (
@@ -37,31 +37,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 # ---------------------------------------------------------------------------------------------
-# helpers (the pattern of test_bad_input.py)
+# helpers
 # ---------------------------------------------------------------------------------------------
-def run_cli(capsys, argv):
-    """Run the CLI in-process; return (exit code, stdout, stderr). Uncaught exceptions fail."""
-    try:
-        rc = main(argv)
-    except SystemExit as exc:  # argparse usage errors
-        rc = exc.code
-    except Exception as exc:  # noqa: BLE001  # pragma: no cover - the failure we are guarding against
-        pytest.fail(f"uncaught {type(exc).__name__} from the CLI for {argv}: {exc}")
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def assert_one_line_error(rc, out, err, *needles):
-    assert rc == 2, (rc, out, err)
-    assert "Traceback" not in out + err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("infercast: error: ")
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
-
-
 def estimate_argv(systems_dir, model=sp.MODEL_ID, system=sp.SYSTEM, *extra):
     return [
         "estimate", "--model", str(model), "--system", system, "--backend", "trtllm",

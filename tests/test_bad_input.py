@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import synthpack as sp
+from cli_helpers import assert_one_line_error, run_cli
 
 from infercast import Estimator
-from infercast.cli.main import main
 from infercast.errors import (
     DataFileError,
     InfercastError,
@@ -37,29 +37,6 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 #: Families that are not modelled yet. When MoE/MLA support lands, move the id out of this list
 #: (and into the integration tests); the test below then fails until that is done.
 UNSUPPORTED_REAL_MODELS = ["deepseek-ai/DeepSeek-V4-Flash", "nvidia/Nemotron-H-56B-Base-8K", "google/gemma-4-26B-A4B"]
-
-
-def run_cli(capsys, argv):
-    """Run the CLI in-process; return (exit code, stdout, stderr). Uncaught exceptions fail."""
-    try:
-        rc = main(argv)
-    except SystemExit as exc:  # argparse usage errors
-        rc = exc.code
-    except Exception as exc:  # pragma: no cover - the failure we are guarding against
-        pytest.fail(f"uncaught {type(exc).__name__} from the CLI for {argv}: {exc}")
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def assert_one_line_error(rc, out, err, *needles):
-    assert rc == 2, (rc, out, err)
-    assert "Traceback" not in out + err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("infercast: error: ")
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 def estimate_argv(synth, *extra, model=sp.MODEL_ID, system=sp.SYSTEM, backend="trtllm"):
