@@ -228,8 +228,9 @@ SGLANG_SEQ_OVERHEAD_MS = 0.040
 #: concurrency (median measured - predicted at 4 / 16 / 64 / 128 / 256 / 512 clients: -10 / +5 /
 #: +31 / +66 / +138 / +407 ms with a flat 40 ms front end), while vLLM 0.15-0.19 rows at low
 #: concurrency imply 10-20 ms. Both the benchmark client (``vllm bench serve``: one asyncio loop for
-#: all streams) and vLLM's API server (one process detokenising and sending every stream's tokens)
-#: do per-stream work on one core, which is where a new request waits. Dev rows, vLLM TTFT median
+#: all streams) and vLLM's API server (its output processor detokenises and sends every stream's
+#: tokens in the API-server process) do per-stream work on one core, which is where a new request
+#: waits; SGLang detokenises in a separate process, consistent with its rows not asking for it. Dev rows, vLLM TTFT median
 #: APE (within 20%) at (base ms, ms per stream): (40, 0) 18.9% (53.1%); (40, 0.3) 17.1%; (30, 0.5)
 #: 15.3%; (20, 0.7) 14.9% (60.2%); (15, 0.6) 14.3% (61.0%); (15, 0.7) 13.9% (60.5%); (10, 0.7)
 #: 14.6%; (10, 0.9) 14.9%; (5, 0.8) 17.7%; (0, 0.9) 20.8%; TPOT unchanged. TensorRT-LLM's and
