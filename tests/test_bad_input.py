@@ -327,6 +327,7 @@ def serve_argv(synth, *extra):
         (("--max-batch-size", "0"), "--max-batch-size must be a finite number >= 1"),
         (("--max-num-tokens", "-5"), "--max-num-tokens must be a finite number >= 1"),
         (("--front-end-ms", "nan"), "--front-end-ms must be a finite number >= 0.0"),
+        (("--front-end-per-stream-ms", "-1"), "--front-end-per-stream-ms must be a finite number >= 0.0"),
         (("--step-overhead-ms", "-1"), "--step-overhead-ms must be a finite number >= 0.0"),
         (("--requests-per-client", "0.5"), "--requests-per-client must be a finite number >= 1.0"),
     ],
@@ -349,6 +350,12 @@ def test_serve_scheduler_overrides_apply(synth, capsys):
     assert b["scheduler"]["max_batch_size"] == 64
     assert b["ttft_ms"] - a["ttft_ms"] == pytest.approx(20.0, rel=1e-9)
     assert b["tpot_ms"] == pytest.approx(a["tpot_ms"], rel=1e-12)
+    # 4 clients x 5 ms per open stream = the same 20 ms more
+    rc3, out3, _ = run_cli(capsys, serve_argv(synth, "--front-end-ms", "5", "--front-end-per-stream-ms", "5",
+                                              "--max-batch-size", "64"))
+    c = json.loads(out3)
+    assert rc3 == 0 and c["scheduler"]["front_end_per_stream_ms"] == 5.0
+    assert c["ttft_ms"] == pytest.approx(b["ttft_ms"], rel=1e-9)
 
 
 def test_serve_prefill_scheduling(synth, capsys):
