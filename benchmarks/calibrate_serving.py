@@ -1,6 +1,7 @@
 """Calibrate the serving model's named parameters on the DEV silicon rows only.
 
-    python -m benchmarks.calibrate_serving [--backend B] [--rpc ..] [--delay ..] [--overhead ..] [--seq-overhead ..] [--stride N]
+    python -m benchmarks.calibrate_serving [--backend B] [--rpc ..] [--delay ..] [--per-stream ..] [--overhead ..]
+                                           [--seq-overhead ..] [--stride N]
 
 Loads the dev fully specified rows, builds each row's estimator once, then evaluates the
 serving model under candidate scheduler parameters and prints median APE per backend. Only
@@ -74,6 +75,7 @@ def main():
     ap.add_argument("--stride", type=int, default=1)
     ap.add_argument("--rpc", default=None, help="requests_per_client values (default: the backend's)")
     ap.add_argument("--delay", default=None, help="arrival_delay_ms values (default: the backend's)")
+    ap.add_argument("--per-stream", default=None, help="front_end_per_stream_ms values (default: the backend's)")
     ap.add_argument("--overhead", default=None, help="step_overhead_ms values (default: the backend's)")
     ap.add_argument("--seq-overhead", default=None, help="seq_overhead_ms values (default: the backend's)")
     ap.add_argument("--backend", default=None, help="only rows of this backend")
@@ -82,14 +84,16 @@ def main():
     t0 = time.time()
     ready = [(r, e) for r, e in prepare(a.stride) if a.backend in (None, r.backend)]
     print(f"{len(ready)} rows ready in {time.time() - t0:.1f}s")
-    grid = [x.split(",") if x is not None else [None] for x in (a.rpc, a.delay, a.overhead, a.seq_overhead)]
-    for rpc, delay, ovh, seq in itertools.product(*grid):
+    grid = [x.split(",") if x is not None else [None] for x in (a.rpc, a.delay, a.per_stream, a.overhead, a.seq_overhead)]
+    for rpc, delay, stream, ovh, seq in itertools.product(*grid):
         t0 = time.time()
         ov = {}
         if rpc is not None:
             ov["requests_per_client"] = float(rpc)
         if delay is not None:
             ov["arrival_delay_ms"] = float(delay)
+        if stream is not None:
+            ov["front_end_per_stream_ms"] = float(stream)
         if ovh is not None:
             ov["step_overhead_ms"] = float(ovh)
         if seq is not None:
@@ -97,7 +101,7 @@ def main():
         if a.lockstep:
             ov["lockstep"] = a.lockstep == "yes"
         tab = evaluate(ready, {"*": ov})
-        show(f"rpc={rpc} delay={delay} ovh={ovh} seq={seq} ({time.time() - t0:.0f}s)", tab)
+        show(f"rpc={rpc} delay={delay} stream={stream} ovh={ovh} seq={seq} ({time.time() - t0:.0f}s)", tab)
 
 
 if __name__ == "__main__":
