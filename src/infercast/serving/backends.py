@@ -230,7 +230,9 @@ SGLANG_SEQ_OVERHEAD_MS = 0.040
 #: concurrency imply 10-20 ms. Both the benchmark client (``vllm bench serve``: one asyncio loop for
 #: all streams) and vLLM's API server (its output processor detokenises and sends every stream's
 #: tokens in the API-server process) do per-stream work on one core, which is where a new request
-#: waits; SGLang detokenises in a separate process, consistent with its rows not asking for it. Dev rows, vLLM TTFT median
+#: waits; SGLang detokenises in a separate process, consistent with its rows not asking for it.
+#: Disaggregated deployments sit behind their router (Dynamo's), so they take the base only (vLLM
+#: disagg dev rows, 5: TTFT median APE 55.2% with the per-stream term, 38.0% without). Dev rows, vLLM TTFT median
 #: APE (within 20%) at (base ms, ms per stream): (40, 0) 18.9% (53.1%); (40, 0.3) 17.1%; (30, 0.5)
 #: 15.3%; (20, 0.7) 14.9% (60.2%); (15, 0.6) 14.3% (61.0%); (15, 0.7) 13.9% (60.5%); (10, 0.7)
 #: 14.6%; (10, 0.9) 14.9%; (5, 0.8) 17.7%; (0, 0.9) 20.8%; TPOT unchanged. TensorRT-LLM's and

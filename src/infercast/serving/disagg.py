@@ -132,7 +132,9 @@ def solve_disagg(
     prefill_dp: int = 1,
 ) -> DisaggResult:
     C = float(concurrency)
-    params_prefill = params_prefill.for_streams(C)  # the deployment's front end serves every client
+    # a disaggregated deployment is fronted by its router (e.g. Dynamo's), not the engine's API
+    # server, whose per-stream work ``front_end_per_stream_ms`` stands for: the base time only
+    params_prefill = params_prefill.for_streams(0)
     # each attention-DP rank of a prefill worker prefills its own requests
     servers = max(prefill_workers * max(prefill_dp, 1), 1)
     tau = float(getattr(decode_engine, "tokens_per_step", 1.0))  # output tokens per decode step (MTP)
