@@ -413,6 +413,7 @@ def serve_disagg(
     GPUs' memory is refused (:class:`~infercast.serving.sim.DoesNotFitError`)."""
     from .serving.backends import scheduler_params
     from .serving.disagg import kv_transfer_ms, solve_disagg
+    from .serving.sim import DoesNotFitError
 
     for name, v in (("concurrency", concurrency), ("isl", isl), ("osl", osl), ("prefill_workers", prefill_workers),
                     ("decode_workers", decode_workers), ("prefill_batch", prefill_batch)):
@@ -427,8 +428,6 @@ def serve_disagg(
         # deployments run where it leaves no KV room (the capacities are reported, the CLI warns)
         why = one_request_misfit(est, tokens, strict=False)
         if why:
-            from .serving.sim import DoesNotFitError
-
             raise DoesNotFitError(f"a {role} worker cannot serve one request: {why}",
                                   "use more GPUs per worker or a smaller quant")
     pp = params_prefill or scheduler_params(prefill.data.backend, prefill.data.system, prefill.spec)

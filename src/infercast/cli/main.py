@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from ..errors import InfercastError
+from ..errors import InfercastError, InvalidInputError
 
 EXIT_USAGE = 2
 
@@ -46,7 +46,6 @@ def _add_model_args(p: argparse.ArgumentParser, parallel: bool = True) -> None:
 def _estimator(a, prefix: str = ""):
     """The Estimator of the parsed flags; ``prefix`` picks the ``--<prefix>-tp`` ... layout flags."""
     from ..api import Estimator
-    from ..errors import InvalidInputError
 
     def par(name):
         return getattr(a, f"{prefix}_{name}" if prefix else name)
@@ -80,8 +79,6 @@ def cmd_estimate(a) -> int:
         try:
             Path(a.plan_out).write_text(est.plan.to_json())
         except OSError as exc:
-            from ..errors import InvalidInputError
-
             raise InvalidInputError(f"cannot write --plan-out {a.plan_out}", exc.strerror or str(exc)) from exc
     if a.json:
         print(json.dumps(res.to_dict(), indent=1, default=str))
@@ -110,8 +107,6 @@ SCHEDULER_FLAGS = {
 def _scheduler_overrides(a) -> dict:
     import math
 
-    from ..errors import InvalidInputError
-
     out = {}
     for flag, (field, kind, lo, _) in SCHEDULER_FLAGS.items():
         v = getattr(a, flag, None)
@@ -127,7 +122,6 @@ def cmd_serve(a) -> int:
     from dataclasses import asdict, replace
 
     from ..api import serve_agg_replica
-    from ..errors import InvalidInputError
     from ..serving.backends import scheduler_params
 
     for name in ("concurrency", "isl", "osl"):
@@ -164,7 +158,6 @@ def cmd_serve_disagg(a) -> int:
     from dataclasses import asdict
 
     from ..api import serve_disagg
-    from ..errors import InvalidInputError
     from ..serving.backends import scheduler_params
 
     for name in ("concurrency", "isl", "osl", "prefill_workers", "decode_workers", "prefill_batch"):
@@ -188,7 +181,6 @@ def cmd_serve_disagg(a) -> int:
 def cmd_search(a) -> int:
     from dataclasses import asdict
 
-    from ..errors import InvalidInputError
     from ..search import search_agg, search_disagg
 
     conc = None

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..interp.provenance import Prov
 from ..models.plan import Plan, PlanOp
-from ..ops.attention import resolve_context_attention, resolve_generation_attention, with_prefix
+from ..ops.attention import prefixed_context, resolve_context_attention, resolve_generation_attention
 from ..ops.base import OpDB, Resolved
 
 GRID_KINDS = ("gemm", "moe", "allreduce", "allgather", "reduce_scatter", "alltoall", "moe_dispatch")
@@ -162,11 +162,7 @@ class CompiledEngine:
         if c.op.kind in STATEFUL_KINDS:
             v, pr = c.resolved[0].grid(b, isl, refuse=True)
         else:
-            v, pr = c.resolved[0].grid(b, isl + prefix, refuse=True)
-            if np.any(prefix > 0):
-                alone, pa = c.resolved[0].grid(b, isl, refuse=True)
-                v = with_prefix(v, alone, isl, prefix)
-                pr = np.maximum(pr, np.where(prefix > 0, pa, pr)).astype(np.int8)
+            v, pr = prefixed_context(c.resolved[0].grid, b, isl, prefix)
         return np.where(active, v * c.op.count, 0.0), pr
 
     def _generation_attention(self, c: CompiledOp, batch, kv_len):

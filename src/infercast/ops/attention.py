@@ -399,3 +399,14 @@ def with_prefix(full, alone, isl, prefix):
     prompt on a 64-token prefix is not cheaper than the 16 tokens alone."""
     prefix = np.asarray(prefix, dtype=float)
     return np.where(prefix > 0, np.maximum(full * prefix_fraction(isl, prefix), alone), full)
+
+
+def prefixed_context(grid, batch, isl, prefix):
+    """``(latency, provenance)`` of ``batch`` x ``isl`` new tokens on ``prefix`` cached ones from a
+    context grid over ``(batch, length)`` (:func:`with_prefix`; the grid refuses beyond its gate)."""
+    v, p = grid(batch, isl + prefix, refuse=True)
+    if np.any(prefix > 0):
+        alone, pa = grid(batch, isl, refuse=True)
+        v = with_prefix(v, alone, isl, prefix)
+        p = np.maximum(p, np.where(prefix > 0, pa, p))
+    return v, p

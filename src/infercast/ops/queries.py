@@ -19,7 +19,7 @@ import numpy as np
 
 from ..data.database import PerfData
 from ..interp.provenance import Prov
-from .attention import resolve_context_attention, resolve_generation_attention, with_prefix
+from .attention import prefixed_context, resolve_context_attention, resolve_generation_attention
 from .base import DatabaseMode, OpDB, Resolved, check_positive
 from .comm import resolve_collective
 from .gemm import resolve_gemm
@@ -92,11 +92,7 @@ class PerfDB:
             fn = resolve_context_attention if phase == "context" else resolve_generation_attention
             r = self._site((phase, *args), lambda: fn(self.db, *args))
             if phase == "context":
-                v, p = r.grid(b[sel], L[sel] + pre[sel], refuse=True)
-                if np.any(pre[sel] > 0):
-                    alone, pa = r.grid(b[sel], L[sel], refuse=True)
-                    v = with_prefix(v, alone, L[sel], pre[sel])
-                    p = np.maximum(p, np.where(pre[sel] > 0, pa, p))
+                v, p = prefixed_context(r.grid, b[sel], L[sel], pre[sel])
             else:
                 v, p = r.grid(b[sel], np.maximum(L[sel] - 1.0, 1.0), refuse=True)
             return v, p, {"heads": int(site["heads"]), "kv_heads": int(site["kv"]), **r.describe()}

@@ -199,7 +199,7 @@ def solve_disagg(
             break
         ttft, d = 0.5 * (ttft + ttft_new), 0.5 * (d + d_new)
     step = _decode_step(decode_engine, params_decode, max(d, 1.0), kv)
-    tpot = (out_steps * step + transfer_ms) / max(osl - 1, 1) if osl > 1 else 0.0
+    tpot = (out_steps * step + transfer_ms) / max(osl - 1, 1)  # 0 with one output token (both 0 above)
     # first wave: C prompts at once over the prefill workers
     per_worker = C / servers
     kf = min(batch_cap, max(per_step, math.ceil(per_worker)))
