@@ -364,3 +364,28 @@ def test_trtllm_gemm_site_short_of_its_siblings_is_extended(real_pack_available)
     assert p[0] == Prov.EXACT and p[1] == Prov.HELD
     # this shape streams its activations (m x k): twice the rows take about twice as long
     assert 1.5 < v[1] / v[0] < 2.5
+
+
+def test_validate_gpu_count_row_takes_the_best_deployment_of_its_gpus(real_pack_available):
+    """A gb200 DeepSeek-R1 row whose TP column (36) counts GPUs is predicted as the best
+    deployment of exactly 36 GPUs at its concurrency, and says so; the static model refuses it."""
+    import re
+
+    from infercast.validate.cli import default_silicon_csv, make_predictor
+    from infercast.validate.report import run_validation
+    from infercast.validate.silicon import load_rows
+
+    rid = "2026_04_06_deepseek_r1_gb200_trtllm_fp4_agg_1024x1024_c4_tp36_ep1_18"
+    rows = [r for r in load_rows(default_silicon_csv()) if r.id == rid]
+    assert len(rows) == 1 and rows[0].worker.tp == 36
+    (res,) = run_validation(rows, make_predictor("serving"))
+    assert res.error is None and 0 < res.ttft_ms < 1e4 and 0 < res.tpot_ms < 100
+    assert "tp 36 is no TP degree: the best of" in res.note and "deployments of 36 GPUs at c4" in res.note
+    layout = res.note.rsplit(", ", 1)[-1]
+    gpus = 0
+    for count, lay in re.findall(r"(\d+)x(\S+)", layout) or [(1, layout)]:
+        dims = dict(re.findall(r"(tp|pp|dp)(\d+)", lay))
+        gpus += int(count) * int(dims.get("tp", 1)) * int(dims.get("pp", 1)) * int(dims.get("dp", 1))
+    assert gpus == 36, layout
+    (static,) = run_validation(rows, make_predictor("static"))
+    assert static.error is not None and "not a power of two" in static.error

@@ -49,6 +49,14 @@ def test_layout_space_dense_and_moe(synth, real_pack_available):
     for want in ("tp8", "tp8-ep8", "tp1-dp8-ep8", "tp4-pp2", "tp1-dp2-ep2"):
         assert want in labels
     assert Layout(tp=1, attention_dp=8, moe_tp=1, moe_ep=8).gpus == 8
+    # tensor parallelism stays within the NVLink domain: a node, or the rack of an NVL72 system
+    assert "tp16" not in [lay.label for lay in layouts(moe, 16, 8)[0]]
+    assert {"tp16", "tp16-ep16", "tp1-dp16-ep16"} <= {lay.label for lay in layouts(moe, 16, 72)[0]}
+    from infercast.data.pack import find_pack
+    from infercast.data.system import load_system
+
+    assert load_system(find_pack(), "gb200").node.nvlink_gpus == 72
+    assert load_system(find_pack(), "h200_sxm").node.nvlink_gpus == 8
     with pytest.raises(InvalidInputError):
         layouts(dense, 0, 8)
 
@@ -129,3 +137,52 @@ def test_search_cli_both_modes(synth, capsys):
     assert best == max(d[m]["best"]["tokens_per_s_per_gpu"] for m in ("agg", "disagg"))
     assert main(_search_argv(synth, "--mode", "both", "--max-gpus", "4")) == 0
     assert "best overall:" in capsys.readouterr().out
+
+
+def test_fixed_gpu_search_on_the_synthetic_pack(synth):
+    """Every deployment of exactly 6 GPUs at 5 clients: 6 x tp1 and 3 x tp2 replicas (tp4 and tp8 do
+    not divide 6; the pipeline layouts of 2 GPUs do), and every prefill/decode split that adds up.
+    A replica count's latencies are one replica's at ceil(5 / replicas) clients."""
+    from infercast.api import Estimator, serve_agg_replica
+    from infercast.search import DisaggCandidate, search_fixed
+
+    r = search_fixed(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, gpus=6, concurrencies=[5], systems_path=synth.systems_dir)
+    assert r.max_gpus == 6 and all(c.gpus == 6 and c.concurrency == 5 for c in r.candidates)
+    agg = {c.layout: c for c in r.candidates if not isinstance(c, DisaggCandidate)}
+    assert set(agg) == {"6xtp1", "3xtp2", "3xtp1-pp2"}
+    g = {"tp1": 1, "tp2": 2, "tp4": 4}
+    splits = {(c.prefill_layout, c.prefill_workers, c.decode_layout, c.decode_workers)
+              for c in r.candidates if isinstance(c, DisaggCandidate)}
+    want = {(pl, pw, dl, (6 - pw * g[pl]) // g[dl]) for pl in g for dl in g for pw in range(1, 6)
+            if 6 - pw * g[pl] >= g[dl] and (6 - pw * g[pl]) % g[dl] == 0}
+    assert splits == want and ("tp4", 1, "tp2", 1) in splits and ("tp2", 1, "tp4", 1) in splits
+    est = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", tp=2, systems_path=synth.systems_dir)
+    one, _ = serve_agg_replica(est, 2, 128, 8)  # 3 replicas, 5 clients: the busiest holds 2
+    assert agg["3xtp2"].ttft_ms == one.ttft_ms and agg["3xtp2"].tpot_ms == one.tpot_ms
+    assert agg["3xtp2"].tokens_per_s_per_gpu == pytest.approx(one.tokens_per_s_per_gpu * 5 / 6)
+    assert r.candidates[r.best].tokens_per_s_per_gpu == max(c.tokens_per_s_per_gpu for c in r.candidates)
+    one_gpu = search_fixed(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, gpus=1, concurrencies=[5], systems_path=synth.systems_dir)
+    assert [c.layout for c in one_gpu.candidates] == ["tp1"]  # one GPU cannot split into two pools
+    with pytest.raises(InvalidInputError, match="gpus must be a positive number"):
+        search_fixed(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, gpus=0, concurrencies=[5], systems_path=synth.systems_dir)
+
+
+def test_search_cli_fixed_gpus(synth, capsys):
+    assert main(_search_argv(synth, "--gpus", "6", "--json", "--all")) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["mode"] == "fixed" and d["max_gpus"] == 6 and d["best"] is not None
+    assert d["candidates"] and all(c["gpus"] == 6 for c in d["candidates"]) and {1, 4} == {c["concurrency"] for c in d["candidates"]}
+    assert main(_search_argv(synth, "--gpus", "6")) == 0
+    assert "exactly 6 GPUs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (("--mode", "fixed"), "--mode fixed needs --gpus N"),
+    (("--gpus", "6", "--mode", "disagg"), "--gpus fixes the GPU count, which --mode disagg does not"),
+    (("--gpus", "6", "--max-gpus", "8"), "--mode fixed uses exactly --gpus GPUs"),
+    (("--gpus", "0"), "gpus must be a positive number"),
+])
+def test_search_cli_fixed_gpus_bad_input(synth, capsys, extra, needle):
+    rc = main(_search_argv(synth, *extra))
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("infercast: error: ") and needle in err and "Traceback" not in err

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infercast.validate.predict import _product_layout, _width_rule
+from infercast.validate.predict import _product_layout, _width_rule, gpu_count
 from infercast.validate.silicon import SiliconRow, WorkerSpec
 
 
@@ -81,3 +81,20 @@ def test_gemm_decode_ratio_helpers() -> None:
     assert gemm_ops._median_ratio(a, {}) is None
     big = gemm_ops._decode_latencies(slow, mask, 2**25)
     assert all(key[0] * key[1] >= 2**25 for key in big) and len(big) == 15
+
+
+@pytest.mark.parametrize(("cols", "mode", "want"), [
+    ((36, 1, 1), "agg", 36),     # no backend shards by 36: a GPU count
+    ((72, 1, 1), "agg", 72),
+    ((20, 1, 1), "agg", 20),
+    ((32, 1, 1), "agg", None),   # a power of two is a TP degree, taken as the row says
+    ((8, 1, 1), "agg", None),
+    ((1, 1, 1), "agg", None),
+    ((6, 2, 1), "agg", None),    # pipeline stages or attention DP: not the GPU-count signature
+    ((6, 1, 2), "agg", None),
+    ((36, 1, 1), "disagg", None),
+])
+def test_gpu_count_rows(cols, mode, want) -> None:
+    tp, pp, dp = cols
+    w = WorkerSpec(batch_size=4, tp=tp, pp=pp, attention_dp=dp, moe_tp=tp, moe_ep=1)
+    assert gpu_count(_row("2026_04_06_x_gb200_trtllm_fp4_agg_1024x1024_c4_tp36_ep1_1", w, mode)) == want

@@ -114,7 +114,8 @@ class Estimator:
         spec = replace(spec, quant=quant)
         par = ParallelConfig(_int("--tp", tp), _int("--pp", pp), _int("--attention-dp", attention_dp),
                              None if moe_tp is None else _int("--moe-tp", moe_tp), None if moe_ep is None else _int("--moe-ep", moe_ep))
-        self.db = OpDB(self.data, mode)
+        self.db = OpDB.shared(self.data, mode)
+        self.data = self.db.data
         if par.attention_dp > 1 and par.ep > 1 and spec.moe is not None:
             par.check(spec)
             m = spec.moe
@@ -135,7 +136,8 @@ class Estimator:
         self = cls.__new__(cls)
         self.data = PerfData.open(system, backend, backend_version, systems_path)
         self.plan = plan
-        self.db = OpDB(self.data, DatabaseMode.parse(database_mode))
+        self.db = OpDB.shared(self.data, DatabaseMode.parse(database_mode))
+        self.data = self.db.data
         self.engine = CompiledEngine(plan, self.db)
         self.backend = backend_defaults(backend)
         self.memory = memory_breakdown(plan.model, plan.parallel, self.data.system, self.backend,

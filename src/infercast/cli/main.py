@@ -181,7 +181,7 @@ def cmd_serve_disagg(a) -> int:
 def cmd_search(a) -> int:
     from dataclasses import asdict
 
-    from ..search import search_agg, search_disagg
+    from ..search import search_agg, search_disagg, search_fixed
 
     conc = None
     if a.concurrency:
@@ -191,23 +191,34 @@ def cmd_search(a) -> int:
             raise InvalidInputError(f"--concurrency must be comma-separated integers, got {a.concurrency!r}") from None
     if a.top < 1:
         raise InvalidInputError(f"--top must be >= 1, got {a.top}")
+    mode = a.mode or ("fixed" if a.gpus is not None else "agg")
+    if mode == "fixed" and a.gpus is None:
+        raise InvalidInputError("--mode fixed needs --gpus N: the number of GPUs every deployment uses")
+    if mode != "fixed" and a.gpus is not None:
+        raise InvalidInputError(f"--gpus fixes the GPU count, which --mode {mode} does not: use --mode fixed, "
+                                "or --max-gpus for a budget")
+    if mode == "fixed" and a.max_gpus is not None:
+        raise InvalidInputError("--mode fixed uses exactly --gpus GPUs: drop --max-gpus")
     kw = dict(max_gpus=a.max_gpus, concurrencies=conc, ttft_max_ms=a.ttft_ms, tpot_max_ms=a.tpot_ms,
               backend_version=a.backend_version, systems_path=a.systems_path, moe_quant=a.moe_quant,
               gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
               nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, database_mode=a.database_mode)
+    if mode == "fixed":
+        kw.pop("max_gpus")
+        kw["gpus"] = a.gpus
     outs = {}
-    for mode, fn in (("agg", search_agg), ("disagg", search_disagg)):
-        if a.mode in (mode, "both"):
+    for m, fn in (("agg", search_agg), ("disagg", search_disagg), ("fixed", search_fixed)):
+        if mode in (m, "both") and not (m == "fixed" and mode == "both"):
             res = fn(a.model, a.system, a.backend, a.isl, a.osl, **kw)
             out = res.to_dict()
             if not a.all:
                 out.pop("candidates")
-            out["mode"] = mode
+            out["mode"] = m
             out["top"] = [asdict(c) for c in sorted((c for c in res.candidates if c.meets_targets),
                                                     key=lambda c: -c.tokens_per_s_per_gpu)[:a.top]]
-            outs[mode] = out
-    if a.mode != "both":
-        return _emit(a, outs[a.mode], "print_search")
+            outs[m] = out
+    if mode != "both":
+        return _emit(a, outs[mode], "print_search")
     bests = {m: o["best"] for m, o in outs.items() if o["best"] is not None}
     outs["best_mode"] = max(bests, key=lambda m: bests[m]["tokens_per_s_per_gpu"]) if bests else None
     return _emit(a, outs, "print_search_both")
@@ -327,14 +338,17 @@ def build_parser() -> argparse.ArgumentParser:
     sd.add_argument("--json", action="store_true")
     sd.set_defaults(func=cmd_serve_disagg)
 
-    se = sub.add_parser("search", help="search aggregated deployments (layouts x concurrency) under latency targets")
+    se = sub.add_parser("search", help="search deployments (layouts x concurrency; agg, disagg or a fixed GPU count) under latency targets")
     _add_model_args(se, parallel=False)
     se.add_argument("--isl", type=int, required=True)
     se.add_argument("--osl", type=int, required=True)
-    se.add_argument("--mode", choices=("agg", "disagg", "both"), default="agg",
-                    help="aggregated replicas, disaggregated prefill/decode workers, or both (default agg)")
+    se.add_argument("--mode", choices=("agg", "disagg", "both", "fixed"), default=None,
+                    help="aggregated replicas, disaggregated prefill/decode workers, both, or every deployment of "
+                         "exactly --gpus GPUs (default agg; fixed with --gpus)")
     se.add_argument("--max-gpus", type=int, default=None,
                     help="GPUs at most: per replica (agg, default one node) or in all (disagg, default two nodes)")
+    se.add_argument("--gpus", type=int, default=None,
+                    help="exactly this many GPUs: agg replicas and disagg splits that use them all (--mode fixed)")
     se.add_argument("--ttft-ms", type=float, default=None, help="target: mean TTFT at most this (ms)")
     se.add_argument("--tpot-ms", type=float, default=None, help="target: mean TPOT at most this (ms)")
     se.add_argument("--concurrency", default=None, help="comma-separated clients per replica (default: 1, 2, 4, ..., 1024)")

@@ -55,6 +55,13 @@ class NodeSpec:
     p2p_latency_s: float
     inter_rack_latency_s: float | None
 
+    @property
+    def nvlink_gpus(self) -> int:
+        """GPUs one NVLink domain joins: the rack on rack-scale systems (GB200 / GB300 NVL72,
+        whose specs give ``num_gpus_per_rack``), else the node. Tensor parallelism and workers
+        of a deployment stay within it."""
+        return self.gpus_per_rack or self.gpus_per_node
+
     def bandwidth_for_group(self, group: int) -> tuple[float, str]:
         """Per-GPU one-direction bandwidth for a collective over ``group`` GPUs, and its tier."""
         if group <= self.gpus_per_node:

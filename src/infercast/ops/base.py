@@ -146,6 +146,22 @@ class OpDB:
             self._cache[key] = build()
         return self._cache[key]
 
+    @classmethod
+    def shared(cls, data: PerfData, mode: DatabaseMode = DatabaseMode.SILICON) -> OpDB:
+        """One OpDB per (pack, system, backend, data version, mode) in this process, so that
+        estimators of different parallel layouts build each table's site curves once (a search
+        builds tens of them: 20 DeepSeek-R1 layouts on gb200 took 9.5 s, most of it the same
+        lattices again). Everything it memoises is keyed by what it depends on."""
+        key = (str(data.pack.systems_dir), data.system.name, str(data.system.data_dir), data.backend, data.version, mode)
+        db = _SHARED.get(key)
+        if db is None:
+            db = _SHARED[key] = cls(data, mode)
+        return db
+
+
+#: :meth:`OpDB.shared`'s instances
+_SHARED: dict[tuple, OpDB] = {}
+
 
 def sol_resolved(axes: tuple, sol_fn, scales: tuple[str, ...] = (), notes: tuple[str, ...] = ()) -> Resolved:
     """SOL mode: the roofline on ``axes`` (1 or 2 curve axes), every cell marked ``sol``."""

@@ -169,9 +169,11 @@ def print_search(d: dict) -> None:
     c = _console(min_width=140)  # ten columns: wider than a default terminal
     targets = ", ".join(t for t in (f"TTFT <= {d['ttft_max_ms']:g} ms" if d["ttft_max_ms"] else "",
                                     f"TPOT <= {d['tpot_max_ms']:g} ms" if d["tpot_max_ms"] else "") if t) or "none"
-    scope = "per replica" if d.get("mode", "agg") == "agg" else "in all (disaggregated)"
+    mode = d.get("mode", "agg")
+    scope = {"agg": f"up to {d['max_gpus']} GPUs per replica", "fixed": f"exactly {d['max_gpus']} GPUs (agg replicas "
+             "or disaggregated workers)"}.get(mode, f"up to {d['max_gpus']} GPUs in all (disaggregated)")
     c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d['backend_version']} · isl {d['isl']} osl {d['osl']} · "
-            f"up to {d['max_gpus']} GPUs {scope} · targets: {targets}[/bold]")
+            f"{scope} · targets: {targets}[/bold]")
 
     def table(title, rows):
         t = Table(title=title, show_header=True, header_style="bold")
@@ -185,8 +187,11 @@ def print_search(d: dict) -> None:
 
     if not d["frontier"]:
         why = " (reasons below)" if d.get("skipped") else ""
-        c.print(f"[yellow]no layout of up to {d['max_gpus']} GPUs could serve this workload{why}; "
-                f"allow more GPUs with --max-gpus[/yellow]")
+        if mode == "fixed":
+            c.print(f"[yellow]no deployment of exactly {d['max_gpus']} GPUs could serve this workload{why}[/yellow]")
+        else:
+            c.print(f"[yellow]no layout of up to {d['max_gpus']} GPUs could serve this workload{why}; "
+                    f"allow more GPUs with --max-gpus[/yellow]")
     else:
         table("Pareto frontier (tokens/s/user vs tokens/s/GPU)", d["frontier"])
     if d["top"]:
@@ -195,7 +200,7 @@ def print_search(d: dict) -> None:
     if best is None:
         c.print("[yellow]no evaluated deployment meets the targets[/yellow]")
     else:
-        unit = "per replica" if d.get("mode", "agg") == "agg" else "in all"
+        unit = "per replica" if mode == "agg" else "in all"
         c.print(f"recommended: [bold]{best['layout']}[/bold] ({best['gpus']} GPUs {unit}) at {best['concurrency']} "
                 f"clients {unit}: TTFT {best['ttft_ms']:.1f} ms, TPOT {best['tpot_ms']:.2f} ms, "
                 f"{best['tokens_per_s_per_gpu']:.1f} tokens/s/GPU, {best['tokens_per_s_per_user']:.1f} tokens/s/user")

@@ -105,29 +105,32 @@ def search_agg(
     node = base.data.system.node
     res.max_gpus = node.gpus_per_node if max_gpus is None else int(_positive("max_gpus", max_gpus, int))
     params = scheduler_params(backend, base.data.system, base.spec)
-    for lay, est in _estimators(res, base, model, layouts(base.spec, res.max_gpus, node.gpus_per_node),
+    for lay, est in _estimators(res, base, model, layouts(base.spec, res.max_gpus, node.nvlink_gpus),
                                 backend_version, systems_path, estimator_kw).items():
         _evaluate(res, est, lay, conc, params)
     return _finish(res)
 
 
 def _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version, systems_path,
-           estimator_kw):
-    """Checked inputs: (concurrency grid, the TP1 estimator, an empty result)."""
+           estimator_kw, make=None):
+    """Checked inputs: (concurrency grid, the TP1 estimator (``make(Layout())`` if given), an
+    empty result)."""
     from ..api import Estimator
 
     isl, osl = int(_positive("isl", isl, int)), int(_positive("osl", osl, int))
     ttft_max_ms = _positive("ttft target", ttft_max_ms)
     tpot_max_ms = _positive("tpot target", tpot_max_ms)
     conc = sorted({int(_positive("concurrency", c, int)) for c in (concurrencies or powers_of_two(DEFAULT_MAX_CONCURRENCY))})
-    base = Estimator(model, system, backend, backend_version, systems_path=systems_path, **estimator_kw)
+    base = make(Layout()) if make is not None else Estimator(model, system, backend, backend_version,
+                                                             systems_path=systems_path, **estimator_kw)
     return conc, base, SearchResult(base.spec.model_id, system, backend, base.version, isl, osl, 0, ttft_max_ms, tpot_max_ms)
 
 
 def _estimators(res: SearchResult, base, model, space, backend_version, systems_path, estimator_kw,
-                keep=lambda lay: True) -> dict:
-    """An estimator per layout of ``space`` (= :func:`layouts`'s answer) that ``keep`` accepts;
-    the rest and those that cannot be built go to ``res.skipped``."""
+                keep=lambda lay: True, make=None) -> dict:
+    """An estimator per layout of ``space`` (= :func:`layouts`'s answer) that ``keep`` accepts,
+    built by ``make(layout)`` if given; the rest and those that cannot be built go to
+    ``res.skipped``."""
     from ..api import Estimator
 
     lays, skipped = space
@@ -135,7 +138,7 @@ def _estimators(res: SearchResult, base, model, space, backend_version, systems_
     out = {}
     for lay in filter(keep, lays):
         try:
-            out[lay] = base if lay == Layout() else Estimator(
+            out[lay] = make(lay) if make is not None else base if lay == Layout() else Estimator(
                 model, res.system, res.backend, backend_version,
                 lay.tp, lay.pp, attention_dp=lay.attention_dp, moe_tp=lay.moe_tp, moe_ep=lay.moe_ep,
                 systems_path=systems_path, **estimator_kw)
@@ -210,29 +213,19 @@ def search_disagg(
     **estimator_kw,
 ) -> SearchResult:
     """Disaggregated deployments of at most ``max_gpus`` GPUs in all (default: two nodes): a
-    prefill layout and a decode layout (each within one node, without pipeline stages) times up
+    prefill layout and a decode layout (each within one NVLink domain -- a node, or the rack of a
+    GB200 / GB300 NVL72 system -- without pipeline stages) times up
     to ``max_workers`` workers of each, at each concurrency (clients of the whole deployment),
     through :func:`infercast.api.serve_disagg`. A deployment whose decode ranks would run more
     requests than their KV cache holds (:mod:`infercast.serving.memory`) is skipped."""
-    from ..api import one_request_misfit, serve_disagg
-
     max_workers = int(_positive("max_workers", max_workers, int))
     conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
                              systems_path, estimator_kw)
-    isl, osl = res.isl, res.osl
     node = base.data.system.node
     total = res.max_gpus = 2 * node.gpus_per_node if max_gpus is None else int(_positive("max_gpus", max_gpus, int))
-    space = layouts(base.spec, min(total, node.gpus_per_node), node.gpus_per_node)
-    ests = _estimators(res, base, model, space, backend_version, systems_path, estimator_kw, keep=lambda lay: lay.pp == 1)
-    roles = {}
-    for role, tokens in (("prefill", isl), ("decode", isl + osl)):
-        roles[role] = {}
-        for lay, e in ests.items():
-            why = one_request_misfit(e, tokens)
-            if why:
-                res.skipped[f"{role} {lay.label}"] = f"does not fit: {why}"
-            else:
-                roles[role][lay] = e
+    space = layouts(base.spec, min(total, node.nvlink_gpus), node.nvlink_gpus)
+    roles = _roles(res, _estimators(res, base, model, space, backend_version, systems_path, estimator_kw,
+                                    keep=lambda lay: lay.pp == 1))
     for pl, pe in roles["prefill"].items():
         for dl, de in roles["decode"].items():
             counts = _worker_counts(pe.gpus, de.gpus, total, max_workers)
@@ -240,20 +233,49 @@ def search_disagg(
                 res.skipped[f"P {pl.label} D {dl.label}"] = (
                     f"one prefill worker ({pe.gpus} GPUs) and one decode worker ({de.gpus}) exceed {total} GPUs")
             for pw, dw in counts:
-                label = f"P{pw}x{pl.label} D{dw}x{dl.label}"
                 for c in conc:
-                    try:
-                        r = serve_disagg(pe, de, concurrency=c, isl=isl, osl=osl, prefill_workers=pw, decode_workers=dw)
-                    except InfercastError as exc:
-                        res.skipped[f"{label}@c{c}"] = str(exc)
-                        continue
-                    if r.decode_kv_capacity is not None and r.decode_batch > r.decode_kv_capacity:
-                        res.skipped[f"{label}@c{c}"] = (f"a decode rank would run {r.decode_batch:.0f} requests; its KV "
-                                                        f"cache holds {r.decode_kv_capacity:.0f} of {isl}+{osl} tokens")
+                    if not _evaluate_disagg(res, pl, pe, pw, dl, de, dw, c):
                         break  # more clients only grow the decode batch
-                    res.candidates.append(DisaggCandidate(
-                        *_fields(res, label, de, pw * pe.gpus + dw * de.gpus, c, r, f"prefill util {r.prefill_utilisation:.2f}"),
-                        prefill_layout=pl.label, prefill_workers=pw, decode_layout=dl.label, decode_workers=dw,
-                        prefill_utilisation=r.prefill_utilisation,
-                    ))
     return _finish(res)
+
+
+def _roles(res: SearchResult, ests: dict) -> dict[str, dict]:
+    """{"prefill" | "decode": {layout: estimator}}: the layouts one request fits on in that role
+    (a prompt of ``isl`` tokens; ``isl + osl`` for decode); the others go to ``res.skipped``."""
+    from ..api import one_request_misfit
+
+    roles: dict[str, dict] = {}
+    for role, tokens in (("prefill", res.isl), ("decode", res.isl + res.osl)):
+        roles[role] = {}
+        for lay, e in ests.items():
+            why = one_request_misfit(e, tokens)
+            if why:
+                res.skipped[f"{role} {lay.label}"] = f"does not fit: {why}"
+            else:
+                roles[role][lay] = e
+    return roles
+
+
+def _evaluate_disagg(res: SearchResult, pl: Layout, pe, pw: int, dl: Layout, de, dw: int, c: int, params=None) -> bool:
+    """Add ``pw`` prefill workers of ``pl`` and ``dw`` decode workers of ``dl`` at ``c`` clients to
+    ``res``; False when the decode ranks' KV cache cannot hold their batch (more clients would not
+    fit either). ``params``: one scheduler for both roles (default: the backend's)."""
+    from ..api import serve_disagg
+
+    label = f"P{pw}x{pl.label} D{dw}x{dl.label}"
+    try:
+        r = serve_disagg(pe, de, concurrency=c, isl=res.isl, osl=res.osl, prefill_workers=pw, decode_workers=dw,
+                         params_prefill=params, params_decode=params)
+    except InfercastError as exc:
+        res.skipped[f"{label}@c{c}"] = str(exc)
+        return True
+    if r.decode_kv_capacity is not None and r.decode_batch > r.decode_kv_capacity:
+        res.skipped[f"{label}@c{c}"] = (f"a decode rank would run {r.decode_batch:.0f} requests; its KV "
+                                        f"cache holds {r.decode_kv_capacity:.0f} of {res.isl}+{res.osl} tokens")
+        return False
+    res.candidates.append(DisaggCandidate(
+        *_fields(res, label, de, pw * pe.gpus + dw * de.gpus, c, r, f"prefill util {r.prefill_utilisation:.2f}"),
+        prefill_layout=pl.label, prefill_workers=pw, decode_layout=dl.label, decode_workers=dw,
+        prefill_utilisation=r.prefill_utilisation,
+    ))
+    return True

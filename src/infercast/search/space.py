@@ -1,7 +1,8 @@
 """The deployments a search considers: parallel layouts of one engine replica.
 
 Serving backends shard by powers of two, so every degree is one. For a dense model a layout is
-``tp`` (within a node: tensor parallelism across nodes is not what the field deploys) times
+``tp`` (within one NVLink domain -- a node, or the rack of a GB200 / GB300 NVL72 system: tensor
+parallelism over a slower network is not what the field deploys) times
 ``pp`` pipeline stages. For an MoE model, at each width ``w`` (the GPUs of one stage) three
 layouts cover what the backends' recipes run: attention and experts both tensor-parallel
 (``tp=w``), tensor-parallel attention with expert parallelism (``tp=w, moe_ep=w``), and data-parallel
@@ -58,14 +59,15 @@ def powers_of_two(limit: int) -> list[int]:
     return out
 
 
-def layouts(spec: ModelSpec, max_gpus: int, gpus_per_node: int) -> tuple[list[Layout], dict[str, str]]:
-    """(the layouts of at most ``max_gpus`` GPUs that shard ``spec``, {label: why not} for the rest)."""
+def layouts(spec: ModelSpec, max_gpus: int, tp_gpus: int) -> tuple[list[Layout], dict[str, str]]:
+    """(the layouts of at most ``max_gpus`` GPUs that shard ``spec``, {label: why not} for the rest);
+    a tensor-parallel group spans at most ``tp_gpus`` (the NVLink domain, ``NodeSpec.nvlink_gpus``)."""
     if not isinstance(max_gpus, int) or max_gpus < 1:
         raise InvalidInputError(f"max_gpus must be a positive integer, got {max_gpus!r}")
     cand: list[Layout] = []
     for w in powers_of_two(max_gpus):
         stage = []
-        if w <= gpus_per_node:
+        if w <= tp_gpus:
             stage.append(Layout(tp=w))
             if spec.moe is not None and w > 1:
                 stage.append(Layout(tp=w, moe_tp=1, moe_ep=w))

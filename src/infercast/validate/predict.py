@@ -104,20 +104,26 @@ class EstimatorCache:
 
     def get(self, row: SiliconRow, w) -> Estimator:
         """The estimator for a row's model/system/backend and one worker's parallelism ``w``."""
+        w = _width_rule(_product_layout(row, w, self._gpus_per_node(row.system)))
+        moe_tp, moe_ep = _moe_layout(w)
+        return self.for_layout(row, w.tp, w.pp, w.attention_dp, moe_tp, moe_ep)
+
+    def for_layout(self, row: SiliconRow, tp: int = 1, pp: int = 1, attention_dp: int = 1, moe_tp: int | None = None,
+                   moe_ep: int | None = None) -> Estimator:
+        """The estimator for a row's model/system/backend on the parallel layout given as is
+        (none of the row's column rules; e.g. a search's layout)."""
         model, gemm_q, moe_q = self.checkpoint(row)
         kv = _kv_quant(row)
-        w = _width_rule(_product_layout(row, w, self._gpus_per_node(row.system)))
         nextn = self.nextn_for(row, model)
-        key = (model, row.system, row.backend, gemm_q, moe_q, kv, nextn, w.tp, w.pp, w.attention_dp, w.moe_tp, w.moe_ep)
+        key = (model, row.system, row.backend, gemm_q, moe_q, kv, nextn, tp, pp, attention_dp, moe_tp, moe_ep)
         hit = self._cache.get(key)
         if isinstance(hit, InfercastError):
             raise hit
         if hit is None:
             try:
-                moe_tp, moe_ep = _moe_layout(w)
                 hit = Estimator(
-                    model, row.system, row.backend, None, w.tp, w.pp,
-                    attention_dp=w.attention_dp, moe_tp=moe_tp, moe_ep=moe_ep,
+                    model, row.system, row.backend, None, tp, pp,
+                    attention_dp=attention_dp, moe_tp=moe_tp, moe_ep=moe_ep,
                     gemm_quant=gemm_q, moe_quant=moe_q, kv_cache_quant=kv, nextn=nextn, mtp_acceptance=MTP_ACCEPTANCE,
                     database_mode=self.database_mode, systems_path=self.systems_path,
                 )
@@ -211,6 +217,23 @@ def _product_layout(row: SiliconRow, w, gpus_per_node: int | None):
     if w.attention_dp > 1:
         return replace(w, tp=1, attention_dp=t, moe_tp=t // e, moe_ep=e)
     return replace(w, tp=t, attention_dp=1, moe_tp=t // e, moe_ep=e)
+
+
+def gpu_count(row: SiliconRow) -> int | None:
+    """The GPU count an agg row's TP column holds when it is no tensor-parallel degree, else None.
+
+    30 dev rows (DeepSeek-R1 on gb200, TensorRT-LLM nvfp4 and SGLang fp8, one source file) give
+    ``tp`` 20, 24, 28, 36, 48, 52 or 72 with EP 1 and no attention DP: no backend shards by a
+    degree that is not a power of two, and none of those divides the model's 128 heads. They are
+    deployments of that many GPUs of a GB200 NVL72 rack whose split the row does not say; the
+    fully specified gb200 disagg rows of the same model run TP4 / DEP4 prefill workers with DEP8-32
+    decode workers (20 = 4 + 16, 36 = 4 + 32, 72 = 10 x 4 + 32). Such a row is predicted as the
+    best deployment of exactly that many GPUs at its concurrency
+    (:func:`infercast.search.fixed.search_fixed`; the serving predictor only), and says so."""
+    w = row.worker
+    if row.mode != "agg" or w is None or w.tp < 2 or w.tp & (w.tp - 1) == 0 or w.pp > 1 or w.attention_dp > 1:
+        return None
+    return int(w.tp)
 
 
 def _square_layout(w, id_match):

@@ -1,12 +1,14 @@
 """Serving-model predictor for silicon rows: :mod:`infercast.serving.agg` for aggregated rows,
-:mod:`infercast.serving.disagg` for disaggregated rows that carry worker counts."""
+:mod:`infercast.serving.disagg` for disaggregated rows that carry worker counts, and the best
+deployment of the row's GPUs (:func:`infercast.search.fixed.search_fixed`) for agg rows whose TP
+column counts GPUs (:func:`.predict.gpu_count`)."""
 
 from __future__ import annotations
 
 from ..api import serve_agg, serve_disagg
-from ..errors import UnsupportedModelError
+from ..errors import NotAvailableError, UnsupportedModelError
 from ..serving.backends import scheduler_params
-from .predict import EstimatorCache, benchmark_concurrency, clients_per_rank
+from .predict import EstimatorCache, benchmark_concurrency, clients_per_rank, gpu_count
 from .silicon import SiliconRow
 
 
@@ -17,12 +19,32 @@ def serving_predictor(cache: EstimatorCache, params=None):
     def predict(row: SiliconRow):
         if row.mode == "disagg":
             return _disagg(row)
+        gpus = gpu_count(row)
+        if gpus is not None:
+            return _fixed(row, gpus)
         benchmark_concurrency(row)
         w = row.worker
         est = cache.get(row, w)
         per_rank = clients_per_rank(row, est)
         res = serve_agg(est, per_rank, row.isl, row.osl, p_for(row.backend, est.data.system, est.spec))
         return res.ttft_ms, res.tpot_ms, f"data {est.version}; decode batch {res.decode_batch:.0f} ({res.bound})"
+
+    def _fixed(row: SiliconRow, gpus: int):
+        from ..search.fixed import search_fixed
+
+        concurrency = benchmark_concurrency(row)
+        base = cache.for_layout(row)
+        res = search_fixed(
+            base.spec.model_id, row.system, row.backend, row.isl, row.osl, gpus=gpus, concurrencies=[concurrency],
+            params=p_for(row.backend, base.data.system, base.spec),
+            make_estimator=lambda lay: cache.for_layout(row, lay.tp, lay.pp, lay.attention_dp, lay.moe_tp, lay.moe_ep),
+        )
+        if res.best is None:
+            raise NotAvailableError(f"tp {gpus} counts GPUs, and no deployment of {gpus} GPUs serves this row",
+                                    f"{len(res.skipped)} layouts / splits skipped")
+        b = res.candidates[res.best]
+        return b.ttft_ms, b.tpot_ms, (f"data {base.version}; tp {gpus} is no TP degree: the best of {len(res.candidates)} "
+                                      f"deployments of {gpus} GPUs at c{concurrency}, {b.layout}")
 
     def _disagg(row: SiliconRow):
         if not (row.prefill_workers and row.decode_workers and row.prefill and row.decode):

@@ -1,0 +1,95 @@
+"""Every deployment of exactly ``gpus`` GPUs at each benchmark concurrency, and the best of them.
+
+The question "what do N GPUs do for C clients?" when nobody says how the GPUs are split: ``r``
+replicas of an aggregated layout of ``N / r`` GPUs (the clients spread over the replicas, the
+busiest holding ``ceil(C / r)``; its latencies stand for every client, as
+:func:`infercast.api.serve_agg_replica` does for attention-DP ranks), or ``p`` prefill workers and
+``d`` decode workers of any two layouts (within the NVLink domain, without pipeline stages) with
+``p x prefill GPUs + d x decode GPUs = N``. With the GPUs and the clients fixed, a closed-loop
+benchmark's throughput is ``C`` over the mean request latency, so the best deployment -- the
+highest throughput per GPU, :func:`.pareto.recommend` -- is also the one each client waits least
+for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..errors import InfercastError
+from .run import (
+    Candidate,
+    SearchResult,
+    _estimators,
+    _evaluate_disagg,
+    _fields,
+    _finish,
+    _positive,
+    _roles,
+    _start,
+)
+from .space import Layout, layouts
+
+
+def search_fixed(
+    model: str,
+    system: str,
+    backend: str,
+    isl: int,
+    osl: int,
+    *,
+    gpus: int,
+    concurrencies: list[int] | None = None,
+    ttft_max_ms: float | None = None,
+    tpot_max_ms: float | None = None,
+    backend_version: str | None = None,
+    systems_path=None,
+    max_workers: int = 16,
+    params=None,
+    make_estimator: Callable[[Layout], object] | None = None,
+    **estimator_kw,
+) -> SearchResult:
+    """Aggregated replicas and disaggregated worker splits that use exactly ``gpus`` GPUs, each at
+    every concurrency (clients of the whole deployment; default 1, 2, 4, ..., 1024); ``best`` is the
+    highest throughput per GPU among those meeting the targets (at one concurrency: the lowest mean
+    request latency). At most ``max_workers`` workers of each role. ``params``: the backend's scheduler (default: its own).
+    ``make_estimator(layout)`` builds each layout's estimator (default: an
+    :class:`~infercast.Estimator` with ``estimator_kw``), so a caller that asks many times can
+    reuse them."""
+    from ..api import serve_agg_replica
+    from ..serving.backends import scheduler_params
+
+    n = int(_positive("gpus", gpus, int))
+    max_workers = int(_positive("max_workers", max_workers, int))
+    conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
+                             systems_path, estimator_kw, make_estimator)
+    res.max_gpus = n
+    node = base.data.system.node
+    space = layouts(base.spec, n, node.nvlink_gpus)
+    ests = _estimators(res, base, model, space, backend_version, systems_path, estimator_kw,
+                       keep=lambda lay: n % lay.gpus == 0 or (lay.pp == 1 and lay.gpus <= node.nvlink_gpus),
+                       make=make_estimator)
+    agg_params = params or scheduler_params(backend, base.data.system, base.spec)
+    for lay, est in ests.items():
+        if n % lay.gpus:
+            continue
+        replicas = n // lay.gpus
+        label = lay.label if replicas == 1 else f"{replicas}x{lay.label}"
+        for c in conc:
+            per_replica = -(-c // replicas)
+            try:
+                r, _ = serve_agg_replica(est, per_replica, res.isl, res.osl, agg_params)
+            except InfercastError as exc:
+                res.skipped[f"{label}@c{c}"] = str(exc)
+                continue
+            r.tokens_per_s_per_gpu *= c / (per_replica * replicas)  # idle clients' share: replicas hold fewer
+            res.candidates.append(Candidate(*_fields(res, label, est, n, c, r, r.bound)))
+    roles = _roles(res, {lay: e for lay, e in ests.items() if lay.pp == 1 and lay.gpus <= node.nvlink_gpus})
+    for pl, pe in roles["prefill"].items():
+        for dl, de in roles["decode"].items():
+            for pw in range(1, min(max_workers, (n - de.gpus) // pe.gpus) + 1):
+                rest = n - pw * pe.gpus
+                if rest % de.gpus == 0 and rest // de.gpus <= max_workers:
+                    for c in conc:
+                        if not _evaluate_disagg(res, pl, pe, pw, dl, de, rest // de.gpus, c, params):
+                            break  # more clients only grow the decode batch
+    return _finish(res)
