@@ -494,6 +494,13 @@ def test_moe_quant_on_a_dense_model_is_refused(synth, capsys):
     assert_one_line_error(*run_cli(capsys, argv), f"--moe-quant fp8 given, but {sp.MODEL_ID} has no MoE experts")
 
 
+@pytest.mark.parametrize("kernel,needle", [("bogus", "unknown --moe-kernel 'bogus'"), ("trtllm", "--moe-kernel trtllm needs an MoE model")])
+def test_moe_kernel_bad_input(synth, capsys, kernel, needle):
+    argv = ["estimate", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm",
+            "--systems-path", str(synth.systems_dir), "--isl", "128", "--osl", "8", "--moe-kernel", kernel]
+    assert_one_line_error(*run_cli(capsys, argv), needle)
+
+
 def test_plan_out_that_cannot_be_written(synth, capsys, tmp_path):
     argv = ["estimate", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm",
             "--systems-path", str(synth.systems_dir), "--isl", "128", "--osl", "8", "--plan-out"]

@@ -769,3 +769,77 @@ def test_trtllm_b200_nvfp4_experts_run_the_low_latency_kernel_at_small_batch(rea
     # SGLang's table is untouched by the rule (its kernels are its own)
     rs = resolve_moe(_db("b200_sxm", "sglang"), quant="nvfp4", moe_tp=8, moe_ep=1, **DSV3)
     assert TRTLLM_LOW_LATENCY_KERNEL not in (rs.kernel or "")
+
+
+# ----------------------------------------------------------------------------------------------
+# a kernel family the engine runs (ops.moe.resolve_moe(kernel=...)), from a peer table if need be
+# ----------------------------------------------------------------------------------------------
+
+
+def _kernel_pack(tmp_path):
+    """One bf16 site: TensorRT-LLM measured it with "deepgemm" only; vLLM with a FlashInfer
+    TensorRT-LLM-gen kernel at half that latency. Nobody measured CUTLASS."""
+    from infercast.data.pack import find_pack
+
+    pack = sp.make_pack(tmp_path / "pk")
+    data = pack.systems_dir / "data" / sp.SYSTEM
+    site, tokens = (1024, 512, 2, 8), [1, 2, 4, 8, 16, 32]
+    base = np.array([0.01 + 0.001 * t for t in tokens])
+
+    def table(backend, version, kernel, scale):
+        n = len(tokens)
+        cols = {
+            "framework": [backend] * n, "version": [version] * n, "device": [sp.DEVICE] * n, "op_name": ["moe"] * n,
+            "kernel_source": [kernel] * n, "moe_dtype": ["bfloat16"] * n, "num_tokens": tokens,
+            "hidden_size": [site[0]] * n, "inter_size": [site[1]] * n, "topk": [site[2]] * n,
+            "num_experts": [site[3]] * n, "moe_tp_size": [1] * n, "moe_ep_size": [1] * n,
+            "distribution": ["balanced"] * n, "latency": [float(v) for v in base * scale],
+        }
+        types = {c: (pa.string() if isinstance(v[0], str) else pa.float64() if isinstance(v[0], float) else pa.int64())
+                 for c, v in cols.items()}
+        _write(data / "moe" / backend / version / "moe_perf.parquet", cols, types)
+
+    table("trtllm", sp.TRTLLM_CURRENT, "deepgemm", 1.0)
+    table("vllm", sp.VLLM_CURRENT, "vllm_x_flashinfer_trtllm_experts", 0.5)
+    find_pack(str(pack.systems_dir))
+    return pack, site, np.array(tokens, float), base
+
+
+def test_moe_kernel_family_from_own_table_or_a_peer(tmp_path):
+    pack, (h, i, k, e), tok, base = _kernel_pack(tmp_path)
+
+    def resolve(kernel, mode="SILICON", backend="trtllm"):
+        db = OpDB(PerfData.open(sp.SYSTEM, backend, None, pack.systems_dir), DatabaseMode.parse(mode))
+        return resolve_moe(db, quant="bfloat16", hidden=h, inter=i, topk=k, experts=e, moe_tp=1, moe_ep=1, kernel=kernel)
+
+    np.testing.assert_allclose(resolve(None).grid(tok)[0], base, rtol=1e-12)  # the table's own kernel
+    np.testing.assert_allclose(resolve("deepgemm").grid(tok)[0], base, rtol=1e-12)  # ... by name
+    r = resolve("trtllm")  # TensorRT-LLM did not measure it: vLLM's rows of the same kernels
+    np.testing.assert_allclose(r.grid(tok)[0], base * 0.5, rtol=1e-12)
+    assert any("trtllm MoE kernels from vllm" in n for n in r.notes)
+    np.testing.assert_allclose(resolve("deepgemm", backend="vllm").grid(tok)[0], base, rtol=1e-12)  # and back
+    with pytest.raises(InvalidInputError, match="unknown MoE kernel family"):
+        resolve("bogus")
+    # no backend measured the family: SILICON refuses, HYBRID keeps the table's own and says so
+    with pytest.raises(NotAvailableError, match="no bfloat16 MoE rows of the cutlass kernels"):
+        resolve("cutlass")
+    hy = resolve("cutlass", mode="HYBRID")
+    np.testing.assert_allclose(hy.grid(tok)[0], base, rtol=1e-12)
+    assert any("no bfloat16 cutlass MoE rows" in n for n in hy.notes)
+
+
+def test_estimator_moe_kernel_option(synth, real_pack_available):
+    from infercast import Estimator
+
+    with pytest.raises(InvalidInputError, match="needs an MoE model"):
+        Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", moe_kernel="trtllm", systems_path=synth.systems_dir)
+    with pytest.raises(InvalidInputError, match="unknown --moe-kernel 'bogus'"):
+        Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", moe_kernel="bogus", systems_path=synth.systems_dir)
+    # TensorRT-LLM's b200 fp8_block experts: its table measured DeepGEMM only; TRTLLM-gen comes from a peer
+    own = Estimator("deepseek-ai/DeepSeek-R1", "b200_sxm", "trtllm", tp=8)
+    gen = Estimator("deepseek-ai/DeepSeek-R1", "b200_sxm", "trtllm", tp=8, moe_kernel="TRTLLM")
+    assert {o.params.get("kernel") for o in gen.plan.ops if o.kind == "moe"} == {"trtllm"}
+    assert all("kernel" not in o.params for o in own.plan.ops)
+    assert gen.decode_ms(16, 1024, 1024) < own.decode_ms(16, 1024, 1024)
+    assert own.decode_ms(16, 1024, 1024) == Estimator("deepseek-ai/DeepSeek-R1", "b200_sxm", "trtllm", tp=8,
+                                                      moe_kernel="deepgemm").decode_ms(16, 1024, 1024)

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from infercast.validate.predict import _product_layout, _width_rule, gpu_count
+from infercast.validate.predict import (
+    _product_layout,
+    _width_rule,
+    gpu_count,
+    trtllm_recipe,
+)
 from infercast.validate.silicon import SiliconRow, WorkerSpec
 
 
@@ -98,3 +103,21 @@ def test_gpu_count_rows(cols, mode, want) -> None:
     tp, pp, dp = cols
     w = WorkerSpec(batch_size=4, tp=tp, pp=pp, attention_dp=dp, moe_tp=tp, moe_ep=1)
     assert gpu_count(_row("2026_04_06_x_gb200_trtllm_fp4_agg_1024x1024_c4_tp36_ep1_1", w, mode)) == want
+
+
+@pytest.mark.parametrize(("backend", "version", "quant", "adp", "want"), [
+    ("trtllm", "1.2.0rc6.post3", "fp8", 1, (3, None)),       # the MTP recipe: depth 3, DeepGEMM (own table)
+    ("trtllm", "1.2.0rc6.post3", "nvfp4", 8, (1, None)),     # ... depth 1 with attention DP
+    ("trtllm", "1.2.0rc6.post2", "fp8", 1, (0, "trtllm")),   # the STP recipe: no MTP, TensorRT-LLM-gen experts
+    ("trtllm", "1.2.0rc6.post2", "fp8", 8, (0, "deepgemm")),  # ... DeepGEMM with attention DP
+    ("trtllm", "1.2.0rc6.post2", "nvfp4", 1, (0, None)),
+    ("trtllm", "1.1.0rc2.post2", "fp8", 1, None),            # both recipes ran this tag: no reading
+    ("trtllm", None, "fp8", 1, None),
+    ("sglang", "1.2.0rc6.post3", "fp8", 1, None),
+])
+def test_trtllm_recipe_by_benchmarked_version(backend, version, quant, adp, want) -> None:
+    row = _row("x_trtllm_fp8_agg_1024x1024_c4_1", WorkerSpec(batch_size=4, tp=8, attention_dp=adp))
+    from dataclasses import replace
+
+    row = replace(row, backend=backend, backend_version=version, gemm_quant=quant)
+    assert trtllm_recipe(row, adp) == want

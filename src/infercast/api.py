@@ -18,10 +18,17 @@ from .engine.compiled import CompiledEngine
 from .errors import InvalidInputError
 from .interp.provenance import Prov
 from .models.fusions import engine_fusions
-from .models.plan import MOE_DISTRIBUTION, ParallelConfig, Plan, SpecDecode, build_plan
+from .models.plan import (
+    MOE_DISTRIBUTION,
+    ParallelConfig,
+    Plan,
+    SpecDecode,
+    build_plan,
+    with_moe_kernel,
+)
 from .models.spec import ModelSpec, build_spec
 from .ops.base import DatabaseMode, OpDB, check_positive
-from .ops.moe import wide_ep_available
+from .ops.moe import MOE_KERNELS, wide_ep_available
 from .serving.backends import backend_defaults
 from .serving.memory import GB, MemoryBreakdown, memory_breakdown
 
@@ -99,6 +106,7 @@ class Estimator:
         moe_quant: str | None = None,
         nextn: int = 0,
         mtp_acceptance: float = 0.8,
+        moe_kernel: str | None = None,
         database_mode: str | DatabaseMode = DatabaseMode.SILICON,
         systems_path: str | Path | None = None,
     ):
@@ -124,6 +132,10 @@ class Estimator:
                 par = replace(par, moe_comm="alltoall")  # the backend's wide-EP path (DeepEP dispatch / combine)
         self.plan: Plan = build_plan(spec, par, SpecDecode(_nonneg_int("--nextn", nextn), _unit("--mtp-acceptance", mtp_acceptance)),
                                      engine_fusions(backend, spec, par, self.data.system))
+        if moe_kernel is not None:
+            if str(moe_kernel).lower() not in MOE_KERNELS:
+                raise InvalidInputError(f"unknown --moe-kernel {moe_kernel!r}", "known kernel families: " + ", ".join(MOE_KERNELS))
+            self.plan = with_moe_kernel(self.plan, str(moe_kernel).lower())
         self.engine = CompiledEngine(self.plan, self.db)
         self.backend = backend_defaults(backend)
         mtp = spec.mtp_layers if self.plan.spec_decode.nextn else 0

@@ -36,6 +36,9 @@ def _add_model_args(p: argparse.ArgumentParser, parallel: bool = True) -> None:
     p.add_argument("--nextn", type=int, default=0, help="MTP speculative decoding: draft tokens per step (DeepSeek-style models)")
     p.add_argument("--mtp-acceptance", type=float, default=0.8, help="MTP acceptance rate per draft position (default 0.8)")
     p.add_argument("--moe-quant", default=None, help="override the MoE expert quant mode (fp8_block, nvfp4, mxfp4, int4_wo, ...)")
+    p.add_argument("--moe-kernel", default=None,
+                   help="MoE kernel family the engine runs: trtllm (TensorRT-LLM-gen), cutlass or deepgemm "
+                        "(TensorRT-LLM's moe_config.backend; default: the table's own kernels)")
     p.add_argument("--gemm-quant", default=None, help="override the GEMM weight quant mode (bfloat16, fp8, fp8_block, nvfp4, ...)")
     p.add_argument("--kv-cache-quant", default=None, help="override the KV cache dtype (bfloat16, fp8)")
     p.add_argument("--attention-quant", default=None, help="override the attention compute dtype (bfloat16, fp8)")
@@ -54,7 +57,7 @@ def _estimator(a, prefix: str = ""):
         est = Estimator(
             a.model, a.system, a.backend, a.backend_version, par("tp"), par("pp"),
             attention_dp=par("attention_dp"), moe_tp=par("moe_tp"), moe_ep=par("moe_ep"), moe_quant=a.moe_quant,
-            nextn=a.nextn, mtp_acceptance=a.mtp_acceptance,
+            nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel,
             gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
             database_mode=a.database_mode, systems_path=a.systems_path,
         )
@@ -202,7 +205,7 @@ def cmd_search(a) -> int:
     kw = dict(max_gpus=a.max_gpus, concurrencies=conc, ttft_max_ms=a.ttft_ms, tpot_max_ms=a.tpot_ms,
               backend_version=a.backend_version, systems_path=a.systems_path, moe_quant=a.moe_quant,
               gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
-              nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, database_mode=a.database_mode)
+              nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel, database_mode=a.database_mode)
     if mode == "fixed":
         kw.pop("max_gpus")
         kw["gpus"] = a.gpus

@@ -102,6 +102,7 @@ class CompiledEngine:
                 self.db, quant=p["quant"], hidden=int(p["hidden"]), inter=int(p["inter"]), topk=int(p["topk"]),
                 experts=int(p["experts"]), moe_tp=int(p["moe_tp"]), moe_ep=int(p["moe_ep"]),
                 distribution=p.get("distribution", "balanced"), gated=bool(p.get("gated", True)), wide_ep=wide_ep,
+                kernel=p.get("kernel"),
             )
             return CompiledOp(op, (r,), x_per_token=float(p.get("tokens_multiplier", 1.0)))
         if op.kind == "moe_dispatch":

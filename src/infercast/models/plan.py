@@ -362,6 +362,20 @@ def moe_plan(spec: ModelSpec, par: ParallelConfig, fusions: Fusions | None = Non
     return Plan(spec, par, tuple(ops + _ends(spec, par)), fusions=fusions)
 
 
+def with_moe_kernel(plan: Plan, kernel: str | None) -> Plan:
+    """``plan`` with its expert ops (MTP drafts included) run by the MoE kernel family ``kernel``
+    (the engine's MoE backend, e.g. TensorRT-LLM's ``moe_config.backend``); None leaves the plan
+    as it is: the tables' own kernels."""
+    if kernel is None:
+        return plan
+    if not isinstance(kernel, str) or not kernel:
+        raise InvalidInputError(f"--moe-kernel must be a kernel family name, got {kernel!r}")
+    if not any(o.kind == "moe" for o in plan.ops):
+        raise InvalidInputError(f"--moe-kernel {kernel} needs an MoE model", f"{plan.model.resolved_id} has no experts")
+    ops = tuple(replace(o, params={**o.params, "kernel": kernel.lower()}) if o.kind == "moe" else o for o in plan.ops)
+    return replace(plan, ops=ops)
+
+
 def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
     """Append the MTP draft passes: ``nextn`` executions of one layer's ops and the LM head,
     on one token per sequence, in decode steps only."""

@@ -282,13 +282,17 @@ class _Lattice:
     primary: np.ndarray  # (n,) bool: most of the site's points come from the default kernel
 
 
-def _lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_name: str = "moe") -> _Lattice | None:
+def _lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_name: str = "moe",
+             kernel: str | None = None) -> _Lattice | None:
     """Rows of one quant mode, kernel class and routing distribution, grouped by site and pair.
-    None when the table (HYBRID/EMPIRICAL) or the quant mode is missing."""
+    None when the table (HYBRID/EMPIRICAL) or the quant mode is missing. ``kernel``: only the rows
+    of that kernel family (:func:`kernel_family_mask`); None when the table has none."""
     table = db.table_or_none(table_name)
     if table is None:
         return None
     base = table.mask(moe_dtype=quant)
+    if kernel is not None:
+        base &= kernel_family_mask(table, kernel)
     if not base.any():
         return None
     notes: list[str] = []
@@ -314,7 +318,7 @@ def _lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_name: s
     if table.has("kernel_source"):
         candidates = base
         base, order = merge_kernels(table, base, SITE_COLS + PAIR_COLS + ("num_tokens",), db.backend)
-        if db.backend == "trtllm":
+        if db.backend == "trtllm" and kernel is None:
             base = _prefer_low_latency(table, base, candidates)
         kernel = "+".join(order)
     else:
@@ -368,9 +372,44 @@ def _prefer_low_latency(table, chosen: np.ndarray, candidates: np.ndarray) -> np
     return out
 
 
-def _get_lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_name: str = "moe") -> _Lattice | None:
-    return db.memo(("moe-lattice", table_name, quant, bool(gated), distribution),
-                   lambda: _lattice(db, quant, gated, distribution, table_name))
+def _get_lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_name: str = "moe",
+                 kernel: str | None = None) -> _Lattice | None:
+    return db.memo(("moe-lattice", table_name, quant, bool(gated), distribution, kernel),
+                   lambda: _lattice(db, quant, gated, distribution, table_name, kernel))
+
+
+#: MoE kernel families an engine can be told to run (TensorRT-LLM's ``moe_config.backend``:
+#: ``TRTLLM`` = the TensorRT-LLM-gen kernels, ``CUTLASS``, ``DEEPGEMM``), each matched against
+#: the ``kernel_source`` names of the moe tables (case-insensitive substring): "trtllm" finds
+#: SGLang's ``sglang_flashinfer_trtllm_moe`` and vLLM's ``..._flashinfer_trtllm_...`` rows (the
+#: same TensorRT-LLM-gen kernels through FlashInfer), "cutlass" TensorRT-LLM's
+#: ``moe_torch_flow_cutlass`` and FlashInfer's CUTLASS rows, "deepgemm" ``deepgemm``.
+MOE_KERNELS = ("trtllm", "cutlass", "deepgemm")
+
+
+def kernel_family_mask(table, kernel: str) -> np.ndarray:
+    """Rows of ``table`` whose ``kernel_source`` names the kernel family ``kernel``."""
+    if not table.has("kernel_source"):
+        return np.zeros(len(table.latency), bool)
+    names = np.char.lower(table.keys["kernel_source"].astype(str))
+    return np.char.find(names, kernel.lower()) >= 0
+
+
+def _kernel_db(db: OpDB, candidates: tuple[str, ...], kernel: str, gated: bool, distribution: str) -> OpDB | None:
+    """The database whose moe table measured ``kernel``'s family in the preferred quant mode:
+    this backend's, else another serving backend's on the same system (in
+    :data:`~infercast.data.versions.SERVING_BACKENDS` order) -- the kernels are the same library's,
+    whichever engine called them. None when no table has them."""
+    for backend in (db.backend,) + tuple(b for b in SERVING_BACKENDS if b != db.backend):
+        kdb = db if backend == db.backend else _peer_db(db, backend)
+        if kdb is None:
+            continue
+        try:
+            if _get_lattice(kdb, candidates[0], gated, distribution, kernel=kernel) is not None:
+                return kdb
+        except InfercastError:
+            continue
+    return None
 
 
 #: Wide expert parallelism. SGLang serves attention data parallelism with EP through DeepEP and
@@ -665,31 +704,49 @@ def resolve_moe(
     distribution: str = DEFAULT_DISTRIBUTION,
     gated: bool = True,
     wide_ep: bool = False,
+    kernel: str | None = None,
 ) -> Resolved:
     """Compile the routed-expert block's ``num_tokens`` curve (ms per MoE layer on one rank).
     ``wide_ep``: attention data parallelism with EP on a backend that serves it through DeepEP
-    (see ``WIDE_EP_TABLE``)."""
+    (see ``WIDE_EP_TABLE``). ``kernel``: the kernel family the engine runs (:data:`MOE_KERNELS`),
+    from this backend's table or, when it did not measure that family, another backend's on the
+    same system (noted); None: the table's own kernels (module doc)."""
     hidden, inter, topk, experts, moe_tp, moe_ep = _check_shape(hidden, inter, topk, experts, moe_tp, moe_ep)
     gated = bool(gated)
     candidates = quant_candidates(db.system, quant)
     query = (hidden, inter, topk, experts)
     notes: list[str] = []
+    if kernel is not None and kernel not in MOE_KERNELS:
+        raise InvalidInputError(f"unknown MoE kernel family {kernel!r}", "known: " + ", ".join(MOE_KERNELS))
     if wide_ep and db.mode is not DatabaseMode.SOL:
         r = _resolve_wide_ep(db, quant, (*query, moe_tp, moe_ep), gated, distribution)
         if r is not None:
             return r
         notes.append(f"no wide-EP ({WIDE_EP_TABLE}) data for this shape and EP{moe_ep}; standard MoE kernels")
+    elif kernel is not None and db.mode is not DatabaseMode.SOL:
+        kdb = _kernel_db(db, candidates, kernel, gated, distribution)
+        if kdb is None:
+            if db.mode is DatabaseMode.SILICON:
+                raise NotAvailableError(f"no {candidates[0]} MoE rows of the {kernel} kernels on {db.system.name}",
+                                        "no serving backend's moe table measured them",
+                                        list(MOE_KERNELS))
+            notes.append(f"no {candidates[0]} {kernel} MoE rows on {db.system.name}; the table's own kernels")
+            kernel = None
+        elif kdb is not db:
+            notes.append(f"{kernel} MoE kernels from {kdb.backend} {kdb.data.version}'s moe table "
+                         f"({db.backend}'s has none in {candidates[0]})")
+            db = kdb
 
     q = candidates[0]
     lat = None
     if db.mode is not DatabaseMode.SOL:
-        lats = [(c, _get_lattice(db, c, gated, distribution)) for c in candidates]
+        lats = [(c, _get_lattice(db, c, gated, distribution, kernel=kernel)) for c in candidates]
         scored = [(_score(lt, query, moe_tp, moe_ep), -i, c, lt) for i, (c, lt) in enumerate(lats)]
         best = max(scored, key=lambda s: (s[0], s[1]))
         if best[0] > 0:
             q, lat = best[2], best[3]
         peer = None
-        if q != candidates[0] and lat is not None:
+        if q != candidates[0] and lat is not None and kernel is None:
             peer = _peer_preferred(db, candidates[0], q, lat, query, moe_tp, moe_ep, gated, distribution)
         if quant == MXFP4_ALIAS:
             lacks = "" if q == candidates[0] else "; preferred " + candidates[0] + " lacks this site"

@@ -119,13 +119,14 @@ class PerfDB:
         return self._finish(v, p, [r.describe()])
 
     def moe(self, num_tokens, *, quant: str, hidden: int, inter: int, topk: int, experts: int,
-            moe_tp: int = 1, moe_ep: int = 1, distribution: str = "balanced") -> OpResult:
-        """Routed experts of one MoE layer on one rank, for ``num_tokens`` entering the block."""
+            moe_tp: int = 1, moe_ep: int = 1, distribution: str = "balanced", kernel: str | None = None) -> OpResult:
+        """Routed experts of one MoE layer on one rank, for ``num_tokens`` entering the block;
+        ``kernel``: a kernel family (:data:`infercast.ops.moe.MOE_KERNELS`) instead of the table's own."""
         from .moe import resolve_moe
 
         t = check_positive("num_tokens", num_tokens)
-        key = ("moe", quant, hidden, inter, topk, experts, moe_tp, moe_ep, distribution)
+        key = ("moe", quant, hidden, inter, topk, experts, moe_tp, moe_ep, distribution, kernel)
         r = self._site(key, lambda: resolve_moe(self.db, quant=quant, hidden=hidden, inter=inter, topk=topk, experts=experts,
-                                                moe_tp=moe_tp, moe_ep=moe_ep, distribution=distribution))
+                                                moe_tp=moe_tp, moe_ep=moe_ep, distribution=distribution, kernel=kernel))
         v, p = r.grid(t, refuse=True)
         return self._finish(v, p, [r.describe()])

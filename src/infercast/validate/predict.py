@@ -76,6 +76,10 @@ class EstimatorCache:
         the DeepSeek-R1 measurements again), all TensorRT-LLM rows 9.72% -> 9.51%."""
         if row.backend != "trtllm" or row.model.split("/")[-1] in NO_MTP_MODELS:
             return 0
+        return 1 if self.ships_mtp(model) else 0
+
+    def ships_mtp(self, model: str) -> bool:
+        """Whether the checkpoint ``model`` ships MTP (next-n prediction) layers."""
         key = ("mtp", model)
         hit = self._cache.get(key)
         if hit is None:
@@ -84,9 +88,9 @@ class EstimatorCache:
             from ..models.spec import build_spec
 
             try:
-                hit = 1 if build_spec(resolve_model(find_pack(self.systems_path), model)).mtp_layers > 0 else 0
+                hit = build_spec(resolve_model(find_pack(self.systems_path), model)).mtp_layers > 0
             except InfercastError:
-                hit = 0
+                hit = False
             self._cache[key] = hit
         return hit
 
@@ -115,7 +119,11 @@ class EstimatorCache:
         model, gemm_q, moe_q = self.checkpoint(row)
         kv = _kv_quant(row)
         nextn = self.nextn_for(row, model)
-        key = (model, row.system, row.backend, gemm_q, moe_q, kv, nextn, tp, pp, attention_dp, moe_tp, moe_ep)
+        moe_kernel = None
+        recipe = trtllm_recipe(row, attention_dp) if row.backend == "trtllm" and self.ships_mtp(model) else None
+        if recipe is not None:
+            nextn, moe_kernel = recipe
+        key = (model, row.system, row.backend, gemm_q, moe_q, kv, nextn, moe_kernel, tp, pp, attention_dp, moe_tp, moe_ep)
         hit = self._cache.get(key)
         if isinstance(hit, InfercastError):
             raise hit
@@ -125,13 +133,54 @@ class EstimatorCache:
                     model, row.system, row.backend, None, tp, pp,
                     attention_dp=attention_dp, moe_tp=moe_tp, moe_ep=moe_ep,
                     gemm_quant=gemm_q, moe_quant=moe_q, kv_cache_quant=kv, nextn=nextn, mtp_acceptance=MTP_ACCEPTANCE,
-                    database_mode=self.database_mode, systems_path=self.systems_path,
+                    moe_kernel=moe_kernel, database_mode=self.database_mode, systems_path=self.systems_path,
                 )
             except InfercastError as exc:
                 self._cache[key] = exc
                 raise
             self._cache[key] = hit
         return hit
+
+
+#: TensorRT-LLM image tags of the public InferenceX (InferenceMAX) DeepSeek-R1 single-node recipes
+#: (``.github/configs/nvidia-master.yaml`` of SemiAnalysisAI/InferenceX, early 2026, and the
+#: ``benchmarks/dsr1_*_b200_trt*.sh`` scripts they run): the MTP recipes ran
+#: ``release:1.2.0rc6.post3``, the plain (STP) ones ``release:1.2.0rc6.post2`` (B200; on H200 both
+#: ran ``1.1.0rc2.post2``, which therefore tells nothing). See :func:`trtllm_recipe`.
+MTP_RECIPE_VERSION = "1.2.0rc6.post3"
+STP_RECIPE_VERSION = "1.2.0rc6.post2"
+
+
+def trtllm_recipe(row: SiliconRow, attention_dp: int) -> tuple[int, str | None] | None:
+    """(MTP draft tokens, MoE kernel family or None for the table's own) of the recipe a
+    TensorRT-LLM row's benchmarked version names (:data:`MTP_RECIPE_VERSION`,
+    :data:`STP_RECIPE_VERSION`), or None for other versions. The caller asks only for checkpoints
+    that ship MTP layers (DeepSeek-R1 / -V3). What the recipes' scripts set:
+
+    * MTP recipe: ``num_nextn_predict_layers`` 3, or 1 with attention DP; fp8 MoE backend
+      ``DEEPGEMM`` (the TensorRT-LLM table's own kernel);
+    * STP recipe: no MTP; fp8 MoE backend ``TRTLLM`` (TensorRT-LLM-gen), ``DEEPGEMM`` only in the
+      attention-DP points. TensorRT-LLM's tables hold no TensorRT-LLM-gen fp8 rows; vLLM's and
+      SGLang's hold the same kernels through FlashInfer (:func:`infercast.ops.moe.resolve_moe`,
+      ``kernel``).
+
+    nvfp4 keeps the table's own kernels in both: the scripts' ``TRTLLM`` backend (``CUTLASS`` with
+    attention DP or at >= 256 clients) is what :func:`infercast.ops.moe._prefer_low_latency`
+    already models at decode batch sizes; serving it from vLLM's TensorRT-LLM-gen nvfp4 rows instead
+    moved the dev rows' TPOT median APE 8.71% -> 8.79% (DeepSeek-R1 1.2.0rc6.post3 nvfp4 15.9% ->
+    19.3%) and TTFT 25.32% -> 25.21%.
+
+    Dev rows, TensorRT-LLM DeepSeek b200 TPOT median APE, before (MTP 1 for R1, none for V3, the
+    tables' own kernels) -> after: R1 1.2.0rc6.post3 fp8 48.3% -> 16.4%, nvfp4 23.6% -> 15.9%;
+    R1 1.2.0rc6.post2 fp8 12.8% -> 8.3%, nvfp4 20.6% -> 18.2%; V3 1.2.0rc6.post2 fp8 41.3% -> 4.0%.
+    All dev rows: TPOT 8.91% -> 8.71% (within 20%: 80.4% -> 81.7%), TTFT 25.32% unchanged."""
+    if row.backend != "trtllm" or row.backend_version not in (MTP_RECIPE_VERSION, STP_RECIPE_VERSION):
+        return None
+    adp = attention_dp > 1
+    fp8 = _gemm_quant(row) == "fp8"
+    if row.backend_version == MTP_RECIPE_VERSION:
+        return (1 if adp else 3), None
+    return 0, ("deepgemm" if adp else "trtllm") if fp8 else None
 
 
 FOUR_BIT = ("nvfp4", "int4_wo", "mxfp4", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8")
