@@ -775,3 +775,41 @@ def test_vllm_front_end_defaults():
     assert (v.arrival_delay_ms, v.front_end_per_stream_ms) == (VLLM_FRONT_END_MS, VLLM_FRONT_END_PER_STREAM_MS) == (15.0, 0.7)
     assert v.front_end_ms(100) == pytest.approx(85.0)
     assert scheduler_params("trtllm").front_end_per_stream_ms == scheduler_params("sglang").front_end_per_stream_ms == 0.0
+
+
+def test_batch_wait_steps_by_hand():
+    """TensorRT-LLM's context batching delay (serving.agg.batch_wait_steps): the opener waits L =
+    min(iters, steps until the tokens reach the ratio), the lam L joiners L / 2 on average."""
+    from dataclasses import replace
+
+    from infercast.serving.agg import batch_wait_steps
+    from infercast.serving.backends import scheduler_params
+
+    p = replace(scheduler_params("trtllm"), max_num_tokens=16384, batch_wait_iters=20, batch_wait_max_tokens_ratio=0.9)
+    assert batch_wait_steps(0.01, 1024, 100, replace(p, batch_wait_iters=0)) == 0.0  # off
+    # rare arrivals: the timeout ends the delay; L = 20, lam L = 0.2 joiners
+    assert batch_wait_steps(0.01, 1024, 100, p) == pytest.approx((20 + 0.01 * 400 / 2) / (1 + 0.01 * 20))
+    # frequent arrivals: the tokens end it first; L = (0.9 * 16384 - 100 - 1024) / (2 * 1024)
+    lam = 2.0
+    L = (0.9 * 16384 - 100 - 1024) / (lam * 1024)
+    assert L < 20 and batch_wait_steps(lam, 1024, 100, p) == pytest.approx((L + lam * L * L / 2) / (1 + lam * L))
+    # the running decodes already fill the ratio: no delay
+    assert batch_wait_steps(0.01, 1024, 15000, p) == 0.0
+    assert batch_wait_steps(0.0, 1024, 100, p) == 20.0  # no arrivals at all: the whole timeout
+
+
+def test_batch_wait_adds_its_steps_to_ttft_exactly():
+    """One client on a constant 10 ms engine: TTFT = (WAIT_STEPS + delay steps + 1 prefill step)
+    x 10 ms, the delay at the steady state's own arrival rate; TPOT stays one step."""
+    from infercast.serving.agg import batch_wait_steps
+
+    eng = ConstEngine(10.0)
+    p = params(batch_wait_iters=20, batch_wait_max_tokens_ratio=0.9)
+    r0 = solve_steady(eng, 1, 100, 101, params(), 1e9, 1)
+    r = solve_steady(eng, 1, 100, 101, p, 1e9, 1)
+    delay = batch_wait_steps(r.decode_batch / 100, 100, r.decode_batch, p)
+    assert 15 < delay <= 20
+    assert r.ttft_ms == pytest.approx((1 + delay + 1) * 10.0, rel=1e-9)
+    assert r.ttft_ms > r0.ttft_ms and r.tpot_ms == pytest.approx(10.0)
+    assert r.decode_batch == pytest.approx(100 / (100 + 2 + delay), rel=1e-6)  # the waiting client does not decode
+    assert r.balance_hold_ms == 0.0  # the attention-DP hold is another thing

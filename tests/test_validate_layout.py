@@ -8,6 +8,9 @@ from infercast.validate.predict import (
     _product_layout,
     _width_rule,
     gpu_count,
+    inferencex_row,
+    postprocess_workers,
+    recipe_scheduler,
     trtllm_recipe,
 )
 from infercast.validate.silicon import SiliconRow, WorkerSpec
@@ -121,3 +124,39 @@ def test_trtllm_recipe_by_benchmarked_version(backend, version, quant, adp, want
 
     row = replace(row, backend=backend, backend_version=version, gemm_quant=quant)
     assert trtllm_recipe(row, adp) == want
+
+
+IX = "source_file=2026-04-06.csv; model=X; silicon_concurrency=4"
+
+
+@pytest.mark.parametrize(("model", "backend", "source", "workers"), [
+    ("meta-llama/Llama-3.1-70B", "trtllm", IX, 2),
+    ("openai/gpt-oss-120b", "trtllm", IX, 4),
+    ("deepseek-ai/DeepSeek-R1", "trtllm", IX, 0),          # the DeepSeek recipes set none
+    ("openai/gpt-oss-120b", "vllm", IX, 0),                # a TensorRT-LLM setting
+    ("openai/gpt-oss-120b", "trtllm", "db-dump/2026-04-27; config_id=1", 0),  # another harness
+])
+def test_inferencex_postprocess_workers(model, backend, source, workers) -> None:
+    from dataclasses import replace
+
+    row = replace(_row("x", WorkerSpec(batch_size=4, tp=4)), model=model, backend=backend, source=source)
+    assert inferencex_row(row) == source.startswith("source_file=2026")
+    assert postprocess_workers(row) == workers
+
+
+@pytest.mark.parametrize(("tp", "lengths", "source", "delayed"), [
+    (4, (1024, 1024), IX, True),
+    (8, (1024, 1024), IX, False),     # the recipe sets it below TP 8 only
+    (4, (1024, 8192), IX, False),     # ... and at 1024x1024 only
+    (4, (1024, 1024), "db-dump/2026-04-27", False),
+])
+def test_llama_recipe_batch_wait(tp, lengths, source, delayed) -> None:
+    from dataclasses import replace
+
+    from infercast.serving.backends import scheduler_params
+
+    row = replace(_row("x", WorkerSpec(batch_size=4, tp=tp)), model="meta-llama/Llama-3.1-70B", source=source,
+                  isl=lengths[0], osl=lengths[1])
+    p = recipe_scheduler(row, scheduler_params("trtllm"))
+    assert (p.batch_wait_iters, p.batch_wait_max_tokens_ratio, p.max_num_tokens) == (
+        (20, 0.9, 16384) if delayed else (0, 0.0, scheduler_params("trtllm").max_num_tokens))

@@ -142,6 +142,25 @@ def adp_balance_wait(ranks: int, lam: float, timeout: float) -> Distribution:
     return Distribution(waits + (mean - waits.mean()), np.ones(QUANTILE_POINTS))
 
 
+def batch_wait_steps(lam: float, isl: float, decode_tokens: float, params: SchedulerParams) -> float:
+    """Mean steps a new request waits under TensorRT-LLM's context batching delay
+    (:attr:`SchedulerParams.batch_wait_iters`, ``batch_wait_max_tokens_ratio``): a delay opens when
+    a prompt arrives to an empty queue and ends after ``L`` steps, when the step's tokens (the
+    ``decode_tokens`` running plus the waiting prompts) reach the ratio of the budget, at the
+    latest after ``batch_wait_iters``. Prompts arrive at ``lam`` per step, so
+    ``L = min(iters, (ratio x budget - decode_tokens - isl) / (lam x isl))``; the opener waits
+    ``L``, the ``lam L`` prompts that join it wait ``L / 2`` on average (renewal-reward):
+    ``(L + lam L^2 / 2) / (1 + lam L)``."""
+    iters = float(params.batch_wait_iters)
+    if iters <= 0:
+        return 0.0
+    need = params.batch_wait_max_tokens_ratio * params.max_num_tokens - decode_tokens - isl
+    if need <= 0:
+        return 0.0
+    L = iters if lam <= 0 else min(iters, need / (lam * isl))
+    return (L + lam * L * L / 2.0) / (1.0 + lam * L)
+
+
 @dataclass
 class ServingResult(ServingMetrics):
     decode_batch: float  # mean running decodes per step
@@ -212,6 +231,7 @@ def solve_steady(
             room = max(room, params.min_prefill_chunk)
             n_chunks = max(1, math.ceil(isl / room))
         hold = adp_balance_wait_steps(hold_ranks, d / out_steps, params.adp_balance_timeout_steps)
+        hold += batch_wait_steps(d / out_steps, isl, d * width, params)
         d_free = C * out_steps / (out_steps + WAIT_STEPS + hold + n_chunks)
         d = min([d_free, *caps.values()])
     cap_name, cap_val = min(caps.items(), key=lambda kv: kv[1])
@@ -250,6 +270,8 @@ def solve_steady(
         t_fast, t_slow = t_dec, t_dec + t_pre * max(1.0, chunk_load) / per_step
         p_slow = min(1.0, chunk_load)
     hold = adp_balance_wait_steps(hold_ranks, lam, params.adp_balance_timeout_steps)
+    delay = batch_wait_steps(lam, isl, d * width, params)
+    hold += delay
     queued = max(0.0, C - d - lam * (WAIT_STEPS + hold + n_chunks))
     wait_ms = (WAIT_STEPS + hold) * t_avg + (queued / lam * t_avg if lam > 0 else 0.0)
     ttft = wait_ms + n_chunks * t_prefill_step + params.arrival_delay_ms
@@ -260,7 +282,7 @@ def solve_steady(
     # per-request spread (module docstring): the wait for the first step, slow steps while decoding
     first_wait = WAIT_STEPS * t_avg
     ttft_dist = uniform(0.0, 2.0 * first_wait).shifted(ttft - first_wait)
-    if hold > 0:  # plus the balance hold's own spread (its mean is already in ``ttft``)
+    if hold - delay > 0:  # plus the balance hold's own spread (its mean is already in ``ttft``)
         held = adp_balance_wait(hold_ranks, lam, params.adp_balance_timeout_steps).scaled(t_avg)
         ttft_dist = ttft_dist.plus(held.shifted(-held.mean()))
     tpot_dist = binomial_share(out_steps, p_slow).scaled(t_slow - t_fast).shifted(t_fast).scaled(per_token)
@@ -276,7 +298,7 @@ def solve_steady(
         prefill_chunks=n_chunks,
         step_ms=t_avg,
         bound=bound,
-        balance_hold_ms=hold * t_avg,
+        balance_hold_ms=(hold - delay) * t_avg,
     )
     res.set_percentiles(ttft_dist, tpot_dist)
     return res

@@ -96,6 +96,11 @@ class SchedulerParams:
       since the hold began, so that no rank prefills while the others decode (TensorRT-LLM's
       ``attention_dp_config``: ``enable_balance``, ``timeout_iters``; see
       :func:`infercast.serving.agg.adp_balance_wait_steps`). 0: no hold.
+    * ``batch_wait_iters``, ``batch_wait_max_tokens_ratio``: TensorRT-LLM's context batching
+      delay (``batch_wait_timeout_iters``, ``batch_wait_max_tokens_ratio`` of the LLM API):
+      waiting prompts are not scheduled until the step's tokens reach that share of
+      ``max_num_tokens`` or that many iterations have passed, so more prompts share a prefill
+      step (see :func:`infercast.serving.agg.batch_wait_steps`). 0: off (the default).
     """
 
     mixed: bool
@@ -114,6 +119,8 @@ class SchedulerParams:
     graph_batch_sizes: tuple[int, ...] = ()
     adp_balance_timeout_steps: int = 0
     front_end_per_stream_ms: float = 0.0
+    batch_wait_iters: int = 0
+    batch_wait_max_tokens_ratio: float = 0.0
 
     def front_end_ms(self, streams: float) -> float:
         """Client + front-end time of a request while ``streams`` requests are open on the
@@ -271,14 +278,30 @@ VLLM_LARGE_GPU_BYTES = 70 * 2**30
 VLLM_SMALL_GPU_TOKENS, VLLM_SMALL_GPU_SEQS = 2048, 256
 
 
+#: TensorRT-LLM's front end when ``trtllm-serve`` runs post-processing workers
+#: (``num_postprocess_workers`` > 0: detokenisation and response streaming in worker processes
+#: instead of the API server's own loop, which otherwise also feeds the executor). The default
+#: (:data:`SCHEDULERS`' 100 ms) is what the dev rows of servers without them imply. The public
+#: InferenceX recipes run Llama-3.1-70B with 2 workers and gpt-oss-120b with 4, DeepSeek-R1 with
+#: none; their dev rows (TensorRT-LLM, TTFT median APE at 15 / 25 / 35 / 50 ms for the rows with
+#: workers, the rest at 100 ms): TensorRT-LLM 25.2 / 23.9 / 24.7 / 26.1% (from 30.1% with 100 ms
+#: everywhere); with workers only where the recipes run them: Llama-3.1-70B b200 / h200 34.3 /
+#: 32.8% -> 12.7 / 13.2%, gpt-oss-120b b200 / h200 81.6 / 35.4% -> 11.2 / 20.3%, DeepSeek-R1
+#: unchanged; all TensorRT-LLM rows 30.1% -> 22.1%. (25 ms for every TensorRT-LLM row: 38.3%.)
+TRTLLM_POSTPROCESS_FRONT_END_MS = 25.0
+
+
 def _vllm_small_gpu(system) -> bool:
     return system.gpu.mem_capacity < VLLM_LARGE_GPU_BYTES or "a100" in str(getattr(system, "name", "")).lower()
 
 
-def scheduler_params(name: str, system=None, spec=None) -> SchedulerParams:
+def scheduler_params(name: str, system=None, spec=None, postprocess_workers: int = 0) -> SchedulerParams:
     """The backend's scheduler defaults; ``system`` (a SystemSpec) applies memory-dependent ones,
-    ``spec`` (the served ModelSpec) model-dependent ones."""
+    ``spec`` (the served ModelSpec) model-dependent ones; ``postprocess_workers`` > 0: TensorRT-LLM's
+    API server with post-processing workers (:data:`TRTLLM_POSTPROCESS_FRONT_END_MS`)."""
     p = SCHEDULERS[name]
+    if name == "trtllm" and postprocess_workers > 0:
+        p = replace(p, arrival_delay_ms=TRTLLM_POSTPROCESS_FRONT_END_MS)
     if system is not None and name == "sglang":
         mem = system.gpu.mem_capacity
         if mem >= SGLANG_LARGE_GPU_BYTES:

@@ -183,6 +183,48 @@ def trtllm_recipe(row: SiliconRow, attention_dp: int) -> tuple[int, str | None] 
     return 0, ("deepgemm" if adp else "trtllm") if fp8 else None
 
 
+#: The public InferenceX recipes' TensorRT-LLM post-processing workers (``num_postprocess_workers``
+#: of their ``trtllm-serve`` launches: ``benchmarks/70b_fp8_{b200,h200}_trt_slurm.sh`` 2,
+#: ``benchmarks/gptoss_fp4_{b200,h200}_trt.sh`` 4; the DeepSeek-R1 scripts set none), by model
+#: name; see :data:`infercast.serving.backends.TRTLLM_POSTPROCESS_FRONT_END_MS`.
+INFERENCEX_POSTPROCESS_WORKERS = {"Llama-3.1-70B": 2, "Llama-3.1-70B-Instruct": 2, "gpt-oss-120b": 4}
+_INFERENCEX_SOURCE = re.compile(r"source_file=\d{4}-\d{2}-\d{2}\.csv")
+
+
+def inferencex_row(row: SiliconRow) -> bool:
+    """Whether a row comes from InferenceX's exported results: the date-stamped source files
+    (``silicon_data_source`` ``source_file=2026-04-06.csv``, ``...2026-03-25.csv``), whose ids
+    carry that benchmark's own config names (``2026_04_06_..._tp8_ep8_<n>``)."""
+    return bool(_INFERENCEX_SOURCE.match(row.source or ""))
+
+
+#: The InferenceX Llama-3.1-70B TensorRT-LLM recipes' context batching delay at 1024x1024 below TP 8
+#: (``batch_wait_timeout_iters: 20``, ``batch_wait_max_tokens_ratio: 0.9`` in
+#: ``benchmarks/70b_fp8_{b200,h200}_trt_slurm.sh``), with the b200 script's ``--max_num_tokens 16384``.
+#: Dev rows: those rows' TTFT was under-predicted by ~20 decode steps (b200 fp8 TP1 c4: 383 ms
+#: measured, 129 predicted; TP 8 rows fit); see :func:`recipe_scheduler`.
+LLAMA_BATCH_WAIT = (20, 0.9, 16384)
+
+
+def recipe_scheduler(row: SiliconRow, params):
+    """``params`` with the scheduler settings of the InferenceX recipe that measured ``row``:
+    its TensorRT-LLM context batching delay (:data:`LLAMA_BATCH_WAIT`), else unchanged."""
+    if (row.backend == "trtllm" and inferencex_row(row) and row.model.split("/")[-1].startswith("Llama-3.1-70B")
+            and (row.isl, row.osl) == (1024, 1024) and row.worker is not None and row.worker.tp < 8):
+        iters, ratio, budget = LLAMA_BATCH_WAIT
+        return replace(params, batch_wait_iters=iters, batch_wait_max_tokens_ratio=ratio, max_num_tokens=budget)
+    return params
+
+
+def postprocess_workers(row: SiliconRow) -> int:
+    """TensorRT-LLM post-processing workers of the recipe that measured ``row``: the InferenceX
+    recipes' (:data:`INFERENCEX_POSTPROCESS_WORKERS`) for their rows, else 0 (``trtllm-serve``'s
+    default)."""
+    if row.backend != "trtllm" or not inferencex_row(row):
+        return 0
+    return INFERENCEX_POSTPROCESS_WORKERS.get(row.model.split("/")[-1], 0)
+
+
 FOUR_BIT = ("nvfp4", "int4_wo", "mxfp4", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8")
 
 

@@ -8,13 +8,24 @@ from __future__ import annotations
 from ..api import serve_agg, serve_disagg
 from ..errors import NotAvailableError, UnsupportedModelError
 from ..serving.backends import scheduler_params
-from .predict import EstimatorCache, benchmark_concurrency, clients_per_rank, gpu_count
+from .predict import (
+    EstimatorCache,
+    benchmark_concurrency,
+    clients_per_rank,
+    gpu_count,
+    postprocess_workers,
+    recipe_scheduler,
+)
 from .silicon import SiliconRow
 
 
 def serving_predictor(cache: EstimatorCache, params=None):
-    def p_for(backend, system=None, spec=None):
-        return (params or {}).get(backend) or scheduler_params(backend, system, spec)
+    def p_for(backend, system=None, spec=None, row: SiliconRow | None = None):
+        if (params or {}).get(backend):
+            return params[backend]
+        if row is None:
+            return scheduler_params(backend, system, spec)
+        return recipe_scheduler(row, scheduler_params(backend, system, spec, postprocess_workers(row)))
 
     def predict(row: SiliconRow):
         if row.mode == "disagg":
@@ -26,7 +37,7 @@ def serving_predictor(cache: EstimatorCache, params=None):
         w = row.worker
         est = cache.get(row, w)
         per_rank = clients_per_rank(row, est)
-        res = serve_agg(est, per_rank, row.isl, row.osl, p_for(row.backend, est.data.system, est.spec))
+        res = serve_agg(est, per_rank, row.isl, row.osl, p_for(row.backend, est.data.system, est.spec, row))
         return res.ttft_ms, res.tpot_ms, f"data {est.version}; decode batch {res.decode_batch:.0f} ({res.bound})"
 
     def _fixed(row: SiliconRow, gpus: int):
@@ -36,7 +47,7 @@ def serving_predictor(cache: EstimatorCache, params=None):
         base = cache.for_layout(row)
         res = search_fixed(
             base.spec.model_id, row.system, row.backend, row.isl, row.osl, gpus=gpus, concurrencies=[concurrency],
-            params=p_for(row.backend, base.data.system, base.spec),
+            params=p_for(row.backend, base.data.system, base.spec, row),
             make_estimator=lambda lay: cache.for_layout(row, lay.tp, lay.pp, lay.attention_dp, lay.moe_tp, lay.moe_ep),
         )
         if res.best is None:
