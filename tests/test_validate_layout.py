@@ -11,6 +11,7 @@ from infercast.validate.predict import (
     inferencex_row,
     postprocess_workers,
     recipe_scheduler,
+    sglang_lockstep,
     trtllm_recipe,
 )
 from infercast.validate.silicon import SiliconRow, WorkerSpec
@@ -160,3 +161,22 @@ def test_llama_recipe_batch_wait(tp, lengths, source, delayed) -> None:
     p = recipe_scheduler(row, scheduler_params("trtllm"))
     assert (p.batch_wait_iters, p.batch_wait_max_tokens_ratio, p.max_num_tokens) == (
         (20, 0.9, 16384) if delayed else (0, 0.0, scheduler_params("trtllm").max_num_tokens))
+
+
+@pytest.mark.parametrize(("system", "model", "lockstep"), [
+    ("h200_sxm", "deepseek-ai/DeepSeek-R1", False),   # dsr1_fp8_h200.sh: no --scheduler-recv-interval
+    ("h200_sxm", "deepseek-ai/DeepSeek-V3", False),
+    ("b200_sxm", "deepseek-ai/DeepSeek-R1", True),    # b200 recipes poll every 10 / 30 iterations
+    ("b200_sxm", "zai-org/GLM-5", False),
+    ("h200_sxm", "zai-org/GLM-5", False),
+    ("h200_sxm", "Qwen/Qwen3.5-397B-A17B", True),
+])
+def test_sglang_recipe_lockstep(system, model, lockstep) -> None:
+    from dataclasses import replace
+
+    from infercast.serving.backends import scheduler_params
+
+    row = replace(_row("x", WorkerSpec(batch_size=4, tp=8)), backend="sglang", system=system, model=model)
+    assert sglang_lockstep(row) is lockstep
+    assert recipe_scheduler(row, scheduler_params("sglang")).lockstep is lockstep
+    assert recipe_scheduler(replace(row, backend="vllm"), scheduler_params("vllm")).lockstep is False

@@ -727,9 +727,10 @@ def resolve_moe(
         kdb = _kernel_db(db, candidates, kernel, gated, distribution)
         if kdb is None:
             if db.mode is DatabaseMode.SILICON:
+                have = sorted({k for k in MOE_KERNELS if _kernel_db(db, candidates, k, gated, distribution) is not None})
                 raise NotAvailableError(f"no {candidates[0]} MoE rows of the {kernel} kernels on {db.system.name}",
-                                        "no serving backend's moe table measured them",
-                                        list(MOE_KERNELS))
+                                        "no serving backend's moe table measured them; kernel families measured "
+                                        f"in {candidates[0]} here", have)
             notes.append(f"no {candidates[0]} {kernel} MoE rows on {db.system.name}; the table's own kernels")
             kernel = None
         elif kdb is not db:

@@ -206,9 +206,34 @@ def inferencex_row(row: SiliconRow) -> bool:
 LLAMA_BATCH_WAIT = (20, 0.9, 16384)
 
 
+#: SGLang deployments whose InferenceX recipes set no ``--scheduler-recv-interval`` (SGLang's
+#: default polls for new requests every iteration), as (system or None for any, model-name
+#: prefix): DeepSeek-R1 on H200 (``benchmarks/dsr1_fp8_h200.sh``) and GLM-5
+#: (``benchmarks/glm5_fp8_b200.sh``, ``single_node/fixed_seq_len/glm5_fp8_b200.sh``). The B200
+#: DeepSeek-R1 and Qwen3.5 recipes poll every 10 iterations (30 from 16 clients): arrivals gather
+#: into batches, and the closed loop keeps its waves (the lock-step default of
+#: :data:`infercast.serving.backends.SCHEDULERS`). Without the interval the clients drift apart,
+#: as on the mixed-step backends. Dev rows, SGLang agg TTFT median APE: DeepSeek h200
+#: (InferenceX and the database dump of the same deployments) 87-199% -> 19-21%, GLM-5 61-299% ->
+#: 14-28%; all SGLang rows 36.0% -> 30.1%. (Qwen3.5 on H200, whose newest recipe sets none either:
+#: its rows move from over- to under-predicted, 15-32% -> 31-39%; not taken.)
+SGLANG_NO_RECV_INTERVAL = (("h200_sxm", "DeepSeek"), (None, "GLM-5"))
+
+
+def sglang_lockstep(row: SiliconRow) -> bool:
+    """Whether the SGLang recipe that measured ``row`` keeps lock-step waves
+    (:data:`SGLANG_NO_RECV_INTERVAL` lists those that do not)."""
+    name = row.model.split("/")[-1]
+    return not any((system is None or row.system == system) and name.startswith(prefix)
+                   for system, prefix in SGLANG_NO_RECV_INTERVAL)
+
+
 def recipe_scheduler(row: SiliconRow, params):
-    """``params`` with the scheduler settings of the InferenceX recipe that measured ``row``:
-    its TensorRT-LLM context batching delay (:data:`LLAMA_BATCH_WAIT`), else unchanged."""
+    """``params`` with the scheduler settings of the recipe that measured ``row``: an InferenceX
+    TensorRT-LLM context batching delay (:data:`LLAMA_BATCH_WAIT`), SGLang without lock-step
+    waves (:func:`sglang_lockstep`); else unchanged."""
+    if row.backend == "sglang" and params.lockstep and not sglang_lockstep(row):
+        return replace(params, lockstep=False)
     if (row.backend == "trtllm" and inferencex_row(row) and row.model.split("/")[-1].startswith("Llama-3.1-70B")
             and (row.isl, row.osl) == (1024, 1024) and row.worker is not None and row.worker.tp < 8):
         iters, ratio, budget = LLAMA_BATCH_WAIT
