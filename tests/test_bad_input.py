@@ -330,6 +330,8 @@ def serve_argv(synth, *extra):
         (("--front-end-per-stream-ms", "-1"), "--front-end-per-stream-ms must be a finite number >= 0.0"),
         (("--step-overhead-ms", "-1"), "--step-overhead-ms must be a finite number >= 0.0"),
         (("--requests-per-client", "0.5"), "--requests-per-client must be a finite number >= 1.0"),
+        (("--batch-wait-iters", "-1"), "--batch-wait-iters must be a finite number >= 0"),
+        (("--batch-wait-max-tokens-ratio", "1.5"), "--batch-wait-max-tokens-ratio is a share of the token budget (0-1)"),
     ],
 )
 def test_serve_bad_scheduler_override(synth, capsys, extra, needle):
@@ -356,6 +358,16 @@ def test_serve_scheduler_overrides_apply(synth, capsys):
     c = json.loads(out3)
     assert rc3 == 0 and c["scheduler"]["front_end_per_stream_ms"] == 5.0
     assert c["ttft_ms"] == pytest.approx(b["ttft_ms"], rel=1e-9)
+
+
+def test_serve_batch_wait_flags_reach_the_model(synth, capsys):
+    import json
+
+    rc, out, _ = run_cli(capsys, serve_argv(synth))
+    rc2, out2, _ = run_cli(capsys, serve_argv(synth, "--batch-wait-iters", "20", "--batch-wait-max-tokens-ratio", "0.9"))
+    a, b = json.loads(out), json.loads(out2)
+    assert rc == rc2 == 0 and b["scheduler"]["batch_wait_iters"] == 20 and b["scheduler"]["batch_wait_max_tokens_ratio"] == 0.9
+    assert b["ttft_ms"] > a["ttft_ms"]
 
 
 def test_serve_prefill_scheduling(synth, capsys):

@@ -104,6 +104,10 @@ SCHEDULER_FLAGS = {
     "requests_per_client": ("requests_per_client", float, 1.0, "requests each benchmark client sends (the benchmark length)"),
     "adp_balance_timeout_steps": ("adp_balance_timeout_steps", int, 0,
                                   "attention DP: steps a prefill is held waiting for every rank to have one (0: no hold)"),
+    "batch_wait_iters": ("batch_wait_iters", int, 0,
+                         "TensorRT-LLM context batching delay: iterations waiting prompts may wait (0: off)"),
+    "batch_wait_max_tokens_ratio": ("batch_wait_max_tokens_ratio", float, 0.0,
+                                    "... ended early once the step's tokens reach this share of --max-num-tokens (0-1)"),
 }
 
 
@@ -118,6 +122,9 @@ def _scheduler_overrides(a) -> dict:
         if not (isinstance(v, (int, float)) and math.isfinite(v)) or v < lo:
             raise InvalidInputError(f"--{flag.replace('_', '-')} must be a finite number >= {lo}, got {v}")
         out[field] = kind(v)
+    if out.get("batch_wait_max_tokens_ratio", 0.0) > 1.0:
+        raise InvalidInputError(f"--batch-wait-max-tokens-ratio is a share of the token budget (0-1), got "
+                                f"{out['batch_wait_max_tokens_ratio']}")
     return out
 
 
