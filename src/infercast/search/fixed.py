@@ -51,10 +51,10 @@ def search_fixed(
     """Aggregated replicas and disaggregated worker splits that use exactly ``gpus`` GPUs, each at
     every concurrency (clients of the whole deployment; default 1, 2, 4, ..., 1024); ``best`` is the
     highest throughput per GPU among those meeting the targets (at one concurrency: the lowest mean
-    request latency). At most ``max_workers`` workers of each role. ``params``: the backend's scheduler (default: its own).
-    ``make_estimator(layout)`` builds each layout's estimator (default: an
-    :class:`~infercast.Estimator` with ``estimator_kw``), so a caller that asks many times can
-    reuse them."""
+    request latency). At most ``max_workers`` workers of each role. ``params``: the backend's
+    scheduler (default: its own). ``make_estimator(layout)`` builds each layout's estimator
+    (default: an :class:`~infercast.Estimator` with ``estimator_kw``), so a caller that asks many
+    times can reuse them."""
     from ..api import serve_agg_replica
     from ..serving.backends import scheduler_params
 
