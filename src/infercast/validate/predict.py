@@ -170,6 +170,11 @@ def trtllm_recipe(row: SiliconRow, attention_dp: int) -> tuple[int, str | None] 
     moved the dev rows' TPOT median APE 8.71% -> 8.79% (DeepSeek-R1 1.2.0rc6.post3 nvfp4 15.9% ->
     19.3%) and TTFT 25.32% -> 25.21%.
 
+    Measured and not kept: the MTP script's token budget (``max_num_tokens = (MTP + 1) x
+    max_batch_size + isl + 64``, rounded up to 64, no chunked prefill) moved those rows' TTFT median
+    APE 24.5% -> 19.6% but their geometric-mean ratio 0.80 -> 1.61 (a queue at high concurrency
+    the rows do not show) and all rows' TPOT 8.71% -> 8.74%.
+
     Dev rows, TensorRT-LLM DeepSeek b200 TPOT median APE, before (MTP 1 for R1, none for V3, the
     tables' own kernels) -> after: R1 1.2.0rc6.post3 fp8 48.3% -> 16.4%, nvfp4 23.6% -> 15.9%;
     R1 1.2.0rc6.post2 fp8 12.8% -> 8.3%, nvfp4 20.6% -> 18.2%; V3 1.2.0rc6.post2 fp8 41.3% -> 4.0%.
@@ -194,7 +199,12 @@ _INFERENCEX_SOURCE = re.compile(r"source_file=\d{4}-\d{2}-\d{2}\.csv")
 def inferencex_row(row: SiliconRow) -> bool:
     """Whether a row comes from InferenceX's exported results: the date-stamped source files
     (``silicon_data_source`` ``source_file=2026-04-06.csv``, ``...2026-03-25.csv``), whose ids
-    carry that benchmark's own config names (``2026_04_06_..._tp8_ep8_<n>``)."""
+    carry that benchmark's own config names (``2026_04_06_..._tp8_ep8_<n>``).
+
+    Measured and not kept: InferenceX's client draws each request's input and output lengths
+    uniformly from ``[0.8 L, L]`` (``--random-range-ratio 0.8``, mean 0.9 L); predicting those rows
+    (and the database dump's) at 0.9 x isl / osl moved the dev rows' TTFT median APE 21.45% -> 22.94%
+    (vLLM 13.9% -> 17.2%: its front end was calibrated at the nominal lengths), TPOT 8.71% -> 8.67%."""
     return bool(_INFERENCEX_SOURCE.match(row.source or ""))
 
 
@@ -216,7 +226,9 @@ LLAMA_BATCH_WAIT = (20, 0.9, 16384)
 #: as on the mixed-step backends. Dev rows, SGLang agg TTFT median APE: DeepSeek h200
 #: (InferenceX and the database dump of the same deployments) 87-199% -> 19-21%, GLM-5 61-299% ->
 #: 14-28%; all SGLang rows 36.0% -> 30.1%. (Qwen3.5 on H200, whose newest recipe sets none either:
-#: its rows move from over- to under-predicted, 15-32% -> 31-39%; not taken.)
+#: its rows move from over- to under-predicted, 15-32% -> 31-39%; not taken. Nor the Qwen3.5 B200
+#: recipes' chunked-prefill size, which differs between their versions: 32768 gave SGLang TTFT
+#: 30.1% -> 28.9%, 8192 31.4%; no row says which version measured it.)
 SGLANG_NO_RECV_INTERVAL = (("h200_sxm", "DeepSeek"), (None, "GLM-5"))
 
 
