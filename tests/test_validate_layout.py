@@ -180,3 +180,19 @@ def test_sglang_recipe_lockstep(system, model, lockstep) -> None:
     assert sglang_lockstep(row) is lockstep
     assert recipe_scheduler(row, scheduler_params("sglang")).lockstep is lockstep
     assert recipe_scheduler(replace(row, backend="vllm"), scheduler_params("vllm")).lockstep is False
+
+
+@pytest.mark.parametrize(("backend", "system", "quant", "kv"), [
+    ("sglang", "b200_sxm", None, "fp8"),      # the B200 / B300 SGLang recipes: --kv-cache-dtype fp8_e4m3
+    ("sglang", "b300_sxm", "fp8", "fp8"),
+    ("sglang", "h200_sxm", "fp8", None),      # ... the H200 ones keep the default
+    ("trtllm", "h200_sxm", "fp8", "fp8"),     # quantised checkpoints on TensorRT-LLM / vLLM
+    ("vllm", "b200_sxm", None, None),
+])
+def test_kv_cache_dtype_by_recipe(backend, system, quant, kv) -> None:
+    from dataclasses import replace
+
+    from infercast.validate.predict import _kv_quant
+
+    row = replace(_row("x", WorkerSpec(batch_size=4, tp=8)), backend=backend, system=system, gemm_quant=quant)
+    assert _kv_quant(row) == kv

@@ -423,12 +423,23 @@ def _kv_quant(row: SiliconRow) -> str | None:
     for cache) measure no such queueing (predicted TTFT 6x the measured, e.g. Llama-3.1-70B fp8
     tp1 on b200, 1024x8192 at c64: 382 ms measured); with an fp8 cache the vLLM rows' TTFT median
     APE goes 23.9% -> 23.1%, TPOT 12.4% -> 12.5%. SGLang keeps the model dtype
-    (``kv_cache_dtype=auto``). Measured and not kept: a bf16 cache for vLLM fp8 checkpoints that
+    (``kv_cache_dtype=auto``) except where its benchmark recipes set fp8 (:data:`SGLANG_FP8_KV_SYSTEMS`). Measured and not kept: a bf16 cache for vLLM fp8 checkpoints that
     declare no KV quantisation (MiniMax-M2.5, Qwen3-235B-FP8) fits MiniMax-M2.5 h100 8192x1024 better
     (TTFT 46% -> 25%) but moves all vLLM rows TTFT 20.5% -> 20.7%, TPOT 7.4% -> 7.7%."""
     if row.backend in ("trtllm", "vllm") and _gemm_quant(row) in ("fp8", "nvfp4", "fp8_block"):
         return "fp8"
+    if row.backend == "sglang" and row.system in SGLANG_FP8_KV_SYSTEMS:
+        return "fp8"
     return None
+
+
+#: Systems whose SGLang benchmark recipes run an fp8 KV cache: InferenceX's single-node SGLang
+#: scripts on B200 (DeepSeek-R1 fp8 / fp4 / MTP, Qwen3.5, GLM-5: ``--kv-cache-dtype fp8_e4m3``) and
+#: B300 (SemiAnalysisAI/InferenceX issue #135: "FP8 KV cache"); their H200 scripts keep the default.
+#: Dev rows (SGLang, all of its B200 / B300 rows): TPOT median APE 10.9% -> 10.5% (disaggregated
+#: 10.5% -> 7.4%), TTFT 30.1% -> 29.4%; all rows TPOT 8.71% -> 8.59%, TTFT 20.31% -> 20.22%. (GB200 /
+#: GB300 too, whose Dynamo recipes are not in that repository: the same all-row figures.)
+SGLANG_FP8_KV_SYSTEMS = ("b200_sxm", "b300_sxm")
 
 
 def benchmark_concurrency(row: SiliconRow) -> int:
