@@ -144,6 +144,8 @@ def test_reported_versions_are_the_current_slots(sweep):
     [
         ("meta-llama/Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B", None),
         ("nvidia/Qwen3-32B-NVFP4", "Qwen/Qwen3-32B", "nvfp4"),
+        # the NVFP4 export of an fp8 checkpoint is nvfp4, experts included (was served as fp8_block)
+        ("nvidia/DeepSeek-R1-NVFP4", "deepseek-ai/DeepSeek-R1", "nvfp4"),
         ("zhipuai/GLM-5", "zai-org/GLM-5", None),
         ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Meta-Llama-3.1-8B", None),
         ("Qwen/Qwen3-32B", "Qwen/Qwen3-32B", None),
@@ -160,7 +162,8 @@ def test_real_model_aliases(real_pack_available, asked, resolved, quant):
         assert mc.alias_note and asked in mc.alias_note and resolved in mc.alias_note
     if quant:
         assert quant in mc.alias_note
-        assert build_spec(mc).quant.gemm == quant
+        q = build_spec(mc).quant
+        assert q.gemm == quant and q.moe in (None, quant)
 
 
 def test_real_pack_is_found_without_arguments(real_pack_available):

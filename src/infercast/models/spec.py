@@ -68,8 +68,13 @@ def infer_quant(mc: ModelConfig, text_cfg: dict) -> QuantSpec:
         kv_scheme and kv_scheme.get("type") == "float" and (kv_scheme.get("num_bits") or 16) <= 8
     ):
         kv = "fp8"
-    if mc.quant_from_alias and gemm == "bfloat16":
-        gemm, src = mc.quant_from_alias, f"alias {mc.model_id}"
+    alias = mc.quant_from_alias
+    # the alias names the quantised export, which replaces the base checkpoint's weights: an -NVFP4
+    # alias of an fp8 checkpoint (nvidia/DeepSeek-R1-NVFP4 -> deepseek-ai/DeepSeek-R1) is nvfp4 in
+    # its GEMMs and experts alike; an -FP8 alias of a checkpoint already in fp8 keeps its scaling
+    if alias and gemm != alias and not (alias == "fp8" and gemm in ("fp8", "fp8_block")):
+        base = "" if gemm == "bfloat16" and moe is None else f" (replaces the base's {src})"
+        gemm, moe, src = alias, None, f"alias {mc.model_id}{base}"
     return QuantSpec(gemm=gemm, kv_cache=kv, moe=moe or gemm, source=src)
 
 
