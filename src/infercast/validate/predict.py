@@ -211,8 +211,8 @@ def inferencex_row(row: SiliconRow) -> bool:
 #: The InferenceX Llama-3.1-70B TensorRT-LLM recipes' context batching delay at 1024x1024 below TP 8
 #: (``batch_wait_timeout_iters: 20``, ``batch_wait_max_tokens_ratio: 0.9`` in
 #: ``benchmarks/70b_fp8_{b200,h200}_trt_slurm.sh``), with the b200 script's ``--max_num_tokens 16384``
-#: (the h200 script's is ``$MAX_MODEL_LEN``, which the rows do not give; at these concurrencies the
-#: timeout ends the delay either way). Dev rows: those rows' TTFT was under-predicted by ~20 decode
+#: (the h200 script's is ``$MAX_MODEL_LEN``, which the rows do not give; its rows fit the b200
+#: value, e.g. h200 fp8 TP1 c128: 1882 ms measured, 1621 predicted). Dev rows: those rows' TTFT was under-predicted by ~20 decode
 #: steps (b200 fp8 TP1 c4: 383 ms measured, 129 predicted, 406 with the delay; h200 fp8 TP1 c4: 562
 #: measured, 575 with it; TP 8 rows fit without it); see :func:`recipe_scheduler`.
 LLAMA_BATCH_WAIT = (20, 0.9, 16384)
