@@ -196,3 +196,21 @@ def test_kv_cache_dtype_by_recipe(backend, system, quant, kv) -> None:
 
     row = replace(_row("x", WorkerSpec(batch_size=4, tp=8)), backend=backend, system=system, gemm_quant=quant)
     assert _kv_quant(row) == kv
+
+
+@pytest.mark.parametrize(("version", "quant", "conc", "delayed"), [
+    ("1.2.0rc6.post2", "fp8", 64, True),     # dsr1_fp8_b200_trt.sh: DELAY_BATCHING from 64 to 255 clients
+    ("1.2.0rc6.post2", "fp8", 256, False),
+    ("1.2.0rc6.post2", "fp8", 32, False),
+    ("1.2.0rc6.post2", "nvfp4", 64, False),
+    ("1.2.0rc6.post3", "fp8", 64, False),    # the MTP recipe does not delay
+])
+def test_deepseek_plain_recipe_batch_wait(version, quant, conc, delayed) -> None:
+    from dataclasses import replace
+
+    from infercast.serving.backends import scheduler_params
+
+    row = replace(_row("x", WorkerSpec(batch_size=conc, tp=8)), model="deepseek-ai/DeepSeek-R1", backend_version=version,
+                  gemm_quant=quant, concurrency=conc)
+    p = recipe_scheduler(row, scheduler_params("trtllm"))
+    assert (p.batch_wait_iters, p.batch_wait_max_tokens_ratio) == ((40, 0.8) if delayed else (0, 0.0))

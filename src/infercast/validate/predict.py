@@ -242,12 +242,24 @@ def sglang_lockstep(row: SiliconRow) -> bool:
                    for system, prefix in SGLANG_NO_RECV_INTERVAL)
 
 
+#: The DeepSeek-R1 fp8 plain-recipe context batching delay (``benchmarks/dsr1_fp8_b200_trt.sh``:
+#: ``DELAY_BATCHING`` at 1024x1024 from 64 to 255 clients: ``batch_wait_timeout_iters: 40``,
+#: ``batch_wait_max_tokens_ratio: 0.8``, ``max_num_tokens`` 8192). One dev measurement (TP 8, c64,
+#: exported twice): 643 ms measured, 246 predicted without it, 715 with it.
+DSR1_FP8_BATCH_WAIT = (40, 0.8, 8192)
+
+
 def recipe_scheduler(row: SiliconRow, params):
-    """``params`` with the scheduler settings of the recipe that measured ``row``: an InferenceX
-    TensorRT-LLM context batching delay (:data:`LLAMA_BATCH_WAIT`), SGLang without lock-step
-    waves (:func:`sglang_lockstep`); else unchanged."""
+    """``params`` with the scheduler settings of the recipe that measured ``row``: a TensorRT-LLM
+    context batching delay (:data:`LLAMA_BATCH_WAIT`, :data:`DSR1_FP8_BATCH_WAIT`), SGLang without
+    lock-step waves (:func:`sglang_lockstep`); else unchanged."""
     if row.backend == "sglang" and params.lockstep and not sglang_lockstep(row):
         return replace(params, lockstep=False)
+    if (row.backend == "trtllm" and row.backend_version == STP_RECIPE_VERSION and _gemm_quant(row) == "fp8"
+            and row.model.split("/")[-1].startswith("DeepSeek") and (row.isl, row.osl) == (1024, 1024)
+            and 64 <= (row.concurrency or 0) < 256):
+        iters, ratio, budget = DSR1_FP8_BATCH_WAIT
+        return replace(params, batch_wait_iters=iters, batch_wait_max_tokens_ratio=ratio, max_num_tokens=budget)
     if (row.backend == "trtllm" and inferencex_row(row) and row.model.split("/")[-1].startswith("Llama-3.1-70B")
             and (row.isl, row.osl) == (1024, 1024) and row.worker is not None and row.worker.tp < 8):
         iters, ratio, budget = LLAMA_BATCH_WAIT
