@@ -133,9 +133,10 @@ class Estimator:
         self.plan: Plan = build_plan(spec, par, SpecDecode(_nonneg_int("--nextn", nextn), _unit("--mtp-acceptance", mtp_acceptance)),
                                      engine_fusions(backend, spec, par, self.data.system))
         if moe_kernel is not None:
-            if str(moe_kernel).lower() not in MOE_KERNELS:
+            kernel = str(moe_kernel).lower()
+            if kernel not in MOE_KERNELS:
                 raise InvalidInputError(f"unknown --moe-kernel {moe_kernel!r}", "known kernel families: " + ", ".join(MOE_KERNELS))
-            self.plan = with_moe_kernel(self.plan, str(moe_kernel).lower())
+            self.plan = with_moe_kernel(self.plan, kernel)
         self.engine = CompiledEngine(self.plan, self.db)
         self.backend = backend_defaults(backend)
         mtp = spec.mtp_layers if self.plan.spec_decode.nextn else 0

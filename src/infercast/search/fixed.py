@@ -65,9 +65,12 @@ def search_fixed(
     res.max_gpus = n
     node = base.data.system.node
     space = layouts(base.spec, n, node.nvlink_gpus)
+
+    def worker(lay: Layout) -> bool:  # a disaggregated worker: no pipeline stages, within the NVLink domain
+        return lay.pp == 1 and lay.gpus <= node.nvlink_gpus
+
     ests = _estimators(res, base, model, space, backend_version, systems_path, estimator_kw,
-                       keep=lambda lay: n % lay.gpus == 0 or (lay.pp == 1 and lay.gpus <= node.nvlink_gpus),
-                       make=make_estimator)
+                       keep=lambda lay: n % lay.gpus == 0 or worker(lay), make=make_estimator)
     agg_params = params or scheduler_params(backend, base.data.system, base.spec)
     for lay, est in ests.items():
         if n % lay.gpus:
@@ -83,7 +86,7 @@ def search_fixed(
                 continue
             r.tokens_per_s_per_gpu *= c / (per_replica * replicas)  # idle clients' share: replicas hold fewer
             res.candidates.append(Candidate(*_fields(res, label, est, n, c, r, r.bound)))
-    roles = _roles(res, {lay: e for lay, e in ests.items() if lay.pp == 1 and lay.gpus <= node.nvlink_gpus})
+    roles = _roles(res, {lay: e for lay, e in ests.items() if worker(lay)})
     for pl, pe in roles["prefill"].items():
         for dl, de in roles["decode"].items():
             for pw in range(1, min(max_workers, (n - de.gpus) // pe.gpus) + 1):

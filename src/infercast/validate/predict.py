@@ -251,20 +251,29 @@ DSR1_FP8_BATCH_WAIT = (40, 0.8, 8192)
 
 def recipe_scheduler(row: SiliconRow, params):
     """``params`` with the scheduler settings of the recipe that measured ``row``: a TensorRT-LLM
-    context batching delay (:data:`LLAMA_BATCH_WAIT`, :data:`DSR1_FP8_BATCH_WAIT`), SGLang without
-    lock-step waves (:func:`sglang_lockstep`); else unchanged."""
+    context batching delay (:func:`_batch_wait`), SGLang without lock-step waves
+    (:func:`sglang_lockstep`); else unchanged."""
     if row.backend == "sglang" and params.lockstep and not sglang_lockstep(row):
         return replace(params, lockstep=False)
-    if (row.backend == "trtllm" and row.backend_version == STP_RECIPE_VERSION and _gemm_quant(row) == "fp8"
-            and row.model.split("/")[-1].startswith("DeepSeek") and (row.isl, row.osl) == (1024, 1024)
+    wait = _batch_wait(row)
+    if wait is None:
+        return params
+    iters, ratio, budget = wait
+    return replace(params, batch_wait_iters=iters, batch_wait_max_tokens_ratio=ratio, max_num_tokens=budget)
+
+
+def _batch_wait(row: SiliconRow) -> tuple[int, float, int] | None:
+    """(iterations, token ratio, token budget) of the TensorRT-LLM context batching delay of the
+    recipe that measured ``row`` (:data:`DSR1_FP8_BATCH_WAIT`, :data:`LLAMA_BATCH_WAIT`), or None."""
+    if row.backend != "trtllm" or (row.isl, row.osl) != (1024, 1024):
+        return None
+    name = row.model.split("/")[-1]
+    if (row.backend_version == STP_RECIPE_VERSION and _gemm_quant(row) == "fp8" and name.startswith("DeepSeek")
             and 64 <= (row.concurrency or 0) < 256):
-        iters, ratio, budget = DSR1_FP8_BATCH_WAIT
-        return replace(params, batch_wait_iters=iters, batch_wait_max_tokens_ratio=ratio, max_num_tokens=budget)
-    if (row.backend == "trtllm" and inferencex_row(row) and row.model.split("/")[-1].startswith("Llama-3.1-70B")
-            and (row.isl, row.osl) == (1024, 1024) and row.worker is not None and row.worker.tp < 8):
-        iters, ratio, budget = LLAMA_BATCH_WAIT
-        return replace(params, batch_wait_iters=iters, batch_wait_max_tokens_ratio=ratio, max_num_tokens=budget)
-    return params
+        return DSR1_FP8_BATCH_WAIT
+    if inferencex_row(row) and name.startswith("Llama-3.1-70B") and row.worker is not None and row.worker.tp < 8:
+        return LLAMA_BATCH_WAIT
+    return None
 
 
 def postprocess_workers(row: SiliconRow) -> int:
