@@ -801,6 +801,9 @@ def _kernel_pack(tmp_path):
 
     table("trtllm", sp.TRTLLM_CURRENT, "deepgemm", 1.0)
     table("vllm", sp.VLLM_CURRENT, "vllm_x_flashinfer_trtllm_experts", 0.5)
+    # TensorRT-LLM's previous collection measured a Triton kernel (vLLM's fused_moe name) that its
+    # current one dropped
+    table("trtllm", sp.TRTLLM_PREVIOUS, "vllm_fused_moe", 3.0)
     find_pack(str(pack.systems_dir))
     return pack, site, np.array(tokens, float), base
 
@@ -826,6 +829,38 @@ def test_moe_kernel_family_from_own_table_or_a_peer(tmp_path):
     hy = resolve("cutlass", mode="HYBRID")
     np.testing.assert_allclose(hy.grid(tok)[0], base, rtol=1e-12)
     assert any("no bfloat16 cutlass MoE rows" in n for n in hy.notes)
+    # a family the current collection lacks comes from this backend's older collection first ...
+    tr = resolve("triton")
+    np.testing.assert_allclose(tr.grid(tok)[0], base * 3.0, rtol=1e-12)
+    assert any(f"triton MoE kernels from trtllm {sp.TRTLLM_PREVIOUS}'s moe table (trtllm {sp.TRTLLM_CURRENT}'s has none"
+               in n for n in tr.notes)
+    # ... and is never looked for in a peer's older collection: vLLM has no Triton rows of its own
+    with pytest.raises(NotAvailableError, match="no bfloat16 MoE rows of the triton kernels"):
+        resolve("triton", backend="vllm")
+    np.testing.assert_allclose(resolve(None).grid(tok)[0], base, rtol=1e-12)  # the default is untouched
+
+
+def test_kernel_family_names():
+    from infercast.ops.moe import KERNEL_FAMILY_NAMES, MOE_KERNELS, kernel_family_mask
+
+    assert MOE_KERNELS == ("trtllm", "cutlass", "deepgemm", "triton")
+    names = ["sglang_fused_moe_triton", "vllm_fused_moe", "vllm_fp8moe_flashinfer_trtllm_x", "deepgemm",
+             "moe_torch_flow_cutlass", "vllm_unquantizedfusedmoe_flashinfer_cutlass_flashinferexperts"]
+
+    class T:
+        latency = np.zeros(len(names))
+        keys = {"kernel_source": np.array(names)}
+
+        def has(self, c):
+            return c in self.keys
+
+    got = {k: [n for n, m in zip(names, kernel_family_mask(T(), k)) if m] for k in KERNEL_FAMILY_NAMES}
+    assert got == {
+        "triton": ["sglang_fused_moe_triton", "vllm_fused_moe"],
+        "trtllm": ["vllm_fp8moe_flashinfer_trtllm_x"],
+        "deepgemm": ["deepgemm"],
+        "cutlass": ["moe_torch_flow_cutlass", "vllm_unquantizedfusedmoe_flashinfer_cutlass_flashinferexperts"],
+    }
 
 
 def test_estimator_moe_kernel_option(synth, real_pack_available):

@@ -13,6 +13,7 @@ from infercast.validate.predict import (
     recipe_scheduler,
     sglang_lockstep,
     trtllm_recipe,
+    vllm_recipe,
 )
 from infercast.validate.silicon import SiliconRow, WorkerSpec
 
@@ -214,3 +215,23 @@ def test_deepseek_plain_recipe_batch_wait(version, quant, conc, delayed) -> None
                   gemm_quant=quant, concurrency=conc)
     p = recipe_scheduler(row, scheduler_params("trtllm"))
     assert (p.batch_wait_iters, p.batch_wait_max_tokens_ratio) == ((40, 0.8) if delayed else (0, 0.0))
+
+
+@pytest.mark.parametrize(("model", "system", "quant", "version", "want"), [
+    # minimaxm2.5_fp8_b200.sh at v0.17.0: Triton experts, --enable-expert-parallel, no --kv-cache-dtype
+    ("MiniMaxAI/MiniMax-M2.5", "b200_sxm", "fp8", "0.17.0", ("triton", True, None)),
+    ("MiniMaxAI/MiniMax-M2.5", "b200_sxm", "fp8", "0.19.0", None),     # PR #947: the defaults again
+    ("MiniMaxAI/MiniMax-M2.5", "b200_sxm", "nvfp4", "0.17.0", None),   # another script
+    ("MiniMaxAI/MiniMax-M2.5", "h200_sxm", "fp8", "0.17.0", None),
+])
+def test_vllm_recipe_by_benchmarked_version(model, system, quant, version, want) -> None:
+    from dataclasses import astuple, replace
+
+    from infercast.validate.predict import _kv_quant
+
+    row = replace(_row("x", WorkerSpec(batch_size=4, tp=2)), backend="vllm", model=model, system=system,
+                  gemm_quant=quant, backend_version=version)
+    got = vllm_recipe(row)
+    assert (astuple(got) if got else None) == want
+    assert _kv_quant(row) == (None if want else "fp8")  # the recipe's KV dtype, else the quantised default
+    assert vllm_recipe(replace(row, backend="sglang")) is None

@@ -149,7 +149,7 @@ import numpy as np
 
 from ..data.database import PEER_AGREEMENT
 from ..data.quant import COMPUTE_DTYPE, WEIGHT_BYTES
-from ..data.versions import SERVING_BACKENDS
+from ..data.versions import SERVING_BACKENDS, version_key
 from ..errors import InfercastError, InvalidInputError, NotAvailableError
 from ..interp import sol
 from ..interp.grid import Grid
@@ -379,12 +379,22 @@ def _get_lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_nam
 
 
 #: MoE kernel families an engine can be told to run (TensorRT-LLM's ``moe_config.backend``:
-#: ``TRTLLM`` = the TensorRT-LLM-gen kernels, ``CUTLASS``, ``DEEPGEMM``), each matched against
-#: the ``kernel_source`` names of the moe tables (case-insensitive substring): "trtllm" finds
-#: SGLang's ``sglang_flashinfer_trtllm_moe`` and vLLM's ``..._flashinfer_trtllm_...`` rows (the
-#: same TensorRT-LLM-gen kernels through FlashInfer), "cutlass" TensorRT-LLM's
-#: ``moe_torch_flow_cutlass`` and FlashInfer's CUTLASS rows, "deepgemm" ``deepgemm``.
-MOE_KERNELS = ("trtllm", "cutlass", "deepgemm")
+#: ``TRTLLM`` = the TensorRT-LLM-gen kernels, ``CUTLASS``, ``DEEPGEMM``; vLLM's and SGLang's
+#: Triton ``fused_moe``), each matched against the ``kernel_source`` names of the moe tables
+#: (case-insensitive substrings, :data:`KERNEL_FAMILY_NAMES`): "trtllm" finds SGLang's
+#: ``sglang_flashinfer_trtllm_moe`` and vLLM's ``..._flashinfer_trtllm_...`` rows (the same
+#: TensorRT-LLM-gen kernels through FlashInfer), "cutlass" TensorRT-LLM's
+#: ``moe_torch_flow_cutlass`` and FlashInfer's CUTLASS rows, "deepgemm" ``deepgemm``, "triton"
+#: SGLang's ``sglang_fused_moe_triton`` and vLLM's ``vllm_fused_moe`` (vLLM's ``fused_moe`` layer
+#: is its Triton kernel: what it runs with FlashInfer and DeepGEMM experts switched off, e.g.
+#: ``VLLM_USE_FLASHINFER_MOE_FP8=0 VLLM_MOE_USE_DEEP_GEMM=0``).
+KERNEL_FAMILY_NAMES = {
+    "trtllm": ("trtllm",),
+    "cutlass": ("cutlass",),
+    "deepgemm": ("deepgemm",),
+    "triton": ("triton", "vllm_fused_moe"),
+}
+MOE_KERNELS = tuple(KERNEL_FAMILY_NAMES)
 
 
 def kernel_family_mask(table, kernel: str) -> np.ndarray:
@@ -392,24 +402,52 @@ def kernel_family_mask(table, kernel: str) -> np.ndarray:
     if not table.has("kernel_source"):
         return np.zeros(len(table.latency), bool)
     names = np.char.lower(table.keys["kernel_source"].astype(str))
-    return np.char.find(names, kernel.lower()) >= 0
+    hit = np.zeros(len(names), bool)
+    for part in KERNEL_FAMILY_NAMES.get(kernel.lower(), (kernel.lower(),)):
+        hit |= np.char.find(names, part) >= 0
+    return hit
 
 
 def _kernel_db(db: OpDB, candidates: tuple[str, ...], kernel: str, gated: bool, distribution: str) -> OpDB | None:
-    """The database whose moe table measured ``kernel``'s family in the preferred quant mode:
-    this backend's, else another serving backend's on the same system (in
+    """The database whose moe table measured ``kernel``'s family in the preferred quant mode, in
+    this order: this backend's data version; this backend's other collected versions, newest
+    first (a kernel an engine stopped defaulting to drops out of the newer collections: vLLM's
+    b200 tables measured the Triton ``fused_moe`` in 0.19.0 and 0.22.0, FlashInfer's kernels in
+    0.24.0); another serving backend's current data on the same system (in
     :data:`~infercast.data.versions.SERVING_BACKENDS` order) -- the kernels are the same library's,
     whichever engine called them. None when no table has them."""
-    for backend in (db.backend,) + tuple(b for b in SERVING_BACKENDS if b != db.backend):
-        kdb = db if backend == db.backend else _peer_db(db, backend)
+
+    def measured(kdb: OpDB | None) -> bool:
         if kdb is None:
-            continue
+            return False
         try:
-            if _get_lattice(kdb, candidates[0], gated, distribution, kernel=kernel) is not None:
-                return kdb
+            return _get_lattice(kdb, candidates[0], gated, distribution, kernel=kernel) is not None
         except InfercastError:
-            continue
+            return False
+
+    if measured(db):
+        return db
+    for version in sorted((v for v in db.data.versions.collected if v != db.data.version), key=version_key, reverse=True):
+        kdb = _version_db(db, version)
+        if measured(kdb):
+            return kdb
+    for backend in (b for b in SERVING_BACKENDS if b != db.backend):
+        kdb = _peer_db(db, backend)
+        if measured(kdb):
+            return kdb
     return None
+
+
+def _version_db(db: OpDB, version: str) -> OpDB | None:
+    """This backend's data at another collected ``version`` on the same system (per process), or None."""
+
+    def build():
+        try:
+            return OpDB(replace(db.data, version=version, served={}), db.mode)
+        except InfercastError:
+            return None
+
+    return db.memo(("moe-version-db", version), build)
 
 
 #: Wide expert parallelism. SGLang serves attention data parallelism with EP through DeepEP and
@@ -735,7 +773,7 @@ def resolve_moe(
             kernel = None
         elif kdb is not db:
             notes.append(f"{kernel} MoE kernels from {kdb.backend} {kdb.data.version}'s moe table "
-                         f"({db.backend}'s has none in {candidates[0]})")
+                         f"({db.backend} {db.data.version}'s has none in {candidates[0]})")
             db = kdb
 
     q = candidates[0]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..api import Estimator
 from ..errors import InfercastError, InvalidInputError, UnsupportedModelError
@@ -80,19 +80,27 @@ class EstimatorCache:
 
     def ships_mtp(self, model: str) -> bool:
         """Whether the checkpoint ``model`` ships MTP (next-n prediction) layers."""
-        key = ("mtp", model)
-        hit = self._cache.get(key)
-        if hit is None:
+        spec = self._spec(model)
+        return spec is not None and spec.mtp_layers > 0
+
+    def ships_moe(self, model: str) -> bool:
+        """Whether the checkpoint ``model`` has routed experts."""
+        spec = self._spec(model)
+        return spec is not None and spec.moe is not None
+
+    def _spec(self, model: str):
+        """The model spec of checkpoint ``model``, or None when it does not resolve."""
+        key = ("spec", model)
+        if key not in self._cache:
             from ..data.model_configs import resolve_model
             from ..data.pack import find_pack
             from ..models.spec import build_spec
 
             try:
-                hit = build_spec(resolve_model(find_pack(self.systems_path), model)).mtp_layers > 0
+                self._cache[key] = build_spec(resolve_model(find_pack(self.systems_path), model))
             except InfercastError:
-                hit = False
-            self._cache[key] = hit
-        return hit
+                self._cache[key] = None
+        return self._cache[key]
 
     def _gpus_per_node(self, system: str) -> int | None:
         key = ("node", system)
@@ -110,6 +118,9 @@ class EstimatorCache:
         """The estimator for a row's model/system/backend and one worker's parallelism ``w``."""
         w = _width_rule(_product_layout(row, w, self._gpus_per_node(row.system)))
         moe_tp, moe_ep = _moe_layout(w)
+        recipe = vllm_recipe(row)
+        if recipe is not None and recipe.expert_parallel and self.ships_moe(self.checkpoint(row)[0]):
+            moe_tp, moe_ep = 1, w.tp * w.attention_dp
         return self.for_layout(row, w.tp, w.pp, w.attention_dp, moe_tp, moe_ep)
 
     def for_layout(self, row: SiliconRow, tp: int = 1, pp: int = 1, attention_dp: int = 1, moe_tp: int | None = None,
@@ -123,6 +134,9 @@ class EstimatorCache:
         recipe = trtllm_recipe(row, attention_dp) if row.backend == "trtllm" and self.ships_mtp(model) else None
         if recipe is not None:
             nextn, moe_kernel = recipe
+        vrecipe = vllm_recipe(row)
+        if vrecipe is not None and self.ships_moe(model):
+            moe_kernel = vrecipe.moe_kernel
         key = (model, row.system, row.backend, gemm_q, moe_q, kv, nextn, moe_kernel, tp, pp, attention_dp, moe_tp, moe_ep)
         hit = self._cache.get(key)
         if isinstance(hit, InfercastError):
@@ -283,6 +297,43 @@ def postprocess_workers(row: SiliconRow) -> int:
     if row.backend != "trtllm" or not inferencex_row(row):
         return 0
     return INFERENCEX_POSTPROCESS_WORKERS.get(row.model.split("/")[-1], 0)
+
+
+@dataclass(frozen=True)
+class VllmRecipe:
+    """What a vLLM benchmark recipe set that the row does not say: the MoE kernel family the
+    engine ran (:data:`infercast.ops.moe.MOE_KERNELS`), whether ``--enable-expert-parallel`` was
+    on (experts sharded by EP over the whole replica, not by TP), and the KV-cache dtype
+    (None: the model's own, vLLM's ``--kv-cache-dtype auto``)."""
+
+    moe_kernel: str | None
+    expert_parallel: bool
+    kv_cache_quant: str | None
+
+
+#: The public InferenceX MiniMax-M2.5 fp8 B200 recipe while it ran ``vllm/vllm-openai:v0.17.0``
+#: (``benchmarks/single_node/minimaxm2.5_fp8_b200.sh`` before SemiAnalysisAI/InferenceX PR #947,
+#: which moved it to v0.19.0): it exported ``VLLM_USE_FLASHINFER_MOE_FP8=0`` and
+#: ``VLLM_MOE_USE_DEEP_GEMM=0`` (vLLM's Triton ``fused_moe`` experts), passed
+#: ``--enable-expert-parallel`` whenever ``EP_SIZE >= 1`` (every point; PR #947 made it ``> 1``) and
+#: no ``--kv-cache-dtype`` (the v0.19.0 recipe adds ``fp8``). Keyed (model name, system, gemm
+#: quant, benchmarked version). The Triton rows come from vLLM's older b200 collections (0.22.0;
+#: the current 0.24.0 measured FlashInfer's kernels only; :func:`infercast.ops.moe.resolve_moe`).
+#: Dev rows (28, 1024x1024 / 1024x8192 / 8192x1024, TP 2 / 4, 4-64 clients), TTFT / TPOT median
+#: APE: as the v0.19.0 recipe (FlashInfer experts, TP experts, fp8 KV) 31-43% / 15-21%
+#: (under-predicted, geometric-mean ratio 0.51-0.65 / 0.80-0.84) -> Triton experts 16.9% / 7.1% ->
+#: with expert parallelism 10.4% / 5.8%; fp8 KV instead of bf16 there 10.6% / 5.5%. All rows:
+#: TTFT 20.22% -> 19.67%, TPOT 8.59% -> 8.38%.
+VLLM_RECIPES = {
+    ("MiniMax-M2.5", "b200_sxm", "fp8", "0.17.0"): VllmRecipe("triton", True, None),
+}
+
+
+def vllm_recipe(row: SiliconRow) -> VllmRecipe | None:
+    """The :data:`VLLM_RECIPES` entry of the recipe that measured a vLLM row, or None."""
+    if row.backend != "vllm":
+        return None
+    return VLLM_RECIPES.get((row.model.split("/")[-1], row.system, _gemm_quant(row), row.backend_version))
 
 
 FOUR_BIT = ("nvfp4", "int4_wo", "mxfp4", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8")
@@ -449,6 +500,9 @@ def _kv_quant(row: SiliconRow) -> str | None:
     (``kv_cache_dtype=auto``) except where its benchmark recipes set fp8 (:data:`SGLANG_FP8_KV_SYSTEMS`). Measured and not kept: a bf16 cache for vLLM fp8 checkpoints that
     declare no KV quantisation (MiniMax-M2.5, Qwen3-235B-FP8) fits MiniMax-M2.5 h100 8192x1024 better
     (TTFT 46% -> 25%) but moves all vLLM rows TTFT 20.5% -> 20.7%, TPOT 7.4% -> 7.7%."""
+    recipe = vllm_recipe(row)
+    if recipe is not None:
+        return recipe.kv_cache_quant
     if row.backend in ("trtllm", "vllm") and _gemm_quant(row) in ("fp8", "nvfp4", "fp8_block"):
         return "fp8"
     if row.backend == "sglang" and row.system in SGLANG_FP8_KV_SYSTEMS:
