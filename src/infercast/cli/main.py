@@ -37,8 +37,9 @@ def _add_model_args(p: argparse.ArgumentParser, parallel: bool = True) -> None:
     p.add_argument("--mtp-acceptance", type=float, default=0.8, help="MTP acceptance rate per draft position (default 0.8)")
     p.add_argument("--moe-quant", default=None, help="override the MoE expert quant mode (fp8_block, nvfp4, mxfp4, int4_wo, ...)")
     p.add_argument("--moe-kernel", default=None,
-                   help="MoE kernel family the engine runs: trtllm (TensorRT-LLM-gen), cutlass or deepgemm "
-                        "(TensorRT-LLM's moe_config.backend; default: the table's own kernels)")
+                   help="MoE kernel family the engine runs: trtllm (TensorRT-LLM-gen), cutlass, deepgemm "
+                        "(TensorRT-LLM's moe_config.backend) or triton (vLLM / SGLang fused_moe); "
+                        "default: the table's own kernels")
     p.add_argument("--gemm-quant", default=None, help="override the GEMM weight quant mode (bfloat16, fp8, fp8_block, nvfp4, ...)")
     p.add_argument("--kv-cache-quant", default=None, help="override the KV cache dtype (bfloat16, fp8)")
     p.add_argument("--attention-quant", default=None, help="override the attention compute dtype (bfloat16, fp8)")
