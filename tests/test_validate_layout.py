@@ -97,7 +97,7 @@ def test_gemm_decode_ratio_helpers() -> None:
     ((36, 1, 1), "agg", 36),     # no backend shards by 36: a GPU count
     ((72, 1, 1), "agg", 72),
     ((20, 1, 1), "agg", 20),
-    ((32, 1, 1), "agg", None),   # a power of two is a TP degree, taken as the row says
+    ((32, 1, 1), "agg", None),   # a power of two is a TP degree, taken as the row says ...
     ((8, 1, 1), "agg", None),
     ((1, 1, 1), "agg", None),
     ((6, 2, 1), "agg", None),    # pipeline stages or attention DP: not the GPU-count signature
@@ -108,6 +108,21 @@ def test_gpu_count_rows(cols, mode, want) -> None:
     tp, pp, dp = cols
     w = WorkerSpec(batch_size=4, tp=tp, pp=pp, attention_dp=dp, moe_tp=tp, moe_ep=1)
     assert gpu_count(_row("2026_04_06_x_gb200_trtllm_fp4_agg_1024x1024_c4_tp36_ep1_1", w, mode)) == want
+
+
+@pytest.mark.parametrize(("tp", "ep", "want"), [
+    (32, 1, 32),    # ... except an MoE model's TP wider than 8 without EP: a GPU count
+    (64, 1, 64),
+    (16, 1, 16),
+    (8, 1, None),   # TP 8 experts are served
+    (32, 8, None),  # with expert parallelism the width is a layout (the product rule reads it)
+    (36, 1, 36),
+])
+def test_gpu_count_wide_moe_tp_without_ep(tp, ep, want) -> None:
+    w = WorkerSpec(batch_size=4, tp=tp, attention_dp=1, moe_tp=tp // ep, moe_ep=ep)
+    row = _row("2026_04_06_x_gb200_trtllm_fp4_agg_8192x1024_c4_tp32_ep1_1", w)
+    assert gpu_count(row, moe_model=True) == want
+    assert gpu_count(row, moe_model=False) == (want if tp & (tp - 1) else None)  # a dense model's TP 32 is TP 32
 
 
 @pytest.mark.parametrize(("backend", "version", "quant", "adp", "want"), [

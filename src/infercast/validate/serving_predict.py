@@ -30,7 +30,7 @@ def serving_predictor(cache: EstimatorCache, params=None):
     def predict(row: SiliconRow):
         if row.mode == "disagg":
             return _disagg(row)
-        gpus = gpu_count(row)
+        gpus = gpu_count(row, cache.ships_moe(cache.checkpoint(row)[0]))
         if gpus is not None:
             return _fixed(row, gpus)
         benchmark_concurrency(row)
