@@ -513,6 +513,15 @@ def test_moe_kernel_bad_input(synth, capsys, kernel, needle):
     assert_one_line_error(*run_cli(capsys, argv), needle)
 
 
+@pytest.mark.parametrize("value,needle", [("1.5", "--kv-memory-fraction must be a number in [0, 1]"),
+                                          ("nan", "--kv-memory-fraction must be a number in [0, 1]"),
+                                          ("0", "--kv-memory-fraction must be above 0")])
+def test_kv_memory_fraction_bad_input(synth, capsys, value, needle):
+    argv = ["serve", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm", "--concurrency", "4",
+            "--systems-path", str(synth.systems_dir), "--isl", "128", "--osl", "8", "--kv-memory-fraction", value]
+    assert_one_line_error(*run_cli(capsys, argv), needle)
+
+
 def test_plan_out_that_cannot_be_written(synth, capsys, tmp_path):
     argv = ["estimate", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm",
             "--systems-path", str(synth.systems_dir), "--isl", "128", "--osl", "8", "--plan-out"]

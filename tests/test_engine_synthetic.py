@@ -626,3 +626,18 @@ def test_cuda_graph_padding_reaches_token_wise_ops_only(est):
     total = sum(float(v) for v, _ in padded.values())
     assert eng.decode_scalar(5.0, 300.0, 3.0) == pytest.approx(total, rel=1e-12)
     assert float(eng.decode_run_ms(5.0, np.full(40, 300.0), 3.0)[0]) == pytest.approx(total, rel=1e-12)
+
+
+def test_kv_memory_fraction_sets_the_kv_budget(synth):
+    """The backend's KV knob scales its own share: TensorRT-LLM's fraction of the memory free after
+    weights, activations and reserves (exact), and nothing else in the estimate moves."""
+    from infercast import Estimator
+
+    base = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", systems_path=synth.systems_dir)
+    half = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", kv_memory_fraction=0.45, systems_path=synth.systems_dir)
+    m, h = base.memory, half.memory
+    free = m.capacity - m.weights - m.activations - m.reserves
+    assert base.backend.kv_memory_fraction == 0.9 and m.kv_budget == pytest.approx(0.9 * free, rel=1e-12)
+    assert h.kv_budget == pytest.approx(0.45 * free, rel=1e-12)
+    assert h.kv_capacity_tokens < m.kv_capacity_tokens
+    assert half.decode_ms(8, 256, 64) == base.decode_ms(8, 256, 64)

@@ -86,6 +86,12 @@ class Estimator:
 
     ``prefill_ms`` / ``decode_ms`` accept scalars or numpy arrays (broadcast together) and do no
     I/O: simulators may call them in a loop.
+
+    ``kv_memory_fraction`` is the backend's own KV-memory knob, in its own sense
+    (:mod:`infercast.serving.backends`): TensorRT-LLM's ``free_gpu_memory_fraction`` (of the memory
+    free after weights and activations), vLLM's ``gpu_memory_utilization`` (of all GPU memory, for
+    everything), SGLang's ``mem_fraction_static`` (of all GPU memory, for weights + KV); None keeps
+    the engine's default.
     """
 
     def __init__(
@@ -107,6 +113,7 @@ class Estimator:
         nextn: int = 0,
         mtp_acceptance: float = 0.8,
         moe_kernel: str | None = None,
+        kv_memory_fraction: float | None = None,
         database_mode: str | DatabaseMode = DatabaseMode.SILICON,
         systems_path: str | Path | None = None,
     ):
@@ -139,6 +146,11 @@ class Estimator:
             self.plan = with_moe_kernel(self.plan, kernel)
         self.engine = CompiledEngine(self.plan, self.db)
         self.backend = backend_defaults(backend)
+        if kv_memory_fraction is not None:
+            f = _unit("--kv-memory-fraction", kv_memory_fraction)
+            if f == 0.0:
+                raise InvalidInputError("--kv-memory-fraction must be above 0", "a KV cache of no memory serves nothing")
+            self.backend = replace(self.backend, kv_memory_fraction=f)
         mtp = spec.mtp_layers if self.plan.spec_decode.nextn else 0
         self.memory: MemoryBreakdown = memory_breakdown(spec, self.plan.parallel, self.data.system, self.backend, mtp)
         self._cache: dict = {}

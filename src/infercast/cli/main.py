@@ -42,6 +42,9 @@ def _add_model_args(p: argparse.ArgumentParser, parallel: bool = True) -> None:
                         "default: the table's own kernels")
     p.add_argument("--gemm-quant", default=None, help="override the GEMM weight quant mode (bfloat16, fp8, fp8_block, nvfp4, ...)")
     p.add_argument("--kv-cache-quant", default=None, help="override the KV cache dtype (bfloat16, fp8)")
+    p.add_argument("--kv-memory-fraction", type=float, default=None,
+                   help="the backend's KV memory knob: TensorRT-LLM free_gpu_memory_fraction, vLLM "
+                        "gpu_memory_utilization, SGLang mem_fraction_static (default: the engine's)")
     p.add_argument("--attention-quant", default=None, help="override the attention compute dtype (bfloat16, fp8)")
     p.add_argument("--database-mode", default="SILICON", help="SILICON (default), HYBRID, EMPIRICAL or SOL")
     _add_data_args(p)
@@ -60,7 +63,7 @@ def _estimator(a, prefix: str = ""):
             attention_dp=par("attention_dp"), moe_tp=par("moe_tp"), moe_ep=par("moe_ep"), moe_quant=a.moe_quant,
             nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel,
             gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
-            database_mode=a.database_mode, systems_path=a.systems_path,
+            kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode, systems_path=a.systems_path,
         )
     except InfercastError as exc:
         if not prefix:
@@ -213,7 +216,8 @@ def cmd_search(a) -> int:
     kw = dict(max_gpus=a.max_gpus, concurrencies=conc, ttft_max_ms=a.ttft_ms, tpot_max_ms=a.tpot_ms,
               backend_version=a.backend_version, systems_path=a.systems_path, moe_quant=a.moe_quant,
               gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
-              nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel, database_mode=a.database_mode)
+              nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel,
+              kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode)
     if mode == "fixed":
         kw.pop("max_gpus")
         kw["gpus"] = a.gpus
