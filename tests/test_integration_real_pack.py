@@ -392,3 +392,30 @@ def test_validate_gpu_count_row_takes_the_best_deployment_of_its_gpus(real_pack_
     assert gpus == 36, layout
     (static,) = run_validation(rows, make_predictor("static"))
     assert static.error is not None and "not a power of two" in static.error
+
+
+def test_validate_recipes_reach_the_estimator(real_pack_available):
+    """Recipe settings a row does not carry reach the estimator the row is predicted with: the
+    SGLang DeepSeek-R1 fp8 TP 4 recipe's static memory fraction (room for its 8k x 8 KV), the vLLM
+    MiniMax-M2.5 v0.17.0 recipe's Triton experts (from vLLM's older b200 collection), expert
+    parallelism and bf16 KV cache."""
+    from infercast.validate.predict import EstimatorCache
+    from infercast.validate.silicon import SiliconRow, WorkerSpec
+
+    def row(backend, model, version, tp):
+        return SiliconRow(id="x", backend=backend, backend_version=version, model=model, system="b200_sxm", mode="agg",
+                          isl=8192, osl=1024, concurrency=8, gemm_quant="fp8", moe_quant="fp8", measured_ttft_ms=1.0,
+                          measured_tpot_ms=1.0, worker=WorkerSpec(batch_size=8, tp=tp, moe_tp=tp, moe_ep=1))
+
+    cache = EstimatorCache()
+    sg = row("sglang", "deepseek-ai/DeepSeek-R1", "0.5.9", 4)
+    est = cache.get(sg, sg.worker)
+    assert est.backend.kv_memory_fraction == 0.95
+    assert est.memory.kv_capacity_tokens > 8 * (8192 + 1024)
+    vl = row("vllm", "MiniMaxAI/MiniMax-M2.5", "0.17.0", 2)
+    est = cache.get(vl, vl.worker)
+    assert (est.plan.parallel.ep, est.plan.parallel.etp) == (2, 1)
+    assert est.spec.quant.kv_cache in (None, "bfloat16")
+    moe = [c for c in est.engine.ops if c.op.kind == "moe"]
+    assert moe and all("triton MoE kernels from vllm" in " ".join(c.resolved[0].notes) for c in moe)
+    assert all(c.resolved[0].kernel == "vllm_fused_moe" for c in moe)

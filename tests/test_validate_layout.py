@@ -12,6 +12,7 @@ from infercast.validate.predict import (
     postprocess_workers,
     recipe_scheduler,
     sglang_lockstep,
+    sglang_recipe,
     trtllm_recipe,
     vllm_recipe,
 )
@@ -250,3 +251,25 @@ def test_vllm_recipe_by_benchmarked_version(model, system, quant, version, want)
     assert (astuple(got) if got else None) == want
     assert _kv_quant(row) == (None if want else "fp8")  # the recipe's KV dtype, else the quantised default
     assert vllm_recipe(replace(row, backend="sglang")) is None
+
+
+@pytest.mark.parametrize(("system", "quant", "tp", "want"), [
+    ("b200_sxm", "fp8", 4, (0.95, 8192, 32)),   # dsr1_fp8_b200.sh at TP 4: room for KV beside ~169 GB of weights
+    ("b300_sxm", "fp8", 4, (0.95, 8192, 32)),   # the B300 entries reuse the B200 recipe
+    ("b200_sxm", "fp8", 8, None),               # TP 8: the rows are the MTP variant's, not taken
+    ("b200_sxm", "nvfp4", 4, None),
+    ("h200_sxm", "fp8", 4, None),
+])
+def test_sglang_recipe_sizes(system, quant, tp, want) -> None:
+    from dataclasses import astuple, replace
+
+    from infercast.serving.backends import scheduler_params
+
+    row = replace(_row("x", WorkerSpec(batch_size=8, tp=tp)), backend="sglang", system=system, gemm_quant=quant,
+                  model="deepseek-ai/DeepSeek-R1", isl=8192)
+    got = sglang_recipe(row, tp)
+    assert (astuple(got) if got else None) == want
+    p = recipe_scheduler(row, scheduler_params("sglang"))
+    default = scheduler_params("sglang")
+    assert (p.max_num_tokens, p.max_batch_size) == ((want[1], want[2]) if want else (default.max_num_tokens, default.max_batch_size))
+    assert sglang_recipe(replace(row, backend="vllm"), tp) is None

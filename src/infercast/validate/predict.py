@@ -137,7 +137,10 @@ class EstimatorCache:
         vrecipe = vllm_recipe(row)
         if vrecipe is not None and self.ships_moe(model):
             moe_kernel = vrecipe.moe_kernel
-        key = (model, row.system, row.backend, gemm_q, moe_q, kv, nextn, moe_kernel, tp, pp, attention_dp, moe_tp, moe_ep)
+        srecipe = sglang_recipe(row, tp * attention_dp)
+        kv_fraction = srecipe.kv_memory_fraction if srecipe is not None else None
+        key = (model, row.system, row.backend, gemm_q, moe_q, kv, nextn, moe_kernel, kv_fraction, tp, pp, attention_dp, moe_tp,
+               moe_ep)
         hit = self._cache.get(key)
         if isinstance(hit, InfercastError):
             raise hit
@@ -147,7 +150,8 @@ class EstimatorCache:
                     model, row.system, row.backend, None, tp, pp,
                     attention_dp=attention_dp, moe_tp=moe_tp, moe_ep=moe_ep,
                     gemm_quant=gemm_q, moe_quant=moe_q, kv_cache_quant=kv, nextn=nextn, mtp_acceptance=MTP_ACCEPTANCE,
-                    moe_kernel=moe_kernel, database_mode=self.database_mode, systems_path=self.systems_path,
+                    moe_kernel=moe_kernel, kv_memory_fraction=kv_fraction, database_mode=self.database_mode,
+                    systems_path=self.systems_path,
                 )
             except InfercastError as exc:
                 self._cache[key] = exc
@@ -263,10 +267,54 @@ def sglang_lockstep(row: SiliconRow) -> bool:
 DSR1_FP8_BATCH_WAIT = (40, 0.8, 8192)
 
 
+@dataclass(frozen=True)
+class SglangRecipe:
+    """An SGLang benchmark recipe's server sizes: ``--mem-fraction-static``,
+    ``--chunked-prefill-size`` (the step's token budget) and ``--max-running-requests``."""
+
+    kv_memory_fraction: float
+    max_num_tokens: int
+    max_batch_size: int
+
+
+#: The public InferenceX DeepSeek-R1 fp8 SGLang recipe on B200 (``benchmarks/dsr1_fp8_b200.sh``,
+#: ``single_node/dsr1_fp8_b200.sh``; its B300 entries reuse it as is) runs TP 4 for 8192x1024 only,
+#: with ``MEM_FRAC_STATIC=0.95``, ``CHUNKED_PREFILL_SIZE=8192`` and ``MAX_RUNNING_REQUESTS=32``:
+#: DeepSeek-R1's fp8 weights take ~169 GB of each of four B200s, which SGLang's default static
+#: fraction (0.88 here) would leave ~1 GB of KV cache (27k tokens: a c8 run would queue for
+#: cache). Keyed (model-name prefix, system, gemm quant, GPUs per replica). Dev rows (b200 TP 4,
+#: 8192x1024, c8 / c16): TTFT 18.9 / 48.2 s predicted -> 1.19 / 2.14 s (0.78 / 1.00 s measured);
+#: all rows TTFT 19.69% unchanged, TPOT 8.38% -> 8.36%. (Its TP 8 settings -- 0.82, 32768, 128 --
+#: are not taken: the dev rows at TP 8 go to 512 clients, which only the recipe's MTP variant
+#: schedules, with other sizes; capping them at 128 running requests predicts 68 s of TTFT for a
+#: 3.1 s measurement.)
+SGLANG_RECIPES = {
+    ("DeepSeek", "b200_sxm", "fp8", 4): SglangRecipe(0.95, 8192, 32),
+    ("DeepSeek", "b300_sxm", "fp8", 4): SglangRecipe(0.95, 8192, 32),
+}
+
+
+def sglang_recipe(row: SiliconRow, gpus: int) -> SglangRecipe | None:
+    """The :data:`SGLANG_RECIPES` entry of the recipe that measured an SGLang row served on
+    ``gpus`` GPUs per replica, or None."""
+    if row.backend != "sglang":
+        return None
+    name = row.model.split("/")[-1]
+    for (prefix, system, quant, width), recipe in SGLANG_RECIPES.items():
+        if name.startswith(prefix) and row.system == system and _gemm_quant(row) == quant and gpus == width:
+            return recipe
+    return None
+
+
 def recipe_scheduler(row: SiliconRow, params):
     """``params`` with the scheduler settings of the recipe that measured ``row``: a TensorRT-LLM
     context batching delay (:func:`_batch_wait`), SGLang without lock-step waves
-    (:func:`sglang_lockstep`); else unchanged."""
+    (:func:`sglang_lockstep`) and SGLang's recipe sizes (:func:`sglang_recipe`); else unchanged."""
+    if row.backend == "sglang":
+        w = row.worker
+        recipe = sglang_recipe(row, w.tp * w.attention_dp) if w is not None else None
+        if recipe is not None:
+            params = replace(params, max_num_tokens=recipe.max_num_tokens, max_batch_size=recipe.max_batch_size)
     if row.backend == "sglang" and params.lockstep and not sglang_lockstep(row):
         return replace(params, lockstep=False)
     wait = _batch_wait(row)
