@@ -12,7 +12,9 @@ held-out measured points are predicted from the rest along three paths:
   batch row or one length column of an attention site, so the query sits between its two measured
   neighbours on that axis; one message size of an all-reduce curve) and predicted from that
   site's remaining points with :class:`infercast.interp.grid.Grid` (per-axis linear / power-law / tile
-  scales, as the ops use them; the alternatives below are scored on the measured points alone);
+  scales, as the ops use them; a GEMM site also from its siblings' measurements at that
+  position, as ``ops.gemm.build_site_grid`` fills a lattice hole; the alternatives below are
+  scored on the measured points alone);
 * ``hold-high`` / ``hold-low``: the same for an edge point (last / first measured on its axis):
   the query lies outside the remaining grid, which applies the edge rule of
   :mod:`infercast.interp.grid` (hold a saturated edge's utilisation, extend a climbing or falling

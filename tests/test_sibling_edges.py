@@ -114,3 +114,46 @@ def test_transfer_donors_drop_only_disturbed_points():
     small = v.copy()
     small[3] = 10.2 * (1.0 + 0.5 * DONOR_CLIP)  # within the clip: kept
     assert donor_values(small)[3] == small[3]
+
+
+# ---- holes inside a curve (infercast.interp.transfer.fill_holes_from_siblings) -----------------
+def test_hole_is_the_geometric_mean_of_own_and_sibling_estimates():
+    """sol(m) = m; the own curve has utilisation 0.5 at 2 and 8 and lacks 4; the siblings step up
+    to twice their utilisation at 4. Sibling estimate: u(4) = 0.5 x 2 = 1 -> 4 ms; own linear grid:
+    4 + (16 - 4) x (4 - 2) / (8 - 2) = 8 ms; the answer sqrt(4 x 8)."""
+    from infercast.interp.transfer import fill_holes_from_siblings
+
+    def sol(m):
+        return np.asarray(m, dtype=float)
+
+    x = np.array([2.0, 8.0])
+    v = x / 0.5
+    sx = np.array([2.0, 4.0, 8.0])
+    sibs = [(sx, sx / np.array([0.4, 0.8, 0.4]) * s, lambda m, s=s: s * np.asarray(m, dtype=float)) for s in (1.0, 3.0)]
+    hx, hv = fill_holes_from_siblings(x, v, sol, sibs, k=2)
+    np.testing.assert_array_equal(hx, [4.0])
+    np.testing.assert_allclose(hv, [np.sqrt(4.0 * 8.0)], rtol=1e-12)
+
+
+def test_only_majority_holes_inside_the_range_are_filled():
+    from infercast.interp.transfer import fill_holes_from_siblings
+
+    x, v = curve(3.0, 0.7, [2, 8, 16])
+    sibs = [(*curve(1.0, 0.5, [1, 2, 4, 8, 16, 32]), sol_fn(1.0)),   # 4 and 32 ...
+            (*curve(2.0, 0.9, [2, 4, 8, 12, 16]), sol_fn(2.0)),       # 4, and 12 (one of three: no hole)
+            (*curve(5.0, 0.6, [2, 4, 8, 16, 64]), sol_fn(5.0))]
+    hx, hv = fill_holes_from_siblings(x, v, sol_fn(3.0), sibs, k=3)
+    np.testing.assert_array_equal(hx, [4.0])  # 1, 32, 64 lie outside (2, 16): the edge rules' business
+    # a shared utilisation trend: both estimates are exact away from steps, the hole lands on the curve
+    assert hv[0] == pytest.approx(curve(3.0, 0.7, [4])[1][0], rel=0.2)
+    assert fill_holes_from_siblings(x[:1], v[:1], sol_fn(3.0), sibs)[0].size == 0   # one point: nothing inside
+    assert fill_holes_from_siblings(x, v, sol_fn(3.0), [])[0].size == 0
+
+
+def test_gemm_site_grid_keeps_measured_points_and_marks_filled_holes():
+    x, v = curve(3.0, 0.7, [2, 8, 16])
+    sibs = [(*curve(s, c, [2, 4, 8, 16]), sol_fn(s)) for s, c in ((1.0, 0.5), (2.0, 0.9), (5.0, 0.6))]
+    g = build_site_grid(x, v, sol_fn(3.0), iter(sibs))
+    vals, prov = g(np.array([2.0, 4.0, 8.0, 16.0]))
+    np.testing.assert_array_equal(vals[[0, 2, 3]], v)   # exact hits bit for bit
+    assert prov[1] == Prov.INTERPOLATED and (prov[[0, 2, 3]] == Prov.EXACT).all()

@@ -47,6 +47,23 @@ choice at that one ``m``).
    straight line across the 32 rows. LOO in-curve median / p90, h200 / b200, ``TILE_MIN_ROWS``
    16 -> 32: 3.3 / 15.8% | 3.0 / 16.9% -> 3.3 / 15.1% | 3.0 / 16.9% (seed 1: 3.3 / 16.8% |
    2.9 / 17.0% -> 3.4 / 16.3% | 2.9 / 17.0%); other paths unchanged.
+2b. *Holes the siblings measured.* A site that lacks a lattice point inside its range which most
+   of its eight nearest sibling sites measured gets that point filled before these rules run
+   (:func:`infercast.ops.gemm.build_site_grid`,
+   :func:`infercast.interp.transfer.fill_holes_from_siblings`, provenance interpolated): the
+   geometric mean of the site's own answer there (the rules above) and the siblings' (its two
+   neighbours' utilisation carried by the siblings' median ratio to that position). The siblings
+   see where a tile step falls for shapes like it; the own curve knows its level. LOO in-curve
+   median / p90, h200 / b200: 3.3 / 15.0% | 3.0 / 16.9% -> 2.9 / 13.4% | 3.2 / 15.9% (seed 1:
+   3.4 / 16.3% | 2.9 / 17.0% -> 3.0 / 13.7% | 3.1 / 16.4%); the siblings' estimate alone
+   2.8 / 14.5% | 3.4 / 18.1%, the nearer neighbour's only 3.0 / 18.0% | 3.3 / 20.8%, the
+   more consistent neighbour's (smaller spread of sibling ratios) 2.6 / 16.6% | 2.9 / 21.5%; a
+   0.3 / 0.7 weight on the own answer 2.8 / 13.5% | 3.2 / 16.6% and 3.1 / 14.0% | 3.1 / 15.9%;
+   4 / 16 siblings 2.9 / 13.6% | 3.4 / 16.4% and 2.9 / 13.4% | 3.3 / 15.7%. Other paths unchanged.
+   The pack's GEMM tables have no such hole (h100 / h200 / b200, every backend and quant mode):
+   served answers are unchanged; the rule is for a collection that lost points, the case in-curve
+   LOO measures. A position no site measured (``m`` between lattice points) is interpolated by
+   the rules above alone.
 3. *High edge.* The falling high-edge rule below does not apply: a tile axis's high edge holds or
    climbs. The last octave (``m`` 8192 -> 16384) is two noisy points; LOO hold-high p90 falls from
    23.5 / 22.3% to 19.3 / 20.5% (medians unchanged, 3.6 / 5.1%). Before that rule applies, a GEMM

@@ -176,6 +176,101 @@ def siblings_by_distance(site: Sequence[float], sites: np.ndarray, exclude: int 
     return order[order != exclude] if exclude is not None else order
 
 
+class Replayable:
+    """An iterable over a lazy sequence that can be walked more than once: what was drawn from the
+    source is kept and replayed (the sibling walks below each take only as far as they need)."""
+
+    def __init__(self, source):
+        self._it = iter(source)
+        self._seen: list = []
+
+    def __iter__(self):
+        i = 0
+        while True:
+            if i < len(self._seen):
+                yield self._seen[i]
+            else:
+                nxt = next(self._it, None)
+                if nxt is None:
+                    return
+                self._seen.append(nxt)
+                yield nxt
+            i += 1
+
+
+def _positions(sx, t: float) -> int | None:
+    i = int(np.searchsorted(sx, t))
+    return i if i < len(sx) and sx[i] == t else None
+
+
+def fill_holes_from_siblings(
+    x: np.ndarray,
+    v: np.ndarray,
+    sol: Callable,
+    siblings,
+    scales: tuple = (),
+    k: int = SIBLING_K,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Values for the holes inside a measured 1-D curve: positions between its first and last
+    points that most of its ``k`` nearest siblings measured and it did not (a lattice point its
+    collection lost, or the point leave-one-out removes). Returns ``(positions, latencies)``,
+    empty when there is none.
+
+    Each hole gets two estimates: the curve's own, the grid of its measured points at that position
+    (with the axis rules of ``scales``: :mod:`infercast.interp.grid`, e.g. the tile-step pair rule);
+    and the siblings', the utilisation the hole's two measured neighbours ``r`` carry there by the
+    median ratio ``u_j(t) / u_j(r)`` of the ``k`` nearest siblings that measured both (the mean of the
+    two in log space). The answer is their geometric mean: the own curve knows its level, the
+    siblings know where a tile step falls at that position for shapes like it, and each estimate
+    misses by its own noise (the held-out point's neighbours, one sibling's disturbed run).
+    ``siblings`` as in :func:`extend_from_siblings` (nearest first, consumed lazily)."""
+    x = np.asarray(x, dtype=float)
+    v = np.asarray(v, dtype=float)
+    empty = (np.zeros(0), np.zeros(0))
+    if len(x) < 2:
+        return empty
+    sib = []
+    for sx, sv, ssol in siblings:
+        sx, sv = np.asarray(sx, dtype=float), np.asarray(sv, dtype=float)
+        ok = ~np.isnan(sv) & (sv > 0)
+        sib.append((sx[ok], sv[ok], ssol))
+        if len(sib) >= k:
+            break
+    if not sib:
+        return empty
+    own = set(x.tolist())
+    votes: dict[float, int] = {}
+    for sx, _, _ in sib:
+        for t in sx[(sx > x[0]) & (sx < x[-1])].tolist():
+            if t not in own:
+                votes[t] = votes.get(t, 0) + 1
+    holes = np.array(sorted(t for t, c in votes.items() if 2 * c > len(sib)))
+    if not len(holes):
+        return empty
+    grid = Grid((x,), v, np.zeros(len(x), np.int8), sol, scales=scales)
+    own_v = np.asarray(grid(holes)[0], dtype=float)
+    u_own = np.asarray(sol(x), dtype=float).reshape(-1) / v
+    out_v = []
+    for t, vo in zip(holes.tolist(), own_v.tolist()):
+        j = int(np.searchsorted(x, t))
+        logs = []
+        for r, ur in ((x[j - 1], u_own[j - 1]), (x[j], u_own[j])):
+            ratios = []
+            for sx, sv, ssol in sib:
+                it_, ir = _positions(sx, t), _positions(sx, r)
+                if it_ is not None and ir is not None:
+                    su = np.asarray(ssol(np.array([t, r])), dtype=float).reshape(-1) / np.array([sv[it_], sv[ir]])
+                    ratios.append(np.log(su[0] / su[1]))
+            if ratios:
+                logs.append(np.log(ur) + float(np.median(ratios)))
+        if not logs:
+            out_v.append(vo)
+            continue
+        sol_t = float(np.asarray(sol(np.array([t])), dtype=float).reshape(-1)[0])
+        out_v.append(float(np.sqrt(vo * sol_t / np.exp(np.mean(logs)))))
+    return holes, np.asarray(out_v)
+
+
 def extend_from_siblings(
     x: np.ndarray,
     v: np.ndarray,

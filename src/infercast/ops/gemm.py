@@ -11,7 +11,15 @@ import numpy as np
 from ..errors import InfercastError, NotAvailableError
 from ..interp import sol
 from ..interp.grid import TILE, Grid, robust_knots
-from ..interp.transfer import choose_sites, extend_from_siblings, siblings_by_distance, transfer_grid
+from ..interp.provenance import Prov
+from ..interp.transfer import (
+    Replayable,
+    choose_sites,
+    extend_from_siblings,
+    fill_holes_from_siblings,
+    siblings_by_distance,
+    transfer_grid,
+)
 from ..data.quant import COMPUTE_DTYPE, WEIGHT_BYTES
 from .base import DatabaseMode, OpDB, Resolved, merge_kernels, sites_and_curves, sol_resolved
 from .empirical import empirical_resolved
@@ -34,11 +42,21 @@ def gemm_sol_fn(db: OpDB, quant: str, n: int, k: int):
 
 
 def build_site_grid(axis, vals, sol_fn, siblings=(), reach: float | None = None) -> Grid:
-    """One collected ``(n, k)`` site's m-curve as a grid: its measured points, and beyond its last
+    """One collected ``(n, k)`` site's m-curve as a grid: its measured points; beyond its last
     one the positions its sibling sites measured, carried by their utilisation trend
-    (:func:`infercast.interp.transfer.extend_from_siblings`; ``siblings``: ``(m, latency, sol)``
-    of the lattice's other sites, nearest first; ``reach``: the largest m any of them measured)."""
+    (:func:`infercast.interp.transfer.extend_from_siblings`); and the lattice points inside its
+    range that it lacks and its siblings measured, from its own curve and theirs
+    (:func:`infercast.interp.transfer.fill_holes_from_siblings`, provenance interpolated).
+    ``siblings``: ``(m, latency, sol)`` of the lattice's other sites, nearest first; ``reach``: the
+    largest m any of them measured."""
+    siblings = Replayable(siblings)
     x, v, prov = extend_from_siblings(axis, vals, sol_fn, siblings, reach=reach)
+    hx, hv = fill_holes_from_siblings(axis, vals, sol_fn, siblings, scales=M_SCALE)
+    if len(hx):
+        x, v = np.concatenate([x, hx]), np.concatenate([v, hv])
+        prov = np.concatenate([prov, np.full(len(hx), int(Prov.INTERPOLATED), np.int8)])
+        order = np.argsort(x, kind="stable")
+        x, v, prov = x[order], v[order], prov[order]
     return Grid((x,), v, prov, sol_fn, scales=M_SCALE)
 
 
