@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..data.quant import COMPUTE_DTYPE, WEIGHT_BYTES
 from ..errors import InfercastError, NotAvailableError
 from ..interp import sol
 from ..interp.grid import TILE, Grid, robust_knots
@@ -20,8 +21,14 @@ from ..interp.transfer import (
     siblings_by_distance,
     transfer_grid,
 )
-from ..data.quant import COMPUTE_DTYPE, WEIGHT_BYTES
-from .base import DatabaseMode, OpDB, Resolved, merge_kernels, sites_and_curves, sol_resolved
+from .base import (
+    DatabaseMode,
+    OpDB,
+    Resolved,
+    merge_kernels,
+    sites_and_curves,
+    sol_resolved,
+)
 from .empirical import empirical_resolved
 
 #: the tokens axis used for SOL / empirical grids (same span as the collected m axis)
