@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infercast.validate.predict import (
-    _product_layout,
-    _width_rule,
-    gpu_count,
+from infercast.validate.predict import _product_layout, _width_rule, gpu_count
+from infercast.validate.recipes import (
     inferencex_row,
     postprocess_workers,
     recipe_scheduler,

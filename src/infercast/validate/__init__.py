@@ -8,7 +8,13 @@ Typical use::
     write_all(results, out_dir, summary=summary)
 """
 
-from infercast.validate.metrics import RowResult, ape, error_stats, signed_error, summarize
+from infercast.validate.metrics import (
+    RowResult,
+    ape,
+    error_stats,
+    signed_error,
+    summarize,
+)
 from infercast.validate.report import (
     plot_error_vs_concurrency,
     render_console,

@@ -23,11 +23,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..api import Estimator
 from ..errors import InfercastError, InvalidInputError, UnsupportedModelError
 from ..ops.base import DatabaseMode
+from .recipes import (
+    SGLANG_FP8_KV_SYSTEMS,
+    _gemm_quant,
+    _quant,
+    sglang_recipe,
+    trtllm_recipe,
+    vllm_recipe,
+)
 from .silicon import SiliconRow
 
 Predictor = Callable[[SiliconRow], tuple[float, float, str]]
@@ -158,230 +166,6 @@ class EstimatorCache:
                 raise
             self._cache[key] = hit
         return hit
-
-
-#: TensorRT-LLM image tags of the public InferenceX (InferenceMAX) DeepSeek-R1 single-node recipes
-#: (``.github/configs/nvidia-master.yaml`` of SemiAnalysisAI/InferenceX, early 2026, and the
-#: ``benchmarks/dsr1_*_b200_trt*.sh`` scripts they run): the MTP recipes ran
-#: ``release:1.2.0rc6.post3``, the plain (STP) ones ``release:1.2.0rc6.post2`` (B200; on H200 both
-#: ran ``1.1.0rc2.post2``, which therefore tells nothing). See :func:`trtllm_recipe`.
-MTP_RECIPE_VERSION = "1.2.0rc6.post3"
-STP_RECIPE_VERSION = "1.2.0rc6.post2"
-
-
-def trtllm_recipe(row: SiliconRow, attention_dp: int) -> tuple[int, str | None] | None:
-    """(MTP draft tokens, MoE kernel family or None for the table's own) of the recipe a
-    TensorRT-LLM row's benchmarked version names (:data:`MTP_RECIPE_VERSION`,
-    :data:`STP_RECIPE_VERSION`), or None for other versions. The caller asks only for checkpoints
-    that ship MTP layers (DeepSeek-R1 / -V3). What the recipes' scripts set:
-
-    * MTP recipe: ``num_nextn_predict_layers`` 3, or 1 with attention DP; fp8 MoE backend
-      ``DEEPGEMM`` (the TensorRT-LLM table's own kernel);
-    * STP recipe: no MTP; fp8 MoE backend ``TRTLLM`` (TensorRT-LLM-gen), ``DEEPGEMM`` only in the
-      attention-DP points. TensorRT-LLM's tables hold no TensorRT-LLM-gen fp8 rows; vLLM's and
-      SGLang's hold the same kernels through FlashInfer (:func:`infercast.ops.moe.resolve_moe`,
-      ``kernel``).
-
-    nvfp4 keeps the table's own kernels in both: the scripts' ``TRTLLM`` backend (``CUTLASS`` with
-    attention DP or at >= 256 clients) is what :func:`infercast.ops.moe._prefer_low_latency`
-    already models at decode batch sizes; serving it from vLLM's TensorRT-LLM-gen nvfp4 rows instead
-    moved the dev rows' TPOT median APE 8.71% -> 8.79% (DeepSeek-R1 1.2.0rc6.post3 nvfp4 15.9% ->
-    19.3%) and TTFT 25.32% -> 25.21%.
-
-    Measured and not kept: the MTP script's token budget (``max_num_tokens = (MTP + 1) x
-    max_batch_size + isl + 64``, rounded up to 64, no chunked prefill) moved those rows' TTFT median
-    APE 24.5% -> 19.6% but their geometric-mean ratio 0.80 -> 1.61 (a queue at high concurrency
-    the rows do not show) and all rows' TPOT 8.71% -> 8.74%.
-
-    Dev rows, TensorRT-LLM DeepSeek b200 TPOT median APE, before (MTP 1 for R1, none for V3, the
-    tables' own kernels) -> after: R1 1.2.0rc6.post3 fp8 48.3% -> 16.4%, nvfp4 23.6% -> 15.9%;
-    R1 1.2.0rc6.post2 fp8 12.8% -> 8.3%, nvfp4 20.6% -> 18.2%; V3 1.2.0rc6.post2 fp8 41.3% -> 4.0%.
-    All dev rows: TPOT 8.91% -> 8.71% (within 20%: 80.4% -> 81.7%), TTFT 25.32% unchanged."""
-    if row.backend != "trtllm" or row.backend_version not in (MTP_RECIPE_VERSION, STP_RECIPE_VERSION):
-        return None
-    adp = attention_dp > 1
-    fp8 = _gemm_quant(row) == "fp8"
-    if row.backend_version == MTP_RECIPE_VERSION:
-        return (1 if adp else 3), None
-    return 0, ("deepgemm" if adp else "trtllm") if fp8 else None
-
-
-#: The public InferenceX recipes' TensorRT-LLM post-processing workers (``num_postprocess_workers``
-#: of their ``trtllm-serve`` launches: ``benchmarks/70b_fp8_{b200,h200}_trt_slurm.sh`` 2,
-#: ``benchmarks/gptoss_fp4_{b200,h200}_trt.sh`` 4; the DeepSeek-R1 scripts set none), by model
-#: name; see :data:`infercast.serving.backends.TRTLLM_POSTPROCESS_FRONT_END_MS`.
-INFERENCEX_POSTPROCESS_WORKERS = {"Llama-3.1-70B": 2, "Llama-3.1-70B-Instruct": 2, "gpt-oss-120b": 4}
-_INFERENCEX_SOURCE = re.compile(r"source_file=\d{4}-\d{2}-\d{2}\.csv")
-
-
-def inferencex_row(row: SiliconRow) -> bool:
-    """Whether a row comes from InferenceX's exported results: the date-stamped source files
-    (``silicon_data_source`` ``source_file=2026-04-06.csv``, ``...2026-03-25.csv``), whose ids
-    carry that benchmark's own config names (``2026_04_06_..._tp8_ep8_<n>``).
-
-    Measured and not kept: InferenceX's client draws each request's input and output lengths
-    uniformly from ``[0.8 L, L]`` (``--random-range-ratio 0.8``, mean 0.9 L); predicting those rows
-    (and the database dump's) at 0.9 x isl / osl moved the dev rows' TTFT median APE 21.45% -> 22.94%
-    (vLLM 13.9% -> 17.2%: its front end was calibrated at the nominal lengths), TPOT 8.71% -> 8.67%."""
-    return bool(_INFERENCEX_SOURCE.match(row.source or ""))
-
-
-#: The InferenceX Llama-3.1-70B TensorRT-LLM recipes' context batching delay at 1024x1024 below TP 8
-#: (``batch_wait_timeout_iters: 20``, ``batch_wait_max_tokens_ratio: 0.9`` in
-#: ``benchmarks/70b_fp8_{b200,h200}_trt_slurm.sh``), with the b200 script's ``--max_num_tokens 16384``
-#: (the h200 script's is ``$MAX_MODEL_LEN``, which the rows do not give; its rows fit the b200
-#: value, e.g. h200 fp8 TP1 c128: 1882 ms measured, 1621 predicted). Dev rows: those rows' TTFT was under-predicted by ~20 decode
-#: steps (b200 fp8 TP1 c4: 383 ms measured, 129 predicted, 406 with the delay; h200 fp8 TP1 c4: 562
-#: measured, 575 with it; TP 8 rows fit without it); see :func:`recipe_scheduler`.
-LLAMA_BATCH_WAIT = (20, 0.9, 16384)
-
-
-#: SGLang deployments whose InferenceX recipes set no ``--scheduler-recv-interval`` (SGLang's
-#: default polls for new requests every iteration), as (system or None for any, model-name
-#: prefix): DeepSeek-R1 on H200 (``benchmarks/dsr1_fp8_h200.sh``) and GLM-5
-#: (``benchmarks/glm5_fp8_b200.sh``, ``single_node/fixed_seq_len/glm5_fp8_b200.sh``). The B200
-#: DeepSeek-R1 and Qwen3.5 recipes poll every 10 iterations (30 from 16 clients): arrivals gather
-#: into batches, and the closed loop keeps its waves (the lock-step default of
-#: :data:`infercast.serving.backends.SCHEDULERS`). Without the interval the clients drift apart,
-#: as on the mixed-step backends. Dev rows, SGLang agg TTFT median APE: DeepSeek h200
-#: (InferenceX and the database dump of the same deployments) 87-199% -> 19-21%, GLM-5 61-299% ->
-#: 14-28%; all SGLang rows 36.0% -> 30.1%. (Qwen3.5 on H200, whose newest recipe sets none either:
-#: its rows move from over- to under-predicted, 15-32% -> 31-39%; not taken. Nor the Qwen3.5 B200
-#: recipes' chunked-prefill size, which differs between their versions: 32768 gave SGLang TTFT
-#: 30.1% -> 28.9%, 8192 31.4%; no row says which version measured it.)
-SGLANG_NO_RECV_INTERVAL = (("h200_sxm", "DeepSeek"), (None, "GLM-5"))
-
-
-def sglang_lockstep(row: SiliconRow) -> bool:
-    """Whether the SGLang recipe that measured ``row`` keeps lock-step waves
-    (:data:`SGLANG_NO_RECV_INTERVAL` lists those that do not)."""
-    name = row.model.split("/")[-1]
-    return not any((system is None or row.system == system) and name.startswith(prefix)
-                   for system, prefix in SGLANG_NO_RECV_INTERVAL)
-
-
-#: The DeepSeek-R1 fp8 plain-recipe context batching delay (``benchmarks/dsr1_fp8_b200_trt.sh``:
-#: ``DELAY_BATCHING`` at 1024x1024 from 64 to 255 clients: ``batch_wait_timeout_iters: 40``,
-#: ``batch_wait_max_tokens_ratio: 0.8``, ``max_num_tokens`` 8192). One dev measurement (TP 8, c64,
-#: exported twice): 643 ms measured, 246 predicted without it, 715 with it.
-DSR1_FP8_BATCH_WAIT = (40, 0.8, 8192)
-
-
-@dataclass(frozen=True)
-class SglangRecipe:
-    """An SGLang benchmark recipe's server sizes: ``--mem-fraction-static``,
-    ``--chunked-prefill-size`` (the step's token budget) and ``--max-running-requests``."""
-
-    kv_memory_fraction: float
-    max_num_tokens: int
-    max_batch_size: int
-
-
-#: The public InferenceX DeepSeek-R1 fp8 SGLang recipe on B200 (``benchmarks/dsr1_fp8_b200.sh``,
-#: ``single_node/dsr1_fp8_b200.sh``; its B300 entries reuse it as is) runs TP 4 for 8192x1024 only,
-#: with ``MEM_FRAC_STATIC=0.95``, ``CHUNKED_PREFILL_SIZE=8192`` and ``MAX_RUNNING_REQUESTS=32``:
-#: DeepSeek-R1's fp8 weights take ~169 GB of each of four B200s, which SGLang's default static
-#: fraction (0.88 here) would leave ~1 GB of KV cache (27k tokens: a c8 run would queue for
-#: cache). Keyed (model-name prefix, system, gemm quant, GPUs per replica). Dev rows (b200 TP 4,
-#: 8192x1024, c8 / c16): TTFT 18.9 / 48.2 s predicted -> 1.19 / 2.14 s (0.78 / 1.00 s measured);
-#: all rows TTFT 19.69% unchanged, TPOT 8.38% -> 8.36%. (Its TP 8 settings -- 0.82, 32768, 128 --
-#: are not taken: the dev rows at TP 8 go to 512 clients, which only the recipe's MTP variant
-#: schedules, with other sizes; capping them at 128 running requests predicts 68 s of TTFT for a
-#: 3.1 s measurement.)
-SGLANG_RECIPES = {
-    ("DeepSeek", "b200_sxm", "fp8", 4): SglangRecipe(0.95, 8192, 32),
-    ("DeepSeek", "b300_sxm", "fp8", 4): SglangRecipe(0.95, 8192, 32),
-}
-
-
-def sglang_recipe(row: SiliconRow, gpus: int) -> SglangRecipe | None:
-    """The :data:`SGLANG_RECIPES` entry of the recipe that measured an SGLang row served on
-    ``gpus`` GPUs per replica, or None."""
-    if row.backend != "sglang":
-        return None
-    name = row.model.split("/")[-1]
-    for (prefix, system, quant, width), recipe in SGLANG_RECIPES.items():
-        if name.startswith(prefix) and row.system == system and _gemm_quant(row) == quant and gpus == width:
-            return recipe
-    return None
-
-
-def recipe_scheduler(row: SiliconRow, params):
-    """``params`` with the scheduler settings of the recipe that measured ``row``: a TensorRT-LLM
-    context batching delay (:func:`_batch_wait`), SGLang without lock-step waves
-    (:func:`sglang_lockstep`) and SGLang's recipe sizes (:func:`sglang_recipe`); else unchanged."""
-    if row.backend == "sglang":
-        w = row.worker
-        recipe = sglang_recipe(row, w.tp * w.attention_dp) if w is not None else None
-        if recipe is not None:
-            params = replace(params, max_num_tokens=recipe.max_num_tokens, max_batch_size=recipe.max_batch_size)
-    if row.backend == "sglang" and params.lockstep and not sglang_lockstep(row):
-        return replace(params, lockstep=False)
-    wait = _batch_wait(row)
-    if wait is None:
-        return params
-    iters, ratio, budget = wait
-    return replace(params, batch_wait_iters=iters, batch_wait_max_tokens_ratio=ratio, max_num_tokens=budget)
-
-
-def _batch_wait(row: SiliconRow) -> tuple[int, float, int] | None:
-    """(iterations, token ratio, token budget) of the TensorRT-LLM context batching delay of the
-    recipe that measured ``row`` (:data:`DSR1_FP8_BATCH_WAIT`, :data:`LLAMA_BATCH_WAIT`), or None."""
-    if row.backend != "trtllm" or (row.isl, row.osl) != (1024, 1024):
-        return None
-    name = row.model.split("/")[-1]
-    if (row.backend_version == STP_RECIPE_VERSION and _gemm_quant(row) == "fp8" and name.startswith("DeepSeek")
-            and 64 <= (row.concurrency or 0) < 256):
-        return DSR1_FP8_BATCH_WAIT
-    if inferencex_row(row) and name.startswith("Llama-3.1-70B") and row.worker is not None and row.worker.tp < 8:
-        return LLAMA_BATCH_WAIT
-    return None
-
-
-def postprocess_workers(row: SiliconRow) -> int:
-    """TensorRT-LLM post-processing workers of the recipe that measured ``row``: the InferenceX
-    recipes' (:data:`INFERENCEX_POSTPROCESS_WORKERS`) for their rows, else 0 (``trtllm-serve``'s
-    default)."""
-    if row.backend != "trtllm" or not inferencex_row(row):
-        return 0
-    return INFERENCEX_POSTPROCESS_WORKERS.get(row.model.split("/")[-1], 0)
-
-
-@dataclass(frozen=True)
-class VllmRecipe:
-    """What a vLLM benchmark recipe set that the row does not say: the MoE kernel family the
-    engine ran (:data:`infercast.ops.moe.MOE_KERNELS`), whether ``--enable-expert-parallel`` was
-    on (experts sharded by EP over the whole replica, not by TP), and the KV-cache dtype
-    (None: the model's own, vLLM's ``--kv-cache-dtype auto``)."""
-
-    moe_kernel: str | None
-    expert_parallel: bool
-    kv_cache_quant: str | None
-
-
-#: The public InferenceX MiniMax-M2.5 fp8 B200 recipe while it ran ``vllm/vllm-openai:v0.17.0``
-#: (``benchmarks/single_node/minimaxm2.5_fp8_b200.sh`` before SemiAnalysisAI/InferenceX PR #947,
-#: which moved it to v0.19.0): it exported ``VLLM_USE_FLASHINFER_MOE_FP8=0`` and
-#: ``VLLM_MOE_USE_DEEP_GEMM=0`` (vLLM's Triton ``fused_moe`` experts), passed
-#: ``--enable-expert-parallel`` whenever ``EP_SIZE >= 1`` (every point; PR #947 made it ``> 1``) and
-#: no ``--kv-cache-dtype`` (the v0.19.0 recipe adds ``fp8``). Keyed (model name, system, gemm
-#: quant, benchmarked version). The Triton rows come from vLLM's older b200 collections (0.22.0;
-#: the current 0.24.0 measured FlashInfer's kernels only; :func:`infercast.ops.moe.resolve_moe`).
-#: Dev rows (28, 1024x1024 / 1024x8192 / 8192x1024, TP 2 / 4, 4-64 clients), TTFT / TPOT median
-#: APE: as the v0.19.0 recipe (FlashInfer experts, TP experts, fp8 KV) 31-43% / 15-21%
-#: (under-predicted, geometric-mean ratio 0.51-0.65 / 0.80-0.84) -> Triton experts 16.9% / 7.1% ->
-#: with expert parallelism 10.4% / 5.8%; fp8 KV instead of bf16 there 10.6% / 5.5%. All rows:
-#: TTFT 20.22% -> 19.67%, TPOT 8.59% -> 8.38%.
-VLLM_RECIPES = {
-    ("MiniMax-M2.5", "b200_sxm", "fp8", "0.17.0"): VllmRecipe("triton", True, None),
-}
-
-
-def vllm_recipe(row: SiliconRow) -> VllmRecipe | None:
-    """The :data:`VLLM_RECIPES` entry of the recipe that measured a vLLM row, or None."""
-    if row.backend != "vllm":
-        return None
-    return VLLM_RECIPES.get((row.model.split("/")[-1], row.system, _gemm_quant(row), row.backend_version))
 
 
 FOUR_BIT = ("nvfp4", "int4_wo", "mxfp4", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8")
@@ -547,15 +331,6 @@ def _moe_layout(w) -> tuple[int | None, int | None]:
     return None, None
 
 
-def _quant(q: str | None) -> str | None:
-    q = (q or "").strip().lower()
-    return q or None
-
-
-def _gemm_quant(row: SiliconRow) -> str | None:
-    return _quant(row.gemm_quant)
-
-
 def _kv_quant(row: SiliconRow) -> str | None:
     """No row says whether the KV cache was fp8. TensorRT-LLM serves NVIDIA's quantised (fp8 /
     nvfp4) checkpoints with their fp8 KV cache by default. For vLLM the dev rows say the same:
@@ -574,15 +349,6 @@ def _kv_quant(row: SiliconRow) -> str | None:
     if row.backend == "sglang" and row.system in SGLANG_FP8_KV_SYSTEMS:
         return "fp8"
     return None
-
-
-#: Systems whose SGLang benchmark recipes run an fp8 KV cache: InferenceX's single-node SGLang
-#: scripts on B200 (DeepSeek-R1 fp8 / fp4 / MTP, Qwen3.5, GLM-5: ``--kv-cache-dtype fp8_e4m3``) and
-#: B300 (SemiAnalysisAI/InferenceX issue #135: "FP8 KV cache"); their H200 scripts keep the default.
-#: Dev rows (SGLang, all of its B200 / B300 rows): TPOT median APE 10.9% -> 10.5% (disaggregated
-#: 10.5% -> 7.4%), TTFT 30.1% -> 29.4%; all rows TPOT 8.71% -> 8.59%, TTFT 20.31% -> 20.22%. (GB200 /
-#: GB300 too, whose Dynamo recipes are not in that repository: the same all-row figures.)
-SGLANG_FP8_KV_SYSTEMS = ("b200_sxm", "b300_sxm")
 
 
 def benchmark_concurrency(row: SiliconRow) -> int:

@@ -8,14 +8,8 @@ from __future__ import annotations
 from ..api import serve_agg, serve_disagg
 from ..errors import NotAvailableError, UnsupportedModelError
 from ..serving.backends import scheduler_params
-from .predict import (
-    EstimatorCache,
-    benchmark_concurrency,
-    clients_per_rank,
-    gpu_count,
-    postprocess_workers,
-    recipe_scheduler,
-)
+from .predict import EstimatorCache, benchmark_concurrency, clients_per_rank, gpu_count
+from .recipes import postprocess_workers, recipe_scheduler
 from .silicon import SiliconRow
 
 
