@@ -717,7 +717,7 @@ def _kernel_table(rows):
     return SimpleNamespace(keys=keys)
 
 
-def test_low_latency_rows_replace_cutlass_up_to_128_tokens_where_both_measured():
+def test_low_latency_rows_replace_cutlass_up_to_the_threshold_where_both_measured():
     from infercast.ops.moe import (
         TRTLLM_LOW_LATENCY_KERNEL,
         TRTLLM_LOW_LATENCY_MAX_TOKENS,
@@ -734,7 +734,7 @@ def test_low_latency_rows_replace_cutlass_up_to_128_tokens_where_both_measured()
     candidates = np.ones(len(rows), bool)
     candidates[-1] = False
     chosen = candidates & (t.keys["kernel_source"] == cut)  # what merge_kernels picks: CUTLASS first
-    out = _prefer_low_latency(t, chosen, candidates)
+    out = _prefer_low_latency(t, chosen, candidates, max_tokens=128)
     kept = {(k, int(n), s) for (k, n, s), m in zip(rows, out) if m}
     # at 1, 2 and 128 tokens the low-latency kernel's rows replace CUTLASS's ...
     assert {(LL, 1, a), (LL, 2, a), (LL, 128, a)} <= kept
@@ -744,7 +744,10 @@ def test_low_latency_rows_replace_cutlass_up_to_128_tokens_where_both_measured()
     assert {(cut, 64, a), (cut, 256, a), (cut, 512, a), (cut, 1, b), (cut, 2, b), (cut, 256, b)} <= kept
     assert (LL, 256, a) not in kept and (cut, 4, a) not in kept
     assert out.sum() == 9  # one row per point
-    assert TRTLLM_LOW_LATENCY_MAX_TOKENS == 128
+    # the default threshold, 512 tokens: decode steps, not prefill chunks
+    assert TRTLLM_LOW_LATENCY_MAX_TOKENS == 512
+    default = {(k, int(n), s) for (k, n, s), m in zip(rows, _prefer_low_latency(t, chosen, candidates)) if m}
+    assert (LL, 256, a) in default and (cut, 256, a) not in default and (cut, 512, a) in default
     # a table without the low-latency kernel: the choice unchanged
     t2 = _kernel_table([r for r in rows if r[0] != LL])
     m2 = np.ones(len(t2.keys["num_tokens"]), bool)
@@ -759,12 +762,14 @@ def test_trtllm_b200_nvfp4_experts_run_the_low_latency_kernel_at_small_batch(rea
     r = resolve_moe(db, quant="nvfp4", moe_tp=8, moe_ep=1, **DSV3)
     low_t, low = _raw_moe(db, "nvfp4", 7168, 2048, 8, 256, 8, 1, TRTLLM_LOW_LATENCY_KERNEL)
     cut_t, cut = _raw_moe(db, "nvfp4", 7168, 2048, 8, 256, 8, 1, "moe_torch_flow_cutlass")
-    small, large = low_t <= 128, cut_t > 128
-    v, p = r.grid(low_t[small])
-    np.testing.assert_array_equal(v, low[small])
+    mine = low_t <= 512  # the low-latency kernel's points up to 512 tokens are its own ...
+    v, p = r.grid(low_t[mine])
+    np.testing.assert_array_equal(v, low[mine])
     assert (p == Prov.EXACT).all()
+    large = cut_t > 512  # ... CUTLASS answers above (prefill chunks)
     np.testing.assert_array_equal(r.grid(cut_t[large])[0], cut[large])
-    # the low-latency kernel is the faster one there (why the engine picks it)
+    # the low-latency kernel is the faster one at small batch (why the engine picks it)
+    small = low_t <= 128
     assert np.all(low[small] < np.interp(low_t[small], cut_t, cut))
     # SGLang's table is untouched by the rule (its kernels are its own)
     rs = resolve_moe(_db("b200_sxm", "sglang"), quant="nvfp4", moe_tp=8, moe_ep=1, **DSV3)

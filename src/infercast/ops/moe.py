@@ -176,9 +176,10 @@ MXFP4_ALIAS = "mxfp4"
 NONGATED_TAG = "nongated"
 #: TensorRT-LLM's small-batch NVFP4 expert kernel (see :func:`_prefer_low_latency`)
 TRTLLM_LOW_LATENCY_KERNEL = "moe_torch_flow_min_latency"
-#: tokens per rank (after attention-DP gathering) up to which TensorRT-LLM's NVFP4 experts run the
-#: low-latency kernel
-TRTLLM_LOW_LATENCY_MAX_TOKENS = 128
+#: tokens per rank (after attention-DP gathering) up to which TensorRT-LLM's NVFP4 experts are
+#: costed by the low-latency kernel's rows: the decode steps' token counts (see
+#: :func:`_prefer_low_latency`, "Above 128 tokens")
+TRTLLM_LOW_LATENCY_MAX_TOKENS = 512
 DEFAULT_DISTRIBUTION = "balanced"
 
 #: serving backend -> phase -> moe_a2a comm_backend (DeepEP high-throughput / low-latency)
@@ -334,10 +335,11 @@ def _lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_name: s
     return _Lattice(table, quant, kernel, dist, site_gated, sites, curves, tuple(notes), primary)
 
 
-def _prefer_low_latency(table, chosen: np.ndarray, candidates: np.ndarray) -> np.ndarray:
-    """TensorRT-LLM NVFP4 experts at small batch: among the ``candidates`` rows, those of the
-    low-latency kernel (:data:`TRTLLM_LOW_LATENCY_KERNEL`) at up to
-    :data:`TRTLLM_LOW_LATENCY_MAX_TOKENS` tokens replace the ``chosen`` rows (one per point, after
+def _prefer_low_latency(table, chosen: np.ndarray, candidates: np.ndarray,
+                        max_tokens: float = TRTLLM_LOW_LATENCY_MAX_TOKENS) -> np.ndarray:
+    """TensorRT-LLM NVFP4 experts: among the ``candidates`` rows, those of the
+    low-latency kernel (:data:`TRTLLM_LOW_LATENCY_KERNEL`) at up to ``max_tokens``
+    (:data:`TRTLLM_LOW_LATENCY_MAX_TOKENS`) tokens replace the ``chosen`` rows (one per point, after
     :func:`~infercast.ops.base.merge_kernels`) of the same points; every larger point, and every
     point the low-latency kernel lacks, stays with the kernel chosen (CUTLASS, the default: it has
     the most rows), which also keeps its place as the sites' default kernel for transfer.
@@ -354,10 +356,26 @@ def _prefer_low_latency(table, chosen: np.ndarray, candidates: np.ndarray) -> np
     :meth:`infercast.validate.predict.EstimatorCache.nextn_for` 9.51% (79.7%), TTFT 30.2% (that
     mapping alone, with the CUTLASS rows: 10.05%: the V3 rows' missing MTP and the slow kernel
     had cancelled). The low-latency kernel made the default, at every token count, fits the dev rows
-    better still (9.29%), but the recipes run CUTLASS for large batches; not used."""
+    better still (9.29%), but the recipes run CUTLASS for large batches; not used then.
+
+    Above 128 tokens. The recipes' attention-DP points do run CUTLASS, and they measure the
+    low-latency rows' speed, not the pack's CUTLASS rows': at DeepSeek's shape, EP 8, 256 tokens
+    per rank the CUTLASS rows take 282 us, the low-latency rows 153 us (vLLM's and SGLang's
+    TensorRT-LLM-gen rows 178-184 us), and the dev rows of TensorRT-LLM DeepSeek-R1 nvfp4 with
+    attention DP on b200 (25) come out at a TPOT geometric-mean ratio of 1.18 (median APE 23.6%)
+    with CUTLASS above 128 tokens, 0.99 (6.5%) with the low-latency rows at every token count
+    they measured (e.g. DP 8 x EP 8, c256, 1024x8192: 21.4 ms measured, 30.3 -> 22 ms predicted);
+    the tensor-parallel points, whose recipes run TensorRT-LLM-gen, move from 0.92 (7.6%) to 0.89
+    (8.1%). Threshold 128 / 256 / 512 / every count: TensorRT-LLM TPOT 9.0 / 8.86 / 8.82 / 8.77%,
+    all rows 8.36 / 8.31 / 8.30 / 8.28%, TTFT 19.69 / 19.69 / 19.70 / 19.71% (TensorRT-LLM TTFT
+    19.80 / 19.76 / 19.83 / 19.88%). 512 is kept: it covers the decode steps of the dev rows'
+    attention-DP deployments (up to 64 sequences x DP 8, or x 2 with MTP), while prefill chunks
+    (thousands of tokens, where the recipes' CUTLASS rows stand and TTFT grows worse without
+    them) keep CUTLASS; costing them with the low-latency rows would cut a static 16 x 2048-token
+    DeepSeek prefill on b200 TP 8 by a third on no evidence."""
     ks = table.keys["kernel_source"]
     rows = np.flatnonzero(candidates)
-    small = table.keys["num_tokens"][rows].astype(float) <= TRTLLM_LOW_LATENCY_MAX_TOKENS
+    small = table.keys["num_tokens"][rows].astype(float) <= max_tokens
     low = small & (ks[rows] == TRTLLM_LOW_LATENCY_KERNEL)
     if not low.any():
         return chosen
