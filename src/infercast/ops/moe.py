@@ -372,7 +372,10 @@ def _prefer_low_latency(table, chosen: np.ndarray, candidates: np.ndarray,
     attention-DP deployments (up to 64 sequences x DP 8, or x 2 with MTP), while prefill chunks
     (thousands of tokens, where the recipes' CUTLASS rows stand and TTFT grows worse without
     them) keep CUTLASS; costing them with the low-latency rows would cut a static 16 x 2048-token
-    DeepSeek prefill on b200 TP 8 by a third on no evidence."""
+    DeepSeek prefill on b200 TP 8 by a third on no evidence. The cost: TensorRT-LLM's b200 nvfp4
+    curves now switch kernel at 512 tokens, which transfer carries to uncollected shapes less well
+    (``benchmarks.interp_loo --families moe``, b200 transfer median / p90 9.5 / 33.4% ->
+    10.0 / 39.8%; h200 and every other path unchanged)."""
     ks = table.keys["kernel_source"]
     rows = np.flatnonzero(candidates)
     small = table.keys["num_tokens"][rows].astype(float) <= max_tokens
