@@ -449,26 +449,14 @@ def _kernel_db(db: OpDB, candidates: tuple[str, ...], kernel: str, gated: bool, 
     if measured(db):
         return db
     for version in sorted((v for v in db.data.versions.collected if v != db.data.version), key=version_key, reverse=True):
-        kdb = _version_db(db, version)
+        kdb = _other_db(db, version=version)
         if measured(kdb):
             return kdb
     for backend in (b for b in SERVING_BACKENDS if b != db.backend):
-        kdb = _peer_db(db, backend)
+        kdb = _other_db(db, backend=backend)
         if measured(kdb):
             return kdb
     return None
-
-
-def _version_db(db: OpDB, version: str) -> OpDB | None:
-    """This backend's data at another collected ``version`` on the same system (per process), or None."""
-
-    def build():
-        try:
-            return OpDB(replace(db.data, version=version, served={}), db.mode)
-        except InfercastError:
-            return None
-
-    return db.memo(("moe-version-db", version), build)
 
 
 #: Wide expert parallelism. SGLang serves attention data parallelism with EP through DeepEP and
@@ -587,16 +575,19 @@ def _site_index(lat: _Lattice, query: tuple, tp: int, ep: int) -> int | None:
     return int(hit[0]) if len(hit) else None
 
 
-def _peer_db(db: OpDB, backend: str) -> OpDB | None:
-    """The same system's current data of another serving backend (per process), or None."""
+def _other_db(db: OpDB, *, backend: str | None = None, version: str | None = None) -> OpDB | None:
+    """The same system's data of another serving ``backend`` at its current version, or of this
+    backend at another collected ``version``; shared with every estimator that reads it
+    (:meth:`OpDB.shared`); None when the pack has no such data."""
 
     def build():
         try:
-            return OpDB(db.data.for_backend(backend), db.mode)
+            data = db.data.for_backend(backend) if backend is not None else replace(db.data, version=version, served={})
+            return OpDB.shared(data, db.mode)
         except InfercastError:
             return None
 
-    return db.memo(("moe-peer-db", backend), build)
+    return db.memo(("moe-other-db", backend, version), build)
 
 
 def _peer_preferred(db: OpDB, preferred: str, fallback: str, lat: _Lattice, query: tuple, tp: int, ep: int,
@@ -613,7 +604,7 @@ def _peer_preferred(db: OpDB, preferred: str, fallback: str, lat: _Lattice, quer
     for backend in SERVING_BACKENDS:
         if backend == db.backend:
             continue
-        pdb = _peer_db(db, backend)
+        pdb = _other_db(db, backend=backend)
         if pdb is None:
             continue
         try:

@@ -269,9 +269,8 @@ def solve_steady(
         # a decode step is followed by prefill steps with probability min(1, chunk_load)
         t_fast, t_slow = t_dec, t_dec + t_pre * max(1.0, chunk_load) / per_step
         p_slow = min(1.0, chunk_load)
-    hold = adp_balance_wait_steps(hold_ranks, lam, params.adp_balance_timeout_steps)
-    delay = batch_wait_steps(lam, isl, d * width, params)
-    hold += delay
+    balance = adp_balance_wait_steps(hold_ranks, lam, params.adp_balance_timeout_steps)
+    hold = balance + batch_wait_steps(lam, isl, d * width, params)
     queued = max(0.0, C - d - lam * (WAIT_STEPS + hold + n_chunks))
     wait_ms = (WAIT_STEPS + hold) * t_avg + (queued / lam * t_avg if lam > 0 else 0.0)
     ttft = wait_ms + n_chunks * t_prefill_step + params.arrival_delay_ms
@@ -282,7 +281,7 @@ def solve_steady(
     # per-request spread (module docstring): the wait for the first step, slow steps while decoding
     first_wait = WAIT_STEPS * t_avg
     ttft_dist = uniform(0.0, 2.0 * first_wait).shifted(ttft - first_wait)
-    if hold - delay > 0:  # plus the balance hold's own spread (its mean is already in ``ttft``)
+    if balance > 0:  # plus the balance hold's own spread (its mean is already in ``ttft``)
         held = adp_balance_wait(hold_ranks, lam, params.adp_balance_timeout_steps).scaled(t_avg)
         ttft_dist = ttft_dist.plus(held.shifted(-held.mean()))
     tpot_dist = binomial_share(out_steps, p_slow).scaled(t_slow - t_fast).shifted(t_fast).scaled(per_token)
@@ -298,7 +297,7 @@ def solve_steady(
         prefill_chunks=n_chunks,
         step_ms=t_avg,
         bound=bound,
-        balance_hold_ms=(hold - delay) * t_avg,
+        balance_hold_ms=balance * t_avg,
     )
     res.set_percentiles(ttft_dist, tpot_dist)
     return res
