@@ -116,3 +116,47 @@ def test_allreduce_norm_fusion(pack, tmp_path):
     assert not engine_fusions("sglang", spec, ParallelConfig(tp=8)).allreduce_norm  # system unknown
     assert not engine_fusions("trtllm", spec, ParallelConfig(tp=8), system(100)).allreduce_norm
     assert not engine_fusions("sglang", _deepseek_like(pack, tmp_path, arch="MiMoForCausalLM"), ParallelConfig(tp=8), system(100)).allreduce_norm
+
+
+def _llama_like(pack, tmp_path, hidden=8192, arch="LlamaForCausalLM"):
+    cfg = {
+        "architectures": [arch], "model_type": "llama", "hidden_size": hidden, "num_hidden_layers": 2,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": hidden // 64, "intermediate_size": 2 * hidden,
+        "vocab_size": 1000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
+    }
+    d = tmp_path / f"llama-{hidden}-{arch}"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return build_spec(resolve_model(pack, str(d)))
+
+
+def test_input_quant_fusion_rule(pack, tmp_path):
+    wide = _llama_like(pack, tmp_path)
+    tp2 = ParallelConfig(tp=2)
+    v = engine_fusions("vllm", wide, tp2)
+    assert v.norm_quant and v.act_quant  # vLLM: fuse_norm_quant and fuse_act_quant
+    t = engine_fusions("trtllm", wide, tp2)
+    assert t.norm_quant and not t.act_quant  # the all-reduce + RMSNorm kernel quantises; SwiGLU does not
+    assert not engine_fusions("trtllm", wide, ParallelConfig(tp=1)).norm_quant  # no all-reduce to fuse into
+    assert not engine_fusions("trtllm", _llama_like(pack, tmp_path, hidden=4096), tp2).norm_quant  # too narrow
+    assert not engine_fusions("trtllm", _llama_like(pack, tmp_path, arch="Qwen3ForCausalLM"), tp2).norm_quant
+    s = engine_fusions("sglang", wide, tp2)
+    assert not s.norm_quant and not s.act_quant
+
+
+def test_input_quant_fusion_plan(pack, tmp_path):
+    spec = _llama_like(pack, tmp_path)
+    par = ParallelConfig(tp=2)
+    plain = {o.name: o for o in build_plan(spec, par).ops}
+    assert not any("input_quant" in o.params for o in plain.values())
+    norm_only = build_plan(spec, par, fusions=Fusions(norm_quant=True))
+    ops = {o.name: o for o in norm_only.ops}
+    fused = {n for n, o in ops.items() if o.params.get("input_quant") == "fused"}
+    assert fused == {"qkv_gemm", "gate_up_gemm"}
+    both = {o.name: o for o in build_plan(spec, par, fusions=Fusions(norm_quant=True, act_quant=True)).ops}
+    assert {n for n, o in both.items() if o.params.get("input_quant") == "fused"} == {"qkv_gemm", "gate_up_gemm", "down_gemm"}
+    # the O projection's input comes from attention: never covered
+    assert "input_quant" not in both["o_gemm"].params
+    # otherwise the plan is the same
+    assert [o.name for o in norm_only.ops] == list(plain)
+    assert Plan.from_json(norm_only.to_json()).fusions == Fusions(norm_quant=True)

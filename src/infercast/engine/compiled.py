@@ -90,7 +90,8 @@ class CompiledEngine:
 
         p = op.params
         if op.kind == "gemm":
-            return CompiledOp(op, (resolve_gemm(self.db, p["quant"], int(p["n"]), int(p["k"])),))
+            return CompiledOp(op, (resolve_gemm(self.db, p["quant"], int(p["n"]), int(p["k"]),
+                                                fused_input_quant=p.get("input_quant") == "fused"),))
         if op.kind in ("allreduce", "allgather", "reduce_scatter", "alltoall"):
             r = resolve_collective(self.db, _collective_name(op.kind), int(p["group"]))
             return CompiledOp(op, (r,), x_per_token=float(p["elements_per_token"]))

@@ -31,6 +31,25 @@ conditions, and what it moved on the dev silicon rows (``python -m benchmarks.fi
   TPOT median APE 13.0% -> 11.4% (within 20% 69.8% -> 69.6%), TTFT 35.8% -> 34.7%; all rows TPOT
   9.6% -> 9.5%. With the norms dropped on every GPU generation the SGLang figure is the same
   (11.4%): the Hopper rows do not decide between the two.
+* **Activation quantisation in the producer op** (``norm_quant``, ``act_quant``). Every collector
+  times an fp8 per-tensor GEMM from bf16 activations, so its table includes the kernel that casts
+  them to fp8 (TensorRT-LLM's ``Linear`` without an input scale quantises dynamically, vLLM's with a
+  static scale, SGLang's per token); the pack times that cast separately (``quantize`` /
+  ``scale_matrix_perf``: 2-3 us per call at decode sizes, 30-50 us at 8k tokens on B200). Serving
+  engines write the GEMM's input already quantised:
+  vLLM's ``fuse_norm_quant`` and ``fuse_act_quant`` compile passes (on from ``-O1``) for the
+  RMSNorm before the QKV and gate/up projections and the SwiGLU before the down projection;
+  TensorRT-LLM's Llama decoder layer for the first two only, in its all-reduce + RMSNorm kernel
+  (``RESIDUAL_RMS_NORM_QUANT_FP8``), which it uses under TP > 1 without attention DP and not for
+  models of hidden size 4096 or less ("accuracy issues"); its SwiGLU writes bf16, and its Qwen3
+  decoder layer runs plain RMSNorm modules. Those GEMMs drop the ``scale_matrix`` time
+  (:func:`infercast.ops.gemm.resolve_gemm`); the O projection never does. Dev rows: all rows TPOT
+  median APE 8.30% -> 8.20%, TTFT 19.70% -> 19.47%; Llama-3.1-70B fp8 TPOT TensorRT-LLM b200 12.4% ->
+  9.0%, h200 6.0% -> 5.0%, vLLM b200 9.4% -> 4.7%, h200 4.2% -> 3.8%, h100 4.8% -> 6.8% (its
+  geometric-mean ratio 0.95 -> 0.92: the H100 rows sat low before). Measured and not kept: the
+  same for every TensorRT-LLM model and TP (TPOT 8.17%, but the Qwen3-32B H100 rows 9.5% -> 12.2%,
+  against the engine's code), and the O projection too (8.13%). The pack has no quantisation
+  table for nvfp4 or fp8_block activations, so those GEMMs stay as measured.
 """
 
 from __future__ import annotations
@@ -48,6 +67,11 @@ ROPE_IN_ATTENTION_BACKENDS = ("trtllm",)
 ALLREDUCE_NORM_FUSION_ARCHS = ("DeepseekV3ForCausalLM", "GptOssForCausalLM")
 #: GPU generations (sm_version // 10) of that fusion's kernels: Hopper, Blackwell
 ALLREDUCE_NORM_FUSION_SM = (9, 10)
+#: architectures whose TensorRT-LLM decoder layer fuses the quantisation of the QKV and gate/up
+#: inputs into its all-reduce + RMSNorm kernel
+TRTLLM_NORM_QUANT_ARCHS = ("LlamaForCausalLM",)
+#: TensorRT-LLM turns that fusion off for models no wider than this ("accuracy issues")
+TRTLLM_NORM_QUANT_MIN_HIDDEN = 4096
 
 
 def engine_fusions(backend: str, spec: ModelSpec, par: ParallelConfig, system=None) -> Fusions:
@@ -74,4 +98,12 @@ def engine_fusions(backend: str, spec: ModelSpec, par: ParallelConfig, system=No
         and system.gpu.sm_version // 10 in ALLREDUCE_NORM_FUSION_SM
         and par.tp * par.attention_dp <= system.node.gpus_per_node  # single node
     )
-    return Fusions(shared_experts=shared, rope_in_attention=backend in ROPE_IN_ATTENTION_BACKENDS, allreduce_norm=ar_norm)
+    trt_norm_quant = (
+        backend == "trtllm"
+        and spec.architecture in TRTLLM_NORM_QUANT_ARCHS
+        and par.tp > 1
+        and par.attention_dp == 1
+        and spec.hidden > TRTLLM_NORM_QUANT_MIN_HIDDEN
+    )
+    return Fusions(shared_experts=shared, rope_in_attention=backend in ROPE_IN_ATTENTION_BACKENDS, allreduce_norm=ar_norm,
+                   norm_quant=backend == "vllm" or trt_norm_quant, act_quant=backend == "vllm")

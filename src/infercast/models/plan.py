@@ -150,11 +150,20 @@ class Fusions:
       fused attention): no separate RoPE kernel.
     * ``allreduce_norm``: the TP all-reduce kernel also adds the residual and applies the next
       RMSNorm (SGLang's FlashInfer all-reduce fusion): the norms after the attention and FFN
-      all-reduces drop out (the first layer's input norm stays)."""
+      all-reduces drop out (the first layer's input norm stays).
+    * ``norm_quant``: the RMSNorm before the QKV (and Gated-DeltaNet input) and gate/up
+      projections writes its output already quantised for the GEMM that reads it, so those GEMMs
+      do not pay the activation-quantisation kernel their tables include
+      (:data:`infercast.ops.gemm.FUSABLE_INPUT_QUANT`);
+    * ``act_quant``: the same for the SwiGLU activation before the down projection.
+      The attention output before the O projection is never covered: its quantisation stays a
+      kernel of its own."""
 
     shared_experts: bool = False
     rope_in_attention: bool = False
     allreduce_norm: bool = False
+    norm_quant: bool = False
+    act_quant: bool = False
 
 
 @dataclass(frozen=True)
@@ -242,7 +251,8 @@ def _attention_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions) -> li
         kvh = kv_heads_per_gpu(spec, tp)
         Lf = L - (spec.gdn.linear_layers if spec.gdn else 0)  # layers with full attention
         qn = heads * (2 if spec.attn_output_gate else 1)  # Qwen3.5's q projection also emits a gate
-        ops.append(PlanOp("qkv_gemm", "gemm", Lf, params={"n": (qn + 2 * kvh) * hd, "k": h, "quant": q.gemm}))
+        ops.append(PlanOp("qkv_gemm", "gemm", Lf, params={"n": (qn + 2 * kvh) * hd, "k": h, "quant": q.gemm,
+                                                           **_fused_input(fusions.norm_quant)}))
         if spec.qk_norm:
             # read and write this rank's q and k
             ops.append(PlanOp("qk_norm", "elementwise", Lf, params={"bytes_per_token": (heads + kvh) * hd * act * 2}))
@@ -266,7 +276,8 @@ def _attention_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions) -> li
             hk, hv = max(1, g.num_k_heads // tp), max(1, g.num_v_heads // tp)
             ops += [
                 PlanOp("gdn_in_proj", "gemm", g.linear_layers,
-                       params={"n": 2 * hk * g.head_k_dim + 2 * hv * g.head_v_dim + 2 * hv, "k": h, "quant": q.gemm}),
+                       params={"n": 2 * hk * g.head_k_dim + 2 * hv * g.head_v_dim + 2 * hv, "k": h, "quant": q.gemm,
+                               **_fused_input(fusions.norm_quant)}),
                 PlanOp("gdn", "gdn", g.linear_layers,
                        params={"d_model": h, "num_k_heads": hk, "head_k_dim": g.head_k_dim, "num_v_heads": hv,
                                "head_v_dim": g.head_v_dim, "conv_kernel": g.conv_kernel, "model_name": spec.resolved_id}),
@@ -280,11 +291,21 @@ def _attention_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions) -> li
     return ops
 
 
-def _dense_ffn_ops(name: str, count: int, hidden: int, inter_per_gpu: int, quant: str) -> list[PlanOp]:
+def _fused_input(fused: bool) -> dict:
+    """A GEMM's params marking its input as quantised by the op before it (``Fusions.norm_quant``
+    / ``act_quant``)."""
+    return {"input_quant": "fused"} if fused else {}
+
+
+def _dense_ffn_ops(name: str, count: int, hidden: int, inter_per_gpu: int, quant: str,
+                   fusions: Fusions | None = None) -> list[PlanOp]:
+    f = fusions or Fusions()
     return [
-        PlanOp(f"{name}gate_up_gemm", "gemm", count, params={"n": 2 * inter_per_gpu, "k": hidden, "quant": quant}),
+        PlanOp(f"{name}gate_up_gemm", "gemm", count,
+               params={"n": 2 * inter_per_gpu, "k": hidden, "quant": quant, **_fused_input(f.norm_quant)}),
         PlanOp(f"{name}activation", "elementwise", count, params={"bytes_per_token": inter_per_gpu * 2 * 3}),
-        PlanOp(f"{name}down_gemm", "gemm", count, params={"n": hidden, "k": inter_per_gpu, "quant": quant}),
+        PlanOp(f"{name}down_gemm", "gemm", count,
+               params={"n": hidden, "k": inter_per_gpu, "quant": quant, **_fused_input(f.act_quant)}),
     ]
 
 
@@ -310,7 +331,7 @@ def dense_plan(spec: ModelSpec, par: ParallelConfig, fusions: Fusions | None = N
     fusions = _applied(fusions, spec, par)
     tp, L = par.tp, spec.num_layers
     ops = _attention_ops(spec, par, fusions)
-    ops += _dense_ffn_ops("", L, spec.hidden, spec.intermediate // tp, spec.quant.gemm)
+    ops += _dense_ffn_ops("", L, spec.hidden, spec.intermediate // tp, spec.quant.gemm, fusions)
     if tp > 1:
         ops.append(PlanOp("ffn_allreduce", "allreduce", L, params={"elements_per_token": spec.hidden, "group": tp}))
     return Plan(spec, par, tuple(ops + _ends(spec, par)), fusions=fusions)
@@ -334,7 +355,7 @@ def moe_plan(spec: ModelSpec, par: ParallelConfig, fusions: Fusions | None = Non
     moe_layers = L - m.first_dense_layers
     ops = _attention_ops(spec, par, fusions)
     if m.first_dense_layers:
-        ops += _dense_ffn_ops("dense_", m.first_dense_layers, h, m.dense_inter // tp, q.gemm)
+        ops += _dense_ffn_ops("dense_", m.first_dense_layers, h, m.dense_inter // tp, q.gemm, fusions)
         if tp > 1:
             ops.append(PlanOp("dense_ffn_allreduce", "allreduce", m.first_dense_layers, params={"elements_per_token": h, "group": tp}))
     ops.append(PlanOp("router_gemm", "gemm", moe_layers, params={"n": m.experts, "k": h, "quant": "bfloat16"}))
@@ -354,7 +375,7 @@ def moe_plan(spec: ModelSpec, par: ParallelConfig, fusions: Fusions | None = Non
                 "distribution": MOE_DISTRIBUTION},
     ))
     if m.shared_inter and not fuse_shared:
-        ops += _dense_ffn_ops("shared_", moe_layers, h, m.shared_inter // tp, q.gemm)
+        ops += _dense_ffn_ops("shared_", moe_layers, h, m.shared_inter // tp, q.gemm, fusions)
     if adp > 1 and not a2a:
         ops.append(PlanOp("moe_reduce_scatter", "reduce_scatter", moe_layers, params={"elements_per_token": h * adp, "group": par.width}))
     elif tp > 1:

@@ -6,6 +6,8 @@ an FFN width) is transferred through utilisation (:mod:`infercast.interp.transfe
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..data.quant import COMPUTE_DTYPE, WEIGHT_BYTES
@@ -316,8 +318,76 @@ def remove_host_floor(vals: np.ndarray, excess: float, floor: float) -> np.ndarr
     return np.maximum(vals - excess, floor - excess)
 
 
-def resolve_gemm(db: OpDB, quant: str, n: int, k: int) -> Resolved:
-    """Compile the m-curve of one GEMM shape."""
+#: Quant modes whose GEMM tables include a separately measured activation-quantisation kernel
+#: that an engine can fuse into the op producing the GEMM's input: ``gemm_dtype`` -> the pack's
+#: ``quantize`` table of that kernel (``scale_matrix_perf``: casting bf16 activations to fp8 with
+#: a static per-tensor scale, timed per ``(m, k)``). Every collector times its fp8 per-tensor GEMM
+#: from bf16 activations, quantisation included (TensorRT-LLM's ``Linear`` quantises dynamically,
+#: vLLM's with the static scale); the engines fuse that cast into the RMSNorm or SwiGLU before
+#: the GEMM (:attr:`infercast.models.plan.Fusions.norm_quant`, ``act_quant``). The pack has no such table for
+#: nvfp4 or fp8_block activations, so their GEMMs stay as measured.
+FUSABLE_INPUT_QUANT = {"fp8": "scale_matrix"}
+
+
+def input_quant_cost(db: OpDB, quant: str, k: int):
+    """``f(m) -> ms``: the activation-quantisation kernel of a ``quant`` GEMM with inner size
+    ``k``, from the pack's ``quantize`` table (bilinear in log2 ``m`` and log2 ``k``, clamped to
+    the collected range); None when the quant mode or this backend's data has no such table."""
+    stem = FUSABLE_INPUT_QUANT.get(quant)
+    if stem is None or not db.data.has_table(stem):
+        return None
+    table = db.data.table(stem)
+    sel = table.mask(quant_dtype=quant) if table.has("quant_dtype") else np.ones(len(table.latency), bool)
+    if not sel.any():
+        return None
+    ms, ks = (np.unique(table.keys[c][sel].astype(float)) for c in ("m", "k"))
+    grid = np.full((len(ms), len(ks)), np.nan)
+    grid[np.searchsorted(ms, table.keys["m"][sel].astype(float)), np.searchsorted(ks, table.keys["k"][sel].astype(float))] = table.latency[sel]
+    if np.isnan(grid).any():  # a ragged table: rows measured at every k only
+        keep = ~np.isnan(grid).any(axis=1)
+        ms, grid = ms[keep], grid[keep]
+        if not len(ms):
+            return None
+    lk = np.log2(ks)
+    x = float(np.clip(np.log2(k), lk[0], lk[-1]))
+    j = int(np.clip(np.searchsorted(lk, x), 1, max(1, len(lk) - 1)))
+    if len(lk) == 1:
+        col = grid[:, 0]
+    else:
+        t = (x - lk[j - 1]) / (lk[j] - lk[j - 1])
+        col = (1.0 - t) * grid[:, j - 1] + t * grid[:, j]
+    lm = np.log2(ms)
+
+    def f(m):
+        return np.interp(np.clip(np.log2(np.asarray(m, dtype=float)), lm[0], lm[-1]), lm, col)
+
+    return f
+
+
+def _without_input_quant(db: OpDB, r: Resolved, quant: str, n: int, k: int) -> Resolved:
+    """``r`` with the activation-quantisation kernel taken out of every point of its m-curve
+    (never below the GEMM's roofline), for a GEMM whose producer op emits the quantised input."""
+    cost = input_quant_cost(db, quant, k)
+    if cost is None or r.grid is None:
+        return r
+    g = r.grid
+    sol_m = gemm_sol_fn(db, quant, n, k)
+    vals = np.maximum(g.values - cost(g.axes[0]), sol_m(g.axes[0]))
+    note = f"{quant} activation quantisation fused into the producer op: {FUSABLE_INPUT_QUANT[quant]} taken out"
+    return replace(r, grid=Grid(g.axes, vals, g.prov, g.sol, g.sites, scales=g.scales), notes=r.notes + (note,))
+
+
+def resolve_gemm(db: OpDB, quant: str, n: int, k: int, fused_input_quant: bool = False) -> Resolved:
+    """Compile the m-curve of one GEMM shape. ``fused_input_quant``: the op producing the GEMM's
+    input also quantises it (:data:`FUSABLE_INPUT_QUANT`), so the table's quantisation kernel is
+    not paid."""
+    r = _resolve_gemm(db, quant, n, k)
+    if fused_input_quant and quant in FUSABLE_INPUT_QUANT and db.mode is not DatabaseMode.SOL:
+        r = _without_input_quant(db, r, quant, n, k)
+    return r
+
+
+def _resolve_gemm(db: OpDB, quant: str, n: int, k: int) -> Resolved:
     sol_q = gemm_sol_fn(db, quant, n, k)
     sol_q(1.0)  # raises early if the GPU has no tensor cores for the quant mode
     if db.mode is DatabaseMode.SOL:
