@@ -262,6 +262,13 @@ DENSE_CASES: list[StaticCase] = [_s(*c) for c in [
     # an out-of-memory case: fits=false, no latencies
     (Q32, "h100_sxm", "vllm", 1, 1, 64, 8192, 1024, 0),
 ]]
+# Llama-3.1-70B with fp8 per-tensor GEMMs: the activation quantisation fused into the RMSNorm /
+# SwiGLU before them (vLLM) or into the all-reduce + RMSNorm (TensorRT-LLM under TP)
+DENSE_CASES += [
+    _s(L70, "b200_sxm", "vllm", 2, 1, 32, 1024, 1024, gemm_quant="fp8"),
+    _s(L70, "b200_sxm", "trtllm", 4, 1, 16, 8192, 1024, gemm_quant="fp8"),
+    _s(L70, "h200_sxm", "trtllm", 1, 1, 8, 2048, 256, gemm_quant="fp8"),
+]
 
 MOE_CASES: list[StaticCase] = [
     # Qwen3-235B-A22B (GQA + MoE, FP8 block-scaled): TP, TP + EP, attention-DP + EP, long context
