@@ -299,3 +299,24 @@ def test_synthetic_pack_without_gdn(synth):
         resolve_gdn(OpDB(data), "context", **_kw(4))
     r = resolve_gdn(OpDB(data, DatabaseMode.HYBRID), "context", **_kw(4))
     assert r.how == "empirical" and (r.grid.prov == Prov.EMPIRICAL).all()
+
+
+def test_mtp_draft_of_a_hybrid_model_is_a_full_attention_layer(real_pack_available):
+    # Qwen3.5's MTP block is self-attention + MoE: the draft pass copies the full-attention layer's
+    # ops (15 of the 60 layers) and the per-layer ones, never the Gated DeltaNet's
+    from infercast.data.model_configs import resolve_model
+    from infercast.data.pack import find_pack
+    from infercast.models.plan import ParallelConfig, SpecDecode, build_plan
+    from infercast.models.spec import build_spec
+
+    spec = build_spec(resolve_model(find_pack(None), "Qwen/Qwen3.5-397B-A17B"))
+    plan = build_plan(spec, ParallelConfig(tp=4), SpecDecode(nextn=2))
+    draft = {o.name: o for o in plan.ops if o.name.startswith("mtp_")}
+    main = {o.name: o for o in plan.ops if not o.name.startswith("mtp_")}
+    assert {"mtp_qkv_gemm", "mtp_attention", "mtp_o_gemm", "mtp_moe_experts", "mtp_lm_head"} <= set(draft)
+    assert not any(n.startswith("mtp_gdn") for n in draft)
+    assert all(o.count == 2 and o.phase == "decode" for o in draft.values())
+    # one draft op per full-attention-layer op and per every-layer op, and the LM head
+    full = spec.num_layers - spec.gdn.linear_layers
+    per_layer = [n for n, o in main.items() if o.count in (spec.num_layers, full) and not n.startswith("gdn")]
+    assert sorted(draft) == sorted(f"mtp_{n}" for n in [*per_layer, "lm_head"])

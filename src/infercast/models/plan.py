@@ -399,7 +399,10 @@ def with_moe_kernel(plan: Plan, kernel: str | None) -> Plan:
 
 def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
     """Append the MTP draft passes: ``nextn`` executions of one layer's ops and the LM head,
-    on one token per sequence, in decode steps only."""
+    on one token per sequence, in decode steps only. The MTP layer is a full-attention decoder
+    layer, also in hybrid models whose other layers are mostly linear attention (Qwen3.5's
+    ``mtp`` block: self-attention + MoE): their full-attention ops join the draft, their
+    Gated-DeltaNet ops do not."""
     sd.check()
     if sd.nextn == 0:
         return replace(plan, spec_decode=sd)
@@ -410,9 +413,13 @@ def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
         )
     L = plan.model.num_layers
     moe_layers = L - (plan.model.moe.first_dense_layers if plan.model.moe else 0)
+    gdn = plan.model.gdn
+    full_attention = L - gdn.linear_layers if gdn else L
     draft = []
     for o in plan.ops:
-        if o.count in (L, moe_layers) and not o.name.startswith("dense_"):
+        per_layer = o.count in (L, moe_layers) and not o.name.startswith("dense_")
+        attention_layer = gdn is not None and o.count == full_attention and not o.name.startswith("gdn")
+        if per_layer or attention_layer:
             draft.append(replace(o, name=f"mtp_{o.name}", count=sd.nextn, phase="decode"))
         elif o.name == "lm_head":
             draft.append(replace(o, name="mtp_lm_head", count=sd.nextn, phase="decode"))

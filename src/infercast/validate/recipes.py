@@ -154,6 +154,15 @@ class SglangRecipe:
 #: are not taken: the dev rows at TP 8 go to 512 clients, which only the recipe's MTP variant
 #: schedules, with other sizes; capping them at 128 running requests predicts 68 s of TTFT for a
 #: 3.1 s measurement.)
+#:
+#: Measured and not kept: the InferenceX Qwen3.5-397B-A17B fp8 MTP recipe on B200
+#: (``qwen3.5-fp8-b200-sglang-mtp``, image ``lmsysorg/sglang:v0.5.9-cu130``, TP 4 / EP 1;
+#: ``single_node/qwen3.5_fp8_b200_mtp.sh``: EAGLE, 3 steps of the MTP layer, top-1, 4 draft tokens,
+#: ``--mem-fraction-static 0.9``, ``--chunked-prefill-size 32768``; its plain sibling ran
+#: ``v0.5.9-cu130-amd64``). With MTP 3 at the default acceptance its 28 image-tagged dev rows go
+#: from TPOT 18.8% over at low concurrency (c4: 9.7 ms predicted, 5.1 measured) to 21.3%, now far
+#: under at high concurrency (c256: 19.7 predicted, 47.9 measured, where the measured TPOT shows no
+#: speculative gain at all); TTFT 29.9% -> 27.8%, all rows TPOT 8.20% -> 8.22%.
 SGLANG_RECIPES = {
     ("DeepSeek", "b200_sxm", "fp8", 4): SglangRecipe(0.95, 8192, 32),
     ("DeepSeek", "b300_sxm", "fp8", 4): SglangRecipe(0.95, 8192, 32),
