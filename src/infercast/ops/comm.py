@@ -2,7 +2,9 @@
 
 All-reduce (the TP reduction after attention and FFN) comes from the backend's
 ``custom_allreduce`` table for its group size, else from the system's NCCL table; other collectives
-from NCCL. ``message_size`` in both tables is an element count (16-bit elements here), the curve
+from NCCL. A group size neither table measured is transferred through utilisation from the
+nearest measured one (:data:`GROUP_GATE`): from the backend's own all-reduce kernel where that
+kernel spans the group (:data:`RACK_ALLREDUCE_BACKENDS`), else from NCCL. ``message_size`` in both tables is an element count (16-bit elements here), the curve
 axis. P2P (pipeline stage boundaries) has no table in the pack: the engine evaluates it analytically
 from the link bandwidth and the system's P2P latency.
 """
@@ -55,6 +57,9 @@ def resolve_collective(db: OpDB, op: str, group: int) -> Resolved:
                 m &= t.keys["kernel_source"] == kernel
                 return Resolved(_curve(t, m, sol_q), "custom_allreduce", db.served_version("custom_allreduce"), kernel)
             tried.append(f"custom_allreduce has num_gpus {t.unique('num_gpus')}")
+            r = _rack_transfer(db, t, group, sol_q)
+            if r is not None:
+                return r
     try:
         nt = db.data.comm_library_table() if db.mode is not DatabaseMode.SOL else None
     except NotAvailableError:
@@ -94,6 +99,45 @@ def resolve_collective(db: OpDB, op: str, group: int) -> Resolved:
 #: how far (log2 of the group-size ratio) a collective may be transferred from a measured group
 #: size; the roofline carries the bandwidth tier (NVLink / rack / network) of the target group
 GROUP_GATE = 3.0
+
+#: Backends whose own all-reduce kernel also serves a TP group spanning several nodes of one
+#: NVLink rack (TensorRT-LLM's multi-node-NVLink all-reduce on GB200 / GB300 NVL72): such a group,
+#: when the backend's ``custom_allreduce`` table stops at the node (GB200: 2 and 4 GPUs), is
+#: transferred from that table's largest group rather than from NCCL. The pack's GB300 table,
+#: which measured 8 and 16 GPUs, shows the kernel's latency holding across trays (4.4-6.5 us at
+#: 8k-128k elements for 4, 8 and 16 GPUs; NCCL on GB200: 11-18 us). Dev rows: TensorRT-LLM GB200
+#: DeepSeek-V3 disagg (TP 8 decode workers) TPOT median APE 25.1% -> 10.4%, all disagg rows 15.7% ->
+#: 13.5%; all rows TPOT 8.20% -> 8.16%, TTFT 19.47% -> 19.40% (the GB200 DeepSeek-R1 GPU-count agg
+#: rows, best-deployment searches, TPOT 31.2% -> 33.4%).
+RACK_ALLREDUCE_BACKENDS = ("trtllm",)
+
+
+def _rack_transfer(db: OpDB, table, group: int, sol_q) -> Resolved | None:
+    """The backend's all-reduce over ``group`` GPUs of one NVLink rack, transferred through
+    utilisation from its largest measured group below (:data:`RACK_ALLREDUCE_BACKENDS`); None
+    where that does not apply (another backend, a group beyond the rack, nothing measured)."""
+    node = db.system.node
+    if db.backend not in RACK_ALLREDUCE_BACKENDS or not node.gpus_per_rack or group > node.gpus_per_rack:
+        return None
+    m = np.ones(len(table.latency), bool)
+    if table.has("allreduce_dtype"):
+        m &= table.keys["allreduce_dtype"] == "bfloat16"
+    sizes = sorted({int(x) for x in table.keys["num_gpus"][m]})
+    below = [g for g in sizes if g < group]
+    if not below or abs(np.log2(group / below[-1])) > GROUP_GATE:
+        return None
+    donor = below[-1]
+    m &= table.keys["num_gpus"] == donor
+    kernel = choose_kernel(table, db.backend, m)
+    m &= table.keys["kernel_source"] == kernel
+    base = _curve(table, m, _sol_fn(db, "all_reduce", donor))
+    ax = base.axes[0]
+    g = Grid((ax,), base.values * sol_q(ax) / base.sol(ax), np.full(len(ax), int(Prov.TRANSFERRED), np.int8), sol_q,
+             (f"num_gpus={donor}",))
+    return Resolved(g, "custom_allreduce", db.served_version("custom_allreduce"), kernel, "group-transfer",
+                    (f"num_gpus={donor}",),
+                    (f"all_reduce over {group} GPUs of one NVLink rack from the backend's measured {donor}-GPU curve "
+                     "through utilisation",))
 
 
 def _group_donor(table, op: str, group: int) -> int | None:
