@@ -319,6 +319,8 @@ MOE_CASES: list[StaticCase] = [
     _s(K25, "h200_sxm", "sglang", 8, 1, 16, 2048, 256),
     _s(Q35, "b200_sxm", "sglang", 4, 1, 16, 2048, 256, gemm_quant="fp8_block"),
     _s("Qwen/Qwen3.5-35B-A3B", "h200_sxm", "vllm", 1, 1, 16, 2048, 256),
+    # TP 8 across two GB200 trays: TensorRT-LLM's all-reduce from its own 4-GPU curve
+    _s(V3, "gb200", "trtllm", 8, 1, 16, 2048, 256, moe_ep=8),
 ]
 
 _DS_PREFILL = Engine(V3, "h200_sxm", "trtllm", 8)
