@@ -243,7 +243,7 @@ def _attention_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions) -> li
             kind, kind, L,
             params={"hidden": h, "heads": heads, "tp": tp, "q_lora_rank": m.q_lora_rank, "kv_lora_rank": m.kv_lora_rank,
                     "qk_nope_head_dim": m.qk_nope_head_dim, "qk_rope_head_dim": m.qk_rope_head_dim,
-                    "v_head_dim": m.v_head_dim, "gemm_quant": q.gemm, "kv_quant": q.kv_cache,
+                    "v_head_dim": m.v_head_dim, "gemm_quant": q.attention_gemm, "kv_quant": q.kv_cache,
                     "model_id": spec.resolved_id},
         ))
     else:
@@ -251,7 +251,7 @@ def _attention_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions) -> li
         kvh = kv_heads_per_gpu(spec, tp)
         Lf = L - (spec.gdn.linear_layers if spec.gdn else 0)  # layers with full attention
         qn = heads * (2 if spec.attn_output_gate else 1)  # Qwen3.5's q projection also emits a gate
-        ops.append(PlanOp("qkv_gemm", "gemm", Lf, params={"n": (qn + 2 * kvh) * hd, "k": h, "quant": q.gemm,
+        ops.append(PlanOp("qkv_gemm", "gemm", Lf, params={"n": (qn + 2 * kvh) * hd, "k": h, "quant": q.attention_gemm,
                                                            **_fused_input(fusions.norm_quant)}))
         if spec.qk_norm:
             # read and write this rank's q and k
@@ -270,19 +270,19 @@ def _attention_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions) -> li
                 params={"heads": heads, "kv_heads": kvh, "head_dim": hd, "window": w,
                         "kv_quant": q.kv_cache, "attn_quant": q.attention},
             ))
-        ops.append(PlanOp("o_gemm", "gemm", Lf, params={"n": h, "k": heads * hd, "quant": q.gemm}))
+        ops.append(PlanOp("o_gemm", "gemm", Lf, params={"n": h, "k": heads * hd, "quant": q.attention_gemm}))
         if spec.gdn is not None:
             g = spec.gdn
             hk, hv = max(1, g.num_k_heads // tp), max(1, g.num_v_heads // tp)
             ops += [
                 PlanOp("gdn_in_proj", "gemm", g.linear_layers,
-                       params={"n": 2 * hk * g.head_k_dim + 2 * hv * g.head_v_dim + 2 * hv, "k": h, "quant": q.gemm,
+                       params={"n": 2 * hk * g.head_k_dim + 2 * hv * g.head_v_dim + 2 * hv, "k": h, "quant": q.attention_gemm,
                                **_fused_input(fusions.norm_quant)}),
                 PlanOp("gdn", "gdn", g.linear_layers,
                        params={"d_model": h, "num_k_heads": hk, "head_k_dim": g.head_k_dim, "num_v_heads": hv,
                                "head_v_dim": g.head_v_dim, "conv_kernel": g.conv_kernel, "model_name": spec.resolved_id}),
                 PlanOp("gdn_norm", "elementwise", g.linear_layers, params={"bytes_per_token": hv * g.head_v_dim * act * 3}),
-                PlanOp("gdn_out_proj", "gemm", g.linear_layers, params={"n": h, "k": hv * g.head_v_dim, "quant": q.gemm}),
+                PlanOp("gdn_out_proj", "gemm", g.linear_layers, params={"n": h, "k": hv * g.head_v_dim, "quant": q.attention_gemm}),
             ]
     if tp > 1:
         ops.append(PlanOp("attn_allreduce", "allreduce", L, params={"elements_per_token": h, "group": tp}))
@@ -375,7 +375,7 @@ def moe_plan(spec: ModelSpec, par: ParallelConfig, fusions: Fusions | None = Non
                 "distribution": MOE_DISTRIBUTION},
     ))
     if m.shared_inter and not fuse_shared:
-        ops += _dense_ffn_ops("shared_", moe_layers, h, m.shared_inter // tp, q.gemm, fusions)
+        ops += _dense_ffn_ops("shared_", moe_layers, h, m.shared_inter // tp, q.shared_expert_gemm, fusions)
     if adp > 1 and not a2a:
         ops.append(PlanOp("moe_reduce_scatter", "reduce_scatter", moe_layers, params={"elements_per_token": h * adp, "group": par.width}))
     elif tp > 1:

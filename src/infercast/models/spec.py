@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, replace
 
 from ..data.model_configs import ModelConfig
@@ -12,11 +13,28 @@ from ..errors import InvalidConfigError, InvalidInputError, UnsupportedModelErro
 
 @dataclass(frozen=True)
 class QuantSpec:
+    """Quant modes of a checkpoint's weights and caches. ``gemm`` is the dense GEMMs' mode;
+    ``attn_gemm`` / ``shared_gemm``, when set, that of the attention projections (QKV / O, MLA's,
+    Gated DeltaNet's) / of the shared experts, which a quantised export can keep unquantised
+    (:func:`excluded_quant`)."""
+
     gemm: str = "bfloat16"
     kv_cache: str = "bfloat16"
     attention: str = "bfloat16"  # fmha compute dtype
     moe: str | None = None
     source: str = "default (bf16)"
+    attn_gemm: str | None = None
+    shared_gemm: str | None = None
+
+    @property
+    def attention_gemm(self) -> str:
+        """Quant mode of the attention projections."""
+        return self.attn_gemm or self.gemm
+
+    @property
+    def shared_expert_gemm(self) -> str:
+        """Quant mode of the shared experts' GEMMs."""
+        return self.shared_gemm or self.gemm
 
     def with_overrides(self, gemm=None, kv_cache=None, attention=None, moe=None) -> QuantSpec:
         for val, allowed, flag in (
@@ -36,7 +54,39 @@ class QuantSpec:
             attention=attention or self.attention,
             moe=moe or self.moe,
             source=self.source + " + flags",
+            # an explicit GEMM mode is every dense GEMM's, the checkpoint's exclusions included
+            attn_gemm=None if gemm else self.attn_gemm,
+            shared_gemm=None if gemm else self.shared_gemm,
         )
+
+
+#: module-name parts that place an excluded module in the attention block / a shared expert
+_ATTENTION_MODULES = re.compile(r"(?:^|[.*])(?:self_attn|linear_attn|attn)(?:[.*]|$)")
+_SHARED_EXPERT_MODULES = re.compile(r"shared_expert")
+_LAYER_INDEX = re.compile(r"layers\.(\d+)\.")
+
+
+def excluded_quant(patterns, num_layers: int) -> tuple[bool, bool]:
+    """(attention projections, shared experts) that a quantised export keeps unquantised, from
+    its exclusion list (ModelOpt's ``exclude_modules`` / the ``ignore`` list of its
+    ``quantization_config``: module names or globs, per layer or for every layer). A kind counts
+    as excluded when the patterns name it for most layers (more than half) or without a layer
+    index; NVIDIA's NVFP4 exports keep the attention projections in BF16 (DeepSeek-V3.1, GLM-5,
+    Kimi-K2.5, MiniMax-M2.5, Qwen3.5) and Qwen3.5's shared experts too."""
+    found = {"attn": set(), "shared": set()}
+    every = {"attn": False, "shared": False}
+    for p in patterns or ():
+        if not isinstance(p, str):
+            continue
+        for kind, rx in (("attn", _ATTENTION_MODULES), ("shared", _SHARED_EXPERT_MODULES)):
+            if rx.search(p):
+                m = _LAYER_INDEX.search(p)
+                if m:
+                    found[kind].add(int(m.group(1)))
+                else:
+                    every[kind] = True
+    half = max(1, num_layers) / 2
+    return tuple(every[k] or len(found[k]) > half for k in ("attn", "shared"))
 
 
 def infer_quant(mc: ModelConfig, text_cfg: dict) -> QuantSpec:
@@ -68,6 +118,16 @@ def infer_quant(mc: ModelConfig, text_cfg: dict) -> QuantSpec:
         kv_scheme and kv_scheme.get("type") == "float" and (kv_scheme.get("num_bits") or 16) <= 8
     ):
         kv = "fp8"
+    attn_gemm = shared_gemm = None
+    if gemm != "bfloat16":
+        excluded = hq.get("exclude_modules") or qc.get("ignore") or qc.get("exclude_modules") or qc.get("modules_to_not_convert")
+        layers = int(text_cfg.get("num_hidden_layers") or mc.config.get("num_hidden_layers") or 0)
+        attn_x, shared_x = excluded_quant(excluded, layers)
+        attn_gemm = "bfloat16" if attn_x else None
+        shared_gemm = "bfloat16" if shared_x else None
+        if attn_x or shared_x:
+            kept = " and ".join(n for n, x in (("attention projections", attn_x), ("shared experts", shared_x)) if x)
+            src += f"; {kept} excluded (bf16)"
     alias = mc.quant_from_alias
     # the alias names the quantised export, which replaces the base checkpoint's weights: an -NVFP4
     # alias of an fp8 checkpoint (nvidia/DeepSeek-R1-NVFP4 -> deepseek-ai/DeepSeek-R1) is nvfp4 in
@@ -75,7 +135,8 @@ def infer_quant(mc: ModelConfig, text_cfg: dict) -> QuantSpec:
     if alias and gemm != alias and not (alias == "fp8" and gemm in ("fp8", "fp8_block")):
         base = "" if gemm == "bfloat16" and moe is None else f" (replaces the base's {src})"
         gemm, moe, src = alias, None, f"alias {mc.model_id}{base}"
-    return QuantSpec(gemm=gemm, kv_cache=kv, moe=moe or gemm, source=src)
+        attn_gemm = shared_gemm = None
+    return QuantSpec(gemm=gemm, kv_cache=kv, moe=moe or gemm, source=src, attn_gemm=attn_gemm, shared_gemm=shared_gemm)
 
 
 @dataclass(frozen=True)

@@ -136,8 +136,8 @@ def _rack_transfer(db: OpDB, table, group: int, sol_q) -> Resolved | None:
              (f"num_gpus={donor}",))
     return Resolved(g, "custom_allreduce", db.served_version("custom_allreduce"), kernel, "group-transfer",
                     (f"num_gpus={donor}",),
-                    (f"all_reduce over {group} GPUs of one NVLink rack from the backend's measured {donor}-GPU curve "
-                     "through utilisation",))
+                    ((f"all_reduce over {group} GPUs of one NVLink rack from the backend's measured {donor}-GPU curve "
+                      "through utilisation"),))
 
 
 def _group_donor(table, op: str, group: int) -> int | None:

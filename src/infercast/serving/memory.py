@@ -82,7 +82,7 @@ def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig, extra_layers: int
     wb = WEIGHT_BYTES[spec.quant.gemm]
     L = spec.num_layers
     stage = math.ceil(L / pp) / L  # share of the layers on one stage
-    attn = _attention_weights(spec, tp, wb) + 2 * h * 2.0  # + norms
+    attn = _attention_weights(spec, tp, WEIGHT_BYTES[spec.quant.attention_gemm]) + 2 * h * 2.0  # + norms
     m = spec.moe
     if m is None:
         ffn_total = L * 3 * h * (spec.intermediate // tp) * wb
@@ -90,7 +90,7 @@ def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig, extra_layers: int
         mb = WEIGHT_BYTES[spec.quant.moe or spec.quant.gemm]
         moe_layers = L - m.first_dense_layers
         experts = m.experts * 3 * h * m.inter * mb / (par.etp * par.ep) if m.gated else m.experts * 2 * h * m.inter * mb / (par.etp * par.ep)
-        shared = 3 * h * (m.shared_inter // tp) * wb
+        shared = 3 * h * (m.shared_inter // tp) * WEIGHT_BYTES[spec.quant.shared_expert_gemm]
         router = h * m.experts * 2.0
         dense = m.first_dense_layers * 3 * h * (m.dense_inter // tp) * wb
         ffn_total = moe_layers * (experts + shared + router) + dense
