@@ -54,6 +54,8 @@ def test_an_explicit_gemm_mode_is_every_dense_gemms():
     assert (o.gemm, o.attention_gemm, o.shared_expert_gemm) == ("fp8", "fp8", "fp8")
     k = q.with_overrides(kv_cache="fp8")  # other overrides keep the checkpoint's exclusions
     assert (k.attention_gemm, k.shared_expert_gemm) == ("bfloat16", "bfloat16")
+    same = q.with_overrides(gemm="nvfp4")  # and so does naming the checkpoint's own mode
+    assert (same.attention_gemm, same.shared_expert_gemm) == ("bfloat16", "bfloat16")
 
 
 @pytest.mark.parametrize(("model", "attn", "shared"), [
@@ -62,7 +64,8 @@ def test_an_explicit_gemm_mode_is_every_dense_gemms():
     ("nvidia/Qwen3.5-397B-A17B-NVFP4", "bfloat16", "bfloat16"),  # + linear_attn*, shared_expert*
     ("nvidia/DeepSeek-V3.1-NVFP4", "bfloat16", "nvfp4"),      # the MLA projections
     ("nvidia/Qwen3-235B-A22B-NVFP4", "nvfp4", "nvfp4"),       # only the routers
-    ("nvidia/DeepSeek-R1-NVFP4", "nvfp4", "nvfp4"),           # an alias of the base: no list to read
+    ("nvidia/DeepSeek-R1-NVFP4", "bfloat16", "nvfp4"),        # an alias: the architecture's exports' rule
+    ("nvidia/Llama-3.1-70B-NVFP4", "nvfp4", "nvfp4"),          # an alias of another architecture
 ])
 def test_nvidia_exports(real_pack_available, model, attn, shared):
     from infercast.data.pack import find_pack

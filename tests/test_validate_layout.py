@@ -271,3 +271,22 @@ def test_sglang_recipe_sizes(system, quant, tp, want) -> None:
     default = scheduler_params("sglang")
     assert (p.max_num_tokens, p.max_batch_size) == ((want[1], want[2]) if want else (default.max_num_tokens, default.max_batch_size))
     assert sglang_recipe(replace(row, backend="vllm"), tp) is None
+
+
+@pytest.mark.parametrize(("model", "quant", "want"), [
+    # no NVIDIA export config in the pack: the export's alias, whose MLA projections stay BF16
+    ("deepseek-ai/DeepSeek-R1", "nvfp4", ("nvidia/DeepSeek-R1-NVFP4", None, None)),
+    ("deepseek-ai/DeepSeek-V3", "nvfp4", ("nvidia/DeepSeek-V3-NVFP4", None, None)),
+    ("nvidia/DeepSeek-R1-NVFP4", "nvfp4", ("nvidia/DeepSeek-R1-NVFP4", None, None)),  # the row names it
+    # the export's config is in the pack
+    ("MiniMaxAI/MiniMax-M2.5", "nvfp4", ("nvidia/MiniMax-M2.5-NVFP4", None, None)),
+    # another architecture keeps the row's override (every dense GEMM nvfp4)
+    ("meta-llama/Llama-3.1-70B", "nvfp4", ("meta-llama/Llama-3.1-70B", "nvfp4", "nvfp4")),
+])
+def test_nvfp4_rows_run_nvidias_export(real_pack_available, model, quant, want) -> None:
+    from dataclasses import replace
+
+    from infercast.validate.predict import map_quant
+
+    row = replace(_row("x", WorkerSpec(batch_size=4, tp=8)), model=model, gemm_quant=quant, moe_quant=quant)
+    assert map_quant(row) == want

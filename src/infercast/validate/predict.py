@@ -187,7 +187,7 @@ def map_quant(row: SiliconRow, systems_path=None) -> tuple[str, str | None, str 
     """
     from ..data.model_configs import pack_model_ids, resolve_model
     from ..data.pack import find_pack
-    from ..models.spec import build_spec
+    from ..models.spec import NVFP4_EXPORT_BF16_ATTENTION_ARCHS, build_spec
 
     gq, mq = _quant(row.gemm_quant), _quant(row.moe_quant)
     pack = find_pack(systems_path)
@@ -197,6 +197,14 @@ def map_quant(row: SiliconRow, systems_path=None) -> tuple[str, str | None, str 
             export = f"nvidia/{base}-NVFP4"
             if export in pack_model_ids(pack):
                 return export, None, None
+        # no config of NVIDIA's export in the pack: its alias (the base's config with the
+        # export's quantisation, models.spec.NVFP4_EXPORT_BF16_ATTENTION_ARCHS), where one resolves
+        try:
+            alias = resolve_model(pack, row.model if name.upper().endswith("-NVFP4") else f"nvidia/{name}-NVFP4")
+            if alias.quant_from_alias == "nvfp4" and _architecture(alias) in NVFP4_EXPORT_BF16_ATTENTION_ARCHS:
+                return alias.model_id, None, None
+        except InfercastError:
+            pass
     if gq == "fp8" and mq == "fp8_block":
         # block-scaled experts reveal the FP8 release; use it where the pack has its config
         try:
@@ -215,6 +223,12 @@ def map_quant(row: SiliconRow, systems_path=None) -> tuple[str, str | None, str 
     if spec.quant.gemm == "fp8_block" and gq in ("fp8", "fp8_block") and mq in (None, "fp8", "fp8_block"):
         return row.model, None, None  # the coarse "fp8" label of a block-scaled fp8 checkpoint
     return row.model, gq, mq
+
+
+def _architecture(mc) -> str:
+    text = mc.config.get("text_config") or mc.config
+    archs = text.get("architectures") or mc.config.get("architectures") or [""]
+    return str(archs[0])
 
 
 _ID_LAYOUT = re.compile(r"_tp(\d+)(?:_0)?_ep(\d+|none)(?:_0)?(?:_|$)")
