@@ -24,6 +24,11 @@ from infercast.serving.memory import _attention_weights, weight_bytes_per_gpu
     ([f"model.layers.{i}.mlp.gate" for i in range(8)], 8, (False, False)),          # the router only
     ([f"model.language_model.layers.{i}.linear_attn*" for i in range(6)]
      + [f"model.language_model.layers.{i}.mlp.shared_expert*" for i in range(8)], 8, (True, True)),
+    # GLM-5-FP8: only the attention block's norms and its sparse-attention indexer stay unquantised
+    ([f"model.layers.{i}.self_attn.{m}" for i in range(8) for m in ("kv_a_layernorm", "q_a_layernorm", "indexers_proj")]
+     + [f"model.layers.{i}.self_attn.indexer.k_norm" for i in range(8)], 8, (False, False)),
+    (["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*"], 61, (True, True)),  # compressed-tensors regexes
+    ([f"model.layers.{i}.mlp.shared_expert_gate" for i in range(8)], 8, (False, False)),  # the gate only
     (None, 8, (False, False)),
     ([None, 3, "lm_head"], 8, (False, False)),
 ])

@@ -69,10 +69,20 @@ class QuantSpec:
 #: 19.27% -> 19.10%; disagg TPOT 13.4% -> 12.0%.
 NVFP4_EXPORT_BF16_ATTENTION_ARCHS = ("DeepseekV3ForCausalLM",)
 
-#: module-name parts that place an excluded module in the attention block / a shared expert
-_ATTENTION_MODULES = re.compile(r"(?:^|[.*])(?:self_attn|linear_attn|attn)(?:[.*]|$)")
-_SHARED_EXPERT_MODULES = re.compile(r"shared_expert")
+#: an excluded module that is a whole attention block (``...self_attn*``, ``*.attn.*``,
+#: ``re:.*self_attn.*``), or one of its projections (``self_attn.q_a_proj``, ``...o_proj``; not
+#: its norms or a sparse-attention indexer); a whole shared-expert block
+_ATTENTION_BLOCK = re.compile(r"(?:self_attn|linear_attn|\battn)$")
+_ATTENTION_PROJECTION = re.compile(r"(?:self_attn|linear_attn|\battn)\.(?!indexer)\w*proj\w*$")
+_SHARED_EXPERT_BLOCK = re.compile(r"shared_experts?$")
 _LAYER_INDEX = re.compile(r"layers\.(\d+)\.")
+
+
+def _is_excluded_kind(pattern: str, kind: str) -> bool:
+    stem = pattern.rstrip("*.")
+    if kind == "attn":
+        return bool(_ATTENTION_BLOCK.search(stem) or _ATTENTION_PROJECTION.search(stem))
+    return bool(_SHARED_EXPERT_BLOCK.search(stem))
 
 
 def excluded_quant(patterns, num_layers: int) -> tuple[bool, bool]:
@@ -87,8 +97,8 @@ def excluded_quant(patterns, num_layers: int) -> tuple[bool, bool]:
     for p in patterns or ():
         if not isinstance(p, str):
             continue
-        for kind, rx in (("attn", _ATTENTION_MODULES), ("shared", _SHARED_EXPERT_MODULES)):
-            if rx.search(p):
+        for kind in ("attn", "shared"):
+            if _is_excluded_kind(p, kind):
                 m = _LAYER_INDEX.search(p)
                 if m:
                     found[kind].add(int(m.group(1)))
