@@ -118,13 +118,15 @@ def test_allreduce_norm_fusion(pack, tmp_path):
     assert not engine_fusions("sglang", _deepseek_like(pack, tmp_path, arch="MiMoForCausalLM"), ParallelConfig(tp=8), system(100)).allreduce_norm
 
 
-def _llama_like(pack, tmp_path, hidden=8192, arch="LlamaForCausalLM"):
+def _llama_like(pack, tmp_path, hidden=8192, arch="LlamaForCausalLM", fp8=True):
     cfg = {
         "architectures": [arch], "model_type": "llama", "hidden_size": hidden, "num_hidden_layers": 2,
         "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": hidden // 64, "intermediate_size": 2 * hidden,
         "vocab_size": 1000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
     }
-    d = tmp_path / f"llama-{hidden}-{arch}"
+    if fp8:  # per-tensor fp8 weights (no weight_block_size)
+        cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "static"}
+    d = tmp_path / f"llama-{hidden}-{arch}-{'fp8' if fp8 else 'bf16'}"
     d.mkdir()
     (d / "config.json").write_text(json.dumps(cfg))
     return build_spec(resolve_model(pack, str(d)))
@@ -136,12 +138,18 @@ def test_input_quant_fusion_rule(pack, tmp_path):
     v = engine_fusions("vllm", wide, tp2)
     assert v.norm_quant and v.act_quant  # vLLM: fuse_norm_quant and fuse_act_quant
     t = engine_fusions("trtllm", wide, tp2)
-    assert t.norm_quant and not t.act_quant  # the all-reduce + RMSNorm kernel quantises; SwiGLU does not
-    assert not engine_fusions("trtllm", wide, ParallelConfig(tp=1)).norm_quant  # no all-reduce to fuse into
+    assert t.norm_quant and t.act_quant  # the all-reduce + RMSNorm kernel quantises, and GatedMLP's SwiGLU
+    solo = engine_fusions("trtllm", wide, ParallelConfig(tp=1))
+    assert not solo.norm_quant and solo.act_quant  # no all-reduce to fuse into; the SwiGLU still quantises
     assert not engine_fusions("trtllm", _llama_like(pack, tmp_path, hidden=4096), tp2).norm_quant  # too narrow
     assert not engine_fusions("trtllm", _llama_like(pack, tmp_path, arch="Qwen3ForCausalLM"), tp2).norm_quant
     s = engine_fusions("sglang", wide, tp2)
     assert not s.norm_quant and not s.act_quant
+    # a bf16 checkpoint has no quantisation kernel to fuse: the plan names no such fusion
+    plain = _llama_like(pack, tmp_path, fp8=False)
+    for backend in ("vllm", "trtllm"):
+        f = engine_fusions(backend, plain, tp2)
+        assert not f.norm_quant and not f.act_quant
 
 
 def test_input_quant_fusion_plan(pack, tmp_path):

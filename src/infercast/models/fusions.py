@@ -41,15 +41,20 @@ conditions, and what it moved on the dev silicon rows (``python -m benchmarks.fi
   RMSNorm before the QKV and gate/up projections and the SwiGLU before the down projection;
   TensorRT-LLM's Llama decoder layer for the first two only, in its all-reduce + RMSNorm kernel
   (``RESIDUAL_RMS_NORM_QUANT_FP8``), which it uses under TP > 1 without attention DP and not for
-  models of hidden size 4096 or less ("accuracy issues"); its SwiGLU writes bf16, and its Qwen3
-  decoder layer runs plain RMSNorm modules. Those GEMMs drop the ``scale_matrix`` time
-  (:func:`infercast.ops.gemm.resolve_gemm`); the O projection never does. Dev rows: all rows TPOT
-  median APE 8.30% -> 8.20%, TTFT 19.70% -> 19.47%; Llama-3.1-70B fp8 TPOT TensorRT-LLM b200 12.4% ->
-  9.0%, h200 6.0% -> 5.0%, vLLM b200 9.4% -> 4.7%, h200 4.2% -> 3.8%, h100 4.8% -> 6.8% (its
-  geometric-mean ratio 0.95 -> 0.92: the H100 rows sat low before). Measured and not kept: the
-  same for every TensorRT-LLM model and TP (TPOT 8.17%, but the Qwen3-32B H100 rows 9.5% -> 12.2%,
-  against the engine's code), and the O projection too (8.13%). The pack has no quantisation
-  table for nvfp4 or fp8_block activations, so those GEMMs stay as measured.
+  models of hidden size 4096 or less ("accuracy issues"); its Qwen3 decoder layer runs plain
+  RMSNorm modules. TensorRT-LLM's ``GatedMLP`` (every dense model) has its SwiGLU write the down
+  projection's fp8 input since PR #6540 (Aug 2025; "Enable fp8 SwiGLU to minimize host
+  overhead"). Those GEMMs drop the ``scale_matrix`` time (:func:`infercast.ops.gemm.resolve_gemm`);
+  the O projection never does. Dev rows, with the QKV / gate-up rules: all rows TPOT median APE
+  8.30% -> 8.20%, TTFT 19.70% -> 19.47%; Llama-3.1-70B fp8 TPOT TensorRT-LLM b200 12.4% -> 9.0%,
+  h200 6.0% -> 5.0%, vLLM b200 9.4% -> 4.7%, h200 4.2% -> 3.8%, h100 4.8% -> 6.8% (its
+  geometric-mean ratio 0.95 -> 0.92: the H100 rows sat low before); then TensorRT-LLM's down
+  projection: all rows TPOT 8.04% -> 7.97%, TTFT 18.93% -> 18.95% (its Qwen3-32B H100 rows were
+  benchmarked at 1.0.0rc3, before that PR, and are predicted as the current engine: the rule for
+  Llama alone gives 7.93%). Measured and not kept: the norm rule for every TensorRT-LLM model and
+  TP (TPOT 8.17%, but the Qwen3-32B H100 rows 9.5% -> 12.2%, against the engine's code), and the O
+  projection too (8.13%). The pack has no quantisation table for nvfp4 or fp8_block activations,
+  so those GEMMs stay as measured.
 """
 
 from __future__ import annotations
@@ -72,6 +77,9 @@ ALLREDUCE_NORM_FUSION_SM = (9, 10)
 TRTLLM_NORM_QUANT_ARCHS = ("LlamaForCausalLM",)
 #: TensorRT-LLM turns that fusion off for models no wider than this ("accuracy issues")
 TRTLLM_NORM_QUANT_MIN_HIDDEN = 4096
+#: backends whose SwiGLU writes the fp8 input of the down projection (vLLM's ``fuse_act_quant``;
+#: TensorRT-LLM's ``GatedMLP``, every model, since NVIDIA/TensorRT-LLM PR #6540, Aug 2025)
+ACT_QUANT_FUSION_BACKENDS = ("trtllm", "vllm")
 
 
 def engine_fusions(backend: str, spec: ModelSpec, par: ParallelConfig, system=None) -> Fusions:
@@ -98,12 +106,18 @@ def engine_fusions(backend: str, spec: ModelSpec, par: ParallelConfig, system=No
         and system.gpu.sm_version // 10 in ALLREDUCE_NORM_FUSION_SM
         and par.tp * par.attention_dp <= system.node.gpus_per_node  # single node
     )
+    # set only where a GEMM runs fp8 per-tensor: the one mode whose quantisation kernel the pack
+    # measures (infercast.ops.gemm.FUSABLE_INPUT_QUANT), so the plan names no inert fusion
+    q = spec.quant
+    fp8 = "fp8" in (q.gemm, q.attention_gemm, q.shared_expert_gemm)
     trt_norm_quant = (
-        backend == "trtllm"
+        fp8
+        and backend == "trtllm"
         and spec.architecture in TRTLLM_NORM_QUANT_ARCHS
         and par.tp > 1
         and par.attention_dp == 1
         and spec.hidden > TRTLLM_NORM_QUANT_MIN_HIDDEN
     )
     return Fusions(shared_experts=shared, rope_in_attention=backend in ROPE_IN_ATTENTION_BACKENDS, allreduce_norm=ar_norm,
-                   norm_quant=backend == "vllm" or trt_norm_quant, act_quant=backend == "vllm")
+                   norm_quant=(fp8 and backend == "vllm") or trt_norm_quant,
+                   act_quant=fp8 and backend in ACT_QUANT_FUSION_BACKENDS)
