@@ -31,6 +31,15 @@ def _sol_fn(db: OpDB, op: str, group: int):
     return f
 
 
+def _group_transfer(db: OpDB, table, mask, op: str, donor: int, sol_q) -> Grid:
+    """The ``mask`` rows' curve (measured over ``donor`` GPUs) carried to the query's group size
+    through utilisation: each point scaled by the two groups' speed-of-light ratio."""
+    base = _curve(table, mask, _sol_fn(db, op, donor))
+    ax = base.axes[0]
+    return Grid((ax,), base.values * sol_q(ax) / base.sol(ax), np.full(len(ax), int(Prov.TRANSFERRED), np.int8), sol_q,
+                (f"num_gpus={donor}",))
+
+
 def _curve(table, mask, sol_q):
     ms = table.keys["message_size"][mask].astype(float)
     lat = table.latency[mask]
@@ -80,10 +89,7 @@ def resolve_collective(db: OpDB, op: str, group: int) -> Resolved:
             m = nt.mask(op_name=op, num_gpus=donor)
             if nt.has("nccl_dtype"):
                 m &= nt.keys["nccl_dtype"] == "half"
-            base = _curve(nt, m, _sol_fn(db, op, donor))
-            ax = base.axes[0]
-            vals = base.values * sol_q(ax) / base.sol(ax)
-            g = Grid((ax,), vals, np.full(len(ax), int(Prov.TRANSFERRED), np.int8), sol_q, (f"num_gpus={donor}",))
+            g = _group_transfer(db, nt, m, op, donor, sol_q)
             loc = db.data.served.get("nccl") or db.data.served.get("oneccl")
             _, tier = db.system.node.bandwidth_for_group(group)
             return Resolved(g, "nccl", loc.served_by if loc else None, "NCCL", "group-transfer", (f"num_gpus={donor}",),
@@ -130,10 +136,7 @@ def _rack_transfer(db: OpDB, table, group: int, sol_q) -> Resolved | None:
     m &= table.keys["num_gpus"] == donor
     kernel = choose_kernel(table, db.backend, m)
     m &= table.keys["kernel_source"] == kernel
-    base = _curve(table, m, _sol_fn(db, "all_reduce", donor))
-    ax = base.axes[0]
-    g = Grid((ax,), base.values * sol_q(ax) / base.sol(ax), np.full(len(ax), int(Prov.TRANSFERRED), np.int8), sol_q,
-             (f"num_gpus={donor}",))
+    g = _group_transfer(db, table, m, "all_reduce", donor, sol_q)
     return Resolved(g, "custom_allreduce", db.served_version("custom_allreduce"), kernel, "group-transfer",
                     (f"num_gpus={donor}",),
                     ((f"all_reduce over {group} GPUs of one NVLink rack from the backend's measured {donor}-GPU curve "
