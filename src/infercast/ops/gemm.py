@@ -329,10 +329,8 @@ def remove_host_floor(vals: np.ndarray, excess: float, floor: float) -> np.ndarr
 FUSABLE_INPUT_QUANT = {"fp8": "scale_matrix"}
 
 
-def input_quant_cost(db: OpDB, quant: str, k: int):
-    """``f(m) -> ms``: the activation-quantisation kernel of a ``quant`` GEMM with inner size
-    ``k``, from the pack's ``quantize`` table (bilinear in log2 ``m`` and log2 ``k``, clamped to
-    the collected range); None when the quant mode or this backend's data has no such table."""
+def _input_quant_lattice(db: OpDB, quant: str):
+    """(m values, k values, latency[m, k]) of ``quant``'s activation-quantisation table, or None."""
     stem = FUSABLE_INPUT_QUANT.get(quant)
     if stem is None or not db.data.has_table(stem):
         return None
@@ -348,6 +346,17 @@ def input_quant_cost(db: OpDB, quant: str, k: int):
         ms, grid = ms[keep], grid[keep]
         if not len(ms):
             return None
+    return ms, ks, grid
+
+
+def input_quant_cost(db: OpDB, quant: str, k: int):
+    """``f(m) -> ms``: the activation-quantisation kernel of a ``quant`` GEMM with inner size
+    ``k``, from the pack's ``quantize`` table (bilinear in log2 ``m`` and log2 ``k``, clamped to
+    the collected range); None when the quant mode or this backend's data has no such table."""
+    lattice = db.memo(("input-quant", quant), lambda: _input_quant_lattice(db, quant))
+    if lattice is None:
+        return None
+    ms, ks, grid = lattice
     lk = np.log2(ks)
     x = float(np.clip(np.log2(k), lk[0], lk[-1]))
     j = int(np.clip(np.searchsorted(lk, x), 1, max(1, len(lk) - 1)))

@@ -187,7 +187,7 @@ def map_quant(row: SiliconRow, systems_path=None) -> tuple[str, str | None, str 
     """
     from ..data.model_configs import pack_model_ids, resolve_model
     from ..data.pack import find_pack
-    from ..models.spec import NVFP4_EXPORT_BF16_ATTENTION_ARCHS, build_spec
+    from ..models.spec import build_spec
 
     gq, mq = _quant(row.gemm_quant), _quant(row.moe_quant)
     pack = find_pack(systems_path)
@@ -198,10 +198,11 @@ def map_quant(row: SiliconRow, systems_path=None) -> tuple[str, str | None, str 
             if export in pack_model_ids(pack):
                 return export, None, None
         # no config of NVIDIA's export in the pack: its alias (the base's config with the
-        # export's quantisation, models.spec.NVFP4_EXPORT_BF16_ATTENTION_ARCHS), where one resolves
+        # export's quantisation), where the alias knows which modules the export keeps in BF16
+        # (models.spec.NVFP4_EXPORT_BF16_ATTENTION_ARCHS)
         try:
             alias = resolve_model(pack, row.model if name.upper().endswith("-NVFP4") else f"nvidia/{name}-NVFP4")
-            if alias.quant_from_alias == "nvfp4" and _architecture(alias) in NVFP4_EXPORT_BF16_ATTENTION_ARCHS:
+            if alias.quant_from_alias == "nvfp4" and build_spec(alias).quant.attn_gemm is not None:
                 return alias.model_id, None, None
         except InfercastError:
             pass
@@ -223,12 +224,6 @@ def map_quant(row: SiliconRow, systems_path=None) -> tuple[str, str | None, str 
     if spec.quant.gemm == "fp8_block" and gq in ("fp8", "fp8_block") and mq in (None, "fp8", "fp8_block"):
         return row.model, None, None  # the coarse "fp8" label of a block-scaled fp8 checkpoint
     return row.model, gq, mq
-
-
-def _architecture(mc) -> str:
-    text = mc.config.get("text_config") or mc.config
-    archs = text.get("architectures") or mc.config.get("architectures") or [""]
-    return str(archs[0])
 
 
 _ID_LAYOUT = re.compile(r"_tp(\d+)(?:_0)?_ep(\d+|none)(?:_0)?(?:_|$)")
