@@ -247,6 +247,17 @@ class VllmRecipe:
 #: (under-predicted, geometric-mean ratio 0.51-0.65 / 0.80-0.84) -> Triton experts 16.9% / 7.1% ->
 #: with expert parallelism 10.4% / 5.8%; fp8 KV instead of bf16 there 10.6% / 5.5%. All rows:
 #: TTFT 20.22% -> 19.67%, TPOT 8.59% -> 8.38%.
+#:
+#: Not modelled: the InferenceX gpt-oss-120b vLLM recipes on Hopper (``benchmarks/gptoss_fp4_h100.sh``,
+#: ``gptoss_fp4_h200.sh``) export ``VLLM_MXFP4_USE_MARLIN=1``: their experts run the Marlin
+#: weight-only kernel, not the OAI Triton one the h100 / h200 tables measured at gpt-oss's shape.
+#: Their 8192x1024 dev rows fit that: TTFT under-predicted by a steady 0.65-0.72x at every TP and
+#: concurrency (h200 0.18.0, 13 rows, spread of the log ratio 0.04) while the 1k rows and the TPOT
+#: fit (Marlin keeps pace at decode batch sizes, not at an 8k prefill). The pack measured Marlin
+#: mxfp4 experts only at one far shape (hidden 3584, 896 experts, top-16), outside the transfer
+#: gates; serving them from vLLM 0.19.0's Marlin int4 table through utilisation transfer instead
+#: moved those rows' TPOT median APE 5.5% -> 94.6% (the transfer across those shapes does not hold
+#: for this kernel), so they keep the measured Triton kernel.
 VLLM_RECIPES = {
     ("MiniMax-M2.5", "b200_sxm", "fp8", "0.17.0"): VllmRecipe("triton", True, None),
 }
