@@ -370,6 +370,27 @@ def test_serve_batch_wait_flags_reach_the_model(synth, capsys):
     assert b["ttft_ms"] > a["ttft_ms"]
 
 
+def test_serve_poll_interval_and_random_lengths_reach_the_model(synth, capsys):
+    """--recv-interval waits for the scheduler's poll in the steady state; a prefill-first engine's
+    lock-step waves (SGLang's default) reach an idle engine, so only with --random-lengths does it
+    move TTFT."""
+    import json
+
+    base = serve_argv(synth, "--prefill-scheduling", "prefill-first")
+    runs = {}
+    for name, extra in {"waves": [], "waves_poll": ["--recv-interval", "30"], "drift": ["--random-lengths"],
+                        "drift_poll": ["--random-lengths", "--recv-interval", "30"]}.items():
+        rc, out, _ = run_cli(capsys, base + extra)
+        assert rc == 0
+        runs[name] = json.loads(out)
+    assert runs["waves"]["scheduler"]["lockstep"] is True and runs["drift"]["scheduler"]["lockstep"] is False
+    assert runs["waves_poll"]["ttft_ms"] == pytest.approx(runs["waves"]["ttft_ms"])
+    assert runs["drift_poll"]["scheduler"]["recv_interval"] == 30
+    assert runs["drift_poll"]["ttft_ms"] > runs["drift"]["ttft_ms"]
+    rc, _, err = run_cli(capsys, base + ["--recv-interval", "0"])
+    assert rc != 0 and "--recv-interval" in err
+
+
 def test_serve_prefill_scheduling(synth, capsys):
     """--prefill-scheduling picks the regime: prefill-first runs the lock-step simulation, mixed
     the steady state; a value outside the two is a usage error (rc 2)."""

@@ -337,6 +337,44 @@ def test_steady_state_prefill_step_carries_the_prompts_that_arrived_with_it():
     assert r1.ttft_ms == pytest.approx(r1.tpot_ms + a + b * (fits * isl + d), rel=1e-12)
 
 
+def test_steady_state_poll_interval_by_hand():
+    """A scheduler that polls its queue every I decode steps (SGLang --scheduler-recv-interval,
+    prefill-first): a request waits I/2 steps on average, and the k = lam x I requests that arrived
+    since the last poll are prefilled together, as many per step as the budget holds; the request's
+    first token comes half-way through that batch: (k/r + 1)/2 steps of r prompts."""
+    from infercast.serving.agg import recv_poll_steps
+
+    assert recv_poll_steps(params()) == 0.0 and recv_poll_steps(params(recv_interval=10)) == 4.0
+    a, b, isl, osl, C, interval = 2.0, 0.001, 1000, 101, 64, 30
+    eng = CtxEngine(a, b)
+    p = params(mixed=False, recv_interval=interval)
+    r = solve_steady(eng, C, isl, osl, p, 1e9, 1)
+    out = osl - 1
+    d = C * out / (out + interval / 2 + 1)  # Little: I/2 steps of wait + one of prefill
+    lam = d / out
+    t_avg = (a + b * d) + lam * (a + b * isl)  # decode step + the prefill steps between them
+    k = lam * interval
+    per_step = 8192 // isl
+    assert k > per_step  # the gathered prompts need more than one step
+    own = (k / per_step + 1) / 2 * (a + b * per_step * isl)
+    assert r.decode_batch == pytest.approx(d)
+    assert r.tpot_ms == pytest.approx(t_avg)
+    assert r.ttft_ms == pytest.approx(interval / 2 * t_avg + own)
+    # polling every step is the plain steady state: one step of wait, the request's own prefill
+    r1 = solve_steady(eng, C, isl, osl, params(mixed=False), 1e9, 1)
+    d1 = C * out / (out + 2)
+    lam1 = d1 / out
+    t1 = (a + b * d1) + lam1 * (a + b * isl)
+    assert r1.ttft_ms == pytest.approx(t1 + a + b * isl)
+    assert r1.ttft_ms < r.ttft_ms
+    # a rare arrival is prefilled alone: k = max(1, lam x I)
+    r2 = solve_steady(eng, 1, isl, 1001, p, 1e9, 1)
+    d2 = 1000 / (1000 + interval / 2 + 1)
+    t2 = (a + b * d2) + d2 / 1000 * (a + b * isl)
+    assert r2.ttft_ms == pytest.approx(interval / 2 * t2 + a + b * isl)
+    assert r2.ttft_dist.mean() == pytest.approx(r2.ttft_ms)
+
+
 # ----------------------------------------------------------------------------------------------
 # percentiles (p50 / p90 / p99) from per-request distributions
 # ----------------------------------------------------------------------------------------------

@@ -8,9 +8,10 @@ from infercast.validate.predict import _product_layout, _width_rule, gpu_count
 from infercast.validate.recipes import (
     inferencex_row,
     postprocess_workers,
+    random_lengths,
     recipe_scheduler,
-    sglang_lockstep,
     sglang_recipe,
+    sglang_recv_interval,
     trtllm_recipe,
     vllm_recipe,
 )
@@ -178,23 +179,38 @@ def test_llama_recipe_batch_wait(tp, lengths, source, delayed) -> None:
         (20, 0.9, 16384) if delayed else (0, 0.0, scheduler_params("trtllm").max_num_tokens))
 
 
-@pytest.mark.parametrize(("system", "model", "lockstep"), [
-    ("h200_sxm", "deepseek-ai/DeepSeek-R1", False),   # dsr1_fp8_h200.sh: no --scheduler-recv-interval
-    ("h200_sxm", "deepseek-ai/DeepSeek-V3", False),
-    ("b200_sxm", "deepseek-ai/DeepSeek-R1", True),    # b200 recipes poll every 10 / 30 iterations
-    ("b200_sxm", "zai-org/GLM-5", False),
-    ("h200_sxm", "zai-org/GLM-5", False),
-    ("h200_sxm", "Qwen/Qwen3.5-397B-A17B", True),
+_IX = "source_file=2026-04-06.csv; model=m; silicon_concurrency=4"
+_DUMP = "db-dump/2026-04-27; config_id=1; silicon_concurrency=4"
+_AIC = "source_file=/Users/x/aic-auto-gap-analysis/data/h100_sxm/sglang/0.5.1.post1/Qwen_Qwen3-32B.csv"
+
+
+@pytest.mark.parametrize(("system", "model", "source", "conc", "tp", "quant", "interval"), [
+    ("b200_sxm", "deepseek-ai/DeepSeek-R1", _IX, 4, 8, "nvfp4", 10),     # dsr1_fp4_b200.sh: 10 below 16 clients
+    ("b200_sxm", "deepseek-ai/DeepSeek-R1", _IX, 16, 8, "nvfp4", 30),    # ... 30 from 16
+    ("b200_sxm", "deepseek-ai/DeepSeek-R1", _DUMP, 64, 4, "fp8", 10),    # dsr1_fp8_b200.sh TP 4: always 10
+    ("b300_sxm", "Qwen/Qwen3.5-397B-A17B", _DUMP, 128, 4, "fp8", 30),   # B300 reuses the B200 scripts
+    ("h200_sxm", "deepseek-ai/DeepSeek-R1", _IX, 64, 8, "fp8", 1),       # dsr1_fp8_h200.sh: none (SGLang's 1)
+    ("b200_sxm", "zai-org/GLM-5", _IX, 64, 8, "fp8", 1),                 # glm5_fp8_b200.sh: none
+    ("h100_sxm", "Qwen/Qwen3-32B", _AIC, 64, 2, "fp8", None),           # fixed lengths: lock-step waves
 ])
-def test_sglang_recipe_lockstep(system, model, lockstep) -> None:
+def test_sglang_recipe_poll_interval_and_waves(system, model, source, conc, tp, quant, interval) -> None:
+    """InferenceX's random lengths drift the closed loop apart: its SGLang rows run the steady
+    state with the recipe's --scheduler-recv-interval; other rows keep SGLang's lock-step waves."""
     from dataclasses import replace
 
     from infercast.serving.backends import scheduler_params
 
-    row = replace(_row("x", WorkerSpec(batch_size=4, tp=8)), backend="sglang", system=system, model=model)
-    assert sglang_lockstep(row) is lockstep
-    assert recipe_scheduler(row, scheduler_params("sglang")).lockstep is lockstep
-    assert recipe_scheduler(replace(row, backend="vllm"), scheduler_params("vllm")).lockstep is False
+    row = replace(_row("x", WorkerSpec(batch_size=conc, tp=tp)), backend="sglang", system=system, model=model,
+                  source=source, concurrency=conc, gemm_quant=quant)
+    p = recipe_scheduler(row, scheduler_params("sglang"))
+    assert random_lengths(row) is (interval is not None)
+    if interval is None:
+        assert p.lockstep is True and p.recv_interval == 1
+    else:
+        assert p.lockstep is False and p.recv_interval == interval
+        assert sglang_recv_interval(row, sglang_recipe(row, tp)) == interval
+    # other engines keep their own defaults
+    assert recipe_scheduler(replace(row, backend="vllm"), scheduler_params("vllm")).recv_interval == 1
 
 
 @pytest.mark.parametrize(("backend", "system", "quant", "kv"), [
@@ -252,8 +268,8 @@ def test_vllm_recipe_by_benchmarked_version(model, system, quant, version, want)
 
 
 @pytest.mark.parametrize(("system", "quant", "tp", "want"), [
-    ("b200_sxm", "fp8", 4, (0.95, 8192, 32)),   # dsr1_fp8_b200.sh at TP 4: room for KV beside ~169 GB of weights
-    ("b300_sxm", "fp8", 4, (0.95, 8192, 32)),   # the B300 entries reuse the B200 recipe
+    ("b200_sxm", "fp8", 4, (0.95, 8192, 32, 10)),   # dsr1_fp8_b200.sh at TP 4: room for KV beside ~169 GB of weights
+    ("b300_sxm", "fp8", 4, (0.95, 8192, 32, 10)),   # the B300 entries reuse the B200 recipe
     ("b200_sxm", "fp8", 8, None),               # TP 8: the rows are the MTP variant's, not taken
     ("b200_sxm", "nvfp4", 4, None),
     ("h200_sxm", "fp8", 4, None),

@@ -112,6 +112,9 @@ SCHEDULER_FLAGS = {
                          "TensorRT-LLM context batching delay: iterations waiting prompts may wait (0: off)"),
     "batch_wait_max_tokens_ratio": ("batch_wait_max_tokens_ratio", float, 0.0,
                                     "... ended early once the step's tokens reach this share of --max-num-tokens (0-1)"),
+    "recv_interval": ("recv_interval", int, 1,
+                      "SGLang --scheduler-recv-interval: new requests are taken every this many decode steps "
+                      "(1: every step; no effect on lock-step waves, whose requests reach an idle engine)"),
 }
 
 
@@ -148,6 +151,9 @@ def cmd_serve(a) -> int:
         # (SGLang's default), which keeps a closed-loop benchmark's clients in lock-step waves
         mixed = a.prefill_scheduling == "mixed"
         overrides.update(mixed=mixed, lockstep=not mixed)
+    if a.random_lengths:
+        # lengths drawn at random drift a closed loop's clients apart: no lock-step waves
+        overrides.update(lockstep=False)
     est = _estimator(a)
     params = replace(scheduler_params(a.backend, est.data.system, est.spec), **overrides)
     res, per_rank = serve_agg_replica(est, a.concurrency, a.isl, a.osl, params)
@@ -336,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="mixed: prefill chunks share steps with decodes (vLLM, TensorRT-LLM, SGLang with "
                          "--enable-mixed-chunk); prefill-first: prompts get their own steps and decoding pauses "
                          "(SGLang's default; clients stay in lock-step waves). Default: the backend's")
+    sv.add_argument("--random-lengths", action="store_true",
+                    help="the benchmark draws each request's lengths at random (e.g. --random-range-ratio 0.8): "
+                         "its clients drift apart, so a prefill-first engine keeps no lock-step waves")
     sv.set_defaults(func=cmd_serve)
 
     sd = sub.add_parser("serve-disagg", help="serving model, disaggregated: prefill workers x decode workers under a "

@@ -161,6 +161,34 @@ def batch_wait_steps(lam: float, isl: float, decode_tokens: float, params: Sched
     return (L + lam * L * L / 2.0) / (1.0 + lam * L)
 
 
+def recv_poll_steps(params: SchedulerParams) -> float:
+    """Mean steps a new request waits for the scheduler's next poll of its queue beyond the
+    step in progress (:data:`WAIT_STEPS`), with :attr:`SchedulerParams.recv_interval` > 1: the
+    scheduler polls once every ``interval`` decode steps, so a request arriving at a random
+    point waits ``interval / 2`` steps on average (uniform on ``[0, interval]``)."""
+    interval = float(params.recv_interval)
+    return max(0.0, interval / 2.0 - WAIT_STEPS) if interval > 1 else 0.0
+
+
+def recv_poll(engine, params: SchedulerParams, lam: float, isl: int, n_chunks: int, chunk: float, prefix: float) -> float:
+    """Mean ms from a request's poll to its first token when the scheduler takes new requests
+    in polls (:attr:`SchedulerParams.recv_interval`) and prefills them before decoding: the
+    ``k = max(1, lam x interval)`` requests that arrived since the last poll (``lam`` per step)
+    are prefilled together, as many whole prompts per step as the token budget holds (or one
+    prompt in ``n_chunks`` chunks when it does not fit), and a request's first token comes with
+    the step that finishes its prompt: on average half-way through the batch."""
+    k = max(1.0, lam * float(params.recv_interval))
+    budget = float(params.max_num_tokens)
+    if n_chunks <= 1:
+        per_step = max(1.0, math.floor(budget / max(isl, 1)))
+        r = min(k, per_step)
+        steps = k / r
+        t = params.step_ms(float(engine.step_ms(ctx_batch=r, ctx_isl=isl)), r)
+        return (steps + 1.0) / 2.0 * t
+    t = params.step_ms(float(engine.step_ms(ctx_batch=1.0, ctx_isl=chunk, ctx_prefix=prefix)), 1.0)
+    return (k + 1.0) / 2.0 * n_chunks * t
+
+
 @dataclass
 class ServingResult(ServingMetrics):
     decode_batch: float  # mean running decodes per step
@@ -231,7 +259,7 @@ def solve_steady(
             room = max(room, params.min_prefill_chunk)
             n_chunks = max(1, math.ceil(isl / room))
         hold = adp_balance_wait_steps(hold_ranks, d / out_steps, params.adp_balance_timeout_steps)
-        hold += batch_wait_steps(d / out_steps, isl, d * width, params)
+        hold += batch_wait_steps(d / out_steps, isl, d * width, params) + recv_poll_steps(params)
         d_free = C * out_steps / (out_steps + WAIT_STEPS + hold + n_chunks)
         d = min([d_free, *caps.values()])
     cap_name, cap_val = min(caps.items(), key=lambda kv: kv[1])
@@ -270,16 +298,20 @@ def solve_steady(
         t_fast, t_slow = t_dec, t_dec + t_pre * max(1.0, chunk_load) / per_step
         p_slow = min(1.0, chunk_load)
     balance = adp_balance_wait_steps(hold_ranks, lam, params.adp_balance_timeout_steps)
-    hold = balance + batch_wait_steps(lam, isl, d * width, params)
+    poll = recv_poll_steps(params)
+    hold = balance + batch_wait_steps(lam, isl, d * width, params) + poll
     queued = max(0.0, C - d - lam * (WAIT_STEPS + hold + n_chunks))
     wait_ms = (WAIT_STEPS + hold) * t_avg + (queued / lam * t_avg if lam > 0 else 0.0)
-    ttft = wait_ms + n_chunks * t_prefill_step + params.arrival_delay_ms
+    own_prefill = n_chunks * t_prefill_step
+    if params.recv_interval > 1 and not params.mixed:
+        own_prefill = recv_poll(engine, params, lam, isl, n_chunks, chunk, prefix)
+    ttft = wait_ms + own_prefill + params.arrival_delay_ms
     per_token = out_steps / max(osl - 1, 1)  # MTP yields tau tokens per step
     tpot = tpot * out_steps / max(osl - 1, 1)
     latency = ttft + tpot * max(osl - 1, 1)
     tput_gpu = (C / latency) * osl * 1e3 / gpus if latency > 0 else 0.0
     # per-request spread (module docstring): the wait for the first step, slow steps while decoding
-    first_wait = WAIT_STEPS * t_avg
+    first_wait = (WAIT_STEPS + poll) * t_avg
     ttft_dist = uniform(0.0, 2.0 * first_wait).shifted(ttft - first_wait)
     if balance > 0:  # plus the balance hold's own spread (its mean is already in ``ttft``)
         held = adp_balance_wait(hold_ranks, lam, params.adp_balance_timeout_steps).scaled(t_avg)

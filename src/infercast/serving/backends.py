@@ -101,6 +101,11 @@ class SchedulerParams:
       waiting prompts are not scheduled until the step's tokens reach that share of
       ``max_num_tokens`` or that many iterations have passed, so more prompts share a prefill
       step (see :func:`infercast.serving.agg.batch_wait_steps`). 0: off (the default).
+    * ``recv_interval``: the scheduler takes new requests off its queue only once every this
+      many decode iterations, and right after a prefill step (SGLang's
+      ``--scheduler-recv-interval``; 1, its default, polls every iteration): a request waits for
+      the next poll, and the requests that arrived since the last one are prefilled together
+      (see :func:`infercast.serving.agg.recv_poll`).
     """
 
     mixed: bool
@@ -121,6 +126,7 @@ class SchedulerParams:
     front_end_per_stream_ms: float = 0.0
     batch_wait_iters: int = 0
     batch_wait_max_tokens_ratio: float = 0.0
+    recv_interval: int = 1
 
     def front_end_ms(self, streams: float) -> float:
         """Client + front-end time of a request while ``streams`` requests are open on the

@@ -102,30 +102,6 @@ def inferencex_row(row: SiliconRow) -> bool:
 LLAMA_BATCH_WAIT = (20, 0.9, 16384)
 
 
-#: SGLang deployments whose InferenceX recipes set no ``--scheduler-recv-interval`` (SGLang's
-#: default polls for new requests every iteration), as (system or None for any, model-name
-#: prefix): DeepSeek-R1 on H200 (``benchmarks/dsr1_fp8_h200.sh``) and GLM-5
-#: (``benchmarks/glm5_fp8_b200.sh``, ``single_node/fixed_seq_len/glm5_fp8_b200.sh``). The B200
-#: DeepSeek-R1 and Qwen3.5 recipes poll every 10 iterations (30 from 16 clients): arrivals gather
-#: into batches, and the closed loop keeps its waves (the lock-step default of
-#: :data:`infercast.serving.backends.SCHEDULERS`). Without the interval the clients drift apart,
-#: as on the mixed-step backends. Dev rows, SGLang agg TTFT median APE: DeepSeek h200
-#: (InferenceX and the database dump of the same deployments) 87-199% -> 19-21%, GLM-5 61-299% ->
-#: 14-28%; all SGLang rows 36.0% -> 30.1%. (Qwen3.5 on H200, whose newest recipe sets none either:
-#: its rows move from over- to under-predicted, 15-32% -> 31-39%; not taken. Nor the Qwen3.5 B200
-#: recipes' chunked-prefill size, which differs between their versions: 32768 gave SGLang TTFT
-#: 30.1% -> 28.9%, 8192 31.4%; no row says which version measured it.)
-SGLANG_NO_RECV_INTERVAL = (("h200_sxm", "DeepSeek"), (None, "GLM-5"))
-
-
-def sglang_lockstep(row: SiliconRow) -> bool:
-    """Whether the SGLang recipe that measured ``row`` keeps lock-step waves
-    (:data:`SGLANG_NO_RECV_INTERVAL` lists those that do not)."""
-    name = row.model.split("/")[-1]
-    return not any((system is None or row.system == system) and name.startswith(prefix)
-                   for system, prefix in SGLANG_NO_RECV_INTERVAL)
-
-
 #: The DeepSeek-R1 fp8 plain-recipe context batching delay (``benchmarks/dsr1_fp8_b200_trt.sh``:
 #: ``DELAY_BATCHING`` at 1024x1024 from 64 to 255 clients: ``batch_wait_timeout_iters: 40``,
 #: ``batch_wait_max_tokens_ratio: 0.8``, ``max_num_tokens`` 8192). One dev measurement (TP 8, c64,
@@ -136,16 +112,19 @@ DSR1_FP8_BATCH_WAIT = (40, 0.8, 8192)
 @dataclass(frozen=True)
 class SglangRecipe:
     """An SGLang benchmark recipe's server sizes: ``--mem-fraction-static``,
-    ``--chunked-prefill-size`` (the step's token budget) and ``--max-running-requests``."""
+    ``--chunked-prefill-size`` (the step's token budget), ``--max-running-requests`` and
+    ``--scheduler-recv-interval`` (0: the rule of :func:`sglang_recv_interval`)."""
 
     kv_memory_fraction: float
     max_num_tokens: int
     max_batch_size: int
+    recv_interval: int = 0
 
 
 #: The public InferenceX DeepSeek-R1 fp8 SGLang recipe on B200 (``benchmarks/dsr1_fp8_b200.sh``,
 #: ``single_node/dsr1_fp8_b200.sh``; its B300 entries reuse it as is) runs TP 4 for 8192x1024 only,
-#: with ``MEM_FRAC_STATIC=0.95``, ``CHUNKED_PREFILL_SIZE=8192`` and ``MAX_RUNNING_REQUESTS=32``:
+#: with ``MEM_FRAC_STATIC=0.95``, ``CHUNKED_PREFILL_SIZE=8192``, ``MAX_RUNNING_REQUESTS=32`` and
+#: ``SCHEDULER_RECV_INTERVAL=10``:
 #: DeepSeek-R1's fp8 weights take ~169 GB of each of four B200s, which SGLang's default static
 #: fraction (0.88 here) would leave ~1 GB of KV cache (27k tokens: a c8 run would queue for
 #: cache). Keyed (model-name prefix, system, gemm quant, GPUs per replica). Dev rows (b200 TP 4,
@@ -164,8 +143,8 @@ class SglangRecipe:
 #: under at high concurrency (c256: 19.7 predicted, 47.9 measured, where the measured TPOT shows no
 #: speculative gain at all); TTFT 29.9% -> 27.8%, all rows TPOT 8.20% -> 8.22%.
 SGLANG_RECIPES = {
-    ("DeepSeek", "b200_sxm", "fp8", 4): SglangRecipe(0.95, 8192, 32),
-    ("DeepSeek", "b300_sxm", "fp8", 4): SglangRecipe(0.95, 8192, 32),
+    ("DeepSeek", "b200_sxm", "fp8", 4): SglangRecipe(0.95, 8192, 32, 10),
+    ("DeepSeek", "b300_sxm", "fp8", 4): SglangRecipe(0.95, 8192, 32, 10),
 }
 
 
@@ -181,17 +160,73 @@ def sglang_recipe(row: SiliconRow, gpus: int) -> SglangRecipe | None:
     return None
 
 
+def random_lengths(row: SiliconRow) -> bool:
+    """Whether the benchmark behind ``row`` drew each request's lengths at random: InferenceX's
+    client does (``benchmark_serving --random-range-ratio 0.8``: input and output lengths uniform
+    on ``[0.8 L, L]``), for its exported results (:func:`inferencex_row`) and for the rows of its
+    results database dump (``silicon_data_source`` ``db-dump/...``, with the run's workflow id). The
+    AIC gap-analysis rows (local ``source_file`` paths, ``*-gap-analysis.csv``) do not say."""
+    return inferencex_row(row) or (row.source or "").startswith("db-dump")
+
+
+#: SGLang's ``--scheduler-recv-interval`` in the public InferenceX recipes, which set it by the
+#: benchmark's client count: 10 below :data:`SGLANG_RECV_INTERVAL_FROM` clients, 30 from there
+#: (``benchmarks/single_node/dsr1_fp4_b200.sh``, ``dsr1_fp8_b200.sh`` at TP 8,
+#: ``qwen3.5_fp8_b200.sh``; the B300 entries reuse the B200 scripts), as (systems, model-name
+#: prefixes). The DeepSeek-R1 fp8 TP 4 recipe polls every 10 (:data:`SGLANG_RECIPES`). The H200
+#: DeepSeek-R1 (``benchmarks/dsr1_fp8_h200.sh``) and GLM-5 (``glm5_fp8_b200.sh``) recipes set none:
+#: SGLang's default, a poll every iteration.
+#:
+#: How these rows are served (:func:`recipe_scheduler`): a closed loop whose requests draw random
+#: lengths drifts apart wave by wave, so InferenceX's SGLang rows run the steady-state model, not
+#: SGLang's lock-step waves (the default of :data:`infercast.serving.backends.SCHEDULERS`, which
+#: describes a fixed-length benchmark); the poll interval adds its wait and gathers the requests
+#: that arrived since the last poll into one prefill
+#: (:attr:`infercast.serving.backends.SchedulerParams.recv_interval`). Dev rows, SGLang agg TTFT /
+#: TPOT median APE by group, lock-step waves -> this: B200 DeepSeek-R1 0.5.9 27.8 / 6.5% -> 17.5 /
+#: 6.6%, DeepSeek-V3 0.5.9 30.3 / 5.3% -> 11.9 / 4.7%, B300 Qwen3.5 0.5.10.post1 64.9 / 13.3% -> 17.2
+#: / 22.1%; worse: B200 Qwen3.5 0.5.9 29.4 / 10.5% -> 35.5 / 8.4% and H200 Qwen3.5 (InferenceX rows
+#: 15-32% -> 36-39%), whose TTFT every variant under-predicts by 0.5-0.8x (a cost of that model's
+#: requests not found). The same rows without the interval's wait and gathering: SGLang TTFT
+#: 46.6%; with its wait but no gathering: 26.6% (DeepSeek 18.0 / 15.5%). All SGLang rows: TTFT
+#: 29.9% -> 28.3%, TPOT 10.4% -> 9.6%; all rows: TTFT 18.95% -> 18.75%, TPOT 7.97% -> 7.83%. (Before
+#: this rule, rows whose recipes set no interval -- DeepSeek H200, GLM-5 -- were already served
+#: without waves, all of them InferenceX rows: SGLang TTFT 36.0% -> 30.1% then.) The AIC
+#: gap-analysis rows keep the waves: their h100 Qwen3-32B rows (SGLang 0.5.1.post1) fit them at
+#: 6.0% and the steady state at 81.6%. Measured and not kept: the recipes' chunked-prefill size
+#: 32768 on B200 (TTFT 28.3% -> 27.6% over SGLang's rows, no group moving by more than a point).
+SGLANG_RECV_INTERVAL_RECIPES = (("b200_sxm", "b300_sxm"), ("DeepSeek", "Qwen3.5"))
+SGLANG_RECV_INTERVAL = (10, 30)
+SGLANG_RECV_INTERVAL_FROM = 16
+
+
+def sglang_recv_interval(row: SiliconRow, recipe: SglangRecipe | None = None) -> int:
+    """The ``--scheduler-recv-interval`` of the InferenceX SGLang recipe that measured ``row``
+    (:data:`SGLANG_RECV_INTERVAL_RECIPES`; ``recipe``: its :data:`SGLANG_RECIPES` entry, whose own
+    interval wins), 1 (SGLang's default) for any other."""
+    if recipe is not None and recipe.recv_interval:
+        return recipe.recv_interval
+    systems, prefixes = SGLANG_RECV_INTERVAL_RECIPES
+    name = row.model.split("/")[-1]
+    if row.system not in systems or not any(name.startswith(p) for p in prefixes):
+        return 1
+    low, high = SGLANG_RECV_INTERVAL
+    return high if (row.concurrency or 0) >= SGLANG_RECV_INTERVAL_FROM else low
+
+
 def recipe_scheduler(row: SiliconRow, params):
     """``params`` with the scheduler settings of the recipe that measured ``row``: a TensorRT-LLM
-    context batching delay (:func:`_batch_wait`), SGLang without lock-step waves
-    (:func:`sglang_lockstep`) and SGLang's recipe sizes (:func:`sglang_recipe`); else unchanged."""
+    context batching delay (:func:`_batch_wait`); SGLang's recipe sizes (:func:`sglang_recipe`)
+    and, for a benchmark of random lengths (:func:`random_lengths`), the steady state with the
+    recipe's poll interval instead of lock-step waves (:func:`sglang_recv_interval`); else
+    unchanged."""
     if row.backend == "sglang":
         w = row.worker
         recipe = sglang_recipe(row, w.tp * w.attention_dp) if w is not None else None
         if recipe is not None:
             params = replace(params, max_num_tokens=recipe.max_num_tokens, max_batch_size=recipe.max_batch_size)
-    if row.backend == "sglang" and params.lockstep and not sglang_lockstep(row):
-        return replace(params, lockstep=False)
+        if random_lengths(row):
+            return replace(params, lockstep=False, recv_interval=sglang_recv_interval(row, recipe))
     wait = _batch_wait(row)
     if wait is None:
         return params
