@@ -105,7 +105,11 @@ LLAMA_BATCH_WAIT = (20, 0.9, 16384)
 #: The DeepSeek-R1 fp8 plain-recipe context batching delay (``benchmarks/dsr1_fp8_b200_trt.sh``:
 #: ``DELAY_BATCHING`` at 1024x1024 from 64 to 255 clients: ``batch_wait_timeout_iters: 40``,
 #: ``batch_wait_max_tokens_ratio: 0.8``, ``max_num_tokens`` 8192). One dev measurement (TP 8, c64,
-#: exported twice): 643 ms measured, 246 predicted without it, 715 with it.
+#: exported twice): 643 ms measured, 246 predicted without it, 715 with it. Measured and not kept:
+#: the DeepSeek-R1 plain scripts' step budget (``dsr1_fp8_{b200,h200}_trt.sh``: no chunked prefill,
+#: ``max_num_tokens = max(8192, CONC + ISL + 64 rounded up to 64)``) on the InferenceX DeepSeek rows
+#: other than the MTP recipe's: TensorRT-LLM DeepSeek TTFT median APE 32.2% -> 33.6% (8192-token
+#: prompts in one step instead of two chunks; e.g. b200 V3 1.2.0rc6.post2 8k rows 10.8% -> 17.2%).
 DSR1_FP8_BATCH_WAIT = (40, 0.8, 8192)
 
 
