@@ -44,6 +44,11 @@ Steady state, per step (a *fluid* model: averages, not individual requests):
   also waits :func:`adp_balance_wait_steps` steps: in TTFT and, as for the wait above, among the
   ``W`` requests not decoding. Dev rows, TensorRT-LLM with attention DP: TTFT geometric-mean ratio
   0.38 -> 0.81;
+* a scheduler that takes new requests off its queue only every ``I`` decode steps
+  (:attr:`SchedulerParams.recv_interval`, SGLang's ``--scheduler-recv-interval``) makes a new
+  request wait ``I / 2`` steps on average instead of one (:func:`recv_poll_steps`; in TTFT and in
+  ``W``), and prefills the ``lam I`` requests that arrived since the last poll together, so a
+  request's own prefill is its place in that batch (:func:`recv_poll`; prefill-first engines);
 * the decode set is capped by the token budget (prefill + decode tokens per step <= budget), the
   KV-cache capacity (tokens of running requests) and the backend's max running requests; above a
   cap the excess clients queue, and TTFT grows by their wait (Little's law again).
