@@ -79,9 +79,10 @@ class SchedulerParams:
       length; the first wave of a closed-loop benchmark starts synchronised).
     * ``lockstep``: requests that start together stay together for the whole benchmark (SGLang's
       prefill-first scheduler pauses every decode to prefill all waiting requests at once, so the
-      closed loop keeps its waves): the benchmark is played step by step over all its waves.
-      Otherwise (mixed prefill/decode steps) clients drift apart after the first wave and the
-      steady state is solved analytically.
+      closed loop of a fixed-length benchmark keeps its waves): the benchmark is played step by
+      step over all its waves. Otherwise (mixed prefill/decode steps, or request lengths drawn at
+      random) clients drift apart after the first wave and the steady state is solved
+      analytically.
     * ``kv_reserve_full``: admission reserves a request's whole ``isl + osl`` KV up front
       (TensorRT-LLM's default ``GUARANTEED_NO_EVICT`` capacity policy) or allocates on demand
       (vLLM, SGLang: a running request holds ``isl + osl/2`` tokens on average; preemption keeps the
