@@ -113,8 +113,8 @@ SCHEDULER_FLAGS = {
     "batch_wait_max_tokens_ratio": ("batch_wait_max_tokens_ratio", float, 0.0,
                                     "... ended early once the step's tokens reach this share of --max-num-tokens (0-1)"),
     "recv_interval": ("recv_interval", int, 1,
-                      "SGLang --scheduler-recv-interval: new requests are taken every this many decode steps "
-                      "(1: every step; no effect on lock-step waves, whose requests reach an idle engine)"),
+                      ("SGLang --scheduler-recv-interval: new requests are taken every this many decode steps "
+                       "(1: every step; no effect on lock-step waves, whose requests reach an idle engine)")),
 }
 
 
