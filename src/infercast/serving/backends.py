@@ -194,6 +194,14 @@ class SchedulerParams:
 #: could do (fitted on the same rows, so optimistic): the best TTFT shift per (backend, version)
 #: gives 22.0%, per (backend, system, model) 18.6%, the best TTFT scale per (backend, system,
 #: model) 18.8%; the TTFT error varies within a model's rows, with concurrency and lengths.
+#: Also measured and not kept (all-row TTFT 18.76%): TensorRT-LLM's overlap scheduler returning a
+#: step's tokens after it launches the next step ("one extra decoding step", TensorRT-LLM docs,
+#: Overlap Scheduler) as a lag on every response of the steady state: one average step,
+#: TensorRT-LLM TTFT 19.6% -> 18.9% (all rows 18.5%), half a step 18.8%; with the first wave's
+#: lag played out exactly (the next step there is another long prefill step) 19.6%, the b200
+#: InferenceX rows 12.4% -> 17.5%. The lag is the host time of launching the next step, which
+#: the rows do not pin down (as host time per sequence: 0.1 / 0.2 ms -> 19.2 / 18.9%, and 0.2 ms
+#: per sequence would leave TensorRT-LLM host-bound where its TPOT fits without it).
 def _sizes(*parts) -> tuple[int, ...]:
     return tuple(sorted({int(x) for part in parts for x in part}))
 
