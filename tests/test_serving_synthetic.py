@@ -812,7 +812,12 @@ def test_vllm_front_end_defaults():
     v = scheduler_params("vllm")
     assert (v.arrival_delay_ms, v.front_end_per_stream_ms) == (VLLM_FRONT_END_MS, VLLM_FRONT_END_PER_STREAM_MS) == (15.0, 0.7)
     assert v.front_end_ms(100) == pytest.approx(85.0)
-    assert scheduler_params("trtllm").front_end_per_stream_ms == scheduler_params("sglang").front_end_per_stream_ms == 0.0
+    assert scheduler_params("trtllm").front_end_per_stream_ms == 0.0
+    from infercast.serving.backends import SGLANG_FRONT_END_MS, SGLANG_FRONT_END_PER_STREAM_MS
+
+    sg = scheduler_params("sglang")
+    assert (sg.arrival_delay_ms, sg.front_end_per_stream_ms) == (SGLANG_FRONT_END_MS, SGLANG_FRONT_END_PER_STREAM_MS) == (120.0, 1.5)
+    assert sg.front_end_ms(64) == pytest.approx(216.0)
 
 
 def test_batch_wait_steps_by_hand():

@@ -74,7 +74,8 @@ class SchedulerParams:
     * ``front_end_per_stream_ms``: front-end time that grows with the open streams: the benchmark
       client and the engine's API server each run one Python event loop that handles every open
       stream's token events, so a new request's send and its first token's receipt wait behind the
-      other streams' work (:meth:`front_end_ms`; :data:`VLLM_FRONT_END_PER_STREAM_MS`).
+      other streams' work (:meth:`front_end_ms`; :data:`VLLM_FRONT_END_PER_STREAM_MS`,
+      :data:`SGLANG_FRONT_END_PER_STREAM_MS`).
     * ``requests_per_client``: how many requests each benchmark client sends (the benchmark
       length; the first wave of a closed-loop benchmark starts synchronised).
     * ``lockstep``: requests that start together stay together for the whole benchmark (SGLang's
@@ -254,17 +255,31 @@ SGLANG_SEQ_OVERHEAD_MS = 0.040
 #: concurrency imply 10-20 ms. Both the benchmark client (``vllm bench serve``: one asyncio loop for
 #: all streams) and vLLM's API server (its output processor detokenises and sends every stream's
 #: tokens in the API-server process) do per-stream work on one core, which is where a new request
-#: waits; SGLang detokenises in a separate process, consistent with its rows not asking for it.
-#: Disaggregated deployments sit behind their router (Dynamo's), so they take the base only (vLLM
+#: waits. Disaggregated deployments sit behind their router (Dynamo's), so they take the base only (vLLM
 #: disagg dev rows, 5: TTFT median APE 55.2% with the per-stream term, 38.0% without). Dev rows, vLLM TTFT median
 #: APE (within 20%) at (base ms, ms per stream): (40, 0) 18.9% (53.1%); (40, 0.3) 17.1%; (30, 0.5)
 #: 15.3%; (20, 0.7) 14.9% (60.2%); (15, 0.6) 14.3% (61.0%); (15, 0.7) 13.9% (60.5%); (10, 0.7)
-#: 14.6%; (10, 0.9) 14.9%; (5, 0.8) 17.7%; (0, 0.9) 20.8%; TPOT unchanged. TensorRT-LLM's and
-#: SGLang's rows do not ask for it (TensorRT-LLM TTFT 30.2% at (100, 0) -> 29.9 / 30.1 / 30.6% at
-#: (80, 0.5) / (80, 0.8) / (100, 0.3); SGLang 35.8% -> 36.0 / 36.9% at (120, 0.3) / (100, 0.8)):
-#: their TTFT errors are dominated by other regimes (module notes above), so they keep 0.
+#: 14.6%; (10, 0.9) 14.9%; (5, 0.8) 17.7%; (0, 0.9) 20.8%; TPOT unchanged. TensorRT-LLM's rows do
+#: not ask for it (TensorRT-LLM TTFT 30.2% at (100, 0) -> 29.9 / 30.1 / 30.6% at (80, 0.5) /
+#: (80, 0.8) / (100, 0.3); again 19.6% -> 20.5 / 21.7% at (80, 0.3) / (70, 0.5) once the
+#: InferenceX recipes' settings were in), so it keeps 0.
 VLLM_FRONT_END_MS = 15.0
 VLLM_FRONT_END_PER_STREAM_MS = 0.7
+
+#: SGLang's front end: 120 ms per request plus 1.5 ms per open stream. SGLang's tokenizer manager
+#: (one asyncio process) receives every stream's detokenised output and writes its chunks to the
+#: client, and the benchmark client handles every stream on one loop, as with vLLM's API server.
+#: Its rows did not ask for the per-stream term while most ran SGLang's lock-step waves (SGLang TTFT
+#: 35.8% -> 36.0 / 36.9% at (120, 0.3) / (100, 0.8)); run as the steady state (InferenceX's random
+#: lengths, :func:`infercast.validate.recipes.random_lengths`) they do. Dev rows, SGLang TTFT median
+#: APE (within 20%) at (base ms, ms per stream): (120, 0) 28.3% (34.3%); (120, 0.7) 26.3%; (120,
+#: 1.2) 26.1%; (120, 1.5) 25.2% (39.9%); (120, 1.8) 25.3%; (120, 2.0) 25.4%; (120, 3.0) 26.1%;
+#: (100, 1.5) 27.3%; (140, 1.5) 25.4%; (100, 1.0) 28.2%; (160, 0.5) 26.0%; (200, 0) 25.3%; TPOT
+#: unchanged. By group at (120, 1.5): H200 DeepSeek-R1 / -V3 21.3 / 20.0% -> 10.8 / 10.4%, B200
+#: Qwen3.5 31.1% -> 25.2%, B200 DeepSeek-R1 34.8% -> 31.5%; worse B300 Qwen3.5 18.3% -> 26.8%. All
+#: rows TTFT 18.76% -> 18.12%.
+SGLANG_FRONT_END_MS = 120.0
+SGLANG_FRONT_END_PER_STREAM_MS = 1.5
 
 SCHEDULERS = {
     "trtllm": SchedulerParams(True, True, 8192, 2048, 0.0, 100.0, 10.0, True, graph_batch_sizes=CUDA_GRAPH_SIZES["trtllm"],
@@ -272,8 +287,10 @@ SCHEDULERS = {
     "vllm": SchedulerParams(True, True, 8192, 1024, 0.0, VLLM_FRONT_END_MS, 10.0, False, seq_overhead_ms=0.010,
                             graph_batch_sizes=CUDA_GRAPH_SIZES["vllm"],
                             front_end_per_stream_ms=VLLM_FRONT_END_PER_STREAM_MS),
-    "sglang": SchedulerParams(False, True, 8192, 4096, 2.0, 120.0, 10.0, False, lockstep=True, seq_overhead_ms=SGLANG_SEQ_OVERHEAD_MS,
-                              overlap=True, overlap_residual_ms=0.5, graph_batch_sizes=CUDA_GRAPH_SIZES["sglang"]),
+    "sglang": SchedulerParams(False, True, 8192, 4096, 2.0, SGLANG_FRONT_END_MS, 10.0, False, lockstep=True,
+                              seq_overhead_ms=SGLANG_SEQ_OVERHEAD_MS, overlap=True, overlap_residual_ms=0.5,
+                              graph_batch_sizes=CUDA_GRAPH_SIZES["sglang"],
+                              front_end_per_stream_ms=SGLANG_FRONT_END_PER_STREAM_MS),
 }
 
 
