@@ -6,7 +6,7 @@ The mapping in :mod:`infercast.validate.predict` applies them: :func:`trtllm_rec
 kernel), :func:`vllm_recipe` (MoE kernel, expert parallelism, KV dtype), :func:`sglang_recipe` and
 :data:`SGLANG_FP8_KV_SYSTEMS` (memory fraction, token budget, running requests, KV dtype),
 :func:`postprocess_workers` (TensorRT-LLM's front end) and :func:`recipe_scheduler` (batching
-delays, SGLang's lock-step waves, the recipes' scheduler sizes).
+delays, SGLang's lock-step waves or poll interval, the recipes' scheduler sizes).
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def random_lengths(row: SiliconRow) -> bool:
 #: 15-32% -> 36-39%), whose TTFT every variant under-predicts by 0.5-0.8x (a cost of that model's
 #: requests not found). The same rows without the interval's wait and gathering: SGLang TTFT
 #: 46.6%; with its wait but no gathering: 26.6% (DeepSeek 18.0 / 15.5%). All SGLang rows: TTFT
-#: 29.9% -> 28.3%, TPOT 10.4% -> 9.6%; all rows: TTFT 18.95% -> 18.75%, TPOT 7.97% -> 7.83%. (Before
+#: 29.9% -> 28.3%, TPOT 10.4% -> 9.6%; all rows: TTFT 18.95% -> 18.76%, TPOT 7.97% -> 7.83%. (Before
 #: this rule, rows whose recipes set no interval -- DeepSeek H200, GLM-5 -- were already served
 #: without waves, all of them InferenceX rows: SGLang TTFT 36.0% -> 30.1% then.) The AIC
 #: gap-analysis rows keep the waves: their h100 Qwen3-32B rows (SGLang 0.5.1.post1) fit them at
