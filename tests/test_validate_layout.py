@@ -7,6 +7,7 @@ import pytest
 from infercast.validate.predict import _product_layout, _width_rule, gpu_count
 from infercast.validate.recipes import (
     inferencex_row,
+    mtp_recipe_budget,
     postprocess_workers,
     random_lengths,
     recipe_scheduler,
@@ -211,6 +212,32 @@ def test_sglang_recipe_poll_interval_and_waves(system, model, source, conc, tp, 
         assert sglang_recv_interval(row, sglang_recipe(row, tp)) == interval
     # other engines keep their own defaults
     assert recipe_scheduler(replace(row, backend="vllm"), scheduler_params("vllm")).recv_interval == 1
+
+
+@pytest.mark.parametrize(("version", "worker", "per_rank", "want"), [
+    ("1.2.0rc6.post3", WorkerSpec(batch_size=128, tp=8), 128, (1600, 128)),          # MTP 3: 4 x 128 + 1024 + 64
+    ("1.2.0rc6.post3", WorkerSpec(batch_size=16, tp=1, attention_dp=8), 16, (1152, 16)),  # MTP 1 with attention DP
+    ("1.2.0rc6.post2", WorkerSpec(batch_size=128, tp=8), 128, None),                 # the plain recipe: engine defaults
+])
+def test_mtp_recipe_step_budget(version, worker, per_rank, want) -> None:
+    """dsr1_*_b200_trt_mtp.sh: max_batch_size = the clients per rank, max_num_tokens = (MTP + 1) x
+    that + ISL + 64 rounded up to 64, no chunked prefill."""
+    from dataclasses import replace
+
+    from infercast.serving.backends import scheduler_params
+
+    row = replace(_row("x", worker), model="deepseek-ai/DeepSeek-R1", backend_version=version, gemm_quant="fp8",
+                  concurrency=128)
+    assert mtp_recipe_budget(row, per_rank) == want
+    p = recipe_scheduler(row, scheduler_params("trtllm"), per_rank)
+    default = scheduler_params("trtllm")
+    if want is None:
+        assert (p.chunked, p.max_num_tokens, p.max_batch_size) == (default.chunked, default.max_num_tokens, default.max_batch_size)
+    else:
+        assert (p.chunked, p.max_num_tokens, p.max_batch_size) == (False, *want)
+    # without the clients per rank (a search over layouts) the rule has nothing to size by
+    assert recipe_scheduler(row, scheduler_params("trtllm")).max_num_tokens == default.max_num_tokens
+    assert mtp_recipe_budget(replace(row, model="meta-llama/Llama-3.1-70B"), per_rank) is None
 
 
 @pytest.mark.parametrize(("backend", "system", "quant", "kv"), [

@@ -54,10 +54,8 @@ def trtllm_recipe(row: SiliconRow, attention_dp: int) -> tuple[int, str | None] 
     moved the dev rows' TPOT median APE 8.71% -> 8.79% (DeepSeek-R1 1.2.0rc6.post3 nvfp4 15.9% ->
     19.3%) and TTFT 25.32% -> 25.21%.
 
-    Measured and not kept: the MTP script's token budget (``max_num_tokens = (MTP + 1) x
-    max_batch_size + isl + 64``, rounded up to 64, no chunked prefill) moved those rows' TTFT median
-    APE 24.5% -> 19.6% but their geometric-mean ratio 0.80 -> 1.61 (a queue at high concurrency
-    the rows do not show) and all rows' TPOT 8.71% -> 8.74%.
+    The MTP script's step budget is :func:`mtp_recipe_budget` (applied by
+    :func:`recipe_scheduler`).
 
     Dev rows, TensorRT-LLM DeepSeek b200 TPOT median APE, before (MTP 1 for R1, none for V3, the
     tables' own kernels) -> after: R1 1.2.0rc6.post3 fp8 48.3% -> 16.4%, nvfp4 23.6% -> 15.9%;
@@ -164,6 +162,26 @@ def sglang_recipe(row: SiliconRow, gpus: int) -> SglangRecipe | None:
     return None
 
 
+def mtp_recipe_budget(row: SiliconRow, clients_per_rank: float) -> tuple[int, int] | None:
+    """(``max_num_tokens``, ``max_batch_size``) per rank of the InferenceX DeepSeek-R1 MTP recipe
+    (:data:`MTP_RECIPE_VERSION`; ``benchmarks/dsr1_{fp8,fp4}_b200_trt_mtp.sh``) for ``row``, or None
+    for any other. The script runs TensorRT-LLM without chunked prefill (its default) and sizes
+    the step to the decodes' draft tokens plus one whole prompt: ``max_batch_size`` = the clients
+    (per rank with attention DP: ``CONC / TP``), ``max_num_tokens = (MTP + 1) x max_batch_size +
+    ISL + 64`` rounded up to 64, MTP 3 (1 with attention DP) -- so a step takes one 1k prompt
+    beside its decodes, where the engine default (8192, chunked) took seven. Dev rows (the 44 MTP
+    recipe rows), TTFT / TPOT median APE: 1k inputs 27.3 / 17.1% -> 19.7 / 17.1%, 8k inputs 21.5 /
+    10.7% -> 13.5 / 13.7%; geometric-mean TTFT ratio 0.79 -> 0.83; all rows TTFT 18.12% -> 17.94%,
+    TPOT 7.83% -> 7.85%. (An earlier trial sized ``max_batch_size`` from the row's attention-DP
+    column, which some rows give as TP x EP: its queue over-predicted TTFT, 0.80 -> 1.61.)"""
+    if (row.backend != "trtllm" or row.backend_version != MTP_RECIPE_VERSION
+            or not row.model.split("/")[-1].startswith("DeepSeek") or row.worker is None):
+        return None
+    mtp = 1 if row.worker.attention_dp > 1 else 3
+    batch = max(1, round(clients_per_rank))
+    return -(-((mtp + 1) * batch + row.isl + 64) // 64) * 64, batch
+
+
 def random_lengths(row: SiliconRow) -> bool:
     """Whether the benchmark behind ``row`` drew each request's lengths at random: InferenceX's
     client does (``benchmark_serving --random-range-ratio 0.8``: input and output lengths uniform
@@ -218,12 +236,13 @@ def sglang_recv_interval(row: SiliconRow, recipe: SglangRecipe | None = None) ->
     return high if (row.concurrency or 0) >= SGLANG_RECV_INTERVAL_FROM else low
 
 
-def recipe_scheduler(row: SiliconRow, params):
+def recipe_scheduler(row: SiliconRow, params, clients_per_rank: float | None = None):
     """``params`` with the scheduler settings of the recipe that measured ``row``: a TensorRT-LLM
-    context batching delay (:func:`_batch_wait`); SGLang's recipe sizes (:func:`sglang_recipe`)
-    and, for a benchmark of random lengths (:func:`random_lengths`), the steady state with the
-    recipe's poll interval instead of lock-step waves (:func:`sglang_recv_interval`); else
-    unchanged."""
+    context batching delay (:func:`_batch_wait`) and, given the clients per rank, the MTP recipe's
+    unchunked step budget (:func:`mtp_recipe_budget`); SGLang's recipe sizes
+    (:func:`sglang_recipe`) and, for a benchmark of random lengths (:func:`random_lengths`), the
+    steady state with the recipe's poll interval instead of lock-step waves
+    (:func:`sglang_recv_interval`); else unchanged."""
     if row.backend == "sglang":
         w = row.worker
         recipe = sglang_recipe(row, w.tp * w.attention_dp) if w is not None else None
@@ -231,6 +250,9 @@ def recipe_scheduler(row: SiliconRow, params):
             params = replace(params, max_num_tokens=recipe.max_num_tokens, max_batch_size=recipe.max_batch_size)
         if random_lengths(row):
             return replace(params, lockstep=False, recv_interval=sglang_recv_interval(row, recipe))
+    budget = mtp_recipe_budget(row, clients_per_rank) if clients_per_rank is not None else None
+    if budget is not None:
+        params = replace(params, chunked=False, max_num_tokens=budget[0], max_batch_size=budget[1])
     wait = _batch_wait(row)
     if wait is None:
         return params

@@ -14,12 +14,12 @@ from .silicon import SiliconRow
 
 
 def serving_predictor(cache: EstimatorCache, params=None):
-    def p_for(backend, system=None, spec=None, row: SiliconRow | None = None):
+    def p_for(backend, system=None, spec=None, row: SiliconRow | None = None, per_rank: float | None = None):
         if (params or {}).get(backend):
             return params[backend]
         if row is None:
             return scheduler_params(backend, system, spec)
-        return recipe_scheduler(row, scheduler_params(backend, system, spec, postprocess_workers(row)))
+        return recipe_scheduler(row, scheduler_params(backend, system, spec, postprocess_workers(row)), per_rank)
 
     def predict(row: SiliconRow):
         if row.mode == "disagg":
@@ -31,7 +31,7 @@ def serving_predictor(cache: EstimatorCache, params=None):
         w = row.worker
         est = cache.get(row, w)
         per_rank = clients_per_rank(row, est)
-        res = serve_agg(est, per_rank, row.isl, row.osl, p_for(row.backend, est.data.system, est.spec, row))
+        res = serve_agg(est, per_rank, row.isl, row.osl, p_for(row.backend, est.data.system, est.spec, row, per_rank))
         return res.ttft_ms, res.tpot_ms, f"data {est.version}; decode batch {res.decode_batch:.0f} ({res.bound})"
 
     def _fixed(row: SiliconRow, gpus: int):
