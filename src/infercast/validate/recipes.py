@@ -168,8 +168,8 @@ def mtp_recipe_budget(row: SiliconRow, clients_per_rank: float) -> tuple[int, in
     for any other. The script runs TensorRT-LLM without chunked prefill (its default) and sizes
     the step to the decodes' draft tokens plus one whole prompt: ``max_batch_size`` = the clients
     (per rank with attention DP: ``CONC / TP``), ``max_num_tokens = (MTP + 1) x max_batch_size +
-    ISL + 64`` rounded up to 64, MTP 3 (1 with attention DP) -- so a step takes one 1k prompt
-    beside its decodes, where the engine default (8192, chunked) took seven. Dev rows (the 44 MTP
+    ISL + 64`` rounded up to 64, MTP the recipe's depth (:func:`trtllm_recipe`) -- so a step takes
+    one 1k prompt beside its decodes, where the engine default (8192, chunked) took seven. Dev rows (the 44 MTP
     recipe rows), TTFT / TPOT median APE: 1k inputs 27.3 / 17.1% -> 19.7 / 17.1%, 8k inputs 21.5 /
     10.7% -> 13.5 / 13.7%; geometric-mean TTFT ratio 0.79 -> 0.83; all rows TTFT 18.12% -> 17.94%,
     TPOT 7.83% -> 7.85%. (An earlier trial sized ``max_batch_size`` from the row's attention-DP
@@ -177,7 +177,7 @@ def mtp_recipe_budget(row: SiliconRow, clients_per_rank: float) -> tuple[int, in
     if (row.backend != "trtllm" or row.backend_version != MTP_RECIPE_VERSION
             or not row.model.split("/")[-1].startswith("DeepSeek") or row.worker is None):
         return None
-    mtp = 1 if row.worker.attention_dp > 1 else 3
+    mtp, _ = trtllm_recipe(row, row.worker.attention_dp)
     batch = max(1, round(clients_per_rank))
     return -(-((mtp + 1) * batch + row.isl + 64) // 64) * 64, batch
 
@@ -250,9 +250,10 @@ def recipe_scheduler(row: SiliconRow, params, clients_per_rank: float | None = N
             params = replace(params, max_num_tokens=recipe.max_num_tokens, max_batch_size=recipe.max_batch_size)
         if random_lengths(row):
             return replace(params, lockstep=False, recv_interval=sglang_recv_interval(row, recipe))
-    budget = mtp_recipe_budget(row, clients_per_rank) if clients_per_rank is not None else None
-    if budget is not None:
-        params = replace(params, chunked=False, max_num_tokens=budget[0], max_batch_size=budget[1])
+    step = mtp_recipe_budget(row, clients_per_rank) if clients_per_rank is not None else None
+    if step is not None:
+        tokens, batch = step
+        params = replace(params, chunked=False, max_num_tokens=tokens, max_batch_size=batch)
     wait = _batch_wait(row)
     if wait is None:
         return params
