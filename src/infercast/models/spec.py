@@ -108,8 +108,9 @@ def excluded_quant(patterns, num_layers: int) -> tuple[bool, bool]:
     return tuple(every[k] or len(found[k]) > half for k in ("attn", "shared"))
 
 
-def infer_quant(mc: ModelConfig, text_cfg: dict) -> QuantSpec:
-    """Quantisation from hf_quant_config.json, quantization_config, or the alias."""
+def infer_quant(mc: ModelConfig, text_cfg: dict, num_layers: int) -> QuantSpec:
+    """Quantisation from hf_quant_config.json, quantization_config, or the alias; ``num_layers``
+    (the decoder's) sizes the exclusion lists' per-layer majority (:func:`excluded_quant`)."""
     gemm, kv, moe, src = "bfloat16", "bfloat16", None, "default (bf16)"
     qc = text_cfg.get("quantization_config") or mc.config.get("quantization_config") or {}
     hq = ((mc.hf_quant or {}).get("quantization") or {}) if mc.hf_quant else {}
@@ -140,8 +141,7 @@ def infer_quant(mc: ModelConfig, text_cfg: dict) -> QuantSpec:
     attn_gemm = shared_gemm = None
     if gemm != "bfloat16":
         excluded = hq.get("exclude_modules") or qc.get("ignore") or qc.get("exclude_modules") or qc.get("modules_to_not_convert")
-        layers = int(text_cfg.get("num_hidden_layers") or mc.config.get("num_hidden_layers") or 0)
-        attn_x, shared_x = excluded_quant(excluded, layers)
+        attn_x, shared_x = excluded_quant(excluded, num_layers)
         attn_gemm = "bfloat16" if attn_x else None
         shared_gemm = "bfloat16" if shared_x else None
         if attn_x or shared_x:
@@ -430,7 +430,7 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
         tie_embeddings=bool(_first(text, "tie_word_embeddings", default=False)),
         sliding_window=sw or None,
         max_position=max_pos or None,
-        quant=infer_quant(mc, text),
+        quant=infer_quant(mc, text, layers),
         alias_note=mc.alias_note,
         moe=moe,
         mla=mla,
