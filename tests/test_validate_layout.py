@@ -183,6 +183,7 @@ def test_llama_recipe_batch_wait(tp, lengths, source, delayed) -> None:
 _IX = "source_file=2026-04-06.csv; model=m; silicon_concurrency=4"
 _DUMP = "db-dump/2026-04-27; config_id=1; silicon_concurrency=4"
 _AIC = "source_file=/Users/x/aic-auto-gap-analysis/data/h100_sxm/sglang/0.5.1.post1/Qwen_Qwen3-32B.csv"
+_REEXPORT = "source_file=qwen3.5-397b-gap-analysis.csv; silicon_concurrency=8"
 
 
 @pytest.mark.parametrize(("system", "model", "source", "conc", "tp", "quant", "interval"), [
@@ -193,6 +194,8 @@ _AIC = "source_file=/Users/x/aic-auto-gap-analysis/data/h100_sxm/sglang/0.5.1.po
     ("h200_sxm", "deepseek-ai/DeepSeek-R1", _IX, 64, 8, "fp8", 1),       # dsr1_fp8_h200.sh: none (SGLang's 1)
     ("b200_sxm", "zai-org/GLM-5", _IX, 64, 8, "fp8", 1),                 # glm5_fp8_b200.sh: none
     ("h100_sxm", "Qwen/Qwen3-32B", _AIC, 64, 2, "fp8", None),           # fixed lengths: lock-step waves
+    ("b200_sxm", "Qwen/Qwen3.5-397B-A17B", _REEXPORT, 8, 4, "fp8", 10),  # InferenceX runs, re-exported
+    ("h200_sxm", "Qwen/Qwen3.5-397B-A17B", _REEXPORT, 8, 8, "fp8", 1),   # ... on H200: no interval
 ])
 def test_sglang_recipe_poll_interval_and_waves(system, model, source, conc, tp, quant, interval) -> None:
     """InferenceX's random lengths drift the closed loop apart: its SGLang rows run the steady
@@ -333,3 +336,17 @@ def test_nvfp4_rows_run_nvidias_export(real_pack_available, model, quant, want) 
 
     row = replace(_row("x", WorkerSpec(batch_size=4, tp=8)), model=model, gemm_quant=quant, moe_quant=quant)
     assert map_quant(row) == want
+
+
+@pytest.mark.parametrize(("source", "random"), [
+    ("source_file=kimi-k2.5-gap-analysis.csv; silicon_concurrency=4", True),    # re-exported InferenceX runs
+    ("source_file=2026-03-25.csv; model=m", True),
+    ("db-dump/2026-04-27; config_id=1", True),
+    ("source_file=/Users/x/aic-auto-gap-analysis/data/b200_sxm/vllm/0.12.0/m-gap-analysis.csv", False),  # harness path
+    ("source_file=/Users/x/aic-auto-gap-analysis/data/h100_sxm/vllm/0.12.0/Qwen_Qwen3-32B.csv", False),
+    ("", False),
+])
+def test_random_lengths_by_source(source, random) -> None:
+    from dataclasses import replace
+
+    assert random_lengths(replace(_row("x", WorkerSpec(batch_size=4, tp=8)), source=source)) is random

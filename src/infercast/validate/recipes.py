@@ -182,13 +182,24 @@ def mtp_recipe_budget(row: SiliconRow, clients_per_rank: float) -> tuple[int, in
     return -(-((mtp + 1) * batch + row.isl + 64) // 64) * 64, batch
 
 
+#: Per-model gap-analysis files that re-export InferenceX measurements (``silicon_data_source``
+#: ``source_file=qwen3.5-397b-gap-analysis.csv``, ``kimi-k2.5-gap-analysis.csv``: a bare file name,
+#: where the AIC gap-analysis harness's own rows carry a local path, ``source_file=/Users/...``).
+_REEXPORT_SOURCE = re.compile(r"source_file=[^/;]+-gap-analysis\.csv")
+
+
 def random_lengths(row: SiliconRow) -> bool:
     """Whether the benchmark behind ``row`` drew each request's lengths at random: InferenceX's
     client does (``benchmark_serving --random-range-ratio 0.8``: input and output lengths uniform
-    on ``[0.8 L, L]``), for its exported results (:func:`inferencex_row`) and for the rows of its
-    results database dump (``silicon_data_source`` ``db-dump/...``, with the run's workflow id). The
-    AIC gap-analysis rows (local ``source_file`` paths, ``*-gap-analysis.csv``) do not say."""
-    return inferencex_row(row) or (row.source or "").startswith("db-dump")
+    on ``[0.8 L, L]``), for its exported results (:func:`inferencex_row`), for the rows of its
+    results database dump (``silicon_data_source`` ``db-dump/...``, with the run's workflow id) and
+    for the per-model gap-analysis files that re-export them (:data:`_REEXPORT_SOURCE`). Those files'
+    dev rows are InferenceX runs: 46 of their 62 repeat the TTFT and TPOT of an InferenceX row of
+    the same system, engine, lengths and concurrency to within 0.1% (the others match no dev
+    row); predicted as InferenceX's, one measurement gets one prediction. The AIC gap-analysis
+    harness's own rows (local ``source_file`` paths) do not say."""
+    src = row.source or ""
+    return inferencex_row(row) or src.startswith("db-dump") or bool(_REEXPORT_SOURCE.match(src))
 
 
 #: SGLang's ``--scheduler-recv-interval`` in the public InferenceX recipes, which set it by the
