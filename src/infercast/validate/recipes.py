@@ -225,8 +225,12 @@ def random_lengths(row: SiliconRow) -> bool:
 #: 29.9% -> 28.3%, TPOT 10.4% -> 9.6%; all rows: TTFT 18.95% -> 18.76%, TPOT 7.97% -> 7.83%. (Before
 #: this rule, rows whose recipes set no interval -- DeepSeek H200, GLM-5 -- were already served
 #: without waves, all of them InferenceX rows: SGLang TTFT 36.0% -> 30.1% then.) The AIC
-#: gap-analysis rows keep the waves: their h100 Qwen3-32B rows (SGLang 0.5.1.post1) fit them at
-#: 6.0% and the steady state at 81.6%. Measured and not kept: the recipes' chunked-prefill size
+#: gap-analysis harness's own rows keep the waves: their h100 Qwen3-32B rows (SGLang 0.5.1.post1)
+#: fit them at 6.0% and the steady state at 81.6%; the per-model gap-analysis files that re-export
+#: InferenceX runs do not (:func:`random_lengths`): their b200 / h200 Qwen3.5 rows' TTFT 25.1 / 29.5%
+#: with waves -> 34.7 / 23.6% (all rows 17.94% -> 18.17%), the waves having over-predicted them 2x
+#: from 64 clients and under-predicted them below, as the steady state under-predicts every
+#: InferenceX Qwen3.5 row on SGLang 0.5.9 (gmean ratio 0.66-0.71). Measured and not kept: the recipes' chunked-prefill size
 #: 32768 on B200 (TTFT 28.3% -> 27.6% over SGLang's rows, no group moving by more than a point).
 SGLANG_RECV_INTERVAL_RECIPES = (("b200_sxm", "b300_sxm"), ("DeepSeek", "Qwen3.5"))
 SGLANG_RECV_INTERVAL = (10, 30)
