@@ -195,8 +195,8 @@ def random_lengths(row: SiliconRow) -> bool:
     results database dump (``silicon_data_source`` ``db-dump/...``, with the run's workflow id) and
     for the per-model gap-analysis files that re-export them (:data:`_REEXPORT_SOURCE`). Those files'
     dev rows are InferenceX runs: 46 of their 62 repeat the TTFT and TPOT of an InferenceX row of
-    the same system, engine, lengths and concurrency to within 0.1% (the others match no dev
-    row); predicted as InferenceX's, one measurement gets one prediction. The AIC gap-analysis
+    the same system, engine, lengths and concurrency to within 0.1% (the other 16 match none that
+    closely); predicted as InferenceX's, one measurement gets one prediction. The AIC gap-analysis
     harness's own rows (local ``source_file`` paths) do not say."""
     src = row.source or ""
     return inferencex_row(row) or src.startswith("db-dump") or bool(_REEXPORT_SOURCE.match(src))
@@ -229,9 +229,10 @@ def random_lengths(row: SiliconRow) -> bool:
 #: fit them at 6.0% and the steady state at 81.6%; the per-model gap-analysis files that re-export
 #: InferenceX runs do not (:func:`random_lengths`): their b200 / h200 Qwen3.5 rows' TTFT 25.1 / 29.5%
 #: with waves -> 34.7 / 23.6% (all rows 17.94% -> 18.17%), the waves having over-predicted them 2x
-#: from 64 clients and under-predicted them below, as the steady state under-predicts every
-#: InferenceX Qwen3.5 row on SGLang 0.5.9 (gmean ratio 0.66-0.71). Measured and not kept: the recipes' chunked-prefill size
-#: 32768 on B200 (TTFT 28.3% -> 27.6% over SGLang's rows, no group moving by more than a point).
+#: from 64 clients and under-predicted them below, as the steady state under-predicts the
+#: InferenceX Qwen3.5 rows of SGLang 0.5.9 on B200 and H200 (geometric-mean ratio 0.66-0.76 by
+#: source). Measured and not kept: the recipes' chunked-prefill size 32768 on B200 (TTFT 28.3% ->
+#: 27.6% over SGLang's rows, no group moving by more than a point).
 SGLANG_RECV_INTERVAL_RECIPES = (("b200_sxm", "b300_sxm"), ("DeepSeek", "Qwen3.5"))
 SGLANG_RECV_INTERVAL = (10, 30)
 SGLANG_RECV_INTERVAL_FROM = 16
