@@ -856,3 +856,15 @@ def test_batch_wait_adds_its_steps_to_ttft_exactly():
     assert r.ttft_ms > r0.ttft_ms and r.tpot_ms == pytest.approx(10.0)
     assert r.decode_batch == pytest.approx(100 / (100 + 2 + delay), rel=1e-6)  # the waiting client does not decode
     assert r.balance_hold_ms == 0.0  # the attention-DP hold is another thing
+
+
+@pytest.mark.parametrize(("version", "keeps"), [
+    ("0.5.9", False), ("0.5.10", True), ("0.5.10.post1", True), ("0.5.14", True), ("1.0.0", True),
+    ("nightly-dev-20260216-d3bae71e", False), ("nightly-dev-20260223", True),
+    ("nightly-dev-20260402-d7256eb6", True),
+    ("nightly-dev", False), ("glm5-hopper", False), ("", False), (None, False),   # undated: the older builds
+])
+def test_sglang_hybrid_overlap_by_build(version, keeps):
+    from infercast.serving.backends import sglang_hybrid_overlap
+
+    assert sglang_hybrid_overlap(version) is keeps

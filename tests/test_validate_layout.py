@@ -350,3 +350,26 @@ def test_random_lengths_by_source(source, random) -> None:
     from dataclasses import replace
 
     assert random_lengths(replace(_row("x", WorkerSpec(batch_size=4, tp=8)), source=source)) is random
+
+
+@pytest.mark.parametrize(("version", "source", "overlap"), [
+    ("0.5.10.post1", _IX, True),              # keeps the overlap without the radix cache
+    ("nightly-dev-20260402-d7256eb6", _DUMP, True),
+    ("0.5.9", _IX, False),                    # an older build: off, as scheduler_params set it
+    ("0.5.10.post1", _AIC, False),            # not an InferenceX recipe (radix cache unknown)
+])
+def test_sglang_hybrid_model_overlap_by_build(version, source, overlap) -> None:
+    """A hybrid linear-attention model's SGLang scheduler (overlap off by default) keeps the
+    overlap in InferenceX's recipes (--disable-radix-cache) from the builds that support it."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from infercast.serving.backends import scheduler_params
+
+    hybrid = scheduler_params("sglang", spec=SimpleNamespace(gdn=object()))
+    assert hybrid.overlap is False
+    row = replace(_row("x", WorkerSpec(batch_size=4, tp=8)), backend="sglang", system="b300_sxm",
+                  model="Qwen/Qwen3.5-397B-A17B", source=source, backend_version=version, concurrency=4)
+    assert recipe_scheduler(row, hybrid).overlap is overlap
+    # a model SGLang overlaps anyway keeps it whatever the build
+    assert recipe_scheduler(replace(row, backend_version="0.5.9"), scheduler_params("sglang")).overlap is True

@@ -21,6 +21,7 @@ Values are the engines' documented defaults for the versions in the pack:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -329,6 +330,36 @@ def _vllm_small_gpu(system) -> bool:
     return system.gpu.mem_capacity < VLLM_LARGE_GPU_BYTES or "a100" in str(getattr(system, "name", "")).lower()
 
 
+#: The first SGLang release, and the first nightly build date, whose hybrid linear-attention models
+#: (Gated DeltaNet: Qwen3-Next, Qwen3.5) keep the overlap scheduler when the radix cache is off
+#: (``--disable-radix-cache``, as the public InferenceX recipes run them): sgl-project/sglang#19169
+#: (2026-02-23) states that the ``no_buffer`` mamba strategy "already supports overlap scheduling"
+#: without the radix cache, and the dev rows place the change between the 2026-02-16 nightly and
+#: the 2026-04-02 one. Dev rows, Qwen3.5 on SGLang, TPOT median APE with the overlap off -> on: B300
+#: 0.5.10.post1 22.1% -> 6.0% (31 rows), B200 nightly 2026-04-02 13.7% -> 9.0% (5); kept off, as
+#: they measure: 0.5.9 on B200 / H200 / B300 8.3 / 7.1 / 7.0% (16.9 / 19.1 / 16.2% with it on),
+#: the 2026-02-16 and undated nightlies 3.8 / 3.4% (13.7 / 18.6%). All rows: TPOT 7.81% -> 7.66%
+#: (SGLang 9.2% -> 8.4%), TTFT 18.17% unchanged.
+SGLANG_HYBRID_OVERLAP_FROM = (0, 5, 10)
+SGLANG_HYBRID_OVERLAP_NIGHTLY_FROM = "20260223"
+_RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+_NIGHTLY = re.compile(r"nightly[-\w]*?-(\d{8})(?:-|$)")
+
+
+def sglang_hybrid_overlap(engine_version: str | None) -> bool:
+    """Whether the SGLang build ``engine_version`` (a release ``0.5.10.post1`` or a dated nightly
+    ``nightly-dev-20260402-<hash>``) keeps the overlap scheduler for a hybrid linear-attention
+    model run without the radix cache (:data:`SGLANG_HYBRID_OVERLAP_FROM`; with the radix cache,
+    SGLang's default, :func:`scheduler_params` keeps it off). None or an undated build: False,
+    the behaviour of the builds before it."""
+    v = engine_version or ""
+    m = _NIGHTLY.match(v)
+    if m:
+        return m.group(1) >= SGLANG_HYBRID_OVERLAP_NIGHTLY_FROM
+    m = _RELEASE.match(v)
+    return bool(m) and tuple(int(x) for x in m.groups()) >= SGLANG_HYBRID_OVERLAP_FROM
+
+
 def scheduler_params(name: str, system=None, spec=None, postprocess_workers: int = 0) -> SchedulerParams:
     """The backend's scheduler defaults; ``system`` (a SystemSpec) applies memory-dependent ones,
     ``spec`` (the served ModelSpec) model-dependent ones; ``postprocess_workers`` > 0: TensorRT-LLM's
@@ -349,5 +380,6 @@ def scheduler_params(name: str, system=None, spec=None, postprocess_workers: int
     if name == "sglang" and spec is not None and getattr(spec, "gdn", None) is not None:
         # SGLang runs hybrid linear-attention (Gated DeltaNet / Mamba) models without the overlap
         # scheduler unless --mamba-scheduler-strategy extra_buffer is set (sgl-project/sglang#14792)
+        # or, from the builds of SGLANG_HYBRID_OVERLAP_FROM, the radix cache is off
         p = replace(p, overlap=False)
     return p

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from ..serving.backends import sglang_hybrid_overlap
 from .silicon import SiliconRow
 
 
@@ -265,7 +266,10 @@ def recipe_scheduler(row: SiliconRow, params, clients_per_rank: float | None = N
         if recipe is not None:
             params = replace(params, max_num_tokens=recipe.max_num_tokens, max_batch_size=recipe.max_batch_size)
         if random_lengths(row):
-            return replace(params, lockstep=False, recv_interval=sglang_recv_interval(row, recipe))
+            # InferenceX's SGLang scripts run --disable-radix-cache: the builds that keep a hybrid
+            # model's overlap scheduler without it do (scheduler_params turned it off for such a model)
+            overlap = params.overlap or sglang_hybrid_overlap(row.backend_version)
+            return replace(params, lockstep=False, recv_interval=sglang_recv_interval(row, recipe), overlap=overlap)
     step = mtp_recipe_budget(row, clients_per_rank) if clients_per_rank is not None else None
     if step is not None:
         tokens, batch = step
