@@ -6,6 +6,7 @@ import pytest
 
 from infercast.validate.predict import _product_layout, _width_rule, gpu_count
 from infercast.validate.recipes import (
+    clients_drift,
     inferencex_row,
     mtp_recipe_budget,
     postprocess_workers,
@@ -373,3 +374,24 @@ def test_sglang_hybrid_model_overlap_by_build(version, source, overlap) -> None:
     assert recipe_scheduler(row, hybrid).overlap is overlap
     # a model SGLang overlaps anyway keeps it whatever the build
     assert recipe_scheduler(replace(row, backend_version="0.5.9"), scheduler_params("sglang")).overlap is True
+
+
+@pytest.mark.parametrize(("source", "drift"), [
+    ("source_file=/Users/x/aic-auto-gap-analysis/data/h200_sxm/sglang/0.5.6.post2/m.csv; silicon_concurrency=240", True),
+    ("source_file=/Users/x/aic-auto-gap-analysis/data/h100_sxm/sglang/0.5.1.post1/m.csv; silicon_concurrency=64", False),
+    ("source_file=2026-04-06.csv; model=m", True),               # random lengths drift too
+    ("source_file=/Users/x/elsewhere/data/h200_sxm/sglang/0.5.6.post2/m.csv", False),
+])
+def test_clients_drift_by_campaign(source, drift) -> None:
+    """The AIC harness's H200 campaign runs SGLang's steady state, its H100 campaign lock-step
+    waves; neither takes InferenceX's poll interval."""
+    from dataclasses import replace
+
+    from infercast.serving.backends import scheduler_params
+
+    row = replace(_row("x", WorkerSpec(batch_size=64, tp=2)), backend="sglang", system="h200_sxm",
+                  model="Qwen/Qwen3-235B-A22B-FP8", source=source, concurrency=64)
+    assert clients_drift(row) is drift
+    p = recipe_scheduler(row, scheduler_params("sglang"))
+    assert p.lockstep is (not drift)
+    assert p.recv_interval == 1

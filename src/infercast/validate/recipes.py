@@ -253,13 +253,36 @@ def sglang_recv_interval(row: SiliconRow, recipe: SglangRecipe | None = None) ->
     return high if (row.concurrency or 0) >= SGLANG_RECV_INTERVAL_FROM else low
 
 
+#: The AIC gap-analysis harness's H200 campaign (``source_file=/.../aic-auto-gap-analysis/data/
+#: h200_sxm/...``: 1000-8000-token prompts, 100-2000-token outputs, concurrencies such as 7, 9, 240,
+#: 352) and its H100 one (``.../data/h100_sxm/...``: 1024-4096 x 128-512, 8-128 clients) ran
+#: different benchmark clients, which the rows do not name. SGLang keeps a closed loop's lock-step
+#: waves only as long as its clients stay in phase: the H100 campaign's SGLang rows (0.5.1.post1)
+#: fit the waves (TTFT median APE 6.0%; the steady state 81.6%), the H200 campaign's (0.5.6.post2,
+#: 35 rows) do not -- the waves 126.8% (2-5x over from 176 clients: a wave of 240 1k prompts
+#: prefilled before any first token) and the steady state 26.1% (TPOT 20.7% -> 12.9%), so its
+#: clients drift apart as InferenceX's do. SGLang's scheduler is prefill-first in both builds
+#: (sgl-project/sglang#32549), so the difference is the client's. All rows: TTFT 18.17% -> 17.97%,
+#: TPOT 7.66% -> 7.64%. (Its low-concurrency Qwen3-235B rows fit neither: 0.4-0.8x of the
+#: measurement either way.)
+_AIC_DRIFTING_CAMPAIGN = re.compile(r"source_file=/[^;]*/aic-auto-gap-analysis/data/h200_sxm/")
+
+
+def clients_drift(row: SiliconRow) -> bool:
+    """Whether the closed-loop clients behind ``row`` drift out of phase, so that a prefill-first
+    engine keeps no lock-step waves: a benchmark of random lengths (:func:`random_lengths`) or the
+    AIC gap-analysis campaign whose rows measure it (:data:`_AIC_DRIFTING_CAMPAIGN`)."""
+    return random_lengths(row) or bool(_AIC_DRIFTING_CAMPAIGN.match(row.source or ""))
+
+
 def recipe_scheduler(row: SiliconRow, params, clients_per_rank: float | None = None):
     """``params`` with the scheduler settings of the recipe that measured ``row``: a TensorRT-LLM
     context batching delay (:func:`_batch_wait`) and, given the clients per rank, the MTP recipe's
     unchunked step budget (:func:`mtp_recipe_budget`); SGLang's recipe sizes
     (:func:`sglang_recipe`) and, for a benchmark of random lengths (:func:`random_lengths`), the
     steady state with the recipe's poll interval instead of lock-step waves
-    (:func:`sglang_recv_interval`); else unchanged."""
+    (:func:`sglang_recv_interval`), or the steady state alone where the clients drift apart
+    otherwise (:func:`clients_drift`); else unchanged."""
     if row.backend == "sglang":
         w = row.worker
         recipe = sglang_recipe(row, w.tp * w.attention_dp) if w is not None else None
@@ -270,6 +293,8 @@ def recipe_scheduler(row: SiliconRow, params, clients_per_rank: float | None = N
             # model's overlap scheduler without it do (scheduler_params turned it off for such a model)
             overlap = params.overlap or sglang_hybrid_overlap(row.backend_version)
             return replace(params, lockstep=False, recv_interval=sglang_recv_interval(row, recipe), overlap=overlap)
+        if clients_drift(row):
+            return replace(params, lockstep=False)
     step = mtp_recipe_budget(row, clients_per_rank) if clients_per_rank is not None else None
     if step is not None:
         tokens, batch = step
