@@ -333,9 +333,9 @@ def _vllm_small_gpu(system) -> bool:
 #: The first SGLang release, and the first nightly build date, whose hybrid linear-attention models
 #: (Gated DeltaNet: Qwen3-Next, Qwen3.5) keep the overlap scheduler when the radix cache is off
 #: (``--disable-radix-cache``, as the public InferenceX recipes run them): sgl-project/sglang#19169
-#: (2026-02-23) states that the ``no_buffer`` mamba strategy "already supports overlap scheduling"
-#: without the radix cache, and the dev rows place the change between the 2026-02-16 nightly and
-#: the 2026-04-02 one. Dev rows, Qwen3.5 on SGLang, TPOT median APE with the overlap off -> on: B300
+#: (2026-02-23) notes that the ``no_buffer`` mamba strategy runs with the overlap scheduler once the
+#: radix cache is off, and the dev rows place the change between the 2026-02-16 nightly and the
+#: 2026-04-02 one. Dev rows, Qwen3.5 on SGLang, TPOT median APE with the overlap off -> on: B300
 #: 0.5.10.post1 22.1% -> 6.0% (31 rows), B200 nightly 2026-04-02 13.7% -> 9.0% (5); kept off, as
 #: they measure: 0.5.9 on B200 / H200 / B300 8.3 / 7.1 / 7.0% (16.9 / 19.1 / 16.2% with it on),
 #: the 2026-02-16 and undated nightlies 3.8 / 3.4% (13.7 / 18.6%). All rows: TPOT 7.81% -> 7.66%
