@@ -58,12 +58,9 @@ def resolve_collective(db: OpDB, op: str, group: int) -> Resolved:
     if op == "all_reduce":
         t = db.table_or_none("custom_allreduce")
         if t is not None:
-            m = t.mask(num_gpus=group)
-            if t.has("allreduce_dtype"):
-                m &= t.keys["allreduce_dtype"] == "bfloat16"
-            if m.any():
-                kernel = choose_kernel(t, db.backend, m)
-                m &= t.keys["kernel_source"] == kernel
+            rows = _allreduce_rows(db, t, group)
+            if rows is not None:
+                m, kernel = rows
                 return Resolved(_curve(t, m, sol_q), "custom_allreduce", db.served_version("custom_allreduce"), kernel)
             tried.append(f"custom_allreduce has num_gpus {t.unique('num_gpus')}")
             r = _rack_transfer(db, t, group, sol_q)
@@ -125,17 +122,11 @@ def _rack_transfer(db: OpDB, table, group: int, sol_q) -> Resolved | None:
     node = db.system.node
     if db.backend not in RACK_ALLREDUCE_BACKENDS or not node.gpus_per_rack or group > node.gpus_per_rack:
         return None
-    m = np.ones(len(table.latency), bool)
-    if table.has("allreduce_dtype"):
-        m &= table.keys["allreduce_dtype"] == "bfloat16"
-    sizes = sorted({int(x) for x in table.keys["num_gpus"][m]})
-    below = [g for g in sizes if g < group]
-    if not below or abs(np.log2(group / below[-1])) > GROUP_GATE:
+    sizes = table.keys["num_gpus"][_bf16_rows(table)]
+    donor = _donor_size(sizes, group, below_only=True)
+    if donor is None:
         return None
-    donor = below[-1]
-    m &= table.keys["num_gpus"] == donor
-    kernel = choose_kernel(table, db.backend, m)
-    m &= table.keys["kernel_source"] == kernel
+    m, kernel = _allreduce_rows(db, table, donor)
     g = _group_transfer(db, table, m, "all_reduce", donor, sol_q)
     return Resolved(g, "custom_allreduce", db.served_version("custom_allreduce"), kernel, "group-transfer",
                     (f"num_gpus={donor}",),
@@ -143,13 +134,36 @@ def _rack_transfer(db: OpDB, table, group: int, sol_q) -> Resolved | None:
                       "through utilisation"),))
 
 
-def _group_donor(table, op: str, group: int) -> int | None:
-    """The measured group size to transfer from: the largest below ``group``, else the smallest
-    above, within ``GROUP_GATE``."""
-    m = table.mask(op_name=op)
+def _bf16_rows(table) -> np.ndarray:
+    """Mask of a ``custom_allreduce`` table's bf16 rows (every row where it has no dtype key)."""
+    m = np.ones(len(table.latency), bool)
+    if table.has("allreduce_dtype"):
+        m &= table.keys["allreduce_dtype"] == "bfloat16"
+    return m
+
+
+def _allreduce_rows(db: OpDB, table, group: int) -> tuple[np.ndarray, str] | None:
+    """(mask, kernel) of the backend's preferred all-reduce kernel over ``group`` GPUs in its
+    ``custom_allreduce`` table (bf16 rows), or None where it measured no such group."""
+    m = _bf16_rows(table) & (table.keys["num_gpus"] == group)
     if not m.any():
         return None
-    sizes = sorted({int(x) for x in table.keys["num_gpus"][m]})
+    kernel = choose_kernel(table, db.backend, m)
+    return m & (table.keys["kernel_source"] == kernel), kernel
+
+
+def _donor_size(sizes, group: int, below_only: bool = False) -> int | None:
+    """The measured group size to transfer from: the largest below ``group``, else (unless
+    ``below_only``) the smallest above, within ``GROUP_GATE``."""
+    sizes = sorted({int(x) for x in sizes})
     below = [g for g in sizes if g < group]
-    donor = below[-1] if below else min(sizes)
+    if not below and (below_only or not sizes):
+        return None
+    donor = below[-1] if below else sizes[0]
     return donor if abs(np.log2(group / donor)) <= GROUP_GATE else None
+
+
+def _group_donor(table, op: str, group: int) -> int | None:
+    """:func:`_donor_size` over the group sizes ``table`` measured for ``op``."""
+    m = table.mask(op_name=op)
+    return _donor_size(table.keys["num_gpus"][m], group) if m.any() else None

@@ -288,13 +288,15 @@ def recipe_scheduler(row: SiliconRow, params, clients_per_rank: float | None = N
         recipe = sglang_recipe(row, w.tp * w.attention_dp) if w is not None else None
         if recipe is not None:
             params = replace(params, max_num_tokens=recipe.max_num_tokens, max_batch_size=recipe.max_batch_size)
-        if random_lengths(row):
-            # InferenceX's SGLang scripts run --disable-radix-cache: the builds that keep a hybrid
-            # model's overlap scheduler without it do (scheduler_params turned it off for such a model)
-            overlap = params.overlap or sglang_hybrid_overlap(row.backend_version)
-            return replace(params, lockstep=False, recv_interval=sglang_recv_interval(row, recipe), overlap=overlap)
         if clients_drift(row):
-            return replace(params, lockstep=False)
+            params = replace(params, lockstep=False)
+            if random_lengths(row):
+                # InferenceX's SGLang scripts poll every few steps and run --disable-radix-cache: the
+                # builds that keep a hybrid model's overlap scheduler without it do (scheduler_params
+                # turned it off for such a model)
+                params = replace(params, recv_interval=sglang_recv_interval(row, recipe),
+                                 overlap=params.overlap or sglang_hybrid_overlap(row.backend_version))
+            return params
     step = mtp_recipe_budget(row, clients_per_rank) if clients_per_rank is not None else None
     if step is not None:
         tokens, batch = step
