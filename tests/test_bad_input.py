@@ -332,6 +332,9 @@ def serve_argv(synth, *extra):
         (("--requests-per-client", "0.5"), "--requests-per-client must be a finite number >= 1.0"),
         (("--batch-wait-iters", "-1"), "--batch-wait-iters must be a finite number >= 0"),
         (("--batch-wait-max-tokens-ratio", "1.5"), "--batch-wait-max-tokens-ratio is a share of the token budget (0-1)"),
+        (("--random-range-ratio", "0"), "--random-range-ratio is the shortest request's share of the nominal lengths"),
+        (("--random-range-ratio", "1.2"), "--random-range-ratio is the shortest request's share of the nominal lengths"),
+        (("--random-range-ratio", "nan"), "--random-range-ratio is the shortest request's share of the nominal lengths"),
     ],
 )
 def test_serve_bad_scheduler_override(synth, capsys, extra, needle):
@@ -389,6 +392,19 @@ def test_serve_poll_interval_and_random_lengths_reach_the_model(synth, capsys):
     assert runs["drift_poll"]["ttft_ms"] > runs["drift"]["ttft_ms"]
     rc, _, err = run_cli(capsys, base + ["--recv-interval", "0"])
     assert rc != 0 and "--recv-interval" in err
+
+
+def test_serve_random_range_ratio_reaches_the_model(synth, capsys):
+    """--random-range-ratio R: random lengths (no lock-step waves) whose KV cache holds the mean,
+    (1 + R) / 2 of the nominal lengths' tokens."""
+    import json
+
+    rc, out, _ = run_cli(capsys, serve_argv(synth, "--prefill-scheduling", "prefill-first", "--random-range-ratio", "0.8"))
+    a = json.loads(out)
+    assert rc == 0 and a["scheduler"]["lockstep"] is False
+    assert a["scheduler"]["kv_length_ratio"] == pytest.approx(0.9)
+    rc, out, _ = run_cli(capsys, serve_argv(synth))
+    assert rc == 0 and json.loads(out)["scheduler"]["kv_length_ratio"] == 1.0
 
 
 def test_serve_prefill_scheduling(synth, capsys):

@@ -122,6 +122,25 @@ def test_kv_capacity_limits_admission():
         simulate(eng, 1, 100, 10, params(), kv_capacity_tokens=50, gpus=1)
 
 
+def test_kv_length_ratio_scales_the_capacity_in_requests():
+    # room for 4 requests of 100+11 tokens among 8 clients; lengths averaging half the nominal ones
+    # hold as many requests as twice the capacity would at nominal lengths: exactly the same answer
+    eng = TokenEngine(1.0, 0.01)
+    p = params(requests_per_client=3.0)
+    half = serve_agg(eng, 8, 100, 11, dataclasses.replace(p, kv_length_ratio=0.5), 444, 1)
+    double = serve_agg(eng, 8, 100, 11, p, 888, 1)
+    nominal = serve_agg(eng, 8, 100, 11, p, 444, 1)
+    assert (half.ttft_ms, half.tpot_ms, half.decode_batch) == (double.ttft_ms, double.tpot_ms, double.decode_batch)
+    assert nominal.bound == "kv cache" and half.bound == "clients"
+    assert nominal.ttft_ms > half.ttft_ms
+    # the longest request is still the nominal one: it must fit on its own
+    with pytest.raises(DoesNotFitError):
+        serve_agg(eng, 1, 100, 11, dataclasses.replace(p, kv_length_ratio=0.5), 110, 1)
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(InvalidConfigError):
+            serve_agg(eng, 1, 100, 11, dataclasses.replace(p, kv_length_ratio=bad), 1e9, 1)
+
+
 def test_steady_state_one_client_constant_step():
     # fluid model, one client: one step of wait + one prefill step; TPOT = step
     eng = ConstEngine(10.0)

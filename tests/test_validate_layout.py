@@ -395,3 +395,25 @@ def test_clients_drift_by_campaign(source, drift) -> None:
     p = recipe_scheduler(row, scheduler_params("sglang"))
     assert p.lockstep is (not drift)
     assert p.recv_interval == 1
+
+
+@pytest.mark.parametrize(("backend", "source", "ratio"), [
+    ("trtllm", _IX, 0.9),        # InferenceX: lengths uniform on [0.8 L, L]
+    ("vllm", _IX, 0.9),
+    ("sglang", _REEXPORT, 0.9),  # InferenceX runs, re-exported
+    ("sglang", _AIC, 1.0),       # the AIC harness: fixed lengths
+    ("vllm", None, 1.0),         # no source: nominal lengths
+])
+def test_random_lengths_hold_their_mean_kv(backend, source, ratio) -> None:
+    """A benchmark of random lengths fills the KV cache with its mean lengths' tokens."""
+    from dataclasses import replace
+
+    from infercast.serving.backends import mean_length_ratio, scheduler_params
+    from infercast.validate.recipes import INFERENCEX_MEAN_LENGTH_RATIO
+
+    assert INFERENCEX_MEAN_LENGTH_RATIO == mean_length_ratio(0.8) == pytest.approx(0.9)
+    row = replace(_row("x", WorkerSpec(batch_size=4, tp=8)), backend=backend, source=source)
+    assert recipe_scheduler(row, scheduler_params(backend)).kv_length_ratio == pytest.approx(ratio)
+    for bad in (0.0, -0.5, 1.5, float("nan")):
+        with pytest.raises(ValueError):
+            mean_length_ratio(bad)

@@ -136,10 +136,11 @@ def _scheduler_overrides(a) -> dict:
 
 
 def cmd_serve(a) -> int:
+    import math
     from dataclasses import asdict, replace
 
     from ..api import serve_agg_replica
-    from ..serving.backends import scheduler_params
+    from ..serving.backends import mean_length_ratio, scheduler_params
 
     for name in ("concurrency", "isl", "osl"):
         if getattr(a, name) < 1:
@@ -151,9 +152,15 @@ def cmd_serve(a) -> int:
         # (SGLang's default), which keeps a closed-loop benchmark's clients in lock-step waves
         mixed = a.prefill_scheduling == "mixed"
         overrides.update(mixed=mixed, lockstep=not mixed)
-    if a.random_lengths:
+    if a.random_lengths or a.random_range_ratio is not None:
         # lengths drawn at random drift a closed loop's clients apart: no lock-step waves
         overrides.update(lockstep=False)
+    if a.random_range_ratio is not None:
+        r = a.random_range_ratio
+        if not (math.isfinite(r) and 0.0 < r <= 1.0):
+            raise InvalidInputError(f"--random-range-ratio is the shortest request's share of the nominal lengths, "
+                                    f"in (0, 1]; got {r}")
+        overrides.update(kv_length_ratio=mean_length_ratio(r))
     est = _estimator(a)
     params = replace(scheduler_params(a.backend, est.data.system, est.spec), **overrides)
     res, per_rank = serve_agg_replica(est, a.concurrency, a.isl, a.osl, params)
@@ -345,6 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--random-lengths", action="store_true",
                     help="the benchmark draws each request's lengths at random (e.g. --random-range-ratio 0.8): "
                          "its clients drift apart, so a prefill-first engine keeps no lock-step waves")
+    sv.add_argument("--random-range-ratio", type=float, default=None, metavar="R",
+                    help="the benchmark draws each request's input and output lengths uniformly from [R x L, L] "
+                         "(benchmark_serving's --random-range-ratio): implies --random-lengths, and the KV cache "
+                         "holds the mean lengths' tokens, (1 + R) / 2 of the nominal ones")
     sv.set_defaults(func=cmd_serve)
 
     sd = sub.add_parser("serve-disagg", help="serving model, disaggregated: prefill workers x decode workers under a "

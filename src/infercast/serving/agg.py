@@ -78,6 +78,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..errors import InvalidConfigError
 from .backends import SchedulerParams
 from .result import (
     QUANTILE_POINTS,
@@ -357,6 +358,12 @@ def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacit
             f"one request of {isl}+{osl} tokens needs more KV cache than a rank has ({int(kv_capacity_tokens)} tokens)",
             "weights and reserves leave too little memory; use more GPUs or a smaller quant",
         )
+    if not 0.0 < params.kv_length_ratio <= 1.0:
+        raise InvalidConfigError(f"kv_length_ratio is a benchmark's mean request length over its nominal one, in (0, 1]; "
+                                 f"got {params.kv_length_ratio}")
+    # a benchmark of random lengths holds fewer tokens per running request than nominal ones
+    # (SchedulerParams.kv_length_ratio); the check above stays at the nominal, longest request
+    kv_capacity_tokens = kv_capacity_tokens / params.kv_length_ratio
     if params.lockstep or osl <= 1:
         # one output token: a request completes with its prefill, so there is no decode phase for
         # the steady-state model to solve; every client finishes with the step that carries its

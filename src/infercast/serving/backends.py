@@ -109,6 +109,12 @@ class SchedulerParams:
       ``--scheduler-recv-interval``; 1, its default, polls every iteration): a request waits for
       the next poll, and the requests that arrived since the last one are prefilled together
       (see :func:`infercast.serving.agg.recv_poll`).
+    * ``kv_length_ratio``: the benchmark's mean request length over its nominal ``isl`` / ``osl``
+      (1: every request has the nominal lengths). A client that draws each request's lengths at
+      random (InferenceX: uniform on ``[0.8 L, L]``, ratio 0.9) fills the KV cache with the
+      requests' actual tokens, so the cache holds ``1 / ratio`` times as many running requests as
+      nominal ones would fill; the serving models divide the KV capacity by it. Step costs stay
+      at the nominal lengths (the front-end parameters are calibrated there).
     """
 
     mixed: bool
@@ -130,6 +136,7 @@ class SchedulerParams:
     batch_wait_iters: int = 0
     batch_wait_max_tokens_ratio: float = 0.0
     recv_interval: int = 1
+    kv_length_ratio: float = 1.0
 
     def front_end_ms(self, streams: float) -> float:
         """Client + front-end time of a request while ``streams`` requests are open on the
@@ -204,6 +211,16 @@ class SchedulerParams:
 #: InferenceX rows 12.4% -> 17.5%. The lag is the host time of launching the next step, which
 #: the rows do not pin down (as host time per sequence: 0.1 / 0.2 ms -> 19.2 / 18.9%, and 0.2 ms
 #: per sequence would leave TensorRT-LLM host-bound where its TPOT fits without it).
+def mean_length_ratio(range_ratio: float) -> float:
+    """:attr:`SchedulerParams.kv_length_ratio` of a benchmark that draws each request's lengths
+    uniformly from ``[range_ratio x L, L]`` (``benchmark_serving --random-range-ratio``): the mean,
+    ``(1 + range_ratio) / 2``."""
+    r = float(range_ratio)
+    if not 0.0 < r <= 1.0:
+        raise ValueError(f"a random range ratio is in (0, 1], got {range_ratio}")
+    return (1.0 + r) / 2.0
+
+
 def _sizes(*parts) -> tuple[int, ...]:
     return tuple(sorted({int(x) for part in parts for x in part}))
 

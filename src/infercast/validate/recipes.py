@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from ..serving.backends import sglang_hybrid_overlap
+from ..serving.backends import mean_length_ratio, sglang_hybrid_overlap
 from .silicon import SiliconRow
 
 
@@ -203,6 +203,25 @@ def random_lengths(row: SiliconRow) -> bool:
     return inferencex_row(row) or src.startswith("db-dump") or bool(_REEXPORT_SOURCE.match(src))
 
 
+#: InferenceX's client draws each request's input and output lengths uniformly from
+#: ``[RANGE x L, L]`` (``benchmark_serving --random-range-ratio 0.8`` in ``benchmarks/benchmark_lib.sh``
+#: and the recipes that call it), so a request holds :data:`INFERENCEX_MEAN_LENGTH_RATIO` of the
+#: nominal lengths' KV cache on average (:attr:`infercast.serving.backends.SchedulerParams.kv_length_ratio`,
+#: set by :func:`recipe_scheduler` for every benchmark of random lengths). It moves only rows whose
+#: running set the KV cache bounds: dev rows, 22 of 1,924 predictions change (long prompts or outputs
+#: at 64-512 clients), 2 -> 10 of them within 15% of the measured TTFT (e.g. TensorRT-LLM b200
+#: DeepSeek-R1 nvfp4 TP4 8192x1024 c256: 3737 ms measured, 11653 -> 4303 predicted; vLLM b300
+#: MiniMax-M2.5 8192x1024 c128: 3445, 9836 -> 4330); all rows TTFT median APE 17.97% -> 17.64%,
+#: TPOT 7.64% -> 7.61%. (Compute stays at the nominal lengths, where the front-end parameters are
+#: calibrated: the mean lengths throughout moved TTFT 21.45% -> 22.94% when that was measured.)
+#: Measured and not kept with it: the DeepSeek-R1 TensorRT-LLM scripts' KV fraction
+#: (``free_gpu_memory_fraction`` 0.8, 0.75 at TP 4 8192x1024, 0.7 at 1024x8192 from 256 clients, in
+#: ``dsr1_fp8_b200_trt.sh``) in place of the engine default 0.9: TTFT 17.64% -> 17.72%, its
+#: TP 4 nvfp4 c256 rows queueing for cache they measurably had.
+INFERENCEX_RANDOM_RANGE_RATIO = 0.8
+INFERENCEX_MEAN_LENGTH_RATIO = mean_length_ratio(INFERENCEX_RANDOM_RANGE_RATIO)
+
+
 #: SGLang's ``--scheduler-recv-interval`` in the public InferenceX recipes, which set it by the
 #: benchmark's client count: 10 below :data:`SGLANG_RECV_INTERVAL_FROM` clients, 30 from there
 #: (``benchmarks/single_node/dsr1_fp4_b200.sh``, ``dsr1_fp8_b200.sh`` at TP 8,
@@ -282,7 +301,10 @@ def recipe_scheduler(row: SiliconRow, params, clients_per_rank: float | None = N
     (:func:`sglang_recipe`) and, for a benchmark of random lengths (:func:`random_lengths`), the
     steady state with the recipe's poll interval instead of lock-step waves
     (:func:`sglang_recv_interval`), or the steady state alone where the clients drift apart
-    otherwise (:func:`clients_drift`); else unchanged."""
+    otherwise (:func:`clients_drift`); and for any backend, a benchmark of random lengths holds
+    their mean's KV cache (:data:`INFERENCEX_MEAN_LENGTH_RATIO`); else unchanged."""
+    if random_lengths(row):
+        params = replace(params, kv_length_ratio=INFERENCEX_MEAN_LENGTH_RATIO)
     if row.backend == "sglang":
         w = row.worker
         recipe = sglang_recipe(row, w.tp * w.attention_dp) if w is not None else None
