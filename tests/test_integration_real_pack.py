@@ -308,15 +308,27 @@ def test_sglang_wide_ep_reads_deepep_expert_table(real_pack_available):
         return next(o.source for o in est.breakdown(4, 1024, 8) if o.op == "moe_experts")
 
     wide = Estimator("deepseek-ai/DeepSeek-V3", "gb200", "sglang", None, 1, 1, attention_dp=32, moe_ep=32, moe_tp=1)
-    src = moe_src(wide)
-    assert src["source"] == moe_ops.WIDE_EP_TABLE and src["kernel"] == "deepepmoe"
+    src = moe_src(wide)  # DeepEP's normal mode for prompt tokens, low-latency for decode steps
+    assert src["generation"]["source"] == moe_ops.WIDE_EP_TABLE and src["generation"]["kernel"] == "deepepmoe"
+    assert src["context"]["source"] == moe_ops.WIDE_EP_CONTEXT_TABLE and src["context"]["kernel"] == "deepepmoe"
     db = OpDB(PerfData.open("gb200", "sglang"))
-    t = db.table_or_none(moe_ops.WIDE_EP_TABLE)
-    row = (t.mask(moe_dtype="fp8_block", distribution="power_law_1.01") & (t.keys["moe_ep_size"] == 32)
-           & (t.keys["num_tokens"] == 1024) & (t.keys["hidden_size"] == 7168))
-    r = moe_ops.resolve_moe(db, quant="fp8_block", hidden=7168, inter=2048, topk=8, experts=256, moe_tp=1, moe_ep=32,
-                            distribution="power_law_1.01", wide_ep=True)
-    assert float(r.grid(1024.0)[0]) == pytest.approx(float(t.latency[row][0]), rel=1e-9)
+    for phase, stem in (("generation", moe_ops.WIDE_EP_TABLE), ("context", moe_ops.WIDE_EP_CONTEXT_TABLE)):
+        t = db.table_or_none(stem)
+        row = (t.mask(moe_dtype="fp8_block", distribution="power_law_1.01") & (t.keys["moe_ep_size"] == 32)
+               & (t.keys["num_tokens"] == 1024) & (t.keys["hidden_size"] == 7168))
+        r = moe_ops.resolve_moe(db, quant="fp8_block", hidden=7168, inter=2048, topk=8, experts=256, moe_tp=1, moe_ep=32,
+                                distribution="power_law_1.01", wide_ep=True, phase=phase)
+        assert r.source == stem and float(r.grid(1024.0)[0]) == pytest.approx(float(t.latency[row][0]), rel=1e-9)
+    # the engine reads the context table in a step with prompt tokens, the generation one otherwise
+    moe_op = next(c for c in wide.engine.ops if c.name == "moe_experts")
+    tokens = 32.0 * moe_op.x_per_token
+    ctx = wide.engine.components(ctx_batch=1, ctx_isl=32)["moe_experts"][0]
+    dec = wide.engine.components(dec_batch=32, dec_kv=1024)["moe_experts"][0]
+    assert float(ctx) == pytest.approx(float(moe_op.resolved[0].grid(tokens)[0]) * moe_op.op.count, rel=1e-12)
+    assert float(dec) == pytest.approx(float(moe_op.resolved[1].grid(tokens)[0]) * moe_op.op.count, rel=1e-12)
+    assert float(ctx) > float(dec)
+    assert wide.engine.prefill_scalar(1, 32) == pytest.approx(float(wide.engine.step_ms(ctx_batch=1, ctx_isl=32)), rel=1e-9)
+    assert wide.engine.decode_scalar(32, 1024) == pytest.approx(float(wide.engine.step_ms(dec_batch=32, dec_kv=1024)), rel=1e-9)
     assert moe_src(Estimator("deepseek-ai/DeepSeek-V3", "b200_sxm", "sglang", None, 8, 1, moe_ep=8, moe_tp=1))["source"] == "moe"
     trt = Estimator("deepseek-ai/DeepSeek-V3", "gb200", "trtllm", None, 1, 1, attention_dp=32, moe_ep=32, moe_tp=1)
     assert moe_src(trt)["source"] != moe_ops.WIDE_EP_TABLE

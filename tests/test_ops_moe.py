@@ -26,7 +26,7 @@ from infercast.ops.base import DatabaseMode, OpDB
 from infercast.ops.comm import resolve_collective
 from infercast.interp.grid import Grid
 from infercast.ops.moe import (
-    CONSISTENT_UTIL_FACTOR, FIXED_COST_FRACTION, TOKEN_SCALE, WIDE_EP_TABLE, _get_lattice, _wide_ep_quant_transfer,
+    CONSISTENT_UTIL_FACTOR, FIXED_COST_FRACTION, TOKEN_SCALE, WIDE_EP_CONTEXT_TABLE, WIDE_EP_TABLE, _get_lattice, _wide_ep_quant_transfer,
     choose_donors, consistent_moe_donors, fixed_cost, moe_sol_fn, quant_candidates, resolve_moe, resolve_moe_dispatch,
     transfer_sites,
 )
@@ -679,6 +679,53 @@ def test_wide_ep_other_quant_through_sol_ratio(tmp_path):
     # another pair, or a mode without tensor cores here (no FP4 on this sm90 GPU): no wide-EP answer
     assert _wide_ep_quant_transfer(db, "fp8", (*site, 1, 4), True, "balanced") is None
     assert _wide_ep_quant_transfer(db, "nvfp4", (*site, 1, 2), True, "balanced") is None
+
+
+def test_wide_ep_context_phase_reads_its_own_table(tmp_path):
+    """The context phase reads the wide-EP context table (DeepEP's normal mode) where it holds the
+    site and pair, the generation phase the generation table; a pair only the generation table holds
+    serves both phases from it, with a note. Both tables name one kernel ("deepepmoe") and number
+    their sites alike: each phase still gets its own table's curve."""
+    pack, _, site, tokens, lat = _wide_ep_pack(tmp_path)
+    ctx_tokens = [32, 64, 128, 256]
+    ctx_lat = [0.5 + 0.01 * t for t in ctx_tokens]
+    n = len(ctx_tokens)
+    cols = {
+        "framework": ["SGLang"] * n, "version": [sp.TRTLLM_CURRENT] * n, "device": [sp.DEVICE] * n,
+        "op_name": ["moe_context"] * n, "kernel_source": ["deepepmoe"] * n, "moe_dtype": ["fp8_block"] * n,
+        "num_tokens": ctx_tokens, "hidden_size": [site[0]] * n, "inter_size": [site[1]] * n, "topk": [site[2]] * n,
+        "num_experts": [site[3]] * n, "moe_tp_size": [1] * n, "moe_ep_size": [2] * n,
+        "distribution": ["balanced"] * n, "latency": ctx_lat,
+    }
+    types = {c: (pa.string() if isinstance(v[0], str) else pa.float64() if isinstance(v[0], float) else pa.int64())
+             for c, v in cols.items()}
+    _write(pack.systems_dir / "data" / sp.SYSTEM / "moe" / "trtllm" / sp.TRTLLM_CURRENT / f"{WIDE_EP_CONTEXT_TABLE}_perf.parquet",
+           cols, types)
+    db = OpDB(PerfData.open(sp.SYSTEM, "trtllm", None, pack.systems_dir))
+    kw = {"quant": "fp8_block", "hidden": site[0], "inter": site[1], "topk": site[2], "experts": site[3], "moe_tp": 1,
+          "moe_ep": 2, "wide_ep": True}
+    gen = resolve_moe(db, phase="generation", **kw)
+    ctx = resolve_moe(db, phase="prefill", **kw)  # an alias of context
+    assert gen.source == WIDE_EP_TABLE and ctx.source == WIDE_EP_CONTEXT_TABLE
+    np.testing.assert_array_equal(gen.grid(tokens)[0], lat)
+    np.testing.assert_array_equal(ctx.grid(np.array(ctx_tokens, float))[0], ctx_lat)
+    assert resolve_moe(db, **kw).source == WIDE_EP_TABLE  # the default phase: generation
+    # no context rows in fp8: the context phase takes the generation table's SOL-ratio answer, said so
+    fb = resolve_moe(db, **{**kw, "quant": "fp8"}, phase="context")
+    assert fb.source == WIDE_EP_CONTEXT_TABLE and fb.how == "quant-transfer"
+    with pytest.raises(InvalidInputError, match="unknown phase"):
+        resolve_moe(db, phase="warmup", **kw)
+
+
+def test_wide_ep_context_falls_back_to_the_generation_table(tmp_path):
+    pack, _, site, tokens, lat = _wide_ep_pack(tmp_path)
+    db = OpDB(PerfData.open(sp.SYSTEM, "trtllm", None, pack.systems_dir))
+    kw = {"quant": "fp8_block", "hidden": site[0], "inter": site[1], "topk": site[2], "experts": site[3], "moe_tp": 1,
+          "moe_ep": 2, "wide_ep": True}
+    r = resolve_moe(db, phase="context", **kw)
+    assert r.source == WIDE_EP_TABLE
+    np.testing.assert_array_equal(r.grid(tokens)[0], lat)
+    assert any(f"no {WIDE_EP_CONTEXT_TABLE} rows" in n for n in r.notes)
 
 
 def test_wide_ep_nvfp4_real_pack(real_pack_available):

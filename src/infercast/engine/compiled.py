@@ -50,11 +50,16 @@ SCALAR_RUN = 4
 @dataclass
 class CompiledOp:
     op: PlanOp
-    resolved: tuple[Resolved, ...]  # token-wise: 1; attention-like: (context, generation)
+    # token-wise: 1, or (context, generation) when ``phase_split``; attention-like: (context, generation)
+    resolved: tuple[Resolved, ...]
     x_per_token: float = 1.0
     # analytic ops: ms = count * (units * ms_per_unit + fixed_ms)
     ms_per_unit: float = 0.0
     fixed_ms: float = 0.0
+    #: a token-wise op whose kernels differ by phase (SGLang's wide-EP expert block and its
+    #: dispatch: DeepEP's normal mode in steps that carry prompt tokens, low-latency in
+    #: decode-only steps): ``resolved`` is (context, generation)
+    phase_split: bool = False
 
     @property
     def name(self) -> str:
@@ -99,19 +104,30 @@ class CompiledEngine:
             from ..ops.moe import resolve_moe
 
             wide_ep = self.plan.parallel.moe_comm == "alltoall"  # the DeepEP path: its expert kernels too
-            r = resolve_moe(
-                self.db, quant=p["quant"], hidden=int(p["hidden"]), inter=int(p["inter"]), topk=int(p["topk"]),
-                experts=int(p["experts"]), moe_tp=int(p["moe_tp"]), moe_ep=int(p["moe_ep"]),
-                distribution=p.get("distribution", "balanced"), gated=bool(p.get("gated", True)), wide_ep=wide_ep,
-                kernel=p.get("kernel"),
-            )
-            return CompiledOp(op, (r,), x_per_token=float(p.get("tokens_multiplier", 1.0)))
+
+            def moe(phase: str):
+                return resolve_moe(
+                    self.db, quant=p["quant"], hidden=int(p["hidden"]), inter=int(p["inter"]), topk=int(p["topk"]),
+                    experts=int(p["experts"]), moe_tp=int(p["moe_tp"]), moe_ep=int(p["moe_ep"]),
+                    distribution=p.get("distribution", "balanced"), gated=bool(p.get("gated", True)), wide_ep=wide_ep,
+                    kernel=p.get("kernel"), phase=phase,
+                )
+
+            x = float(p.get("tokens_multiplier", 1.0))
+            if wide_ep and op.phase == "both":  # DeepEP's mode follows the step (ops.moe.WIDE_EP_TABLES)
+                return CompiledOp(op, (moe("context"), moe("generation")), x_per_token=x, phase_split=True)
+            return CompiledOp(op, (moe("context" if op.phase == "prefill" else "generation"),), x_per_token=x)
         if op.kind == "moe_dispatch":
             from ..ops.moe import resolve_moe_dispatch
 
-            rc = resolve_moe_dispatch(self.db, phase=p.get("phase", "generation"), hidden=int(p["hidden"]), topk=int(p["topk"]),
-                                      experts=int(p["experts"]), ep=int(p["ep"]), quant=p.get("quant", "bfloat16"))
-            return CompiledOp(op, (rc,))
+            def dispatch(phase: str):
+                return resolve_moe_dispatch(self.db, phase=phase, hidden=int(p["hidden"]), topk=int(p["topk"]),
+                                            experts=int(p["experts"]), ep=int(p["ep"]), quant=p.get("quant", "bfloat16"))
+
+            if "phase" in p or op.phase != "both":
+                return CompiledOp(op, (dispatch(p.get("phase", op.phase)),))
+            # high-throughput kernels in steps that carry prompt tokens, low-latency ones in decode-only steps
+            return CompiledOp(op, (dispatch("context"), dispatch("generation")), phase_split=True)
         if op.kind == "attention":
             args = (int(p["heads"]), int(p["kv_heads"]), int(p["head_dim"]), p["kv_quant"], p["attn_quant"], int(p["window"]))
             return CompiledOp(op, (resolve_context_attention(self.db, *args), resolve_generation_attention(self.db, *args)))
@@ -147,13 +163,20 @@ class CompiledEngine:
         raise ValueError(f"unknown op kind {op.kind!r}")
 
     # ---- vectorised per-op evaluation ------------------------------------------------------------
-    def _tokenwise(self, c: CompiledOp, tokens: np.ndarray, seqs: np.ndarray):
+    def _tokenwise(self, c: CompiledOp, tokens: np.ndarray, seqs: np.ndarray, context=False):
+        """``context``: whether each step carries prompt tokens (a phase-split op reads its context
+        grid there, its generation grid elsewhere)."""
         n = tokens if c.op.tokens == "all" else seqs
         active = n > 0
         n_eval = np.where(active, n, 1.0)
         if c.op.kind in ANALYTIC_KINDS:
             v = n_eval * c.x_per_token * c.ms_per_unit + c.fixed_ms
             pr = np.full(n_eval.shape, int(Prov.ANALYTIC), np.int8)
+        elif c.phase_split:
+            vc, pc = c.resolved[0].grid(n_eval * c.x_per_token, refuse=True)
+            vg, pg = c.resolved[1].grid(n_eval * c.x_per_token, refuse=True)
+            ctx = np.broadcast_to(np.asarray(context, dtype=bool), np.shape(vc))
+            v, pr = np.where(ctx, vc, vg), np.where(ctx, pc, pg).astype(np.int8)
         else:
             v, pr = c.resolved[0].grid(n_eval * c.x_per_token, refuse=True)
         return np.where(active, v * c.op.count, 0.0), pr
@@ -205,7 +228,8 @@ class CompiledEngine:
                 vg, pg = self._generation_attention(c, dec_batch, dec_kv)
                 out[c.name] = (vc + vg, np.maximum(np.where(ctx_batch > 0, pc, 0), np.where(dec_batch > 0, pg, 0)).astype(np.int8))
             else:
-                out[c.name] = self._tokenwise(c, rows if draft else tokens, rows if draft else seqs)
+                out[c.name] = self._tokenwise(c, rows if draft else tokens, rows if draft else seqs,
+                                              False if draft else ctx_batch > 0)
         return out
 
     def step_ms(self, **shape) -> np.ndarray:
@@ -220,26 +244,28 @@ class CompiledEngine:
 
     # ---- scalar twins (plain Python, no numpy per call) -----------------------------------------
     @staticmethod
-    def _sum_tokenwise(grid_ops, analytic_ops, tokens: float, seqs: float) -> float:
+    def _sum_tokenwise(grid_ops, analytic_ops, tokens: float, seqs: float, context: bool = False) -> float:
         total = 0.0
         for c in grid_ops:
             n = tokens if c.op.tokens == "all" else seqs
             if n > 0:
-                total += c.resolved[0].grid.scalar(n * c.x_per_token, refuse=True)[0] * c.op.count
+                r = c.resolved[1] if c.phase_split and not context else c.resolved[0]
+                total += r.grid.scalar(n * c.x_per_token, refuse=True)[0] * c.op.count
         for c in analytic_ops:
             n = tokens if c.op.tokens == "all" else seqs
             if n > 0:
                 total += (n * c.x_per_token * c.ms_per_unit + c.fixed_ms) * c.op.count
         return total
 
-    def tokenwise_scalar(self, tokens: float, seqs: float, draft_seqs: float = 0.0) -> float:
+    def tokenwise_scalar(self, tokens: float, seqs: float, draft_seqs: float = 0.0, context: bool = False) -> float:
         """Sum of every token-wise op for one step of ``tokens`` main-model tokens over ``seqs``
-        sequences, plus MTP draft passes over ``draft_seqs`` decoding sequences."""
-        key = (tokens, seqs, draft_seqs)
+        sequences, plus MTP draft passes over ``draft_seqs`` decoding sequences; ``context``: the
+        step carries prompt tokens (phase-split ops, :attr:`CompiledOp.phase_split`)."""
+        key = (tokens, seqs, draft_seqs, context)
         hit = self._tokenwise_memo.get(key)
         if hit is not None:
             return hit
-        total = self._sum_tokenwise(self._grid_ops, self._analytic_ops, tokens, seqs)
+        total = self._sum_tokenwise(self._grid_ops, self._analytic_ops, tokens, seqs, context)
         if draft_seqs > 0 and (self._draft_grid_ops or self._draft_analytic_ops):
             total += self._sum_tokenwise(self._draft_grid_ops, self._draft_analytic_ops, draft_seqs, draft_seqs)
         if len(self._tokenwise_memo) >= 100_000:
@@ -272,7 +298,7 @@ class CompiledEngine:
         return sum(c.resolved[1].grid.scalar(batch, step, refuse=True)[0] * c.op.count for c in self._attn_ops + self._draft_attn_ops)
 
     def prefill_scalar(self, batch: float, isl: float, prefix: float = 0.0) -> float:
-        return self.tokenwise_scalar(batch * isl, batch) + self.context_attention_scalar(batch, isl, prefix)
+        return self.tokenwise_scalar(batch * isl, batch, context=batch > 0) + self.context_attention_scalar(batch, isl, prefix)
 
     def decode_scalar(self, batch: float, kv_len: float, pad: float = 0.0) -> float:
         """One decode step of ``batch`` sequences at KV length ``kv_len`` (``pad``: CUDA-graph
@@ -306,7 +332,8 @@ class CompiledEngine:
         groups = list(zip(np.atleast_1d(ctx_batch).tolist(), np.atleast_1d(ctx_isl).tolist(), np.atleast_1d(ctx_prefix).tolist()))
         tokens = sum(b * i for b, i, _ in groups) + dec_batch * self.decode_width
         seqs = sum(b for b, _, _ in groups) + dec_batch
-        total = self.tokenwise_scalar(float(tokens), float(seqs), float(dec_batch))
+        context = any(b > 0 and i > 0 for b, i, _ in groups)
+        total = self.tokenwise_scalar(float(tokens), float(seqs), float(dec_batch), context)
         for b, i, p in groups:
             total += self.context_attention_scalar(b, i, p)
         return total + self.generation_attention_scalar(dec_batch, dec_kv)
@@ -315,7 +342,7 @@ class CompiledEngine:
         rows = []
         for c in self.ops:
             d = {"op": c.name, "kind": c.op.kind, "count": c.op.count, **dict(c.op.params.items())}
-            if c.op.kind in ATTENTION_KINDS:
+            if c.op.kind in ATTENTION_KINDS or c.phase_split:
                 d["context"] = c.resolved[0].describe()
                 d["generation"] = c.resolved[1].describe()
             else:

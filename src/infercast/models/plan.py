@@ -363,7 +363,7 @@ def moe_plan(spec: ModelSpec, par: ParallelConfig, fusions: Fusions | None = Non
     a2a = adp > 1 and par.ep > 1 and par.moe_comm == "alltoall"
     if a2a:
         ops.append(PlanOp("moe_dispatch", "moe_dispatch", moe_layers,
-                          params={"phase": "generation", "hidden": h, "topk": m.topk, "experts": m.experts, "ep": par.ep,
+                          params={"hidden": h, "topk": m.topk, "experts": m.experts, "ep": par.ep,
                                   "quant": q.moe or q.gemm}))
     elif adp > 1:
         ops.append(PlanOp("moe_allgather", "allgather", moe_layers, params={"elements_per_token": h * adp, "group": par.width}))

@@ -485,6 +485,17 @@ def _kernel_db(db: OpDB, candidates: tuple[str, ...], kernel: str, gated: bool, 
 #: with DP32 x EP32 decode workers (gb200, gb300; 7 rows): TPOT 1.19-1.97x of measured on the
 #: standard path (all-gather over 32 GPUs, standard kernel) -> 0.86-1.22x.
 WIDE_EP_TABLE = "wideep_generation_moe"
+#: The context (prefill) phase runs DeepEP's high-throughput mode, whose expert block the pack
+#: measures in its own table (``wideep_context_moe_perf``: the same shape and pairs, 32 to 524,288
+#: tokens over the EP group). The two differ by 2-3x where both are measured: gb300 EP4 at 512
+#: tokens 0.46 ms (generation) against 0.81 ms (context); past the generation table's last count
+#: (512 tokens at EP4) its held utilisation put a 4,096-token prefill block at ~0.5 ms where the
+#: context table measures 1.35 ms. A compiled engine reads the context table for steps that carry
+#: prompt tokens and the generation table for decode-only steps (SGLang runs DeepEP's ``auto``
+#: mode: normal kernels for extend batches, low-latency ones for decode batches); a pair or site
+#: the context table lacks falls back to the generation table, with a note.
+WIDE_EP_CONTEXT_TABLE = "wideep_context_moe"
+WIDE_EP_TABLES = {"context": WIDE_EP_CONTEXT_TABLE, "generation": WIDE_EP_TABLE}
 WIDE_EP_BACKENDS = ("sglang",)
 #: quant modes of the wide-EP table that serve another mode's query through the SOL ratio
 WIDE_EP_DONOR_QUANTS = ("fp8_block",)
@@ -502,20 +513,22 @@ def wide_ep_available(db: OpDB, *, quant: str, hidden: int, inter: int, topk: in
         return False
 
 
-def _resolve_wide_ep(db: OpDB, quant: str, query: tuple, gated: bool, distribution: str) -> Resolved | None:
+def _resolve_wide_ep(db: OpDB, quant: str, query: tuple, gated: bool, distribution: str,
+                     table: str = WIDE_EP_TABLE) -> Resolved | None:
     for c in quant_candidates(db.system, quant):
-        lat = _get_lattice(db, c, gated, distribution, WIDE_EP_TABLE)
+        lat = _get_lattice(db, c, gated, distribution, table)
         if lat is None:
             continue
         hit = np.flatnonzero(np.all(lat.sites == np.asarray(query, float), axis=1))
         if len(hit):
             g = _site_grid(db, lat, int(hit[0]), gated)
-            note = f"wide-EP expert block (DeepEP, {WIDE_EP_TABLE}) for attention DP x EP{int(query[5])}"
-            return Resolved(g, WIDE_EP_TABLE, db.served_version(WIDE_EP_TABLE), lat.kernel, "exact", (), lat.notes + (note,))
-    return _wide_ep_quant_transfer(db, quant, query, gated, distribution)
+            note = f"wide-EP expert block (DeepEP, {table}) for attention DP x EP{int(query[5])}"
+            return Resolved(g, table, db.served_version(table), lat.kernel, "exact", (), lat.notes + (note,))
+    return _wide_ep_quant_transfer(db, quant, query, gated, distribution, table)
 
 
-def _wide_ep_quant_transfer(db: OpDB, quant: str, query: tuple, gated: bool, distribution: str) -> Resolved | None:
+def _wide_ep_quant_transfer(db: OpDB, quant: str, query: tuple, gated: bool, distribution: str,
+                            table: str = WIDE_EP_TABLE) -> Resolved | None:
     """The wide-EP expert block in a quant mode the table lacks, from a donor mode's curve at the
     same site and pair scaled by the speed-of-light ratio at each token count (see
     :data:`WIDE_EP_DONOR_QUANTS`); None when no donor has the site or the GPU lacks the tensor
@@ -529,7 +542,7 @@ def _wide_ep_quant_transfer(db: OpDB, quant: str, query: tuple, gated: bool, dis
         except InfercastError:
             continue  # no tensor cores for this mode here: the standard path reports it
         for d in WIDE_EP_DONOR_QUANTS:
-            lat = _get_lattice(db, d, gated, distribution, WIDE_EP_TABLE)
+            lat = _get_lattice(db, d, gated, distribution, table)
             if lat is None:
                 continue
             hit = np.flatnonzero(np.all(lat.sites == np.asarray(query, float), axis=1))
@@ -540,10 +553,10 @@ def _wide_ep_quant_transfer(db: OpDB, quant: str, query: tuple, gated: bool, dis
             ratio = np.asarray(sol_c(axis), float) / np.asarray(moe_sol_fn(db, d, *query, gated)(axis), float)
             g = Grid((axis,), donor.values * ratio, np.full(len(axis), Prov.TRANSFERRED, np.int8), sol_c,
                      scales=TOKEN_SCALE)
-            note = (f"wide-EP expert block (DeepEP, {WIDE_EP_TABLE}) for attention DP x EP{int(query[5])}: "
+            note = (f"wide-EP expert block (DeepEP, {table}) for attention DP x EP{int(query[5])}: "
                     f"no {c} rows; the {d} curve at this site x SOL({c}) / SOL({d}) "
                     f"({ratio.min():.2f}-{ratio.max():.2f})")
-            return Resolved(g, WIDE_EP_TABLE, db.served_version(WIDE_EP_TABLE), lat.kernel, "quant-transfer",
+            return Resolved(g, table, db.served_version(table), lat.kernel, "quant-transfer",
                             (f"{d} {_site_label(lat.sites[int(hit[0])])}",), lat.notes + (note,))
     return None
 
@@ -557,7 +570,9 @@ def _site_grid(db: OpDB, lat: _Lattice, i: int, query_gated: bool) -> Grid:
         (axis,), vals = lat.curves[i]
         return Grid((axis,), vals, np.zeros(len(axis), np.int8), s, scales=TOKEN_SCALE)
 
-    return db.memo(("moe-site", lat.quant, lat.distribution, lat.kernel, gated, i), build)
+    # keyed by the table too: two tables of one kernel family (the wide-EP context and generation
+    # tables are both "deepepmoe") number their sites alike
+    return db.memo(("moe-site", getattr(lat.table, "stem", None), lat.quant, lat.distribution, lat.kernel, gated, i), build)
 
 
 def _site_label(row) -> str:
@@ -755,10 +770,13 @@ def resolve_moe(
     gated: bool = True,
     wide_ep: bool = False,
     kernel: str | None = None,
+    phase: str = "generation",
 ) -> Resolved:
     """Compile the routed-expert block's ``num_tokens`` curve (ms per MoE layer on one rank).
     ``wide_ep``: attention data parallelism with EP on a backend that serves it through DeepEP
-    (see ``WIDE_EP_TABLE``). ``kernel``: the kernel family the engine runs (:data:`MOE_KERNELS`),
+    (see ``WIDE_EP_TABLE``), in ``phase`` (``context`` or ``generation``; ``prefill`` / ``decode``
+    are aliases), whose DeepEP mode has its own table (:data:`WIDE_EP_TABLES`); the standard
+    tables do not depend on the phase. ``kernel``: the kernel family the engine runs (:data:`MOE_KERNELS`),
     from this backend's table or, when it did not measure that family, another backend's on the
     same system (noted); None: the table's own kernels (module doc)."""
     hidden, inter, topk, experts, moe_tp, moe_ep = _check_shape(hidden, inter, topk, experts, moe_tp, moe_ep)
@@ -768,8 +786,22 @@ def resolve_moe(
     notes: list[str] = []
     if kernel is not None and kernel not in MOE_KERNELS:
         raise InvalidInputError(f"unknown MoE kernel family {kernel!r}", "known: " + ", ".join(MOE_KERNELS))
+    ph = PHASE_ALIASES.get(str(phase).lower())
+    if ph is None:
+        raise InvalidInputError(f"unknown phase {phase!r}", available=sorted(PHASE_ALIASES))
     if wide_ep and db.mode is not DatabaseMode.SOL:
-        r = _resolve_wide_ep(db, quant, (*query, moe_tp, moe_ep), gated, distribution)
+        table = WIDE_EP_TABLES[ph]
+        try:
+            r = _resolve_wide_ep(db, quant, (*query, moe_tp, moe_ep), gated, distribution, table)
+        except NotAvailableError:
+            if table == WIDE_EP_TABLE:
+                raise
+            r = None  # no context table for this backend and version: the generation one below
+        if r is None and table != WIDE_EP_TABLE:
+            r = _resolve_wide_ep(db, quant, (*query, moe_tp, moe_ep), gated, distribution, WIDE_EP_TABLE)
+            if r is not None:
+                why = f"no {table} rows for this shape and EP{moe_ep}: the {ph} phase reads {WIDE_EP_TABLE}"
+                return replace(r, notes=(*r.notes, why))
         if r is not None:
             return r
         notes.append(f"no wide-EP ({WIDE_EP_TABLE}) data for this shape and EP{moe_ep}; standard MoE kernels")
