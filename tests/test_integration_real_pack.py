@@ -299,6 +299,8 @@ def test_sglang_wide_ep_reads_deepep_expert_table(real_pack_available):
     """SGLang with attention DP x EP runs the DeepEP expert block: the wide-EP table answers where
     it holds the exact site and pair; without attention DP (or on TensorRT-LLM) the standard
     MoE table does; a pair the wide-EP table lacks falls back with a note."""
+    import numpy as np
+
     from infercast.api import Estimator
     from infercast.data.database import PerfData
     from infercast.ops import moe as moe_ops
@@ -332,10 +334,19 @@ def test_sglang_wide_ep_reads_deepep_expert_table(real_pack_available):
     assert moe_src(Estimator("deepseek-ai/DeepSeek-V3", "b200_sxm", "sglang", None, 8, 1, moe_ep=8, moe_tp=1))["source"] == "moe"
     trt = Estimator("deepseek-ai/DeepSeek-V3", "gb200", "trtllm", None, 1, 1, attention_dp=32, moe_ep=32, moe_tp=1)
     assert moe_src(trt)["source"] != moe_ops.WIDE_EP_TABLE
-    # EP8 is not in the wide-EP table: standard kernels, said so
-    r8 = moe_ops.resolve_moe(db, quant="fp8_block", hidden=7168, inter=2048, topk=8, experts=256, moe_tp=1, moe_ep=8,
-                             distribution="power_law_1.01", wide_ep=True)
-    assert r8.source == "moe" and any("no wide-EP" in n for n in r8.notes)
+    # EP8 is not in gb200's wide-EP tables: utilisation interpolated between EP4 and EP16, said so
+    kw = {"quant": "fp8_block", "hidden": 7168, "inter": 2048, "topk": 8, "experts": 256, "moe_tp": 1,
+          "distribution": "power_law_1.01", "wide_ep": True}
+    r8 = moe_ops.resolve_moe(db, moe_ep=8, **kw)
+    assert r8.source == moe_ops.WIDE_EP_TABLE and r8.how == "ep-transfer" and r8.donors == ("EP4", "EP16")
+    assert any("interpolated in log2(EP) between EP4 and EP16" in n for n in r8.notes)
+    r4, r16 = (moe_ops.resolve_moe(db, moe_ep=e, **kw) for e in (4, 16))
+    t = np.array([256.0, 512.0])
+    u4, u8, u16 = (r.grid.sol(t) / r.grid(t)[0] for r in (r4, r8, r16))
+    np.testing.assert_allclose(u8, np.sqrt(u4 * u16), rtol=1e-9)  # EP8 sits half-way in log2(EP)
+    # a moe_tp the table never collected: nothing to interpolate, standard kernels, said so
+    r = moe_ops.resolve_moe(db, moe_ep=8, **{**kw, "moe_tp": 2})
+    assert r.source == "moe" and any("no wide-EP" in n for n in r.notes)
 
 
 def test_wide_ep_moe_communication_is_alltoall(real_pack_available):

@@ -728,6 +728,37 @@ def test_wide_ep_context_falls_back_to_the_generation_table(tmp_path):
     assert any(f"no {WIDE_EP_CONTEXT_TABLE} rows" in n for n in r.notes)
 
 
+def test_wide_ep_skipped_ep_interpolates_utilisation(tmp_path):
+    """An EP the wide-EP table skipped, between two it collected at the same site: utilisation
+    interpolated in log2(EP) at every token count both curves cover (EP4 between EP2 and EP8: the
+    geometric mean), marked transferred; no collected EP on one side: no wide-EP answer."""
+    pack, _, site, _, _ = _wide_ep_pack(tmp_path)
+    path = pack.systems_dir / "data" / sp.SYSTEM / "moe" / "trtllm" / sp.TRTLLM_CURRENT / f"{WIDE_EP_TABLE}_perf.parquet"
+    t = pq.read_table(path).to_pydict()
+    ep8_tokens = [4, 8, 16, 32, 64, 128]  # starts above EP2's first count, ends past its last
+    for k in ep8_tokens:
+        for c in t:
+            t[c].append(t[c][0])
+        t["num_tokens"][-1], t["moe_ep_size"][-1], t["latency"][-1] = k, 8, 0.01 + 0.001 * k
+    pq.write_table(pa.table(t, schema=pq.read_schema(path)), path)
+    db = OpDB(PerfData.open(sp.SYSTEM, "trtllm", None, pack.systems_dir))
+    kw = {"quant": "fp8_block", "hidden": site[0], "inter": site[1], "topk": site[2], "experts": site[3], "moe_tp": 1,
+          "wide_ep": True}
+    r = resolve_moe(db, moe_ep=4, **kw)
+    assert r.how == "ep-transfer" and r.donors == ("EP2", "EP8") and r.source == WIDE_EP_TABLE
+    axis = r.grid.axes[0]
+    np.testing.assert_array_equal(axis, [4.0, 8.0, 16.0, 32.0, 64.0])  # the curves' common range
+    e2, e8 = (resolve_moe(db, moe_ep=e, **kw) for e in (2, 8))
+    u2, u8 = (e.grid.sol(axis) / e.grid(axis)[0] for e in (e2, e8))
+    sol4 = moe_sol_fn(db, "fp8_block", *site, 1, 4, True)
+    v, p = r.grid(axis)
+    np.testing.assert_allclose(v, sol4(axis) / np.sqrt(u2 * u8), rtol=1e-12)
+    assert (p == Prov.TRANSFERRED).all()
+    # EP16 lies beyond the last collected EP: the standard path (here: no moe table at all)
+    with pytest.raises(NotAvailableError):
+        resolve_moe(db, moe_ep=16, **{**kw, "experts": 16})
+
+
 def test_wide_ep_nvfp4_real_pack(real_pack_available):
     """SGLang NVFP4 DeepSeek with DP32 x EP32 on gb200: the fp8_block DeepEP curve scaled by the SOL
     ratio (0.57-0.61 at these token counts), and the all-to-all dispatch instead of the gather."""

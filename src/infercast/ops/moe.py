@@ -467,7 +467,8 @@ def _kernel_db(db: OpDB, candidates: tuple[str, ...], kernel: str, gated: bool, 
 #: 878 us vs 157 us; the expert FLOPs are ~20 us of fp8 peak per GPU). The dev rows of SGLang
 #: disaggregated DeepSeek with DP32/EP32 decode workers measure 17-27 ms per token where the
 #: standard table predicts 1.2-3.1x that. A layout with attention DP > 1 and EP > 1 on these
-#: backends whose exact site and (moe_tp, moe_ep) pair the wide-EP table holds is a wide-EP
+#: backends whose exact site and (moe_tp, moe_ep) pair the wide-EP table holds -- or an EP between
+#: two it collected at that site (:func:`_wide_ep_between_pairs`) -- is a wide-EP
 #: deployment (``Estimator`` sets ``ParallelConfig.moe_comm = "alltoall"``): its experts read the
 #: wide-EP table (past its last token count the edge rule applies) and its tokens travel by
 #: all-to-all dispatch/combine (``moe_dispatch``) instead of all-gather + reduce-scatter. Other
@@ -514,7 +515,67 @@ def wide_ep_available(db: OpDB, *, quant: str, hidden: int, inter: int, topk: in
 
 
 def _resolve_wide_ep(db: OpDB, quant: str, query: tuple, gated: bool, distribution: str,
-                     table: str = WIDE_EP_TABLE) -> Resolved | None:
+                     table: str = WIDE_EP_TABLE, between: bool = True) -> Resolved | None:
+    r = _resolve_wide_ep_pair(db, quant, query, gated, distribution, table)
+    if r is None and between:
+        r = _wide_ep_between_pairs(db, quant, query, gated, distribution, table)
+    return r
+
+
+def _wide_ep_collected_eps(db: OpDB, gated: bool, distribution: str, table: str, site: tuple, moe_tp: int) -> list[int]:
+    eps: set[int] = set()
+    for q in (*WIDE_EP_DONOR_QUANTS, *MOE_QUANTS):
+        lat = _get_lattice(db, q, gated, distribution, table)
+        if lat is None:
+            continue
+        hit = np.all(lat.sites[:, :4] == np.asarray(site, float), axis=1) & (lat.sites[:, 4] == moe_tp)
+        eps.update(int(e) for e in lat.sites[hit, 5])
+    return sorted(eps)
+
+
+def _wide_ep_between_pairs(db: OpDB, quant: str, query: tuple, gated: bool, distribution: str,
+                           table: str) -> Resolved | None:
+    """An EP the wide-EP table skipped between two it collected at the same site and moe_tp:
+    utilisation (over each pair's own speed of light in the query's quant) interpolated in log2(EP)
+    at each token count both curves cover, marked transferred; None without a collected EP on
+    both sides. The b200 / b300 / gb200 / gb300 tables hold EP 2, 4, 16, 32, ... but not EP8 (the
+    Hopper ones do), where SGLang's DP8 x EP8 prefill and decode workers run DeepEP. Dev rows
+    (SGLang disaggregated DeepSeek with DP8 x EP8 workers on Blackwell, 21 predictions move):
+    those prefill workers ran the standard EP8 kernels, 3-4x slower than DeepEP's at 64k tokens,
+    and saturated (e.g. gb300 8192x1024 c1024: 3.8 s measured, 20.6 s predicted -> 2.9 s; gb200
+    1024x1024 c4096: 2.7 s, 21.7 s -> 2.9 s); SGLang disaggregated TTFT median APE 39.7% -> 30.2%,
+    the b200 DP8 x EP8 decode workers' TPOT 5-10% lower (0.93-1.08x -> 0.85-1.01x of measured);
+    all rows TTFT 17.58% -> 17.57%, TPOT 7.61% -> 7.62%."""
+    site, tp, ep = tuple(query[:4]), int(query[4]), int(query[5])
+    eps = _wide_ep_collected_eps(db, gated, distribution, table, site, tp)
+    lo = max((e for e in eps if e < ep), default=None)
+    hi = min((e for e in eps if e > ep), default=None)
+    if lo is None or hi is None:
+        return None
+    rl = _resolve_wide_ep_pair(db, quant, (*site, tp, lo), gated, distribution, table)
+    rh = _resolve_wide_ep_pair(db, quant, (*site, tp, hi), gated, distribution, table)
+    if rl is None or rh is None:
+        return None
+    al, ah = rl.grid.axes[0], rh.grid.axes[0]
+    a, b = max(al[0], ah[0]), min(al[-1], ah[-1])
+    axis = np.unique(np.concatenate([al, ah]))
+    axis = axis[(axis >= a) & (axis <= b)]
+    if len(axis) < 2:
+        return None
+    sol_q = moe_sol_fn(db, quant, *site, tp, ep, gated)
+    w = math.log2(ep / lo) / math.log2(hi / lo)
+    ul = rl.grid.sol(axis) / rl.grid(axis)[0]
+    uh = rh.grid.sol(axis) / rh.grid(axis)[0]
+    u = np.exp((1.0 - w) * np.log(ul) + w * np.log(uh))
+    g = Grid((axis,), sol_q(axis) / u, np.full(len(axis), Prov.TRANSFERRED, np.int8), sol_q, scales=TOKEN_SCALE)
+    note = (f"wide-EP expert block (DeepEP, {table}) for attention DP x EP{ep}: EP{ep} not collected at this site; "
+            f"utilisation interpolated in log2(EP) between EP{lo} and EP{hi}")
+    return Resolved(g, table, db.served_version(table), rl.kernel, "ep-transfer", (f"EP{lo}", f"EP{hi}"),
+                    rl.notes + (note,))
+
+
+def _resolve_wide_ep_pair(db: OpDB, quant: str, query: tuple, gated: bool, distribution: str,
+                          table: str = WIDE_EP_TABLE) -> Resolved | None:
     for c in quant_candidates(db.system, quant):
         lat = _get_lattice(db, c, gated, distribution, table)
         if lat is None:
