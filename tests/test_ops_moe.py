@@ -157,19 +157,30 @@ def test_uncollected_pair_lists_pairs(real_pack_available):
     with pytest.raises(NotAvailableError) as ei:
         resolve_moe(db, quant="fp8_block", moe_tp=3, moe_ep=8, **DSV3)
     assert "tp1xep8" in ei.value.available and "moe_tp=3" in str(ei.value)
-    # tp8 x ep1 was not collected for Qwen3-235B: it is transferred from a collected pair of the
-    # same width (8 GPUs) through utilisation, and says so
+    # tp8 x ep1 was not collected for Qwen3-235B, tp4 and tp2 (ep1) were: the utilisation trend
+    # of the tp2 -> tp4 octave carries on one more octave, and says so
     r = resolve_moe(db, quant="fp8_block", moe_tp=8, moe_ep=1, **QWEN3_235B)
+    assert r.how == "pair-trend" and r.donors == ("moe_tp=4 moe_ep=1", "moe_tp=2 moe_ep=1")
+    assert (r.grid.prov == Prov.TRANSFERRED).all() and any("trend" in n for n in r.notes)
+    tp4, tp2 = (resolve_moe(db, quant="fp8_block", moe_tp=t, moe_ep=1, **QWEN3_235B) for t in (4, 2))
+    assert tp4.how == tp2.how == "exact"
+    tok = r.grid.axes[0]
+    u4, u2 = (b.grid.sol(tok) / b.grid(tok)[0] for b in (tp4, tp2))
+    sq = moe_sol_fn(db, "fp8_block", 4096, 1536, 8, 128, 8, 1, True)(tok)
+    np.testing.assert_allclose(r.grid(tok)[0], sq / (u4 * u4 / u2), rtol=1e-12)
+    # tp16 x ep1: no tp8 to continue from -- transferred from a collected pair of the same width
+    # (16 GPUs) through utilisation, and says so
+    r = resolve_moe(db, quant="fp8_block", moe_tp=16, moe_ep=1, **QWEN3_235B)
     assert r.how == "pair-transfer" and (r.grid.prov >= Prov.TRANSFERRED).all()
     donor = r.donors[0]
-    assert donor.startswith("moe_tp=") and "moe_tp=8 moe_ep=1" not in donor
+    assert donor.startswith("moe_tp=") and "moe_tp=16 moe_ep=1" not in donor
     dtp, dep = (int(x.split("=")[1]) for x in donor.split())
-    assert dtp * dep == 8
+    assert dtp * dep == 16
     base = resolve_moe(db, quant="fp8_block", moe_tp=dtp, moe_ep=dep, **QWEN3_235B)
     assert base.how == "exact"
     tok = base.grid.axes[0]
     ratio = r.grid(tok)[0] / base.grid(tok)[0]
-    sq = moe_sol_fn(db, "fp8_block", 4096, 1536, 8, 128, 8, 1, True)(tok)
+    sq = moe_sol_fn(db, "fp8_block", 4096, 1536, 8, 128, 16, 1, True)(tok)
     sd = moe_sol_fn(db, "fp8_block", 4096, 1536, 8, 128, dtp, dep, True)(tok)
     np.testing.assert_allclose(ratio, sq / sd, rtol=1e-12)
     # HYBRID answers empirically
