@@ -30,12 +30,18 @@ held-out measured points are predicted from the rest along three paths:
   from the remaining sites (MoE: ``ops.moe.choose_donors`` + ``ops.moe.transfer_sites``, the
   engine's own MoE rule). A removed site outside the gates has no answer: it counts against
   coverage, not accuracy. All-reduce has no transfer path in infercast (group sizes are never
-  transferred), so it has none here.
+  transferred), so it has none here;
+* ``pair`` (MoE only): a collected ``(moe_tp, 1)`` pair of a site whose ``(moe_tp/2, 1)`` and
+  ``(moe_tp/4, 1)`` pairs were also collected is removed and predicted from them with
+  ``ops.moe._tp_trend`` (the utilisation trend of the last octave of moe_tp), the rule the engine
+  applies to an uncollected moe_tp such as vLLM's TP 8 experts.
 
 Each path is also scored with a simpler alternative on the same held-out points, so the choice
 in infercast is backed by numbers: in-curve vs **linear** interpolation between the same
 neighbours; hold vs **clamp only** (boundary value, no SOL scaling); transfer vs a **latency
-blend** (the donors' latencies with the same weights, no utilisation normalisation). The in-curve
+blend** (the donors' latencies with the same weights, no utilisation normalisation); pair vs the
+**same width** rule it replaced (``ops.moe._pair_donor``: a collected pair of the same
+``moe_tp x moe_ep``, utilisation held). The in-curve
 path is further compared, per axis, across four rules (``METHODS``): infercast (per-axis scales), power law,
 linear, semilog (linear latency, log-spaced weights) and sol-util (utilisation SOL/latency
 interpolated, then SOL(query)/u).
@@ -76,7 +82,8 @@ FAMILY_LABEL = {
     "custom_allreduce": "all-reduce",
 }
 PATHS = ("in-curve", "hold-high", "hold-low", "transfer")
-ALT_LABEL = {"in-curve": "linear", "hold-high": "clamp only", "hold-low": "clamp only", "transfer": "latency blend"}
+ALT_LABEL = {"in-curve": "linear", "hold-high": "clamp only", "hold-low": "clamp only", "transfer": "latency blend",
+             "pair": "same width"}
 #: (median APE goal, p90 APE goal or None) per family
 GOALS = {
     "gemm": (0.05, 0.15),
@@ -552,6 +559,62 @@ def summarise(family: str, system: str, path: str, smp: Samples) -> dict:
     return row
 
 
+def moe_pair_samples(system: str, points: int, seed: int) -> Samples:
+    """The ``pair`` path (module docstring): every eligible (site, moe_tp) of each backend's
+    moe table, all its measured token counts, then a seeded sample of ``points`` per backend."""
+    per_backend = -(-points // len(BACKENDS))
+    smp = Samples()
+    for b_i, backend in enumerate(BACKENDS):
+        try:
+            db = OpDB(PerfData.open(system, backend), DatabaseMode.SILICON)
+            table = db.table_or_none("moe")
+        except InfercastError:
+            continue
+        if table is None:
+            continue
+        meas, pred, alt, donors = [], [], [], []
+        for quant in table.unique("moe_dtype"):
+            try:
+                moe_ops.moe_sol_fn(db, quant, 1024, 1024, 1, 8, 1, 1)(1.0)
+                lat = moe_ops._lattice(db, quant, True, moe_ops.DEFAULT_DISTRIBUTION)
+            except (InfercastError, KeyError):
+                continue
+            if lat is None:
+                continue
+            gated = True if lat.site_gated is None else lat.site_gated
+            S = lat.sites
+            for i in np.flatnonzero((S[:, 5] == 1) & (S[:, 4] >= 4)):
+                h, n, k, e, tp, ep = (int(x) for x in S[i])
+                site_hit = np.all(S[:, :4] == S[i, :4], axis=1)
+                site_hit[i] = False
+                sol_q = moe_ops.moe_sol_fn(db, quant, h, n, k, e, tp, ep, gated)
+                trend = moe_ops._tp_trend(db, lat, S, site_hit, tp, ep, gated, sol_q)
+                d = moe_ops._pair_donor(S, site_hit, tp, ep)
+                if trend is None or d is None:
+                    continue
+                g, labels = trend
+                own = moe_ops._site_grid(db, lat, int(i), gated)
+                ax = np.intersect1d(own.axes[0][np.isfinite(own.values)], g.axes[0])
+                if not len(ax):
+                    continue
+                base = moe_ops._site_grid(db, lat, d, gated)
+                meas.append(own(ax)[0])
+                pred.append(g(ax)[0])
+                alt.append(base(ax)[0] * sol_q(ax) / base.sol(ax))
+                donors += [f"tp{tp}"] * len(ax)
+        if not meas:
+            continue
+        m, p_, a, tp_of = np.concatenate(meas), np.concatenate(pred), np.concatenate(alt), np.asarray(donors)
+        smp.available += len(m)
+        rng = np.random.default_rng([seed, FAMILIES.index("moe"), 99, b_i])
+        keep = np.sort(rng.choice(len(m), per_backend, replace=False)) if len(m) > per_backend else np.arange(len(m))
+        for tp in sorted(set(tp_of[keep].tolist())):
+            ix = keep[tp_of[keep] == tp]
+            smp.add({"meas": m[ix], "pred": p_[ix], "alts": {"same width": a[ix]}, "tags": {"moe_tp": tp}, "check": 0.0},
+                    backend)
+    return smp
+
+
 def run_family(system: str, family: str, points: int, seed: int, cap: int, log) -> list[dict]:
     per_backend = -(-points // len(BACKENDS))
     out = {p: Samples() for p in PATHS}
@@ -589,7 +652,10 @@ def run_family(system: str, family: str, points: int, seed: int, cap: int, log) 
                 out["transfer"].add(r, backend)
                 got += len(r["meas"])
         log(f"  {system} {backend:6s} {family:20s} {len(lats):3d} lattices  {time.perf_counter() - t0:5.1f} s")
-    return [summarise(family, system, p, out[p]) for p in PATHS if not (family == "custom_allreduce" and p == "transfer")]
+    rows = [summarise(family, system, p, out[p]) for p in PATHS if not (family == "custom_allreduce" and p == "transfer")]
+    if family == "moe":
+        rows.append(summarise(family, system, "pair", moe_pair_samples(system, points, seed)))
+    return rows
 
 
 def _pct(x) -> str:
