@@ -592,7 +592,7 @@ def moe_pair_samples(system: str, points: int, seed: int) -> Samples:
                 d = moe_ops._pair_donor(S, site_hit, tp, ep)
                 if trend is None or d is None:
                     continue
-                g, labels = trend
+                g, _ = trend
                 own = moe_ops._site_grid(db, lat, int(i), gated)
                 ax = np.intersect1d(own.axes[0][np.isfinite(own.values)], g.axes[0])
                 if not len(ax):
