@@ -230,6 +230,19 @@ class MoeLattice(Lattice):
     primary: np.ndarray | None = None
 
 
+def moe_quant_lattices(db: OpDB, table):
+    """(quant, ``ops.moe`` lattice, gated) of each quant mode of a moe table that this GPU has
+    tensor cores for (gated kernels, the default routing distribution)."""
+    for quant in table.unique("moe_dtype"):
+        try:
+            moe_ops.moe_sol_fn(db, quant, 1024, 1024, 1, 8, 1, 1)(1.0)  # no tensor cores: skip
+            lat = moe_ops._lattice(db, quant, True, moe_ops.DEFAULT_DISTRIBUTION)
+        except (InfercastError, KeyError):
+            continue
+        if lat is not None:
+            yield quant, lat, True if lat.site_gated is None else lat.site_gated
+
+
 def moe_lattices(db: OpDB, backend: str) -> list[Lattice]:
     """moe_perf per quant mode (gated kernels, balanced routing, as ``ops.moe._lattice`` picks
     them) and per (moe_tp, moe_ep) pair: infercast transfers only between sites of the same pair,
@@ -238,15 +251,7 @@ def moe_lattices(db: OpDB, backend: str) -> list[Lattice]:
     out = []
     if table is None:
         return out
-    for quant in table.unique("moe_dtype"):
-        try:
-            moe_ops.moe_sol_fn(db, quant, 1024, 1024, 1, 8, 1, 1)(1.0)  # no tensor cores: skip
-            lat = moe_ops._lattice(db, quant, True, moe_ops.DEFAULT_DISTRIBUTION)
-        except (InfercastError, KeyError):
-            continue
-        if lat is None:
-            continue
-        gated = True if lat.site_gated is None else lat.site_gated
+    for quant, lat, gated in moe_quant_lattices(db, table):
         pairs = sorted({(int(a), int(b)) for a, b in lat.sites[:, 4:6]})
         for tp, ep in pairs:
             idx = np.flatnonzero((lat.sites[:, 4] == tp) & (lat.sites[:, 5] == ep))
@@ -573,15 +578,7 @@ def moe_pair_samples(system: str, points: int, seed: int) -> Samples:
         if table is None:
             continue
         meas, pred, alt, donors = [], [], [], []
-        for quant in table.unique("moe_dtype"):
-            try:
-                moe_ops.moe_sol_fn(db, quant, 1024, 1024, 1, 8, 1, 1)(1.0)
-                lat = moe_ops._lattice(db, quant, True, moe_ops.DEFAULT_DISTRIBUTION)
-            except (InfercastError, KeyError):
-                continue
-            if lat is None:
-                continue
-            gated = True if lat.site_gated is None else lat.site_gated
+        for quant, lat, gated in moe_quant_lattices(db, table):
             S = lat.sites
             for i in np.flatnonzero((S[:, 5] == 1) & (S[:, 4] >= 4)):
                 h, n, k, e, tp, ep = (int(x) for x in S[i])

@@ -652,20 +652,24 @@ def _wide_ep_pack(tmp_path):
     system = load_system(find_pack(str(pack.systems_dir)), sp.SYSTEM)
     site, tokens = (1024, 512, 2, 8), [2, 4, 8, 16, 32, 64]
     lat = [0.02 + 0.003 * t for t in tokens]
+    _write_wide_ep(pack, WIDE_EP_TABLE, "moe_generation", site, tokens, lat)
+    find_pack(str(pack.systems_dir))
+    return pack, system, site, np.array(tokens, float), np.array(lat)
+
+
+def _write_wide_ep(pack, stem: str, op_name: str, site, tokens, lat) -> None:
+    """One wide-EP table (DeepEP kernel, fp8_block, EP2, balanced routing) of the synthetic pack."""
     n = len(tokens)
     cols = {
         "framework": ["SGLang"] * n, "version": [sp.TRTLLM_CURRENT] * n, "device": [sp.DEVICE] * n,
-        "op_name": ["moe_generation"] * n, "kernel_source": ["deepepmoe"] * n, "moe_dtype": ["fp8_block"] * n,
-        "num_tokens": tokens, "hidden_size": [site[0]] * n, "inter_size": [site[1]] * n, "topk": [site[2]] * n,
+        "op_name": [op_name] * n, "kernel_source": ["deepepmoe"] * n, "moe_dtype": ["fp8_block"] * n,
+        "num_tokens": list(tokens), "hidden_size": [site[0]] * n, "inter_size": [site[1]] * n, "topk": [site[2]] * n,
         "num_experts": [site[3]] * n, "moe_tp_size": [1] * n, "moe_ep_size": [2] * n,
-        "distribution": ["balanced"] * n, "latency": lat,
+        "distribution": ["balanced"] * n, "latency": list(lat),
     }
     types = {c: (pa.string() if isinstance(v[0], str) else pa.float64() if isinstance(v[0], float) else pa.int64())
              for c, v in cols.items()}
-    data = pack.systems_dir / "data" / sp.SYSTEM
-    _write(data / "moe" / "trtllm" / sp.TRTLLM_CURRENT / f"{WIDE_EP_TABLE}_perf.parquet", cols, types)
-    find_pack(str(pack.systems_dir))
-    return pack, system, site, np.array(tokens, float), np.array(lat)
+    _write(pack.systems_dir / "data" / sp.SYSTEM / "moe" / "trtllm" / sp.TRTLLM_CURRENT / f"{stem}_perf.parquet", cols, types)
 
 
 def test_wide_ep_other_quant_through_sol_ratio(tmp_path):
@@ -700,18 +704,7 @@ def test_wide_ep_context_phase_reads_its_own_table(tmp_path):
     pack, _, site, tokens, lat = _wide_ep_pack(tmp_path)
     ctx_tokens = [32, 64, 128, 256]
     ctx_lat = [0.5 + 0.01 * t for t in ctx_tokens]
-    n = len(ctx_tokens)
-    cols = {
-        "framework": ["SGLang"] * n, "version": [sp.TRTLLM_CURRENT] * n, "device": [sp.DEVICE] * n,
-        "op_name": ["moe_context"] * n, "kernel_source": ["deepepmoe"] * n, "moe_dtype": ["fp8_block"] * n,
-        "num_tokens": ctx_tokens, "hidden_size": [site[0]] * n, "inter_size": [site[1]] * n, "topk": [site[2]] * n,
-        "num_experts": [site[3]] * n, "moe_tp_size": [1] * n, "moe_ep_size": [2] * n,
-        "distribution": ["balanced"] * n, "latency": ctx_lat,
-    }
-    types = {c: (pa.string() if isinstance(v[0], str) else pa.float64() if isinstance(v[0], float) else pa.int64())
-             for c, v in cols.items()}
-    _write(pack.systems_dir / "data" / sp.SYSTEM / "moe" / "trtllm" / sp.TRTLLM_CURRENT / f"{WIDE_EP_CONTEXT_TABLE}_perf.parquet",
-           cols, types)
+    _write_wide_ep(pack, WIDE_EP_CONTEXT_TABLE, "moe_context", site, ctx_tokens, ctx_lat)
     db = OpDB(PerfData.open(sp.SYSTEM, "trtllm", None, pack.systems_dir))
     kw = {"quant": "fp8_block", "hidden": site[0], "inter": site[1], "topk": site[2], "experts": site[3], "moe_tp": 1,
           "moe_ep": 2, "wide_ep": True}
