@@ -136,7 +136,6 @@ def _scheduler_overrides(a) -> dict:
 
 
 def cmd_serve(a) -> int:
-    import math
     from dataclasses import asdict, replace
 
     from ..api import serve_agg_replica
@@ -156,11 +155,11 @@ def cmd_serve(a) -> int:
         # lengths drawn at random drift a closed loop's clients apart: no lock-step waves
         overrides.update(lockstep=False)
     if a.random_range_ratio is not None:
-        r = a.random_range_ratio
-        if not (math.isfinite(r) and 0.0 < r <= 1.0):
+        try:
+            overrides.update(kv_length_ratio=mean_length_ratio(a.random_range_ratio))
+        except ValueError:
             raise InvalidInputError(f"--random-range-ratio is the shortest request's share of the nominal lengths, "
-                                    f"in (0, 1]; got {r}")
-        overrides.update(kv_length_ratio=mean_length_ratio(r))
+                                    f"in (0, 1]; got {a.random_range_ratio}") from None
     est = _estimator(a)
     params = replace(scheduler_params(a.backend, est.data.system, est.spec), **overrides)
     res, per_rank = serve_agg_replica(est, a.concurrency, a.isl, a.osl, params)

@@ -66,6 +66,12 @@ class CompiledOp:
         return self.op.name
 
 
+def _single_phase(op: PlanOp) -> str:
+    """The phase whose kernels a token-wise op resolves when it is not phase-split: its own
+    (``decode`` for MTP draft passes), ``generation`` for an op of both phases."""
+    return "generation" if op.phase == "both" else op.phase
+
+
 def _collective_name(kind: str) -> str:
     return {"allreduce": "all_reduce", "allgather": "all_gather", "reduce_scatter": "reduce_scatter", "alltoall": "alltoall"}[kind]
 
@@ -116,7 +122,7 @@ class CompiledEngine:
             x = float(p.get("tokens_multiplier", 1.0))
             if wide_ep and op.phase == "both":  # DeepEP's mode follows the step (ops.moe.WIDE_EP_TABLES)
                 return CompiledOp(op, (moe("context"), moe("generation")), x_per_token=x, phase_split=True)
-            return CompiledOp(op, (moe("context" if op.phase == "prefill" else "generation"),), x_per_token=x)
+            return CompiledOp(op, (moe(_single_phase(op)),), x_per_token=x)
         if op.kind == "moe_dispatch":
             from ..ops.moe import resolve_moe_dispatch
 
@@ -124,8 +130,8 @@ class CompiledEngine:
                 return resolve_moe_dispatch(self.db, phase=phase, hidden=int(p["hidden"]), topk=int(p["topk"]),
                                             experts=int(p["experts"]), ep=int(p["ep"]), quant=p.get("quant", "bfloat16"))
 
-            if "phase" in p or op.phase != "both":
-                return CompiledOp(op, (dispatch(p.get("phase", op.phase)),))
+            if op.phase != "both":
+                return CompiledOp(op, (dispatch(_single_phase(op)),))
             # high-throughput kernels in steps that carry prompt tokens, low-latency ones in decode-only steps
             return CompiledOp(op, (dispatch("context"), dispatch("generation")), phase_split=True)
         if op.kind == "attention":

@@ -521,16 +521,14 @@ def wide_ep_available(db: OpDB, *, quant: str, hidden: int, inter: int, topk: in
 
 
 def _resolve_wide_ep(db: OpDB, quant: str, query: tuple, gated: bool, distribution: str,
-                     table: str = WIDE_EP_TABLE, between: bool = True) -> Resolved | None:
+                     table: str = WIDE_EP_TABLE) -> Resolved | None:
     r = _resolve_wide_ep_pair(db, quant, query, gated, distribution, table)
-    if r is None and between:
-        r = _wide_ep_between_pairs(db, quant, query, gated, distribution, table)
-    return r
+    return r if r is not None else _wide_ep_between_pairs(db, quant, query, gated, distribution, table)
 
 
 def _wide_ep_collected_eps(db: OpDB, gated: bool, distribution: str, table: str, site: tuple, moe_tp: int) -> list[int]:
     eps: set[int] = set()
-    for q in (*WIDE_EP_DONOR_QUANTS, *MOE_QUANTS):
+    for q in MOE_QUANTS:
         lat = _get_lattice(db, q, gated, distribution, table)
         if lat is None:
             continue
@@ -562,18 +560,10 @@ def _wide_ep_between_pairs(db: OpDB, quant: str, query: tuple, gated: bool, dist
     rh = _resolve_wide_ep_pair(db, quant, (*site, tp, hi), gated, distribution, table)
     if rl is None or rh is None:
         return None
-    al, ah = rl.grid.axes[0], rh.grid.axes[0]
-    a, b = max(al[0], ah[0]), min(al[-1], ah[-1])
-    axis = np.unique(np.concatenate([al, ah]))
-    axis = axis[(axis >= a) & (axis <= b)]
-    if len(axis) < 2:
-        return None
     sol_q = moe_sol_fn(db, quant, *site, tp, ep, gated)
-    w = math.log2(ep / lo) / math.log2(hi / lo)
-    ul = rl.grid.sol(axis) / rl.grid(axis)[0]
-    uh = rh.grid.sol(axis) / rh.grid(axis)[0]
-    u = np.exp((1.0 - w) * np.log(ul) + w * np.log(uh))
-    g = Grid((axis,), sol_q(axis) / u, np.full(len(axis), Prov.TRANSFERRED, np.int8), sol_q, scales=TOKEN_SCALE)
+    g = _utilisation_blend(rl.grid, rh.grid, math.log2(ep / lo) / math.log2(hi / lo), sol_q)
+    if g is None:
+        return None
     note = (f"wide-EP expert block (DeepEP, {table}) for attention DP x EP{ep}: EP{ep} not collected at this site; "
             f"utilisation interpolated in log2(EP) between EP{lo} and EP{hi}")
     return Resolved(g, table, db.served_version(table), rl.kernel, "ep-transfer", (f"EP{lo}", f"EP{hi}"),
@@ -739,19 +729,27 @@ def _tp_trend(db: OpDB, lat: _Lattice, sites: np.ndarray, site_hit: np.ndarray, 
     t1, t2 = float(sites[i1, 4]), float(sites[i2, 4])
     if moe_tp != 2 * t1 or t1 != 2 * t2:
         return None
-    g1, g2 = _site_grid(db, lat, i1, gated), _site_grid(db, lat, i2, gated)
-    a1, a2 = g1.axes[0], g2.axes[0]
-    lo, hi = max(a1[0], a2[0]), min(a1[-1], a2[-1])
-    axis = np.unique(np.concatenate([a1, a2]))
+    # one octave on from t1: weight -1 on the t2 curve extrapolates log utilisation linearly
+    labels = (f"moe_tp={int(t1)} moe_ep={moe_ep}", f"moe_tp={int(t2)} moe_ep={moe_ep}")
+    g = _utilisation_blend(_site_grid(db, lat, i1, gated), _site_grid(db, lat, i2, gated), -1.0, sol_q, labels)
+    return None if g is None else (g, labels)
+
+
+def _utilisation_blend(ga: Grid, gb: Grid, w: float, sol_q, labels: tuple = ()) -> Grid | None:
+    """A curve whose log utilisation (SOL / latency, each curve over its own SOL) is
+    ``(1 - w) log u_a + w log u_b`` at every token count both curves measured (``0 <= w <= 1``
+    interpolates; ``w < 0`` extrapolates beyond ``ga``), answered as ``SOL(query) / u`` and marked
+    transferred; None where the curves share fewer than two token counts."""
+    a, b = ga.axes[0], gb.axes[0]
+    lo, hi = max(a[0], b[0]), min(a[-1], b[-1])
+    axis = np.unique(np.concatenate([a, b]))
     axis = axis[(axis >= lo) & (axis <= hi)]
     if len(axis) < 2:
         return None
-    u1 = g1.sol(axis) / g1(axis)[0]
-    u2 = g2.sol(axis) / g2(axis)[0]
-    u = u1 * (u1 / u2)
-    labels = (f"moe_tp={int(t1)} moe_ep={moe_ep}", f"moe_tp={int(t2)} moe_ep={moe_ep}")
-    g = Grid((axis,), sol_q(axis) / u, np.full(len(axis), Prov.TRANSFERRED, np.int8), sol_q, labels, scales=TOKEN_SCALE)
-    return g, labels
+    ua = ga.sol(axis) / ga(axis)[0]
+    ub = gb.sol(axis) / gb(axis)[0]
+    u = np.exp((1.0 - w) * np.log(ua) + w * np.log(ub))
+    return Grid((axis,), sol_q(axis) / u, np.full(len(axis), Prov.TRANSFERRED, np.int8), sol_q, labels, scales=TOKEN_SCALE)
 
 
 def _pair_donor(sites: np.ndarray, site_hit: np.ndarray, moe_tp: int, moe_ep: int) -> int | None:
