@@ -115,6 +115,7 @@ class Lattice:
     _full: dict = field(default_factory=dict, repr=False)
     _plain: dict = field(default_factory=dict, repr=False)
     _reach: dict = field(default_factory=dict, repr=False)
+    _floor: dict = field(default_factory=dict, repr=False)
 
     def build(self, s: int, axes: tuple, vals: np.ndarray, plain: bool = False) -> Grid:
         """A site grid from (possibly reduced) curve data, as the ops modules build it (``plain``:
@@ -130,7 +131,8 @@ class Lattice:
         if self.family == "gemm":
             # ops/gemm.py: the measured points, extended beyond the high edge by the siblings' trend
             return gemm_ops.build_site_grid(axes[0][keep], vals[keep], sol,
-                                            gemm_ops.lattice_siblings(self.sites, self.curves, s, self.sol_for), reach=self.reach())
+                                            gemm_ops.lattice_siblings(self.sites, self.curves, s, self.sol_for), reach=self.reach(),
+                                            floor=self.floor())
         # ops/comm.py: a 1-D grid of the measured points, provenance exact
         return Grid((axes[0][keep],), vals[keep], np.zeros(int(keep.sum()), np.int8), sol, scales=SCALES.get(self.family, ()))
 
@@ -139,6 +141,12 @@ class Lattice:
         if dropped not in self._reach:
             self._reach[dropped] = gemm_ops.lattice_reach({j: c for j, c in self.curves.items() if j != dropped})
         return self._reach[dropped]
+
+    def floor(self, dropped: int | None = None) -> float:
+        """The smallest m the lattice's sites (but ``dropped``) measured."""
+        if dropped not in self._floor:
+            self._floor[dropped] = gemm_ops.lattice_floor({j: c for j, c in self.curves.items() if j != dropped})
+        return self._floor[dropped]
 
     def siblings(self, s: int):
         """The other sites of the lattice, as ops/attention.py passes them to ``build_site_grid``."""
@@ -161,7 +169,7 @@ class Lattice:
         keep = ~np.isnan(vals)
         return gemm_ops.build_site_grid(axes[0][keep], gemm_ops.donor_values(vals[keep]), self.sol_for(self.sites[s]),
                                         gemm_ops.lattice_siblings(self.sites, self.curves, s, self.sol_for, dropped),
-                                        reach=self.reach(dropped))
+                                        reach=self.reach(dropped), floor=self.floor(dropped))
 
     def full(self, s: int) -> Grid:
         if s not in self._full:

@@ -157,3 +157,73 @@ def test_gemm_site_grid_keeps_measured_points_and_marks_filled_holes():
     vals, prov = g(np.array([2.0, 4.0, 8.0, 16.0]))
     np.testing.assert_array_equal(vals[[0, 2, 3]], v)   # exact hits bit for bit
     assert prov[1] == Prov.INTERPOLATED and (prov[[0, 2, 3]] == Prov.EXACT).all()
+
+
+# ---- below the low edge (infercast.interp.transfer.extend_below_from_siblings) -----------------
+def _batch_one_path(xs, factor):
+    """A site of the shared trend whose kernel takes ``factor`` times as long at m = 1."""
+    x, v = curve(*xs)
+    return x, np.where(x == 1.0, v * factor, v)
+
+
+def test_below_edge_takes_the_siblings_regime_when_it_departs_from_the_own_rule():
+    """Every sibling runs m = 1 three times slower than the trend; the curve lost its m = 1. Its
+    own rule (the trend's shape) cannot know; the siblings' utilisation ratio u(1) / u(2) carries
+    it from the curve's first point: exactly 3x the trend's latency at m = 1."""
+    from infercast.interp.transfer import extend_below_from_siblings
+
+    x, v = curve(3.0, 0.7, FULL[1:])
+    sibs = [(*_batch_one_path((s, c, FULL), 3.0), sol_fn(s)) for s, c in ((1.0, 0.5), (2.0, 0.9), (5.0, 0.6))]
+    own_at_1 = curve(3.0, 0.7, [1.0])[1][0]  # an own rule that follows the trend exactly
+    xe, ve, pe = extend_below_from_siblings(x, v, sol_fn(3.0), sibs, lambda t: own_at_1, floor=1.0, k=3, own_points=1)
+    np.testing.assert_array_equal(xe, FULL)
+    assert ve[0] == pytest.approx(3.0 * own_at_1, rel=1e-12)
+    np.testing.assert_array_equal(ve[1:], v)  # measured points untouched, bit for bit
+    assert list(pe) == [Prov.HELD] + [Prov.EXACT] * (len(FULL) - 1)
+
+
+def test_below_edge_keeps_the_own_rule_where_the_siblings_agree_with_it():
+    from infercast.interp.transfer import SIBLING_LOW_GATE, extend_below_from_siblings
+
+    x, v = curve(3.0, 0.7, FULL[1:])
+    own_at_1 = curve(3.0, 0.7, [1.0])[1][0]
+    inside = np.exp(0.9 * SIBLING_LOW_GATE)  # a departure just inside the gate: not taken
+    sibs = [(*_batch_one_path((s, c, FULL), inside), sol_fn(s)) for s, c in ((1.0, 0.5), (2.0, 0.9))]
+    xe, ve, pe = extend_below_from_siblings(x, v, sol_fn(3.0), sibs, lambda t: own_at_1, floor=1.0, k=2)
+    np.testing.assert_array_equal(xe, x)
+    np.testing.assert_array_equal(ve, v)
+    assert not pe.any()
+    outside = np.exp(1.1 * SIBLING_LOW_GATE)
+    sibs = [(*_batch_one_path((s, c, FULL), outside), sol_fn(s)) for s, c in ((1.0, 0.5), (2.0, 0.9))]
+    xe, ve, _ = extend_below_from_siblings(x, v, sol_fn(3.0), sibs, lambda t: own_at_1, floor=1.0, k=2)
+    assert xe[0] == 1.0 and ve[0] == pytest.approx(outside * own_at_1, rel=1e-12)
+
+
+def test_below_edge_floor_short_circuits_without_walking_the_siblings():
+    from infercast.interp.transfer import extend_below_from_siblings
+
+    x, v = curve(3.0, 0.7, FULL)
+
+    def siblings():
+        raise AssertionError("siblings walked although the curve starts at the lattice's floor")
+        yield  # pragma: no cover
+
+    xe, ve, _ = extend_below_from_siblings(x, v, sol_fn(3.0), siblings(), lambda t: 1.0, floor=1.0)
+    np.testing.assert_array_equal(ve, v)
+
+
+def test_gemm_site_grid_serves_a_lost_first_point_from_its_siblings():
+    from infercast.ops.gemm import lattice_floor
+
+    x, v = curve(3.0, 0.7, FULL[1:])
+    sibs = [(*_batch_one_path((s, c, FULL), 3.0), sol_fn(s)) for s, c in ((1.0, 0.5), (2.0, 0.9), (5.0, 0.6))]
+    floor = lattice_floor({0: ((x,), v), 1: ((FULL,), sibs[0][1])})
+    assert floor == 1.0
+    g = build_site_grid(x, v, sol_fn(3.0), sibs, reach=64.0, floor=floor)
+    val, prov = g(np.array([1.0]))
+    assert prov[0] == Prov.HELD
+    assert val[0] == pytest.approx(3.0 * curve(3.0, 0.7, [1.0])[1][0], rel=1e-12)
+    np.testing.assert_array_equal(g(x)[0], v)
+    # without a floor (or a curve that starts at it) the grid is the own points' alone
+    val_own, _ = build_site_grid(x, v, sol_fn(3.0), sibs, reach=64.0)(np.array([1.0]))
+    assert val_own[0] < val[0] / 2

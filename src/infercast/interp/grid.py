@@ -75,10 +75,14 @@ choice at that one ``m``).
    483 shapes and at 32768 for the rest. LOO hold-high median / p90, h200 / b200: 3.6 / 19.3% |
    5.1 / 20.5% -> 3.1 / 13.4% | 3.3 / 13.7%; from the last point alone 2.9 / 17.7% | 2.8 / 15.2%,
    with 4 / 16 siblings 3.1 / 18.6% | 3.1 / 16.2% and 3.0 / 18.1% | 3.1 / 15.3% (offline, one
-   own point). The same rule below the low edge (offline, two own points): 1.9 / 11.2% |
-   2.5 / 25.4% -> 2.0 / 13.8% | 3.3 / 17.2%, worse on h200 and at the median, so not used there;
-   gated on the siblings agreeing (median absolute deviation of their log ratios <= 0.02): no
-   change (11.3 / 26.0%).
+   own point). The same rule below the low edge everywhere (offline, two own points): 1.9 / 11.2% |
+   2.5 / 25.4% -> 2.0 / 13.8% | 3.3 / 17.2%, worse on h200 and at the median; gated on the
+   siblings agreeing (median absolute deviation of their log ratios <= 0.02): no change
+   (11.3 / 26.0%). Gated instead on the siblings' answer departing from the curve's own low-edge
+   rule (rule 4) by more than a factor of 1.35 (:data:`infercast.interp.transfer.SIBLING_LOW_GATE`,
+   :func:`infercast.interp.transfer.extend_below_from_siblings`), it is kept: LOO hold-low h200 /
+   b200 1.9 / 11.2% | 2.5 / 25.4% -> 1.9 / 11.2% | 2.4 / 17.3%. The pack's GEMM sites all start at
+   the lattice's first m, so no served answer changes.
 4. *Low edge.* Below the first point the edge value is first lowered to what the median
    utilisation over the edge octave (the points up to twice the edge, as for the low-edge
    exponent below) gives at the edge, ``SOL(edge) / median(u)``, when that is lower; it is never
@@ -88,9 +92,9 @@ choice at that one ``m``).
    2.1 / 13.5% | 2.9 / 29.7% -> 1.9 / 11.2% | 2.5 / 25.4% (seed 1: 2.2 / 13.5% | 3.0 / 30.3% ->
    2.0 / 11.4% | 2.4 / 25.3%); raising as well as lowering: p90 11.3 / 26.8%; the first 2 or 4
    points instead of the octave's 3: 11.8 / 25.1%, 11.3 / 24.9% (seed 0). Most of the rest of the
-   b200 p90 is vLLM's fp8 kernel at ``m = 1``: 13.5 us slower than at ``m = 2`` (median over its
-   483 shapes, 2-3x at small shapes), a batch-1 path that no point at ``m >= 2`` shows. Other paths
-   unchanged.
+   b200 p90 was vLLM's fp8 kernel at ``m = 1``: 13.5 us slower than at ``m = 2`` (median over its
+   483 shapes, 2-3x at small shapes), a batch-1 path that no point at ``m >= 2`` shows and the
+   siblings' gated trend (rule 3) now carries. Other paths unchanged.
 5. *Tried and not kept* (offline, every site's held-out point, h200 | b200 median / p90).
    In-curve: robust knots taken separately along the ``a`` members and along the ``a + 1``
    members of the pairs (the rest as now), window half-width 1 / 2 / 3: 3.2 / 15.6% |

@@ -18,6 +18,7 @@ from ..interp.provenance import Prov
 from ..interp.transfer import (
     Replayable,
     choose_sites,
+    extend_below_from_siblings,
     extend_from_siblings,
     fill_holes_from_siblings,
     siblings_by_distance,
@@ -50,16 +51,26 @@ def gemm_sol_fn(db: OpDB, quant: str, n: int, k: int):
     return f
 
 
-def build_site_grid(axis, vals, sol_fn, siblings=(), reach: float | None = None) -> Grid:
+def build_site_grid(axis, vals, sol_fn, siblings=(), reach: float | None = None, floor: float | None = None) -> Grid:
     """One collected ``(n, k)`` site's m-curve as a grid: its measured points; beyond its last
     one the positions its sibling sites measured, carried by their utilisation trend
-    (:func:`infercast.interp.transfer.extend_from_siblings`); and the lattice points inside its
-    range that it lacks and its siblings measured, from its own curve and theirs
-    (:func:`infercast.interp.transfer.fill_holes_from_siblings`, provenance interpolated).
-    ``siblings``: ``(m, latency, sol)`` of the lattice's other sites, nearest first; ``reach``: the
-    largest m any of them measured."""
+    (:func:`infercast.interp.transfer.extend_from_siblings`); below its first one, where it starts
+    above ``floor``, the positions its siblings measured where their trend departs from the curve's
+    own low-edge rule (:func:`infercast.interp.transfer.extend_below_from_siblings`); and the
+    lattice points inside its range that it lacks and its siblings measured, from its own curve and
+    theirs (:func:`infercast.interp.transfer.fill_holes_from_siblings`, provenance interpolated).
+    ``siblings``: ``(m, latency, sol)`` of the lattice's other sites, nearest first; ``reach`` /
+    ``floor``: the largest / smallest m any of them measured."""
     siblings = Replayable(siblings)
     x, v, prov = extend_from_siblings(axis, vals, sol_fn, siblings, reach=reach)
+    if floor is not None and len(axis) and axis[0] > floor:
+        own = Grid((np.asarray(axis, dtype=float),), np.asarray(vals, dtype=float), np.zeros(len(axis), np.int8),
+                   sol_fn, scales=M_SCALE)
+        lx, lv, lp = extend_below_from_siblings(axis, vals, sol_fn, siblings, lambda t: float(own(np.array([t]))[0][0]),
+                                                floor=floor)
+        added = len(lx) - len(axis)
+        if added:
+            x, v, prov = (np.concatenate([a[:added], b]) for a, b in ((lx, x), (lv, v), (lp, prov)))
     hx, hv = fill_holes_from_siblings(axis, vals, sol_fn, siblings, scales=M_SCALE)
     if len(hx):
         x, v = np.concatenate([x, hx]), np.concatenate([v, hv])
@@ -94,6 +105,11 @@ def donor_values(vals: np.ndarray) -> np.ndarray:
 def lattice_reach(curves) -> float:
     """The largest m any site of a lattice measured."""
     return max(float(np.nanmax(np.where(np.isnan(v), -np.inf, ax[0]))) for ax, v in curves.values())
+
+
+def lattice_floor(curves) -> float:
+    """The smallest m any site of a lattice measured."""
+    return min(float(np.nanmin(np.where(np.isnan(v), np.inf, ax[0]))) for ax, v in curves.values())
 
 
 def lattice_siblings(sites, curves, i: int, sol_for, dropped: int | None = None):
@@ -406,6 +422,7 @@ def _resolve_gemm(db: OpDB, quant: str, n: int, k: int) -> Resolved:
         return empirical_resolved("gemm", sol_q, (M_AXIS,), None)
     table, kernel, sites, curves, notes = lat
     reach = db.memo(("gemm-reach", quant), lambda: lattice_reach(curves))
+    floor = db.memo(("gemm-floor", quant), lambda: lattice_floor(curves))
 
     def site_sol(site):
         return gemm_sol_fn(db, quant, int(site[0]), int(site[1]))
@@ -413,7 +430,7 @@ def _resolve_gemm(db: OpDB, quant: str, n: int, k: int) -> Resolved:
     def site_grid(i: int, donor: bool = False) -> Grid:
         (axis,), vals = curves[i]
         return build_site_grid(axis, donor_values(vals) if donor else vals, site_sol(sites[i]),
-                               lattice_siblings(sites, curves, i, site_sol), reach=reach)
+                               lattice_siblings(sites, curves, i, site_sol), reach=reach, floor=floor)
 
     choice = None if db.mode is DatabaseMode.EMPIRICAL else choose_sites((n, k), sites)
     if choice is None:
