@@ -33,8 +33,8 @@ held-out measured points are predicted from the rest along three paths:
   transferred), so it has none here;
 * ``pair`` (MoE only): a collected ``(moe_tp, 1)`` pair of a site whose ``(moe_tp/2, 1)`` and
   ``(moe_tp/4, 1)`` pairs were also collected is removed and predicted from them with
-  ``ops.moe._tp_trend`` (the utilisation trend of the last octave of moe_tp), the rule the engine
-  applies to an uncollected moe_tp such as vLLM's TP 8 experts.
+  ``ops.moe._tp_trend`` (latency split as ``a + b / moe_tp`` through the last octave), the rule
+  the engine applies to an uncollected moe_tp such as vLLM's TP 8 experts.
 
 Each path is also scored with a simpler alternative on the same held-out points, so the choice
 in infercast is backed by numbers: in-curve vs **linear** interpolation between the same

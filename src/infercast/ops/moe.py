@@ -35,16 +35,22 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
   (a100 trtllm/vllm, b60 collect only power-law routing), the least skewed power law. Noted.
 * **(moe_tp, moe_ep)**: a pair not collected for the site whose moe_tp is one octave beyond two
   collected at the same moe_ep (vLLM's tables stop at moe_tp 4 with EP 1, where TP 8 serves)
-  continues the utilisation trend of the last collected octave of moe_tp (:func:`_tp_trend`); otherwise it is
+  continues the last collected octave of moe_tp: latency is split as ``a + b / moe_tp`` through the
+  two collected curves at each token count (:func:`_tp_trend`, :func:`_amdahl_octave`); otherwise it is
   transferred through utilisation from a collected pair of the *same width* (moe_tp x moe_ep: the
   same GPUs and the same expert FLOPs per GPU under balanced routing; the roofline carries the
   difference in weight traffic), preferring the closest moe_tp; with neither SILICON raises
   :class:`~infercast.errors.NotAvailableError` listing the collected pairs (HYBRID answers
   empirically). Leave-one-out over every collected ``(T, 1)`` pair with ``(T/2, 1)`` and
   ``(T/4, 1)`` also collected (h200 and b200, every backend and quant mode, power-law routing,
-  25,030 points), median / p90 APE: the same-width donor 14.1% / 61.1%, the trend 8.4% / 24.5%
-  (damped to 0.75 / 1.25 of the octave's rate: 10.4 / 25.3%, 7.5 / 27.2%; the nearest same-EP
-  pair's utilisation held: 19.0 / 36.7%).
+  25,030 points), median / p90 APE: the same-width donor 14.1% / 61.1%; the last octave's
+  utilisation trend continued (log utilisation linear in log moe_tp) 8.4% / 24.5% (damped to
+  0.75 / 1.25 of the octave's rate: 10.4 / 25.3%, 7.5 / 27.2%); the nearest same-EP pair's
+  utilisation held: 19.0 / 36.7%. The trend under-predicted latency (median signed error -6%):
+  the share that does not shrink as the experts are split grows with moe_tp, which a constant
+  utilisation trend misses and the ``a + b / moe_tp`` split carries. Over the same pairs with
+  mxfp4 added (25,978 points): the trend 8.3% / 24.0% -> the split 5.0% / 20.7% (h200 8.1 / 26.7%
+  -> 5.1 / 22.2%, b200 8.5 / 22.9% -> 5.0 / 20.0%).
 * **off-site shapes** transfer through utilisation (:mod:`infercast.interp.transfer`) among the
   sites collected at the same ``(moe_tp, moe_ep)``, with :func:`infercast.interp.sol.moe` as the
   speed of light, by three MoE-specific rules (:func:`choose_donors`, :func:`transfer_sites`):
@@ -718,8 +724,7 @@ def _tp_trend(db: OpDB, lat: _Lattice, sites: np.ndarray, site_hit: np.ndarray, 
               gated: bool, sol_q) -> tuple[Grid, tuple[str, str]] | None:
     """The site's curve at an uncollected ``moe_tp`` one octave beyond the two largest collected
     below it at the same ``moe_ep`` (``moe_tp = 2 t1 = 4 t2``, the case the leave-one-out
-    measures): log utilisation (SOL / latency, each pair over its own SOL) changes by as much as
-    over the ``t2 -> t1`` octave, at the token counts both curves measured; None otherwise
+    measures), by the fixed-plus-parallel split of the two (:func:`_amdahl_octave`); None otherwise
     (module docstring)."""
     same = np.flatnonzero(site_hit & (sites[:, 5] == moe_ep) & (sites[:, 4] < moe_tp))
     if len(same) < 2:
@@ -729,10 +734,28 @@ def _tp_trend(db: OpDB, lat: _Lattice, sites: np.ndarray, site_hit: np.ndarray, 
     t1, t2 = float(sites[i1, 4]), float(sites[i2, 4])
     if moe_tp != 2 * t1 or t1 != 2 * t2:
         return None
-    # one octave on from t1: weight -1 on the t2 curve extrapolates log utilisation linearly
     labels = (f"moe_tp={int(t1)} moe_ep={moe_ep}", f"moe_tp={int(t2)} moe_ep={moe_ep}")
-    g = _utilisation_blend(_site_grid(db, lat, i1, gated), _site_grid(db, lat, i2, gated), -1.0, sol_q, labels)
+    g = _amdahl_octave(_site_grid(db, lat, i1, gated), _site_grid(db, lat, i2, gated), sol_q, labels)
     return None if g is None else (g, labels)
+
+
+def _amdahl_octave(g1: Grid, g2: Grid, sol_q, labels: tuple = ()) -> Grid | None:
+    """The curve one octave of moe_tp beyond ``g1`` (moe_tp ``t``), given ``g2`` (``t / 2``): at
+    every token count both measured, latency is split as ``a + b / moe_tp`` (a part that does not
+    shrink with the experts' split -- routing, permutation, launches, the all-to-all's fixed cost
+    -- and a part that does), fitted through the two points, so at ``2 t`` it is
+    ``a + b / 2t = 1.5 l1 - 0.5 l2``; never below perfect scaling of ``l1`` (its speed of light's
+    ratio, ``SOL(query) / SOL(g1)``). Answered at those token counts, marked transferred; None
+    where the curves share fewer than two token counts."""
+    a, b = g1.axes[0], g2.axes[0]
+    lo, hi = max(a[0], b[0]), min(a[-1], b[-1])
+    axis = np.unique(np.concatenate([a, b]))
+    axis = axis[(axis >= lo) & (axis <= hi)]
+    if len(axis) < 2:
+        return None
+    l1, l2 = g1(axis)[0], g2(axis)[0]
+    v = np.maximum(1.5 * l1 - 0.5 * l2, l1 * sol_q(axis) / g1.sol(axis))
+    return Grid((axis,), v, np.full(len(axis), Prov.TRANSFERRED, np.int8), sol_q, labels, scales=TOKEN_SCALE)
 
 
 def _utilisation_blend(ga: Grid, gb: Grid, w: float, sol_q, labels: tuple = ()) -> Grid | None:
@@ -975,8 +998,8 @@ def resolve_moe(
         trend = _tp_trend(db, lat, sites, site_hit, moe_tp, moe_ep, gated, sol_q)
         if trend is not None:
             g, labels = trend
-            why = (f"moe_tp={moe_tp} moe_ep={moe_ep} not collected: the utilisation trend of "
-                   f"{labels[1]} -> {labels[0]} carried on to moe_tp={moe_tp}")
+            why = (f"moe_tp={moe_tp} moe_ep={moe_ep} not collected: latency split into a fixed and a "
+                   f"1/moe_tp part through {labels[1]} and {labels[0]}, carried on to moe_tp={moe_tp}")
             return Resolved(g, "moe", db.served_version("moe"), lat.kernel, "pair-trend", labels, (*notes, why))
         donor = _pair_donor(sites, site_hit, moe_tp, moe_ep)
         if donor is not None:
