@@ -208,7 +208,7 @@ def test_below_edge_floor_short_circuits_without_walking_the_siblings():
         raise AssertionError("siblings walked although the curve starts at the lattice's floor")
         yield  # pragma: no cover
 
-    xe, ve, _ = extend_below_from_siblings(x, v, sol_fn(3.0), siblings(), lambda t: 1.0, floor=1.0)
+    _, ve, _ = extend_below_from_siblings(x, v, sol_fn(3.0), siblings(), lambda t: 1.0, floor=1.0)
     np.testing.assert_array_equal(ve, v)
 
 

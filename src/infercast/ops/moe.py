@@ -739,6 +739,16 @@ def _tp_trend(db: OpDB, lat: _Lattice, sites: np.ndarray, site_hit: np.ndarray, 
     return None if g is None else (g, labels)
 
 
+def _shared_tokens(ga: Grid, gb: Grid) -> np.ndarray | None:
+    """The token counts either curve measured within the range both cover; None when fewer than
+    two (the two-curve rules below need a curve, not a point)."""
+    a, b = ga.axes[0], gb.axes[0]
+    lo, hi = max(a[0], b[0]), min(a[-1], b[-1])
+    axis = np.unique(np.concatenate([a, b]))
+    axis = axis[(axis >= lo) & (axis <= hi)]
+    return axis if len(axis) >= 2 else None
+
+
 def _amdahl_octave(g1: Grid, g2: Grid, sol_q, labels: tuple = ()) -> Grid | None:
     """The curve one octave of moe_tp beyond ``g1`` (moe_tp ``t``), given ``g2`` (``t / 2``): at
     every token count both measured, latency is split as ``a + b / moe_tp`` (a part that does not
@@ -747,11 +757,8 @@ def _amdahl_octave(g1: Grid, g2: Grid, sol_q, labels: tuple = ()) -> Grid | None
     ``a + b / 2t = 1.5 l1 - 0.5 l2``; never below perfect scaling of ``l1`` (its speed of light's
     ratio, ``SOL(query) / SOL(g1)``). Answered at those token counts, marked transferred; None
     where the curves share fewer than two token counts."""
-    a, b = g1.axes[0], g2.axes[0]
-    lo, hi = max(a[0], b[0]), min(a[-1], b[-1])
-    axis = np.unique(np.concatenate([a, b]))
-    axis = axis[(axis >= lo) & (axis <= hi)]
-    if len(axis) < 2:
+    axis = _shared_tokens(g1, g2)
+    if axis is None:
         return None
     l1, l2 = g1(axis)[0], g2(axis)[0]
     v = np.maximum(1.5 * l1 - 0.5 * l2, l1 * sol_q(axis) / g1.sol(axis))
@@ -763,11 +770,8 @@ def _utilisation_blend(ga: Grid, gb: Grid, w: float, sol_q, labels: tuple = ()) 
     ``(1 - w) log u_a + w log u_b`` at every token count both curves measured (``0 <= w <= 1``
     interpolates; ``w < 0`` extrapolates beyond ``ga``), answered as ``SOL(query) / u`` and marked
     transferred; None where the curves share fewer than two token counts."""
-    a, b = ga.axes[0], gb.axes[0]
-    lo, hi = max(a[0], b[0]), min(a[-1], b[-1])
-    axis = np.unique(np.concatenate([a, b]))
-    axis = axis[(axis >= lo) & (axis <= hi)]
-    if len(axis) < 2:
+    axis = _shared_tokens(ga, gb)
+    if axis is None:
         return None
     ua = ga.sol(axis) / ga(axis)[0]
     ub = gb.sol(axis) / gb(axis)[0]
