@@ -320,6 +320,8 @@ def extend_from_siblings(
 #: 1.9 / 11.2%; no gate (siblings everywhere, measured in an earlier session): 3.3 / 17.2% |
 #: 2.0 / 13.8%.
 SIBLING_LOW_GATE = 0.3
+
+
 def extend_below_from_siblings(
     x: np.ndarray,
     v: np.ndarray,
