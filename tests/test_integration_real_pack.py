@@ -334,16 +334,18 @@ def test_sglang_wide_ep_reads_deepep_expert_table(real_pack_available):
     assert moe_src(Estimator("deepseek-ai/DeepSeek-V3", "b200_sxm", "sglang", None, 8, 1, moe_ep=8, moe_tp=1))["source"] == "moe"
     trt = Estimator("deepseek-ai/DeepSeek-V3", "gb200", "trtllm", None, 1, 1, attention_dp=32, moe_ep=32, moe_tp=1)
     assert moe_src(trt)["source"] != moe_ops.WIDE_EP_TABLE
-    # EP8 is not in gb200's wide-EP tables: utilisation interpolated between EP4 and EP16, said so
+    # EP8 is not in gb200's wide-EP tables: latency a + b / EP through EP4 and EP16, said so
     kw = {"quant": "fp8_block", "hidden": 7168, "inter": 2048, "topk": 8, "experts": 256, "moe_tp": 1,
           "distribution": "power_law_1.01", "wide_ep": True}
     r8 = moe_ops.resolve_moe(db, moe_ep=8, **kw)
     assert r8.source == moe_ops.WIDE_EP_TABLE and r8.how == "ep-transfer" and r8.donors == ("EP4", "EP16")
-    assert any("interpolated in log2(EP) between EP4 and EP16" in n for n in r8.notes)
+    assert any("1/EP part through EP4 and EP16" in n for n in r8.notes)
     r4, r16 = (moe_ops.resolve_moe(db, moe_ep=e, **kw) for e in (4, 16))
     t = np.array([256.0, 512.0])
-    u4, u8, u16 = (r.grid.sol(t) / r.grid(t)[0] for r in (r4, r8, r16))
-    np.testing.assert_allclose(u8, np.sqrt(u4 * u16), rtol=1e-9)  # EP8 sits half-way in log2(EP)
+    l4, l8, l16 = (r.grid(t)[0] for r in (r4, r8, r16))
+    # b = (l4 - l16) / (1/4 - 1/16), at EP8: l4 - b / 4 + b / 8 = (l4 + 2 l16) / 3 (above perfect scaling here)
+    np.testing.assert_allclose(l8, (l4 + 2.0 * l16) / 3.0, rtol=1e-9)
+    assert (l16 < l8).all() and (l8 < l4).all()
     # a moe_tp the table never collected: nothing to interpolate, standard kernels, said so
     r = moe_ops.resolve_moe(db, moe_ep=8, **{**kw, "moe_tp": 2})
     assert r.source == "moe" and any("no wide-EP" in n for n in r.notes)

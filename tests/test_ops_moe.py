@@ -735,10 +735,11 @@ def test_wide_ep_context_falls_back_to_the_generation_table(tmp_path):
     assert any(f"no {WIDE_EP_CONTEXT_TABLE} rows" in n for n in r.notes)
 
 
-def test_wide_ep_skipped_ep_interpolates_utilisation(tmp_path):
-    """An EP the wide-EP table skipped, between two it collected at the same site: utilisation
-    interpolated in log2(EP) at every token count both curves cover (EP4 between EP2 and EP8: the
-    geometric mean), marked transferred; no collected EP on one side: no wide-EP answer."""
+def test_wide_ep_skipped_ep_splits_fixed_and_per_ep_latency(tmp_path):
+    """An EP the wide-EP table skipped, between two it collected at the same site: latency
+    ``a + b / EP`` through them at every token count both curves cover (EP4 between EP2 and EP8:
+    ``l2 / 3 + 2 l8 / 3``), never below perfect scaling of EP2, marked transferred; no collected EP
+    on one side: no wide-EP answer."""
     pack, _, site, _, _ = _wide_ep_pack(tmp_path)
     path = pack.systems_dir / "data" / sp.SYSTEM / "moe" / "trtllm" / sp.TRTLLM_CURRENT / f"{WIDE_EP_TABLE}_perf.parquet"
     t = pq.read_table(path).to_pydict()
@@ -756,10 +757,12 @@ def test_wide_ep_skipped_ep_interpolates_utilisation(tmp_path):
     axis = r.grid.axes[0]
     np.testing.assert_array_equal(axis, [4.0, 8.0, 16.0, 32.0, 64.0])  # the curves' common range
     e2, e8 = (resolve_moe(db, moe_ep=e, **kw) for e in (2, 8))
-    u2, u8 = (e.grid.sol(axis) / e.grid(axis)[0] for e in (e2, e8))
+    l2, l8 = (e.grid(axis)[0] for e in (e2, e8))
     sol4 = moe_sol_fn(db, "fp8_block", *site, 1, 4, True)
     v, p = r.grid(axis)
-    np.testing.assert_allclose(v, sol4(axis) / np.sqrt(u2 * u8), rtol=1e-12)
+    # b = (l2 - l8) / (1/2 - 1/8), a = l2 - b / 2, at EP4: a + b / 4 = l2 / 3 + 2 l8 / 3
+    want = np.maximum(l2 / 3.0 + 2.0 * l8 / 3.0, l2 * sol4(axis) / e2.grid.sol(axis))
+    np.testing.assert_allclose(v, want, rtol=1e-12)
     assert (p == Prov.TRANSFERRED).all()
     # EP16 lies beyond the last collected EP: the standard path (here: no moe table at all)
     with pytest.raises(NotAvailableError):
