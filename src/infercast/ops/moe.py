@@ -745,7 +745,7 @@ def _tp_trend(db: OpDB, lat: _Lattice, sites: np.ndarray, site_hit: np.ndarray, 
 
 def _shared_tokens(ga: Grid, gb: Grid) -> np.ndarray | None:
     """The token counts either curve measured within the range both cover; None when fewer than
-    two (the two-curve rules below need a curve, not a point)."""
+    two (:func:`_fixed_plus_split` fits a curve, not a point)."""
     a, b = ga.axes[0], gb.axes[0]
     lo, hi = max(a[0], b[0]), min(a[-1], b[-1])
     axis = np.unique(np.concatenate([a, b]))
@@ -777,20 +777,6 @@ def _fixed_plus_split(ga: Grid, xa: float, gb: Grid, xb: float, x: float, sol_q,
     near = max(below, key=lambda c: c[0])[1]
     v = np.maximum(v, near(axis)[0] * sol_q(axis) / near.sol(axis))
     return Grid((axis,), v, np.full(len(axis), Prov.TRANSFERRED, np.int8), sol_q, labels, scales=TOKEN_SCALE)
-
-
-def _utilisation_blend(ga: Grid, gb: Grid, w: float, sol_q, labels: tuple = ()) -> Grid | None:
-    """A curve whose log utilisation (SOL / latency, each curve over its own SOL) is
-    ``(1 - w) log u_a + w log u_b`` at every token count both curves measured (``0 <= w <= 1``
-    interpolates; ``w < 0`` extrapolates beyond ``ga``), answered as ``SOL(query) / u`` and marked
-    transferred; None where the curves share fewer than two token counts."""
-    axis = _shared_tokens(ga, gb)
-    if axis is None:
-        return None
-    ua = ga.sol(axis) / ga(axis)[0]
-    ub = gb.sol(axis) / gb(axis)[0]
-    u = np.exp((1.0 - w) * np.log(ua) + w * np.log(ub))
-    return Grid((axis,), sol_q(axis) / u, np.full(len(axis), Prov.TRANSFERRED, np.int8), sol_q, labels, scales=TOKEN_SCALE)
 
 
 def _pair_donor(sites: np.ndarray, site_hit: np.ndarray, moe_tp: int, moe_ep: int) -> int | None:
