@@ -975,7 +975,7 @@ def test_moe_tp_octave_recovers_a_fixed_plus_parallel_split_exactly():
     from moe_tp 2 and 4 the octave to 8 is a + b / 8 exactly; a curve that would beat perfect
     scaling is held at it."""
     from infercast.interp.grid import Grid
-    from infercast.ops.moe import TOKEN_SCALE, _amdahl_octave
+    from infercast.ops.moe import TOKEN_SCALE, _fixed_plus_split
 
     tok = np.array([1.0, 16.0, 256.0, 4096.0])
     a, b = 0.02 + 1e-6 * tok, 0.1 + 4e-5 * tok
@@ -986,13 +986,13 @@ def test_moe_tp_octave_recovers_a_fixed_plus_parallel_split_exactly():
     def grid(tp):
         return Grid((tok,), a + b / tp, np.zeros(len(tok), np.int8), sol_at(tp), scales=TOKEN_SCALE)
 
-    g = _amdahl_octave(grid(4), grid(2), sol_at(8), ("moe_tp=4", "moe_tp=2"))
+    g = _fixed_plus_split(grid(4), 4, grid(2), 2, 8, sol_at(8), ("moe_tp=4", "moe_tp=2"))
     np.testing.assert_allclose(g(tok)[0], a + b / 8, rtol=1e-12)
     assert (g.prov == Prov.TRANSFERRED).all()
     # a tp2 -> tp4 octave that more than halved latency (superlinear) is carried at perfect scaling
     fast = Grid((tok,), 3.0 * (a + b / 4), np.zeros(len(tok), np.int8), sol_at(2), scales=TOKEN_SCALE)
-    g = _amdahl_octave(grid(4), fast, sol_at(8), ())
+    g = _fixed_plus_split(grid(4), 4, fast, 2, 8, sol_at(8), ())
     np.testing.assert_allclose(g(tok)[0], (a + b / 4) / 2, rtol=1e-12)
     # curves that share fewer than two token counts give no answer
     lone = Grid((np.array([8192.0, 16384.0]),), np.array([1.0, 2.0]), np.zeros(2, np.int8), sol_at(2), scales=TOKEN_SCALE)
-    assert _amdahl_octave(grid(4), lone, sol_at(8), ()) is None
+    assert _fixed_plus_split(grid(4), 4, lone, 2, 8, sol_at(8), ()) is None

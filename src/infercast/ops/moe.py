@@ -36,7 +36,7 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
 * **(moe_tp, moe_ep)**: a pair not collected for the site whose moe_tp is one octave beyond two
   collected at the same moe_ep (vLLM's tables stop at moe_tp 4 with EP 1, where TP 8 serves)
   continues the last collected octave of moe_tp: latency is split as ``a + b / moe_tp`` through the
-  two collected curves at each token count (:func:`_tp_trend`, :func:`_amdahl_octave`); otherwise it is
+  two collected curves at each token count (:func:`_tp_trend`, :func:`_fixed_plus_split`); otherwise it is
   transferred through utilisation from a collected pair of the *same width* (moe_tp x moe_ep: the
   same GPUs and the same expert FLOPs per GPU under balanced routing; the roofline carries the
   difference in weight traffic), preferring the closest moe_tp; with neither SILICON raises
@@ -728,7 +728,8 @@ def _tp_trend(db: OpDB, lat: _Lattice, sites: np.ndarray, site_hit: np.ndarray, 
               gated: bool, sol_q) -> tuple[Grid, tuple[str, str]] | None:
     """The site's curve at an uncollected ``moe_tp`` one octave beyond the two largest collected
     below it at the same ``moe_ep`` (``moe_tp = 2 t1 = 4 t2``, the case the leave-one-out
-    measures), by the fixed-plus-parallel split of the two (:func:`_amdahl_octave`); None otherwise
+    measures), by the fixed-plus-parallel split of the two (:func:`_fixed_plus_split`: at
+    ``2 t1``, ``1.5 l(t1) - 0.5 l(t2)``); None otherwise
     (module docstring)."""
     same = np.flatnonzero(site_hit & (sites[:, 5] == moe_ep) & (sites[:, 4] < moe_tp))
     if len(same) < 2:
@@ -739,24 +740,8 @@ def _tp_trend(db: OpDB, lat: _Lattice, sites: np.ndarray, site_hit: np.ndarray, 
     if moe_tp != 2 * t1 or t1 != 2 * t2:
         return None
     labels = (f"moe_tp={int(t1)} moe_ep={moe_ep}", f"moe_tp={int(t2)} moe_ep={moe_ep}")
-    g = _amdahl_octave(_site_grid(db, lat, i1, gated), _site_grid(db, lat, i2, gated), sol_q, labels)
+    g = _fixed_plus_split(_site_grid(db, lat, i1, gated), t1, _site_grid(db, lat, i2, gated), t2, moe_tp, sol_q, labels)
     return None if g is None else (g, labels)
-
-
-def _shared_tokens(ga: Grid, gb: Grid) -> np.ndarray | None:
-    """The token counts either curve measured within the range both cover; None when fewer than
-    two (:func:`_fixed_plus_split` fits a curve, not a point)."""
-    a, b = ga.axes[0], gb.axes[0]
-    lo, hi = max(a[0], b[0]), min(a[-1], b[-1])
-    axis = np.unique(np.concatenate([a, b]))
-    axis = axis[(axis >= lo) & (axis <= hi)]
-    return axis if len(axis) >= 2 else None
-
-
-def _amdahl_octave(g1: Grid, g2: Grid, sol_q, labels: tuple = ()) -> Grid | None:
-    """The curve one octave of moe_tp beyond ``g1`` (moe_tp ``t``), given ``g2`` (``t / 2``):
-    :func:`_fixed_plus_split` through the two, at ``2 t``: ``1.5 l1 - 0.5 l2``."""
-    return _fixed_plus_split(g1, 2.0, g2, 1.0, 4.0, sol_q, labels)
 
 
 def _fixed_plus_split(ga: Grid, xa: float, gb: Grid, xb: float, x: float, sol_q, labels: tuple = ()) -> Grid | None:
@@ -767,13 +752,16 @@ def _fixed_plus_split(ga: Grid, xa: float, gb: Grid, xb: float, x: float, sol_q,
     measured at the larger split below ``x`` (its latency times ``SOL(query) / SOL(that curve)``).
     Answered at those token counts, marked transferred; None where the curves share fewer than two
     token counts."""
-    axis = _shared_tokens(ga, gb)
-    if axis is None:
+    ta, tb = ga.axes[0], gb.axes[0]
+    axis = np.unique(np.concatenate([ta, tb]))
+    axis = axis[(axis >= max(ta[0], tb[0])) & (axis <= min(ta[-1], tb[-1]))]
+    if len(axis) < 2:
         return None
     la, lb = ga(axis)[0], gb(axis)[0]
-    b = (la - lb) / (1.0 / xa - 1.0 / xb)
-    v = la - b / xa + b / x
-    below = [(xc, g) for xc, g in ((xa, ga), (xb, gb)) if xc <= x] or [(min(xa, xb), ga if xa < xb else gb)]
+    per_split = (la - lb) / (1.0 / xa - 1.0 / xb)  # b in a + b / x
+    v = la - per_split / xa + per_split / x
+    curves = ((xa, ga), (xb, gb))
+    below = [c for c in curves if c[0] <= x] or [min(curves, key=lambda c: c[0])]
     near = max(below, key=lambda c: c[0])[1]
     v = np.maximum(v, near(axis)[0] * sol_q(axis) / near.sol(axis))
     return Grid((axis,), v, np.full(len(axis), Prov.TRANSFERRED, np.int8), sol_q, labels, scales=TOKEN_SCALE)

@@ -172,6 +172,16 @@ class SchedulerParams:
         return gpu_ms + host
 
 
+def mean_length_ratio(range_ratio: float) -> float:
+    """:attr:`SchedulerParams.kv_length_ratio` of a benchmark that draws each request's lengths
+    uniformly from ``[range_ratio x L, L]`` (``benchmark_serving --random-range-ratio``): the mean,
+    ``(1 + range_ratio) / 2``."""
+    r = float(range_ratio)
+    if not 0.0 < r <= 1.0:
+        raise ValueError(f"a random range ratio is in (0, 1], got {range_ratio}")
+    return (1.0 + r) / 2.0
+
+
 #: ``step_overhead_ms``, ``seq_overhead_ms``, ``arrival_delay_ms`` and ``requests_per_client`` are
 #: calibrated on the dev silicon rows (``python -m benchmarks.calibrate_serving``); the rest are
 #: engine defaults. vLLM's per-sequence 10 us: agg TPOT median APE 8.9% (0) -> 8.4% (5 us) ->
@@ -211,16 +221,6 @@ class SchedulerParams:
 #: InferenceX rows 12.4% -> 17.5%. The lag is the host time of launching the next step, which
 #: the rows do not pin down (as host time per sequence: 0.1 / 0.2 ms -> 19.2 / 18.9%, and 0.2 ms
 #: per sequence would leave TensorRT-LLM host-bound where its TPOT fits without it).
-def mean_length_ratio(range_ratio: float) -> float:
-    """:attr:`SchedulerParams.kv_length_ratio` of a benchmark that draws each request's lengths
-    uniformly from ``[range_ratio x L, L]`` (``benchmark_serving --random-range-ratio``): the mean,
-    ``(1 + range_ratio) / 2``."""
-    r = float(range_ratio)
-    if not 0.0 < r <= 1.0:
-        raise ValueError(f"a random range ratio is in (0, 1], got {range_ratio}")
-    return (1.0 + r) / 2.0
-
-
 def _sizes(*parts) -> tuple[int, ...]:
     return tuple(sorted({int(x) for part in parts for x in part}))
 
