@@ -842,6 +842,19 @@ def test_low_latency_rows_replace_cutlass_up_to_the_threshold_where_both_measure
     np.testing.assert_array_equal(_prefer_low_latency(t2, m2, m2), m2)
 
 
+def test_expected_kernel_is_the_low_latency_one_up_to_the_threshold_when_in_force():
+    from infercast.ops.moe import TRTLLM_LOW_LATENCY_KERNEL, TRTLLM_LOW_LATENCY_MAX_TOKENS, _expected_kernel
+
+    cut = "moe_torch_flow_cutlass"
+    site = (7168, 2048, 8, 256)
+    tokens = (1, 128, TRTLLM_LOW_LATENCY_MAX_TOKENS, TRTLLM_LOW_LATENCY_MAX_TOKENS + 1, 4096)
+    t = _kernel_table([(cut, n, site) for n in tokens])
+    rows = np.arange(len(tokens))
+    low = TRTLLM_LOW_LATENCY_KERNEL
+    assert list(_expected_kernel(t, rows, cut, True)) == [low, low, low, cut, cut]
+    assert list(_expected_kernel(t, rows, cut, False)) == [cut] * len(tokens)
+
+
 @pytest.mark.real_pack
 def test_trtllm_b200_nvfp4_experts_run_the_low_latency_kernel_at_small_batch(real_pack_available):
     from infercast.ops.moe import TRTLLM_LOW_LATENCY_KERNEL
@@ -862,6 +875,21 @@ def test_trtllm_b200_nvfp4_experts_run_the_low_latency_kernel_at_small_batch(rea
     # SGLang's table is untouched by the rule (its kernels are its own)
     rs = resolve_moe(_db("b200_sxm", "sglang"), quant="nvfp4", moe_tp=8, moe_ep=1, **DSV3)
     assert TRTLLM_LOW_LATENCY_KERNEL not in (rs.kernel or "")
+
+
+@pytest.mark.real_pack
+def test_trtllm_b200_nvfp4_transfer_donors_are_the_sites_served_with_the_low_latency_kernel(real_pack_available):
+    """The two shapes with more than 256 experts have CUTLASS rows only; they are not where an
+    uncollected shape borrows from, though CUTLASS has the most rows (ops.moe._expected_kernel)."""
+    db = _db("b200_sxm", "trtllm")
+    lat = _get_lattice(db, "nvfp4", True, "balanced")
+    wide = lat.sites[:, 3] > 256
+    assert wide.any() and not lat.primary[wide].any()
+    assert lat.primary[np.all(lat.sites[:, :4] == (7168, 2048, 8, 256), axis=1)].all()
+    assert lat.primary[~wide].mean() > 0.95
+    r = resolve_moe(db, quant="nvfp4", hidden=6656, inter=2048, topk=8, experts=256, moe_tp=8, moe_ep=1)
+    assert r.how in ("idw", "multilinear") and r.donors
+    assert not any("experts=384" in d or "experts=512" in d for d in r.donors)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -328,22 +328,25 @@ def _lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_name: s
                 f"carried over from the {'non-gated' if gated else 'gated'} kernels"
             )
         base &= np.isin(table.keys["kernel_source"], want)
+    low_latency = False
     if table.has("kernel_source"):
         candidates = base
         base, order = merge_kernels(table, base, SITE_COLS + PAIR_COLS + ("num_tokens",), db.backend)
         if db.backend == "trtllm" and kernel is None:
+            chosen = base
             base = _prefer_low_latency(table, base, candidates)
+            low_latency = bool((base != chosen).any())
         kernel = "+".join(order)
     else:
         order, kernel = [], None
     sites, curves = sites_and_curves(table, base, SITE_COLS + PAIR_COLS, ("num_tokens",))
     primary = np.ones(len(sites), bool)
-    if len(order) > 1:  # a site counts as the default kernel's when most of its points are
+    if len(order) > 1:  # a site is primary when most of its points come from the expected kernel
         rows = np.flatnonzero(base)
         site_of = np.unique(np.stack([table.keys[c][rows].astype(float) for c in SITE_COLS + PAIR_COLS], axis=1),
                             axis=0, return_inverse=True)[1].reshape(-1)
-        is_default = (table.keys["kernel_source"][rows] == order[0]).astype(float)
-        primary = np.bincount(site_of, is_default, len(sites)) * 2 > np.bincount(site_of, minlength=len(sites))
+        is_default = (table.keys["kernel_source"][rows] == _expected_kernel(table, rows, order[0], low_latency))
+        primary = np.bincount(site_of, is_default.astype(float), len(sites)) * 2 > np.bincount(site_of, minlength=len(sites))
     return _Lattice(table, quant, kernel, dist, site_gated, sites, curves, tuple(notes), primary)
 
 
@@ -403,6 +406,28 @@ def _prefer_low_latency(table, chosen: np.ndarray, candidates: np.ndarray,
     out[rows[covered[inv]]] = False  # every row of a point the low-latency kernel measured ...
     out[rows[low]] = True  # ... gives way to its row
     return out
+
+
+def _expected_kernel(table, rows: np.ndarray, default: str, low_latency: bool) -> np.ndarray:
+    """The kernel each of ``rows`` would come from at a shape the engine runs as the lattice
+    assumes: ``default`` (the kernel with the most rows); with :func:`_prefer_low_latency` in
+    force, its low-latency kernel up to :data:`TRTLLM_LOW_LATENCY_MAX_TOKENS` tokens. This decides
+    which sites are transfer donors first (:func:`choose_donors`).
+
+    Why not the row-count default alone: TensorRT-LLM's b200 nvfp4 table has the low-latency rows
+    for 445 of its 518 (shape, TP, EP) sites; the other 73 are the two shapes with more than 256
+    experts ((7168, 2048, 8, 384) and (4096, 1024, 10, 512)), CUTLASS only. Counted by CUTLASS
+    rows, those 73 were the only "default" sites, so every uncollected shape was transferred from
+    them: 1.5-2x slower at <= 512 tokens than the 445 sites whose kernel mix it is served with.
+    ``benchmarks.interp_loo --families moe``, b200 transfer median / p90, seed 0: 10.0 / 39.8% ->
+    9.2 / 33.7% (TensorRT-LLM's own rows 10.6 / 68.3% -> 8.1 / 34.8%); seed 1: 10.3 / 45.7% ->
+    9.0 / 35.8%. h200 has no low-latency rows and is unchanged; no dev-row prediction moves (their
+    TensorRT-LLM nvfp4 shapes are collected)."""
+    expected = np.full(len(rows), default, dtype=object)
+    if low_latency:
+        small = table.keys["num_tokens"][rows].astype(float) <= TRTLLM_LOW_LATENCY_MAX_TOKENS
+        expected[small] = TRTLLM_LOW_LATENCY_KERNEL
+    return expected
 
 
 def _get_lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_name: str = "moe",
