@@ -843,7 +843,11 @@ def test_low_latency_rows_replace_cutlass_up_to_the_threshold_where_both_measure
 
 
 def test_expected_kernel_is_the_low_latency_one_up_to_the_threshold_when_in_force():
-    from infercast.ops.moe import TRTLLM_LOW_LATENCY_KERNEL, TRTLLM_LOW_LATENCY_MAX_TOKENS, _expected_kernel
+    from infercast.ops.moe import (
+        TRTLLM_LOW_LATENCY_KERNEL,
+        TRTLLM_LOW_LATENCY_MAX_TOKENS,
+        _expected_kernel,
+    )
 
     cut = "moe_torch_flow_cutlass"
     site = (7168, 2048, 8, 256)
@@ -884,11 +888,13 @@ def test_trtllm_b200_nvfp4_transfer_donors_are_the_sites_served_with_the_low_lat
     db = _db("b200_sxm", "trtllm")
     lat = _get_lattice(db, "nvfp4", True, "balanced")
     wide = lat.sites[:, 3] > 256
-    assert wide.any() and not lat.primary[wide].any()
+    assert wide.any()
+    assert not lat.primary[wide].any()
     assert lat.primary[np.all(lat.sites[:, :4] == (7168, 2048, 8, 256), axis=1)].all()
     assert lat.primary[~wide].mean() > 0.95
     r = resolve_moe(db, quant="nvfp4", hidden=6656, inter=2048, topk=8, experts=256, moe_tp=8, moe_ep=1)
-    assert r.how in ("idw", "multilinear") and r.donors
+    assert r.how in ("idw", "multilinear")
+    assert r.donors
     assert not any("experts=384" in d or "experts=512" in d for d in r.donors)
 
 
