@@ -18,6 +18,7 @@ import pytest
 import synthpack as sp
 from infercast import Estimator
 from infercast.api import DECODE_SAMPLES
+from infercast.engine import compiled
 from infercast.errors import InvalidInputError, NotAvailableError
 from infercast.interp.grid import UNSATURATED_HOLD_OCTAVES
 from infercast.interp import sol as solmod
@@ -337,6 +338,29 @@ def test_vectorised_equals_scalar(est):
     assert svec[2, 1] == pytest.approx(float(est.decode_step_ms(8, 1000)), rel=1e-14)
     # a second scalar call is served from the cache and equal
     assert est.prefill_ms(3, 100) == est.prefill_ms(3, 100)
+
+
+def test_mixed_step_is_its_parts_and_memoised(est, monkeypatch):
+    """A mixed step is token-wise ops over all its tokens + context attention per group +
+    generation attention; a repeat (as lists or arrays) is the memoised value, and the memos are
+    emptied when full (engine.compiled.MEMO_LIMIT)."""
+    eng = est.engine
+    cb, ci, cp = [2.0, 1.0], [128.0, 64.0], [0.0, 256.0]
+    parts = (eng.tokenwise_scalar(2 * 128 + 64 + 8.0, 3 + 8.0, 8.0, True)
+             + eng.context_attention_scalar(2.0, 128.0) + eng.context_attention_scalar(1.0, 64.0, 256.0)
+             + eng.generation_attention_scalar(8.0, 300.0))
+    first = eng.mixed_step_ms(cb, ci, cp, 8.0, 300.0)
+    assert first == pytest.approx(parts, rel=1e-14)
+    # a repeat is answered from the memo: its parts are not looked up again
+    calls = []
+    monkeypatch.setattr(eng, "generation_attention_scalar", lambda *a: calls.append(a) or 0.0)
+    assert eng.mixed_step_ms(np.array(cb), np.array(ci), np.array(cp), 8.0, 300.0) == first
+    assert not calls
+    # a full memo is emptied before the next value goes in
+    memo: dict = {"old": 1.0}
+    monkeypatch.setattr(compiled, "MEMO_LIMIT", 1)
+    assert compiled._remember(memo, "new", 2.0) == 2.0
+    assert memo == {"new": 2.0}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -180,15 +180,16 @@ def simulate(
                     admitted += take
         # --- run the step
         if groups:
-            cb = np.array([g[1] for g in groups], float)
-            ci = np.array([g[2] for g in groups], float)
-            cp = np.array([g[0].done_prefill for g in groups], float)
+            # plain lists: the step's few groups cost less as Python floats than as numpy arrays
+            cb = [float(g[1]) for g in groups]
+            ci = [float(g[2]) for g in groups]
+            cp = [float(g[0].done_prefill) for g in groups]
             if params.mixed and running:
                 kv_mean = sum(c.n * (isl + c.generated) for c in running) / in_flight
-                dt = params.step_ms(engine.mixed_step_ms(cb, ci, cp, float(in_flight), kv_mean), in_flight + cb.sum())
+                dt = params.step_ms(engine.mixed_step_ms(cb, ci, cp, float(in_flight), kv_mean), in_flight + sum(cb))
                 dec_n = in_flight
             else:
-                dt = params.step_ms(engine.mixed_step_ms(cb, ci, cp, 0.0, 1.0), cb.sum())
+                dt = params.step_ms(engine.mixed_step_ms(cb, ci, cp, 0.0, 1.0), sum(cb))
                 dec_n = 0
             t += dt
             steps += 1
