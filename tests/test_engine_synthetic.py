@@ -359,7 +359,7 @@ def test_mixed_step_is_its_parts_and_memoised(est, monkeypatch):
     # a full memo is emptied before the next value goes in
     memo: dict = {"old": 1.0}
     monkeypatch.setattr(compiled, "MEMO_LIMIT", 1)
-    assert compiled._remember(memo, "new", 2.0) == 2.0
+    assert compiled.remember(memo, "new", 2.0) == 2.0
     assert memo == {"new": 2.0}
 
 

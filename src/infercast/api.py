@@ -14,7 +14,7 @@ import numpy as np
 
 from .data.database import PerfData
 from .data.model_configs import resolve_model
-from .engine.compiled import CompiledEngine
+from .engine.compiled import CompiledEngine, remember
 from .errors import InvalidInputError
 from .interp.provenance import Prov
 from .models.fusions import engine_fusions
@@ -205,10 +205,7 @@ class Estimator:
     CACHE_LIMIT = 100_000
 
     def _remember(self, key, value: float) -> float:
-        if len(self._cache) >= self.CACHE_LIMIT:
-            self._cache.clear()
-        self._cache[key] = value
-        return value
+        return remember(self._cache, key, value, self.CACHE_LIMIT)
 
     def decode_step_ms(self, batch_size, kv_len):
         """Latency (ms) of one decode step at KV length ``kv_len`` (tokens incl. the new one)."""

@@ -80,8 +80,10 @@ def _collective_name(kind: str) -> str:
 MEMO_LIMIT = 100_000
 
 
-def _remember(memo: dict, key, value: float) -> float:
-    if len(memo) >= MEMO_LIMIT:
+def remember(memo: dict, key, value: float, limit: int | None = None) -> float:
+    """Store ``value`` under ``key`` in a bounded memo and return it; a memo holding ``limit``
+    entries (default :data:`MEMO_LIMIT`) is emptied first."""
+    if len(memo) >= (MEMO_LIMIT if limit is None else limit):
         memo.clear()
     memo[key] = value
     return value
@@ -292,7 +294,7 @@ class CompiledEngine:
         total = self._sum_tokenwise(self._grid_ops, self._analytic_ops, tokens, seqs, context)
         if draft_seqs > 0 and (self._draft_grid_ops or self._draft_analytic_ops):
             total += self._sum_tokenwise(self._draft_grid_ops, self._draft_analytic_ops, draft_seqs, draft_seqs)
-        return _remember(self._tokenwise_memo, key, total)
+        return remember(self._tokenwise_memo, key, total)
 
     def context_attention_scalar(self, batch: float, isl: float, prefix: float = 0.0) -> float:
         """Context attention of ``batch`` sequences of ``isl`` new tokens after ``prefix`` cached
@@ -304,7 +306,7 @@ class CompiledEngine:
         hit = self._context_memo.get(key)
         if hit is not None:
             return hit
-        return _remember(self._context_memo, key, self._context_attention_sum(batch, isl, prefix))
+        return remember(self._context_memo, key, self._context_attention_sum(batch, isl, prefix))
 
     def _context_attention_sum(self, batch: float, isl: float, prefix: float) -> float:
         frac = 1.0
@@ -371,7 +373,7 @@ class CompiledEngine:
         total = self.tokenwise_scalar(float(tokens), float(seqs), float(dec_batch), context)
         for b, i, p in groups:
             total += self.context_attention_scalar(b, i, p)
-        return _remember(self._mixed_memo, key, total + self.generation_attention_scalar(dec_batch, dec_kv))
+        return remember(self._mixed_memo, key, total + self.generation_attention_scalar(dec_batch, dec_kv))
 
     def describe_ops(self) -> list[dict]:
         rows = []
