@@ -444,3 +444,21 @@ def test_validate_recipes_reach_the_estimator(real_pack_available):
     moe = [c for c in est.engine.ops if c.op.kind == "moe"]
     assert moe and all("triton MoE kernels from vllm" in " ".join(c.resolved[0].notes) for c in moe)
     assert all(c.resolved[0].kernel == "vllm_fused_moe" for c in moe)
+
+
+@pytest.mark.parametrize(
+    "parallel,needles",
+    [
+        # moe_tp left to default: the message names the layout, not an internal 0
+        (("--tp", "4", "--moe-ep", "8"), ("moe-ep 8 does not divide the 4 GPUs", "moe-ep=4")),
+        (("--tp", "4", "--moe-tp", "2", "--moe-ep", "4"), ("moe_tp x moe_ep = 2 x 4 does not equal attention tp x dp = 4 x 1",)),
+    ],
+)
+def test_cli_moe_layout_errors_name_the_layout(real_pack_available, capsys, parallel, needles):
+    argv = ["estimate", "--model", "deepseek-ai/DeepSeek-V3", "--system", "b200_sxm", "--backend", "trtllm",
+            *parallel, "--batch", "8", "--isl", "1024", "--osl", "128"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and " 0 x " not in err
+    for needle in needles:
+        assert needle in err

@@ -99,6 +99,13 @@ class ParallelConfig:
             if spec.intermediate % self.tp:
                 raise InvalidConfigError(f"TP {self.tp} does not divide the FFN width {spec.intermediate}")
             return
+        if not self.moe_tp and self.width % self.ep:
+            raise InvalidConfigError(
+                f"moe-ep {self.ep} does not divide the {self.width} GPUs of the attention layout tp x dp = "
+                f"{self.tp} x {self.attention_dp}",
+                "the experts are spread over the same GPUs that run attention; moe-tp defaults to the rest",
+                [f"moe-ep={d}" for d in (1, 2, 4, 8, 16, 32, 64) if d <= self.width and self.width % d == 0],
+            )
         if self.etp * self.ep != self.width:
             raise InvalidConfigError(
                 f"MoE width moe_tp x moe_ep = {self.etp} x {self.ep} does not equal attention tp x dp = {self.tp} x {self.attention_dp}",
