@@ -17,12 +17,16 @@ runs is scheduled at the next step boundary (plus ``arrival_delay_ms`` of front-
 
 Requests that arrive together and are scheduled together stay together: the simulation tracks
 *cohorts* (n identical requests in the same state), not requests, and jumps over runs of
-decode-only steps in one vectorised engine call, so one configuration costs milliseconds.
+decode-only steps in one vectorised engine call, so one configuration costs milliseconds. Every
+decoding cohort gains the same tokens per step, so the decoding set is kept in the order its
+cohorts started decoding (the first to start is the first to finish) with one shared count of
+decode steps: a step costs the same however many cohorts decode.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,7 +59,9 @@ class _Cohort:
     done_prefill: float = 0.0  # prefill tokens already processed per request (prefix of the next chunk)
     first_token: float = -1.0
     sent: float = 0.0  # ms, when the clients sent them (TTFT is measured from here)
-    generated: float = 0.0  # output tokens so far (fractional with MTP: tau per step)
+    # output tokens when decoding, with ``done`` the shared count of decode tokens so far:
+    # 1 + done - entry (fractional with MTP: tau per step)
+    entry: float = 0.0
 
 
 @dataclass
@@ -92,8 +98,13 @@ def simulate(
         )
 
     waiting: list[_Cohort] = [_Cohort(C, params.arrival_delay_ms, float(isl), sent=0.0)]
-    running: list[_Cohort] = []  # decoding
+    # decoding cohorts in the order they started decoding: all gain ``tau`` tokens per step, so the
+    # first one holds the most tokens and finishes first. ``done``: decode tokens every running
+    # cohort has gained since the simulation began; a cohort's output so far is 1 + done - entry
+    running: deque[_Cohort] = deque()
     n_running = 0  # requests in ``running`` (kept as cohorts enter and leave it)
+    entry_sum = 0.0  # sum of n x entry over ``running``: their mean KV length in O(1)
+    done = 0.0
     # a run of decode-only steps: CompiledEngine sums its token-wise ops once per run; any other
     # engine (tests' synthetic ones) answers through step_ms
     decode_run = getattr(engine, "decode_run_ms", None) or (
@@ -104,6 +115,18 @@ def simulate(
     dec_batch_time = 0.0
     steps = 0
     events = 0
+
+    def generated(c: _Cohort) -> float:
+        return 1.0 + done - c.entry
+
+    def finish_decodes(now: float):
+        """Complete the cohorts that have generated all ``osl`` tokens (the oldest first)."""
+        nonlocal n_running, entry_sum
+        while running and generated(running[0]) >= osl - 1e-9:
+            c = running.popleft()
+            n_running -= c.n
+            entry_sum -= c.n * c.entry
+            complete(c, now)
 
     def complete(c: _Cohort, now: float):
         nonlocal issued
@@ -185,7 +208,7 @@ def simulate(
             ci = [float(g[2]) for g in groups]
             cp = [float(g[0].done_prefill) for g in groups]
             if params.mixed and running:
-                kv_mean = sum(c.n * (isl + c.generated) for c in running) / in_flight
+                kv_mean = (in_flight * (isl + 1.0 + done) - entry_sum) / in_flight
                 dt = params.step_ms(engine.mixed_step_ms(cb, ci, cp, float(in_flight), kv_mean), in_flight + sum(cb))
                 dec_n = in_flight
             else:
@@ -195,32 +218,29 @@ def simulate(
             steps += 1
             dec_batch_time += dec_n * dt
             if dec_n:
-                for c in list(running):
-                    c.generated += tau
-                    if c.generated >= osl - 1e-9:
-                        running.remove(c)
-                        n_running -= c.n
-                        complete(c, t)
+                done += tau
+                finish_decodes(t)
             for c, take, chunk in groups:
                 c.remaining -= chunk
                 c.done_prefill += chunk
                 if c.remaining <= 1e-9:
                     waiting.remove(c)
                     c.first_token = t
-                    c.generated = 1
+                    c.entry = done  # one token with its prefill
                     if osl <= 1:
                         complete(c, t)
                     else:
                         running.append(c)
                         n_running += c.n
+                        entry_sum += c.n * c.entry
             continue
         if not running:
             # nothing runnable: jump to the next arrival
             t = max(t, min(c.arrival for c in waiting))
             continue
         # --- a run of decode-only steps until the next completion or arrival
-        k = max(1, min(math.ceil((osl - c.generated) / tau - 1e-9) for c in running))
-        base_kv = sum(c.n * (isl + c.generated) for c in running) / in_flight
+        k = max(1, math.ceil((osl - generated(running[0])) / tau - 1e-9))
+        base_kv = (in_flight * (isl + 1.0 + done) - entry_sum) / in_flight
         j = np.arange(k, dtype=float)
         run = decode_run(float(in_flight), base_kv + j, params.graph_pad(in_flight))
         dts = params.step_ms(np.asarray(run, float), in_flight)
@@ -233,12 +253,8 @@ def simulate(
         t += float(dts.sum())
         steps += k
         dec_batch_time += in_flight * float(dts.sum())
-        for c in list(running):
-            c.generated += k * tau
-            if c.generated >= osl - 1e-9:
-                running.remove(c)
-                n_running -= c.n
-                complete(c, t)
+        done += k * tau
+        finish_decodes(t)
 
     if waiting or running:
         raise InvalidConfigError(
