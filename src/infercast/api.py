@@ -222,11 +222,15 @@ class Estimator:
             key = ("d", batch_size, isl, osl)
             hit = self._cache.get(key)
             if hit is None:
-                hit = self._remember(key, float(self._decode_mean(batch_size, isl, osl)))
+                hit = self._remember(key, float(self._decode_mean(batch_size, isl, osl, scalar=True)))
             return hit
         return self._decode_mean(batch_size, isl, osl)
 
-    def _decode_mean(self, batch_size, isl, osl):
+    def _decode_mean(self, batch_size, isl, osl, scalar: bool = False):
+        """The mean over the decode steps' KV lengths: every step up to :data:`DECODE_SAMPLES`
+        steps, else that many evenly spaced samples (trapezoid weights). ``scalar``: one batch size,
+        so the token-wise ops are summed once (:meth:`CompiledEngine.decode_run_ms`) and only
+        attention runs over the samples."""
         b, i, _ = _check(batch_size, isl, 0)
         o = check_positive("osl", osl, MAX_TOKENS)
         b, i, o = np.broadcast_arrays(b, i, o)
@@ -236,7 +240,10 @@ class Estimator:
         # KV length (incl. the new token) of decode step j is isl + 1 + j, j = 0 .. steps-1
         frac = j / (DECODE_SAMPLES - 1)
         kv = i[..., None] + 1.0 + np.where(exact, j, frac * (steps - 1.0))
-        per = self.engine.decode_ms(b[..., None], kv)
+        if scalar:
+            per = self.engine.decode_run_ms(float(b), kv)
+        else:
+            per = self.engine.decode_ms(b[..., None], kv)
         mask = np.where(exact, j < steps, True)
         w = np.where(exact, 1.0, np.where((j == 0) | (j == DECODE_SAMPLES - 1), 0.5, 1.0)) * mask
         return (per * w).sum(axis=-1) / w.sum(axis=-1)
