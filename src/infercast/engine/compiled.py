@@ -259,8 +259,22 @@ class CompiledEngine:
         return out
 
     def step_ms(self, **shape) -> np.ndarray:
+        if shape.get("phase") is None and all(np.ndim(v) == 0 for v in shape.values()):
+            return np.float64(self._step_scalar(**{k: float(v) for k, v in shape.items() if k != "phase"}))
         comps = self.components(**shape)
         return sum(v for v, _ in comps.values())
+
+    def _step_scalar(self, ctx_batch=0.0, ctx_isl=1.0, ctx_prefix=0.0, dec_batch=0.0, dec_kv=1.0, dec_pad=0.0) -> float:
+        """:meth:`step_ms` of one shape through the scalar twins (the same sums as
+        :meth:`components`, without numpy per op)."""
+        rows = dec_batch + dec_pad
+        context = ctx_batch > 0
+        tokens = (ctx_batch * ctx_isl if context else 0.0) + rows * self.decode_width
+        seqs = (ctx_batch if context else 0.0) + rows
+        total = self.tokenwise_scalar(tokens, seqs, rows, context)
+        if context:
+            total += self.context_attention_scalar(ctx_batch, ctx_isl, ctx_prefix)
+        return total + self.generation_attention_scalar(dec_batch, dec_kv)
 
     def prefill_ms(self, batch, isl, prefix=0.0) -> np.ndarray:
         return self.step_ms(ctx_batch=batch, ctx_isl=isl, ctx_prefix=prefix, phase="prefill")
