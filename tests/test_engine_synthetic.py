@@ -340,6 +340,25 @@ def test_vectorised_equals_scalar(est):
     assert est.prefill_ms(3, 100) == est.prefill_ms(3, 100)
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(ctx_batch=2.0, ctx_isl=300.0),
+        dict(ctx_batch=1.0, ctx_isl=64.0, ctx_prefix=700.0, dec_batch=5.5, dec_kv=900.0),
+        dict(dec_batch=7.0, dec_kv=40.0, dec_pad=1.0),
+        dict(ctx_batch=0.0, ctx_isl=512.0, dec_batch=3.0, dec_kv=2.0),
+    ],
+)
+def test_step_of_one_shape_equals_its_components(est, shape):
+    """A scalar shape takes the scalar twins (CompiledEngine._step_scalar); the number is the sum
+    of components() up to rounding, and an array shape still goes through components()."""
+    eng = est.engine
+    parts = float(sum(v for v, _ in eng.components(**shape).values()))
+    assert float(eng.step_ms(**shape)) == pytest.approx(parts, rel=1e-14)
+    as_arrays = {k: np.array([v, v]) for k, v in shape.items()}
+    assert eng.step_ms(**as_arrays) == pytest.approx([parts, parts], rel=1e-14)
+
+
 def test_mixed_step_is_its_parts_and_memoised(est, monkeypatch):
     """A mixed step is token-wise ops over all its tokens + context attention per group +
     generation attention; a repeat (as lists or arrays) is the memoised value, and the memos are
