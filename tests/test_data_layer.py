@@ -111,6 +111,24 @@ def test_nccl_mem_lookup_and_bandwidth_tiers(system):
     assert system.node.bandwidth_for_group(16) == (5e10, "inter-node")
 
 
+@pytest.mark.parametrize("m", [1, 7.5, 4096.0, 3e6])
+@pytest.mark.parametrize("group", [1, 2, 16])
+def test_sol_scalar_path_equals_array_path(system, m, group):
+    """One shape takes plain floats through the rooflines (a grid's scalar lookups); the numbers
+    are the array path's, bit for bit, and the formulas' (the synthetic system's spec)."""
+    from infercast.interp import sol
+
+    one = sol.gemm(system, "bfloat16", 2.0, m, 256, 512)
+    arr = sol.gemm(system, "bfloat16", 2.0, np.array([m]), 256, 512)
+    assert all(isinstance(x, float) for x in one)
+    assert [float(x) for x in one] == [float(x[0]) for x in arr]
+    math_ms = 2.0 * m * 256 * 512 / system.gpu.flops("bfloat16") * 1e3
+    assert one[1] == pytest.approx(math_ms, rel=1e-15)
+    c_one = sol.collective(system, "all_reduce", m * 2.0, group)
+    c_arr = sol.collective(system, "all_reduce", np.array([m * 2.0]), group)
+    assert [float(x) for x in c_one] == [float(np.ravel(x)[0]) for x in c_arr]
+
+
 def _write_system(tmp_path: Path, name: str, body: str) -> InfPack:
     sysdir = tmp_path / "systems"
     sysdir.mkdir(exist_ok=True)

@@ -33,6 +33,10 @@ def _flops(system: SystemSpec, compute_dtype: str) -> float:
 
 
 def _finish(system: SystemSpec, flops, nbytes, compute_dtype: str):
+    if isinstance(flops, float) and isinstance(nbytes, float):  # one shape: plain floats, no numpy
+        m = flops / _flops(system, compute_dtype) * 1e3
+        b = nbytes / system.gpu.effective_mem_bw * 1e3
+        return max(m, b) + system.gpu.mem_latency_s * 1e3, m, b
     math = np.asarray(flops, dtype=float) / _flops(system, compute_dtype) * 1e3
     mem = np.asarray(nbytes, dtype=float) / system.gpu.effective_mem_bw * 1e3
     total = np.maximum(math, mem) + system.gpu.mem_latency_s * 1e3
@@ -40,7 +44,10 @@ def _finish(system: SystemSpec, flops, nbytes, compute_dtype: str):
 
 
 def gemm(system: SystemSpec, compute_dtype: str, weight_bytes: float, m, n, k):
-    m, n, k = (np.asarray(a, dtype=float) for a in (m, n, k))
+    if all(isinstance(a, (int, float)) for a in (m, n, k)):  # one shape (a grid's scalar path)
+        m, n, k = float(m), float(n), float(k)
+    else:
+        m, n, k = (np.asarray(a, dtype=float) for a in (m, n, k))
     act = ACT_BYTES.get(compute_dtype, 2.0)
     nbytes = m * k * act + n * k * weight_bytes + m * n * 2.0
     return _finish(system, 2.0 * m * n * k, nbytes, compute_dtype)
@@ -93,9 +100,10 @@ _COMM_FACTOR = {
 
 def collective(system: SystemSpec, op: str, message_bytes, group: int):
     """Ring-collective time over ``group`` GPUs for a message of ``message_bytes`` (full size)."""
-    message_bytes = np.asarray(message_bytes, dtype=float)
+    one = isinstance(message_bytes, float)  # one message (a grid's scalar path): plain floats
+    message_bytes = message_bytes if one else np.asarray(message_bytes, dtype=float)
     if group <= 1:
-        z = np.zeros_like(message_bytes)
+        z = 0.0 if one else np.zeros_like(message_bytes)
         return z, z, z
     bw, tier = system.node.bandwidth_for_group(group)
     lat = system.node.p2p_latency_s
@@ -105,7 +113,7 @@ def collective(system: SystemSpec, op: str, message_bytes, group: int):
         raise InvalidConfigError(f"unknown collective {op!r}", available=_COMM_FACTOR)
     mem = message_bytes * _COMM_FACTOR[op](group) / bw * 1e3
     total = mem + lat * 1e3  # one link latency: the ring's steps pipeline behind it
-    return total, np.zeros_like(mem), mem
+    return total, 0.0 if one else np.zeros_like(mem), mem
 
 
 def p2p(system: SystemSpec, message_bytes, inter_node: bool = False):
