@@ -343,10 +343,10 @@ def test_vectorised_equals_scalar(est):
 @pytest.mark.parametrize(
     "shape",
     [
-        dict(ctx_batch=2.0, ctx_isl=300.0),
-        dict(ctx_batch=1.0, ctx_isl=64.0, ctx_prefix=700.0, dec_batch=5.5, dec_kv=900.0),
-        dict(dec_batch=7.0, dec_kv=40.0, dec_pad=1.0),
-        dict(ctx_batch=0.0, ctx_isl=512.0, dec_batch=3.0, dec_kv=2.0),
+        {"ctx_batch": 2.0, "ctx_isl": 300.0},
+        {"ctx_batch": 1.0, "ctx_isl": 64.0, "ctx_prefix": 700.0, "dec_batch": 5.5, "dec_kv": 900.0},
+        {"dec_batch": 7.0, "dec_kv": 40.0, "dec_pad": 1.0},
+        {"ctx_batch": 0.0, "ctx_isl": 512.0, "dec_batch": 3.0, "dec_kv": 2.0},
     ],
 )
 def test_step_of_one_shape_equals_its_components(est, shape):
