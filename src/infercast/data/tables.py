@@ -95,12 +95,32 @@ def _is_lfs_pointer(path: Path) -> bool:
         return False
 
 
-def _column_to_numpy(col: pa.ChunkedArray) -> np.ndarray:
+@dataclass
+class _Strings:
+    """A string column kept as pyarrow's dictionary (``words``) and each row's index into it
+    until duplicate rows are merged, so only the rows that survive are spelt out."""
+
+    words: np.ndarray
+    idx: np.ndarray
+
+    def ranks(self) -> np.ndarray:
+        """Each row's rank among the column's sorted distinct values: what
+        ``np.unique(column, return_inverse=True)`` gives, from the short dictionary."""
+        _, rank_of_word = np.unique(self.words, return_inverse=True)
+        return rank_of_word.astype(np.int64)[self.idx]
+
+    def rows(self, which: np.ndarray | None = None) -> np.ndarray:
+        return self.words[self.idx if which is None else self.idx[which]]
+
+
+def _column_to_numpy(col: pa.ChunkedArray, lazy: bool = False):
+    """The column as numpy; with ``lazy``, a string column as :class:`_Strings`."""
     t = col.type
     if pa.types.is_large_string(t) or pa.types.is_string(t):
         enc = col.cast(pa.string()).combine_chunks().dictionary_encode()
         words = np.asarray(enc.dictionary.to_pylist(), dtype=str)
-        return words[enc.indices.to_numpy(zero_copy_only=False)]
+        strings = _Strings(words, enc.indices.to_numpy(zero_copy_only=False))
+        return strings if lazy else strings.rows()
     if pa.types.is_integer(t):
         return col.to_numpy().astype(np.int64)
     if pa.types.is_floating(t):
@@ -110,26 +130,43 @@ def _column_to_numpy(col: pa.ChunkedArray) -> np.ndarray:
     return np.asarray(col.to_pylist(), dtype=object).astype(str)
 
 
-def _aggregate_duplicates(keys: dict[str, np.ndarray], values: dict[str, np.ndarray]):
+def _spelt(keys: dict, which: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The key columns as numpy arrays (the rows ``which``, or all)."""
+    out = {}
+    for k, v in keys.items():
+        if isinstance(v, _Strings):
+            out[k] = v.rows(which)
+        else:
+            out[k] = v if which is None else v[which]
+    return out
+
+
+def _aggregate_duplicates(keys: dict, values: dict[str, np.ndarray]):
+    """Median of the measured columns over rows with equal keys (string keys may come as
+    :class:`_Strings`); the merged rows in the order of their sorted keys."""
     n = len(next(iter(values.values())))
     if n == 0 or not keys:
-        return keys, values, 0
+        return _spelt(keys), values, 0
     codes = []
     for arr in keys.values():
-        if arr.dtype.kind in "iub":
+        if isinstance(arr, _Strings):
+            codes.append(arr.ranks())
+        elif arr.dtype.kind in "iub":
             codes.append(arr.astype(np.int64))
         else:
             _, inv = np.unique(arr, return_inverse=True)
             codes.append(inv.astype(np.int64))
     order = np.lexsort(codes[::-1])
-    sorted_codes = np.stack([c[order] for c in codes], axis=1)
     new_group = np.ones(n, dtype=bool)
-    new_group[1:] = np.any(sorted_codes[1:] != sorted_codes[:-1], axis=1)
+    new_group[1:] = False
+    for c in codes:
+        sc = c[order]
+        new_group[1:] |= sc[1:] != sc[:-1]
     starts = np.flatnonzero(new_group)
     if len(starts) == n:
-        return keys, values, 0
+        return _spelt(keys), values, 0
     ends = np.append(starts[1:], n)
-    out_keys = {k: v[order][starts] for k, v in keys.items()}
+    out_keys = _spelt(keys, order[starts])  # the first row of each group, in sorted order
     out_vals = {}
     lengths = ends - starts
     gid = np.repeat(np.arange(len(starts)), lengths)
@@ -157,15 +194,18 @@ def read_table(path: Path, stem: str | None = None) -> Table:
         )
     t0 = time.perf_counter()
     try:
-        at = pq.read_table(path)
+        # one file: ParquetFile reads it without pyarrow's datasets layer, whose first use costs
+        # ~0.5 s of imports (pq.read_table goes through it)
+        with pq.ParquetFile(path) as pf:
+            at = pf.read()
     except Exception as exc:  # pyarrow raises several types for a corrupt file
         raise DataFileError(f"perf table {path} is unreadable", type(exc).__name__) from exc
-    keys: dict[str, np.ndarray] = {}
+    keys: dict = {}  # string keys as _Strings until duplicates are merged
     values: dict[str, np.ndarray] = {}
     for name in at.column_names:
         if name in DESCRIPTIVE:
             continue
-        arr = _column_to_numpy(at.column(name))
+        arr = _column_to_numpy(at.column(name), lazy=name not in MEASURED)
         if name in MEASURED:
             arr = arr.astype(np.float64)
             if name.endswith("_us") or (name == "latency" and stem in LATENCY_IN_US):
