@@ -401,6 +401,24 @@ def test_read_table_even_repeats_median_and_units(tmp_path):
     assert t.values["dispatch_transmit_ms"][order].tolist() == [0.025, 0.05]
 
 
+def test_read_table_string_keys_merge_in_sorted_order(tmp_path):
+    """String keys are grouped through pyarrow's dictionary (first-seen order: zeta, alpha, beta)
+    but merged rows come out sorted by value, each with its own medians."""
+    p = _write(
+        tmp_path / "k_perf.parquet",
+        pa.table({
+            "kernel_source": ["zeta", "alpha", "zeta", "beta", "alpha"],
+            "n": [1, 1, 1, 2, 1],
+            "latency": [1.0, 2.0, 3.0, 4.0, 6.0],
+        }),
+    )
+    t = read_table(p)
+    assert t.keys["kernel_source"].tolist() == ["alpha", "beta", "zeta"]
+    assert t.keys["n"].tolist() == [1, 2, 1]
+    assert t.latency.tolist() == [4.0, 4.0, 2.0]
+    assert t.duplicate_keys == 2 and t.raw_rows == 5
+
+
 def test_read_table_avg_ms_becomes_latency(tmp_path):
     p = _write(tmp_path / "x_perf.parquet", pa.table({"n": [1, 2], "avg_ms": [0.5, 0.25]}))
     t = read_table(p)
