@@ -630,9 +630,11 @@ def test_closed_loop_wait_at_the_prefill_pool():
     # 16 clients, 2 ms per prompt, 40 ms of think time: below saturation (16 x 2 < 40 + 2)
     exp_, det_ = _closed_loop_wait(16, 2.0, 0.0, 40.0, det=1.0), _closed_loop_wait(16, 2.0, 0.0, 40.0, det=0.5)
     assert 0.0 < det_ < exp_ < 15 * 2.0
-    # exponential service: Schweitzer's fixed point r = s (1 + Q (C-1)/C), Q = C r / (r + Z)
-    q = 16 * (exp_ + 2.0) / (exp_ + 2.0 + 40.0)
-    assert exp_ + 2.0 == pytest.approx(2.0 * (1 + q * 15 / 16), rel=1e-4)
+    # Schweitzer's fixed point r = s (1 + det Q (C-1)/C), Q = C r / (r + delay + Z), solved exactly
+    for det, w, delay in ((1.0, exp_, 0.0), (0.5, det_, 0.0), (0.5, _closed_loop_wait(16, 2.0, 3.0, 40.0), 3.0)):
+        r = w + 2.0
+        q = 16 * r / (r + delay + 40.0)
+        assert r == pytest.approx(2.0 * (1 + det * q * 15 / 16), rel=1e-12)
     assert _closed_loop_wait(16, 2.0, 0.0, 1e7) < 1e-3
     # more clients, more wait; never more than the whole population ahead
     waits = [_closed_loop_wait(c, 2.0, 1.0, 50.0) for c in (2, 8, 32, 128)]

@@ -87,25 +87,29 @@ DETERMINISTIC_QUEUE_FACTOR = 0.5
 
 
 def _closed_loop_wait(clients: float, s: float, delay: float, think: float,
-                      det: float = DETERMINISTIC_QUEUE_FACTOR, iterations: int = 50) -> float:
+                      det: float = DETERMINISTIC_QUEUE_FACTOR) -> float:
     """Mean queueing wait at the prefill pool of a closed loop of ``clients``: Schweitzer's
     approximate mean value analysis of one queue (per-prompt service ``s`` of the whole pool), a
     pure delay ``delay`` (the rest of a prompt's own batch) and the clients' think time ``think``
     (decode, transfer, front end); ``det`` scales the queue a prompt finds
     (:data:`DETERMINISTIC_QUEUE_FACTOR`), and the answer respects the bottleneck bound (throughput
-    at most ``1 / s``)."""
-    q, r = 0.0, s
-    for _ in range(iterations):
-        r = s * (1.0 + det * q * (clients - 1.0) / clients)
-        x = clients / (r + delay + think)
-        q_new = x * r
-        if abs(q_new - q) < 1e-9 * max(q, 1.0):
-            q = q_new
-            break
-        q = 0.5 * (q + q_new)
+    at most ``1 / s``).
+
+    The analysis is a fixed point: response ``r = s (1 + a Q)`` with ``a = det (C - 1) / C``,
+    throughput ``X = C / (r + D)`` with ``D = delay + think``, queue ``Q = X r``. Eliminating ``r``
+    and ``X`` leaves ``a s Q^2 + (s + D - C a s) Q - C s = 0``, whose positive root is the fixed
+    point (``Q = C s / (s + D)`` when ``a = 0``)."""
+    C, D = float(clients), delay + think
+    a = det * (C - 1.0) / C
+    if a > 0.0 and s > 0.0:
+        b = s + D - C * a * s
+        q = (-b + math.sqrt(b * b + 4.0 * a * s * C * s)) / (2.0 * a * s)
+    else:
+        q = C * s / (s + D) if s + D > 0.0 else 0.0
+    r = s * (1.0 + a * q)
     # the bottleneck bound: the pool serves at most 1/s prompts per ms, so a cycle lasts at least
     # clients x s (the deterministic factor alone would let throughput exceed it near saturation)
-    r = max(r, clients * s - delay - think)
+    r = max(r, C * s - delay - think)
     return max(r - s, 0.0)
 
 
