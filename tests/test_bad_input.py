@@ -346,9 +346,11 @@ def test_serve_scheduler_overrides_apply(synth, capsys):
     exactly the difference (TPOT unchanged), and the JSON reports the scheduler it ran."""
     import json
 
-    rc, out, _ = run_cli(capsys, serve_argv(synth, "--front-end-ms", "5"))
+    # the backend's own per-stream front end (TensorRT-LLM's) set to 0, so the base alone differs
+    rc, out, _ = run_cli(capsys, serve_argv(synth, "--front-end-ms", "5", "--front-end-per-stream-ms", "0"))
     a = json.loads(out)
-    rc2, out2, _ = run_cli(capsys, serve_argv(synth, "--front-end-ms", "25", "--max-batch-size", "64"))
+    rc2, out2, _ = run_cli(capsys, serve_argv(synth, "--front-end-ms", "25", "--front-end-per-stream-ms", "0",
+                                              "--max-batch-size", "64"))
     b = json.loads(out2)
     assert rc == rc2 == 0
     assert a["scheduler"]["arrival_delay_ms"] == 5.0 and b["scheduler"]["arrival_delay_ms"] == 25.0

@@ -833,7 +833,15 @@ def test_vllm_front_end_defaults():
     v = scheduler_params("vllm")
     assert (v.arrival_delay_ms, v.front_end_per_stream_ms) == (VLLM_FRONT_END_MS, VLLM_FRONT_END_PER_STREAM_MS) == (15.0, 0.7)
     assert v.front_end_ms(100) == pytest.approx(85.0)
-    assert scheduler_params("trtllm").front_end_per_stream_ms == 0.0
+    # TensorRT-LLM: 0.6 ms per open stream from the API server's own loop; none when post-processing
+    # workers take that work (and the base drops to their 25 ms)
+    from infercast.serving.backends import TRTLLM_FRONT_END_PER_STREAM_MS, TRTLLM_POSTPROCESS_FRONT_END_MS
+
+    t = scheduler_params("trtllm")
+    assert (t.arrival_delay_ms, t.front_end_per_stream_ms) == (100.0, TRTLLM_FRONT_END_PER_STREAM_MS) == (100.0, 0.6)
+    assert t.front_end_ms(50) == pytest.approx(130.0)
+    w = scheduler_params("trtllm", postprocess_workers=2)
+    assert (w.arrival_delay_ms, w.front_end_per_stream_ms) == (TRTLLM_POSTPROCESS_FRONT_END_MS, 0.0) == (25.0, 0.0)
     from infercast.serving.backends import SGLANG_FRONT_END_MS, SGLANG_FRONT_END_PER_STREAM_MS
 
     sg = scheduler_params("sglang")

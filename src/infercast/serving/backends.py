@@ -76,7 +76,7 @@ class SchedulerParams:
       client and the engine's API server each run one Python event loop that handles every open
       stream's token events, so a new request's send and its first token's receipt wait behind the
       other streams' work (:meth:`front_end_ms`; :data:`VLLM_FRONT_END_PER_STREAM_MS`,
-      :data:`SGLANG_FRONT_END_PER_STREAM_MS`).
+      :data:`SGLANG_FRONT_END_PER_STREAM_MS`, :data:`TRTLLM_FRONT_END_PER_STREAM_MS`).
     * ``requests_per_client``: how many requests each benchmark client sends (the benchmark
       length; the first wave of a closed-loop benchmark starts synchronised).
     * ``lockstep``: requests that start together stay together for the whole benchmark (SGLang's
@@ -277,12 +277,23 @@ SGLANG_SEQ_OVERHEAD_MS = 0.040
 #: disagg dev rows, 5: TTFT median APE 55.2% with the per-stream term, 38.0% without). Dev rows, vLLM TTFT median
 #: APE (within 20%) at (base ms, ms per stream): (40, 0) 18.9% (53.1%); (40, 0.3) 17.1%; (30, 0.5)
 #: 15.3%; (20, 0.7) 14.9% (60.2%); (15, 0.6) 14.3% (61.0%); (15, 0.7) 13.9% (60.5%); (10, 0.7)
-#: 14.6%; (10, 0.9) 14.9%; (5, 0.8) 17.7%; (0, 0.9) 20.8%; TPOT unchanged. TensorRT-LLM's rows do
-#: not ask for it (TensorRT-LLM TTFT 30.2% at (100, 0) -> 29.9 / 30.1 / 30.6% at (80, 0.5) /
-#: (80, 0.8) / (100, 0.3); again 19.6% -> 20.5 / 21.7% at (80, 0.3) / (70, 0.5) once the
-#: InferenceX recipes' settings were in), so it keeps 0.
+#: 14.6%; (10, 0.9) 14.9%; (5, 0.8) 17.7%; (0, 0.9) 20.8%; TPOT unchanged. TensorRT-LLM's own
+#: per-stream term: :data:`TRTLLM_FRONT_END_PER_STREAM_MS`.
 VLLM_FRONT_END_MS = 15.0
 VLLM_FRONT_END_PER_STREAM_MS = 0.7
+
+#: TensorRT-LLM's front end per open stream, 0.6 ms, when ``trtllm-serve`` runs without
+#: post-processing workers (its default: the API server's own event loop detokenises and streams
+#: every open stream's tokens, as vLLM's API server does; with workers,
+#: :data:`TRTLLM_POSTPROCESS_FRONT_END_MS` and no per-stream term). Dev rows, all-row TTFT median
+#: APE (within 20%) at 0 / 0.3 / 0.45 / 0.5 / 0.6 / 0.7 / 0.8 ms per stream: 17.56% (54.7%) / 17.32
+#: / 17.12 / 17.01 / 16.92% (56.0%) / 17.10 / 17.30%; TensorRT-LLM 18.4% -> 17.3%, TPOT unchanged.
+#: The gain is the AIC gap-analysis harness's rows (TensorRT-LLM 1.0.0rc3, h100; 261 rows: 23.5%
+#: -> 18.5%, at 65-128 clients 24.6% -> 14.6%), whose TTFT excess grew with concurrency; on the
+#: other TensorRT-LLM rows it is neutral (485 rows: 16.4% -> 16.7%, within 15% 227 -> 226).
+#: Applied to every TensorRT-LLM row the term was worse in earlier sessions (30.2% -> 30.6% at
+#: 0.3 ms, with the post-processing rows' 100 ms base).
+TRTLLM_FRONT_END_PER_STREAM_MS = 0.6
 
 #: SGLang's front end: 120 ms per request plus 1.5 ms per open stream. SGLang's tokenizer manager
 #: (one asyncio process) receives every stream's detokenised output and writes its chunks to the
@@ -301,7 +312,8 @@ SGLANG_FRONT_END_PER_STREAM_MS = 1.5
 
 SCHEDULERS = {
     "trtllm": SchedulerParams(True, True, 8192, 2048, 0.0, 100.0, 10.0, True, graph_batch_sizes=CUDA_GRAPH_SIZES["trtllm"],
-                              adp_balance_timeout_steps=TRTLLM_ADP_TIMEOUT_STEPS),
+                              adp_balance_timeout_steps=TRTLLM_ADP_TIMEOUT_STEPS,
+                              front_end_per_stream_ms=TRTLLM_FRONT_END_PER_STREAM_MS),
     "vllm": SchedulerParams(True, True, 8192, 1024, 0.0, VLLM_FRONT_END_MS, 10.0, False, seq_overhead_ms=0.010,
                             graph_batch_sizes=CUDA_GRAPH_SIZES["vllm"],
                             front_end_per_stream_ms=VLLM_FRONT_END_PER_STREAM_MS),
@@ -383,7 +395,8 @@ def scheduler_params(name: str, system=None, spec=None, postprocess_workers: int
     API server with post-processing workers (:data:`TRTLLM_POSTPROCESS_FRONT_END_MS`)."""
     p = SCHEDULERS[name]
     if name == "trtllm" and postprocess_workers > 0:
-        p = replace(p, arrival_delay_ms=TRTLLM_POSTPROCESS_FRONT_END_MS)
+        # the workers take the per-stream detokenising and streaming out of the API server's loop
+        p = replace(p, arrival_delay_ms=TRTLLM_POSTPROCESS_FRONT_END_MS, front_end_per_stream_ms=0.0)
     if system is not None and name == "sglang":
         mem = system.gpu.mem_capacity
         if mem >= SGLANG_LARGE_GPU_BYTES:
