@@ -825,6 +825,8 @@ def test_front_end_time_grows_with_the_open_streams():
 
 def test_vllm_front_end_defaults():
     from infercast.serving.backends import (
+        TRTLLM_FRONT_END_PER_STREAM_MS,
+        TRTLLM_POSTPROCESS_FRONT_END_MS,
         VLLM_FRONT_END_MS,
         VLLM_FRONT_END_PER_STREAM_MS,
         scheduler_params,
@@ -835,8 +837,6 @@ def test_vllm_front_end_defaults():
     assert v.front_end_ms(100) == pytest.approx(85.0)
     # TensorRT-LLM: 0.6 ms per open stream from the API server's own loop; none when post-processing
     # workers take that work (and the base drops to their 25 ms)
-    from infercast.serving.backends import TRTLLM_FRONT_END_PER_STREAM_MS, TRTLLM_POSTPROCESS_FRONT_END_MS
-
     t = scheduler_params("trtllm")
     assert (t.arrival_delay_ms, t.front_end_per_stream_ms) == (100.0, TRTLLM_FRONT_END_PER_STREAM_MS) == (100.0, 0.6)
     assert t.front_end_ms(50) == pytest.approx(130.0)
