@@ -267,13 +267,20 @@ class CompiledEngine:
     def _step_scalar(self, ctx_batch=0.0, ctx_isl=1.0, ctx_prefix=0.0, dec_batch=0.0, dec_kv=1.0, dec_pad=0.0) -> float:
         """:meth:`step_ms` of one shape through the scalar twins (the same sums as
         :meth:`components`, without numpy per op)."""
-        rows = dec_batch + dec_pad
         context = ctx_batch > 0
-        tokens = (ctx_batch * ctx_isl if context else 0.0) + rows * self.decode_width
-        seqs = (ctx_batch if context else 0.0) + rows
-        total = self.tokenwise_scalar(tokens, seqs, rows, context)
-        if context:
-            total += self.context_attention_scalar(ctx_batch, ctx_isl, ctx_prefix)
+        groups = ((ctx_batch, ctx_isl, ctx_prefix),) if context else ()
+        return self._scalar_step(groups, dec_batch, dec_kv, dec_pad, context)
+
+    def _scalar_step(self, groups, dec_batch: float, dec_kv: float, dec_pad: float, context: bool) -> float:
+        """One step of prefill ``groups`` (sequences, new tokens, prefix each) and ``dec_batch``
+        decodes (plus ``dec_pad`` CUDA-graph padding rows for the token-wise ops): token-wise ops
+        once over all tokens, context attention per group, generation attention of the decodes."""
+        rows = dec_batch + dec_pad
+        tokens = sum(b * i for b, i, _ in groups) + rows * self.decode_width
+        seqs = sum(b for b, _, _ in groups) + rows
+        total = self.tokenwise_scalar(float(tokens), float(seqs), float(rows), context)
+        for b, i, p in groups:
+            total += self.context_attention_scalar(b, i, p)
         return total + self.generation_attention_scalar(dec_batch, dec_kv)
 
     def prefill_ms(self, batch, isl, prefix=0.0) -> np.ndarray:
@@ -381,13 +388,8 @@ class CompiledEngine:
         hit = self._mixed_memo.get(key)
         if hit is not None:
             return hit
-        tokens = sum(b * i for b, i, _ in groups) + dec_batch * self.decode_width
-        seqs = sum(b for b, _, _ in groups) + dec_batch
         context = any(b > 0 and i > 0 for b, i, _ in groups)
-        total = self.tokenwise_scalar(float(tokens), float(seqs), float(dec_batch), context)
-        for b, i, p in groups:
-            total += self.context_attention_scalar(b, i, p)
-        return remember(self._mixed_memo, key, total + self.generation_attention_scalar(dec_batch, dec_kv))
+        return remember(self._mixed_memo, key, self._scalar_step(groups, dec_batch, dec_kv, 0.0, context))
 
     def describe_ops(self) -> list[dict]:
         rows = []

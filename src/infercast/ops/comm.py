@@ -26,8 +26,6 @@ ELEMENT_BYTES = 2.0
 
 def _sol_fn(db: OpDB, op: str, group: int):
     def f(elements):
-        if isinstance(elements, float):  # one message (a grid's scalar path)
-            return sol.collective(db.system, op, elements * ELEMENT_BYTES, group)[0]
         return sol.collective(db.system, op, np.asarray(elements) * ELEMENT_BYTES, group)[0]
 
     return f

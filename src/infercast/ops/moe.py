@@ -345,8 +345,8 @@ def _lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_name: s
         rows = np.flatnonzero(base)
         site_of = np.unique(np.stack([table.keys[c][rows].astype(float) for c in SITE_COLS + PAIR_COLS], axis=1),
                             axis=0, return_inverse=True)[1].reshape(-1)
-        is_default = (table.keys["kernel_source"][rows] == _expected_kernel(table, rows, order[0], low_latency))
-        primary = np.bincount(site_of, is_default.astype(float), len(sites)) * 2 > np.bincount(site_of, minlength=len(sites))
+        expected = (table.keys["kernel_source"][rows] == _expected_kernel(table, rows, order[0], low_latency))
+        primary = np.bincount(site_of, expected.astype(float), len(sites)) * 2 > np.bincount(site_of, minlength=len(sites))
     return _Lattice(table, quant, kernel, dist, site_gated, sites, curves, tuple(notes), primary)
 
 
