@@ -51,3 +51,24 @@ def test_validate_csv_missing_columns_is_a_clean_error(tmp_path, capsys):
     assert main(["validate", "--silicon", str(bad), "--json"]) == 2
     err = capsys.readouterr().err
     assert "lacks required columns" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.real_pack
+def test_validate_by_compound_groups(real_pack_available, capsys):
+    assert main(["validate", "--ids", str(SUBSET), "--json", "--by", "backend+mode", "--by", "concurrency"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert list(d["by"]) == ["backend+mode", "concurrency"]
+    combos = d["by"]["backend+mode"]
+    # the combinations partition the rows, and each one's rows add up to its backend's
+    assert sum(b["rows"] for b in combos.values()) == N_IDS
+    for backend in ("trtllm", "vllm", "sglang"):
+        assert sum(b["rows"] for k, b in combos.items() if k.startswith(f"{backend} | ")) >= 1
+    assert {k.split(" | ")[1] for k in combos} == {"agg", "disagg"}
+
+
+def test_validate_by_unknown_attribute_is_a_clean_error(capsys):
+    # refused before any row is read or predicted, naming what can be grouped by
+    assert main(["validate", "--silicon", "/nonexistent.csv", "--by", "backend+colour"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot group validation results by 'colour'" in err and "available: backend" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -333,6 +333,24 @@ def test_run_and_summarize(rows: list[SiliconRow]) -> None:
         summarize(results, by=("colour",))
 
 
+def test_summarize_compound_groups(rows: list[SiliconRow]) -> None:
+    """``a+b`` groups by each combination of the two attributes, with the same statistics as the
+    rows of that combination summarised alone."""
+    results = run_validation(rows, fake_predictor)
+    s = summarize(results, by=("mode+system", "backend"))
+    assert list(s["by"]) == ["mode+system", "backend"]
+    combos = s["by"]["mode+system"]
+    expected = sorted({f"{r.row.mode or '(none)'} | {r.row.system or '(none)'}" for r in results})
+    assert sorted(combos) == expected
+    for label, block in combos.items():
+        mode, system = label.split(" | ")
+        alone = summarize([r for r in results if (r.row.mode or "(none)") == mode and (r.row.system or "(none)") == system], by=())
+        assert {k: block[k] for k in alone if k != "by"} == {k: v for k, v in alone.items() if k != "by"}
+    assert sum(b["rows"] for b in combos.values()) == len(results)
+    with pytest.raises(InvalidInputError, match="cannot group validation results by 'colour'"):
+        summarize(results, by=("mode+colour",))
+
+
 def test_runner_contract(rows: list[SiliconRow]) -> None:
     def buggy(row: SiliconRow) -> tuple[float, float]:
         raise ZeroDivisionError("bug")

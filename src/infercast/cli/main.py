@@ -413,6 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     v.add_argument("--out", help="directory for per-row CSV and Markdown/HTML reports")
     v.add_argument("--static", action="store_true", help="use the static (single batch) model instead of the serving model")
+    v.add_argument("--by", action="append", metavar="ATTR[+ATTR...]",
+                   help="break the statistics down by this row attribute, or by a combination joined with + "
+                        "(e.g. backend+system); repeatable (default: mode, backend, system, model)")
     v.add_argument("--database-mode", default="SILICON")
     _add_data_args(v)
     v.set_defaults(func=cmd_validate)

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..data.pack import find_pack
 from ..errors import DataFileError
 from ..ops.base import DatabaseMode
-from .metrics import summarize
+from .metrics import DEFAULT_GROUPS, check_groupings, summarize
 from .predict import EstimatorCache, static_predictor
 from .report import prepare_out_dir, render_console, run_validation, write_all
 from .silicon import load_ids, load_rows
@@ -37,6 +37,8 @@ def run_validate(a) -> int:
     # --systems-path without a pack would otherwise fail every row one by one (each reported as
     # not predictable) and the run would end "0/N rows predicted" with exit code 0.
     database_mode = DatabaseMode.parse(a.database_mode)
+    by = tuple(a.by) if getattr(a, "by", None) else DEFAULT_GROUPS
+    check_groupings(by)
     find_pack(a.systems_path)
     csv_path = Path(a.silicon) if a.silicon else default_silicon_csv(a.systems_path)
     ids = load_ids(a.ids) if a.ids else None
@@ -47,7 +49,7 @@ def run_validate(a) -> int:
     t0 = time.perf_counter()
     results = run_validation(rows, predictor)
     elapsed = time.perf_counter() - t0
-    summary = summarize(results)
+    summary = summarize(results, by)
     summary["seconds"] = round(elapsed, 2)
     summary["model"] = "static" if a.static else "serving"
     if a.out:
@@ -57,6 +59,6 @@ def run_validate(a) -> int:
     else:
         from rich.console import Console
 
-        Console().print(render_console(summary))
+        Console().print(render_console(summary, by if getattr(a, "by", None) else ("mode", "backend")))
         print(f"{summary['predicted']}/{summary['rows']} rows predicted in {elapsed:.1f} s")
     return 0

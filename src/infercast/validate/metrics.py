@@ -26,6 +26,8 @@ __all__ = [
     "signed_error",
     "summarize",
     "GROUPABLE",
+    "DEFAULT_GROUPS",
+    "check_groupings",
 ]
 
 #: Threshold of the "within" share (APE <= WITHIN counts as a hit).
@@ -220,16 +222,27 @@ GROUPABLE: tuple[str, ...] = (
 )
 
 
-def _group_key(by: str) -> Callable[[RowResult], str]:
-    probe = SiliconRow.__dataclass_fields__
-    if by not in probe and not isinstance(getattr(SiliconRow, by, None), property):
-        raise InvalidInputError(f"cannot group validation results by {by!r}", available=GROUPABLE)
+#: Joins the attributes of a compound grouping (``"backend+system"``) and their values in a label.
+COMPOUND_SEP = "+"
+_LABEL_SEP = " | "
 
-    def key(r: RowResult) -> str:
-        value = getattr(r.row, by)
+
+def _group_key(by: str) -> Callable[[RowResult], str]:
+    """The label function of a grouping: one row attribute, or several joined by ``+``
+    (``"backend+backend_version+system"``: one group per combination, labelled ``"a | b | c"``)."""
+    attrs = [a.strip() for a in by.split(COMPOUND_SEP)]
+    probe = SiliconRow.__dataclass_fields__
+    for attr in attrs:
+        if attr not in probe and not isinstance(getattr(SiliconRow, attr, None), property):
+            raise InvalidInputError(f"cannot group validation results by {attr!r}", available=GROUPABLE)
+
+    def one(r: RowResult, attr: str) -> str:
+        value = getattr(r.row, attr)
         return "(none)" if value is None or value == "" else str(value)
 
-    return key
+    if len(attrs) == 1:
+        return lambda r: one(r, attrs[0])
+    return lambda r: _LABEL_SEP.join(one(r, a) for a in attrs)
 
 
 def _sort_key(label: str) -> tuple[int, float, str]:
@@ -239,16 +252,29 @@ def _sort_key(label: str) -> tuple[int, float, str]:
         return (1, 0.0, label)
 
 
+#: The breakdowns :func:`summarize` gives when not told otherwise.
+DEFAULT_GROUPS: tuple[str, ...] = ("mode", "backend", "system", "model")
+
+
+def check_groupings(by: Sequence[str]) -> None:
+    """Raise :class:`InvalidInputError` naming the groupable attributes when an entry of ``by``
+    (an attribute or ``a+b+...``) names none of them (before any row is predicted)."""
+    for g in by:
+        _group_key(g)
+
+
 def summarize(
     records: Iterable[RowResult],
-    by: Sequence[str] = ("mode", "backend", "system", "model"),
+    by: Sequence[str] = DEFAULT_GROUPS,
 ) -> dict[str, Any]:
     """Overall statistics plus one breakdown per ``by`` attribute.
 
     Returns ``{<SUMMARY_KEYS>..., "by": {attr: {value: {<SUMMARY_KEYS>...}}}}``.
     ``coverage`` = predicted / rows; APE statistics use the predicted rows that
     have a measured value. Group values are strings (``"(none)"`` for missing),
-    ordered numerically when they are numbers, else alphabetically.
+    ordered numerically when they are numbers, else alphabetically. An entry of ``by`` may
+    join attributes with ``+`` (``"backend+system"``): one group per combination of their
+    values, labelled ``"trtllm | h200_sxm"``.
     """
     results = list(records)
     summary = _block(results)
