@@ -190,6 +190,25 @@ def test_unknown_backend_lists_backends(pack, system):
         assert ei.value.available == ["trtllm", "vllm"]
 
 
+def test_system_without_any_tables_names_the_systems_that_have_them(synth, tmp_path):
+    """A system whose spec ships without a single table (the real pack has a few) is refused with
+    that reason and the systems holding the backend's data, not an empty list of backends."""
+    systems = tmp_path / "systems"
+    shutil.copytree(synth.systems_dir, systems)
+    yaml_text = (systems / f"{sp.SYSTEM}.yaml").read_text().replace(f"data_dir: data/{sp.SYSTEM}", "data_dir: data/bare")
+    (systems / "bare.yaml").write_text(yaml_text)
+    (systems / "data" / "bare").mkdir()
+    p2 = find_pack(str(systems))
+    bare = load_system(p2, "bare")
+    with pytest.raises(UnknownBackendError) as ei:
+        version_info(p2, bare, "vllm")
+    assert "no measured perf tables for it at all" in str(ei.value)
+    assert ei.value.available == [sp.SYSTEM]
+    with pytest.raises(UnknownBackendError) as ei:  # an unknown backend keeps the plain reason
+        version_info(p2, bare, "tensorflow")
+    assert "no version directory" in str(ei.value) and ei.value.available == []
+
+
 def test_version_resolve_aliases_and_dirs(pack, system):
     info = version_info(pack, system, "trtllm")
     assert info.resolve(None) == "1.0"

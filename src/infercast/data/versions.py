@@ -23,7 +23,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..errors import DataFileError, UnknownBackendError, UnknownVersionError
 from .pack import Pack
-from .system import SystemSpec
+from .system import SystemSpec, scan_systems
 
 SERVING_BACKENDS = ("trtllm", "vllm", "sglang")
 COMM_LIBRARIES = ("nccl", "oneccl")
@@ -96,13 +96,28 @@ def backends_for(system: SystemSpec) -> list[str]:
     return [b for b in SERVING_BACKENDS if _collected(system.data_dir, b)]
 
 
+def systems_with_data(pack: Pack, backend: str) -> list[str]:
+    """The pack's systems that hold measured perf data for ``backend``."""
+    return [name for name, spec, _ in scan_systems(pack) if spec is not None and _collected(spec.data_dir, backend)]
+
+
 def version_info(pack: Pack, system: SystemSpec, backend: str) -> VersionInfo:
     collected = _collected(system.data_dir, backend)
     if backend not in SERVING_BACKENDS or not collected:
+        others = backends_for(system)
+        if backend in SERVING_BACKENDS and not others:
+            # a system spec without any tables (the pack ships a few): say so, and where the
+            # backend's data is, rather than "available: none"
+            raise UnknownBackendError(
+                f"no {backend!r} data for system {system.name}",
+                f"the pack has {system.name}'s spec but no measured perf tables for it at all; "
+                f"systems with {backend} data",
+                systems_with_data(pack, backend),
+            )
         raise UnknownBackendError(
             f"no {backend!r} data for system {system.name}",
             "the backend has no version directory under the system's data",
-            backends_for(system),
+            others,
         )
     qv = _query_versions(pack.systems_dir)
     overrides = (qv.get("overrides") or {}).get(system.name) or {}
