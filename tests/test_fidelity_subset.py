@@ -37,6 +37,10 @@ def test_validate_static_subset_out(real_pack_available, capsys, tmp_path):
     assert main(["validate", "--ids", str(SUBSET), "--static", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "rows predicted" in out
+    # printed to a pipe, the summary table keeps its numbers whole (rich's default 80 columns cut
+    # them to "1…" / "100…")
+    assert "…" not in out
+    assert f"/{N_IDS} " in out and "100.0%" in out
     for name in ("results.csv", "report.md", "report.html", "summary.json"):
         assert (tmp_path / name).exists()
     summary = json.loads((tmp_path / "summary.json").read_text())

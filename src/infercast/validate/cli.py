@@ -15,6 +15,10 @@ from .report import prepare_out_dir, render_console, run_validation, write_all
 from .silicon import load_ids, load_rows
 
 
+#: the console width the summary table needs for its numbers to print whole
+CONSOLE_MIN_WIDTH = 150
+
+
 def default_silicon_csv(systems_path=None) -> Path:
     pack = find_pack(systems_path)
     path = pack.systems_dir / "silicon_sample.csv"
@@ -59,6 +63,10 @@ def run_validate(a) -> int:
     else:
         from rich.console import Console
 
-        Console().print(render_console(summary, by if getattr(a, "by", None) else ("mode", "backend")))
+        console = Console()
+        # eleven columns: at a pipe's or a narrow terminal's default 80 columns rich cuts the
+        # numbers short ("192…" for 1924 rows); as `search` does, print wider instead
+        console.width = max(console.width, CONSOLE_MIN_WIDTH)
+        console.print(render_console(summary, by if getattr(a, "by", None) else ("mode", "backend")))
         print(f"{summary['predicted']}/{summary['rows']} rows predicted in {elapsed:.1f} s")
     return 0
