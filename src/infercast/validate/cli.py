@@ -14,7 +14,6 @@ from .predict import EstimatorCache, static_predictor
 from .report import prepare_out_dir, render_console, run_validation, write_all
 from .silicon import load_ids, load_rows
 
-
 #: the console width the summary table needs for its numbers to print whole
 CONSOLE_MIN_WIDTH = 150
 
