@@ -202,6 +202,30 @@ def test_cli_models_json(real_pack_available, capsys):
     assert rows["deepseek-ai/DeepSeek-V4-Flash"]["supported"] is False
 
 
+def test_cli_tables_print_whole_values_when_piped(real_pack_available, capsys):
+    """Printed to a pipe (rich's 80 columns), the tables fold long cells onto further lines instead
+    of cutting them: every model id of `models` and every op name of `estimate --explain` shows in
+    full, so what a user copies from the output is a valid argument."""
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    assert main(["models", "--json"]) == 0
+    ids = [r["model"] for r in json.loads(capsys.readouterr().out)]
+    printed: list[str] = []  # the model column, a folded cell's continuation lines rejoined
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) != 3:
+            continue
+        if cells[2]:  # a row's first line carries its "supported" cell
+            printed.append(cells[0])
+        elif printed:
+            printed[-1] += cells[0]
+    assert printed == ids
+    assert main(["estimate", "--model", "deepseek-ai/DeepSeek-V3", "--system", "h200_sxm", "--backend", "trtllm",
+                 "--tp", "8", "--batch", "8", "--isl", "1000", "--osl", "100", "--explain"]) == 0
+    assert "…" not in capsys.readouterr().out
+
+
 def test_cli_estimate_real_pack(real_pack_available, capsys):
     argv = ["estimate", "--model", "Qwen/Qwen3-32B", "--system", "h200_sxm", "--backend", "vllm",
             "--tp", "2", "--batch", "8", "--isl", "2048", "--osl", "256", "--json"]

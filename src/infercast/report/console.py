@@ -13,6 +13,14 @@ def _console(min_width: int = 0) -> Console:
     return c
 
 
+def _fold(t: Table) -> Table:
+    """``t`` with every column folding what does not fit onto further lines: at a narrow width
+    (a pipe's 80 columns) rich would otherwise cut model ids, op names and numbers to "…"."""
+    for col in t.columns:
+        col.overflow = "fold"
+    return t
+
+
 def _f(x, fmt="{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
 
@@ -45,7 +53,7 @@ def print_static(res, explain: bool = False) -> None:
         t.add_column(col, justify="right")
     t.add_row(_f(res.ttft_ms), _f(res.tpot_ms, "{:.3f}"), _f(res.request_latency_ms, "{:.0f}"),
               _f(res.tokens_per_s_per_gpu, "{:.1f}"), _f(res.tokens_per_s_per_user, "{:.1f}"))
-    c.print(t)
+    c.print(_fold(t))
     if res.breakdown:
         b = Table(title="per-op (all layers)", show_header=True, header_style="bold")
         b.add_column("op")
@@ -60,7 +68,7 @@ def print_static(res, explain: bool = False) -> None:
             if explain:
                 cells.append(_source_text(row.source))
             b.add_row(*cells)
-        c.print(b)
+        c.print(_fold(b))
     c.print(f"data: {res.versions['tables']}")
 
 
@@ -85,7 +93,7 @@ def print_systems(pack, rows) -> None:
     for r in rows:
         s = r["slots"]
         t.add_row(r["system"], r["backend"] or (f"(broken: {r['error']})" if r.get("error") else "(no data)"), s.get("current", "-"), s.get("previous", "-"), s.get("next", "-"), ", ".join(r["collected"]))
-    c.print(t)
+    c.print(_fold(t))
 
 
 def print_models(rows) -> None:
@@ -98,7 +106,7 @@ def print_models(rows) -> None:
             t.add_row(r["model"], f"(unreadable: {r['error']})", "no")
             continue
         t.add_row(r["model"], r["architecture"], "yes" if r["supported"] else "not yet")
-    _console().print(t)
+    _console().print(_fold(t))
 
 
 def _print_percentiles(c, d: dict) -> None:
@@ -109,7 +117,7 @@ def _print_percentiles(c, d: dict) -> None:
         p.add_column(col, justify="right")
     for metric, fmt in (("ttft", "{:.2f}"), ("tpot", "{:.3f}")):
         p.add_row(f"{metric.upper()} ms", *(_f(d[f"{metric}_p{q}_ms"], fmt) for q in (50, 90, 99)), _f(d[f"{metric}_ms"], fmt))
-    c.print(p)
+    c.print(_fold(p))
 
 
 def print_serving_disagg(d: dict) -> None:
@@ -129,7 +137,7 @@ def print_serving_disagg(d: dict) -> None:
     t.add_row(_f(d["ttft_ms"]), _f(d["tpot_ms"], "{:.3f}"), _f(d["request_latency_ms"], "{:.0f}"),
               _f(d["tokens_per_s_per_gpu"], "{:.1f}"), _f(d["tokens_per_s_per_user"], "{:.1f}"),
               _f(d["decode_batch"], "{:.1f}"), _f(d["prefill_utilisation"], "{:.2f}"), _f(d["kv_transfer_ms"], "{:.3f}"))
-    c.print(t)
+    c.print(_fold(t))
     _print_percentiles(c, d)
     cap = d.get("decode_kv_capacity")
     if cap is not None and d["decode_batch"] > cap:
@@ -157,7 +165,7 @@ def print_serving(d: dict) -> None:
     t.add_row(_f(d["ttft_ms"]), _f(d["tpot_ms"], "{:.3f}"), _f(d["request_latency_ms"], "{:.0f}"),
               _f(d["tokens_per_s_per_gpu"], "{:.1f}"), _f(d["tokens_per_s_per_user"], "{:.1f}"),
               _f(d["decode_batch"], "{:.1f}"), str(d["bound"]))
-    c.print(t)
+    c.print(_fold(t))
     _print_percentiles(c, d)
     if d.get("balance_hold_ms"):
         c.print(f"attention-DP balance hold: {d['balance_hold_ms']:.1f} ms of the steady-state TTFT (a prefill waits "
@@ -183,7 +191,7 @@ def print_search(d: dict) -> None:
             t.add_row(r["layout"], str(r["gpus"]), str(r["concurrency"]), _f(r["ttft_ms"]), _f(r["tpot_ms"], "{:.2f}"),
                       _f(r["ttft_p90_ms"]), _f(r["tokens_per_s_per_gpu"], "{:.1f}"), _f(r["tokens_per_s_per_user"], "{:.1f}"),
                       str(r["bound"]), "yes" if r["meets_targets"] else "no")
-        c.print(t)
+        c.print(_fold(t))
 
     if not d["frontier"]:
         why = " (reasons below)" if d.get("skipped") else ""

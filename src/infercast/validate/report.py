@@ -572,7 +572,7 @@ def render_console(summary: Mapping[str, Any], groups: Sequence[str] = ("mode", 
         return "\n".join(lines)
     table = Table(title="fidelity vs measured silicon")
     for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i == 0 else "right")
+        table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
     for i, (cells, new_section) in enumerate(body):
         if new_section and i > 0:
             table.add_section()
