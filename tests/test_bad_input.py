@@ -185,11 +185,30 @@ NAN, INF = float("nan"), float("inf")
         (lambda e: e.static(NAN, 128, 8), "batch_size must be finite"),
         (lambda e: e.static(4, 128, NAN), "osl must be finite"),
         (lambda e: e.static(4, 1e12, 8), "isl is absurdly large"),
+        # arrays that do not broadcast: a typed error naming the shapes, not numpy's ValueError
+        (lambda e: e.prefill_ms(np.array([1, 2]), np.array([64, 128, 256])),
+         r"do not broadcast to one shape: batch_size \(2,\), isl \(3,\)"),
+        (lambda e: e.prefill_ms(np.array([1, 2]), 128, np.array([0, 1, 2])), r"prefix \(3,\)"),
+        (lambda e: e.decode_step_ms(np.array([1, 2]), np.array([64, 128, 256])), r"kv_len \(3,\)"),
+        (lambda e: e.decode_ms(np.array([1, 2]), 128, np.array([2, 4, 8])), r"osl \(3,\)"),
     ],
 )
 def test_bad_shapes_python_api(est, call, match):
     with pytest.raises(InvalidInputError, match=match):
         call(est)
+
+
+def test_perfdb_arrays_that_do_not_broadcast(synth):
+    from infercast import PerfDB
+
+    db = PerfDB(sp.SYSTEM, "trtllm", systems_path=synth.systems_dir)
+    with pytest.raises(InvalidInputError, match=r"m \(2,\), n \(3,\)"):
+        db.gemm("bfloat16", m=[1, 2], n=[128, 256, 512], k=128)
+    with pytest.raises(InvalidInputError, match=r"batch \(2,\), isl \(3,\)"):
+        db.context_attention([1, 2], [64, 128, 256], heads=8, kv_heads=8, head_dim=128)
+    with pytest.raises(InvalidInputError, match=r"batch \(2,\), kv_len \(3,\)"):
+        db.generation_attention([1, 2], [64, 128, 256], heads=8, kv_heads=8, head_dim=128)
+    assert db.gemm("bfloat16", m=[1, 2], n=[128, 256], k=128).ms.shape == (2,)  # shapes that do broadcast
 
 
 def test_invalid_input_is_also_value_error(est):

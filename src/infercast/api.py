@@ -27,7 +27,7 @@ from .models.plan import (
     with_moe_kernel,
 )
 from .models.spec import ModelSpec, build_spec
-from .ops.base import DatabaseMode, OpDB, check_positive
+from .ops.base import DatabaseMode, OpDB, broadcast_named, check_positive
 from .ops.moe import MOE_KERNELS, wide_ep_available
 from .serving.backends import backend_defaults
 from .serving.memory import GB, MemoryBreakdown, memory_breakdown
@@ -214,6 +214,7 @@ class Estimator:
             return self.engine.decode_scalar(float(batch_size), float(kv_len))
         b = check_positive("batch_size", batch_size, MAX_BATCH)
         kv = check_positive("kv_len", kv_len, MAX_TOKENS)
+        broadcast_named(batch_size=b, kv_len=kv)
         return self.engine.decode_ms(b, kv)
 
     def decode_ms(self, batch_size, isl, osl):
@@ -233,6 +234,7 @@ class Estimator:
         attention runs over the samples."""
         b, i, _ = _check(batch_size, isl, 0)
         o = check_positive("osl", osl, MAX_TOKENS)
+        broadcast_named(batch_size=b, isl=i, osl=o)
         b, i, o = np.broadcast_arrays(b, i, o)
         steps = np.maximum(o - 1.0, 1.0)[..., None]  # decode steps after the prefill's first token
         j = np.arange(DECODE_SAMPLES, dtype=float)
@@ -369,6 +371,7 @@ def _check(batch, isl, prefix, isl_name: str = "isl"):
         raise InvalidInputError("prefix must be a finite number >= 0", f"got {p}")
     if np.any(p > MAX_TOKENS):
         raise InvalidInputError("prefix is absurdly large", f"the limit is {MAX_TOKENS}")
+    broadcast_named(batch_size=b, **{isl_name: i}, prefix=p)
     return b, i, p
 
 

@@ -264,6 +264,17 @@ def fill_missing(axes, vals, sol, transport: bool = False):
     return vals, prov
 
 
+def broadcast_named(**arrays) -> list[np.ndarray]:
+    """``np.broadcast_arrays`` of the named arguments, or an :class:`InvalidInputError` naming
+    their shapes when they do not broadcast together (numpy's ValueError would reach the caller
+    untyped)."""
+    try:
+        return np.broadcast_arrays(*arrays.values())
+    except ValueError:
+        shapes = ", ".join(f"{k} {np.shape(a)}" for k, a in arrays.items())
+        raise InvalidInputError("the array arguments do not broadcast to one shape", shapes) from None
+
+
 def check_positive(name: str, arr, upper: float | None = None) -> np.ndarray:
     a = np.asarray(arr, dtype=float)
     if a.size == 0:

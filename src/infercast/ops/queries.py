@@ -20,7 +20,7 @@ import numpy as np
 from ..data.database import PerfData
 from ..interp.provenance import Prov
 from .attention import prefixed_context, resolve_context_attention, resolve_generation_attention
-from .base import DatabaseMode, OpDB, Resolved, check_positive
+from .base import DatabaseMode, OpDB, Resolved, broadcast_named, check_positive
 from .comm import resolve_collective
 from .gemm import resolve_gemm
 
@@ -70,7 +70,7 @@ class PerfDB:
         return out, prov, sources
 
     def gemm(self, quant: str, m, n, k) -> OpResult:
-        m, n, k = np.broadcast_arrays(*(check_positive(x, v) for x, v in (("m", m), ("n", n), ("k", k))))
+        m, n, k = broadcast_named(m=check_positive("m", m), n=check_positive("n", n), k=check_positive("k", k))
         mf = m.ravel()
 
         def ev(site, sel):
@@ -82,7 +82,9 @@ class PerfDB:
         return self._finish(v.reshape(m.shape), p.reshape(m.shape), src)
 
     def _attention(self, phase: str, batch, length, heads, kv_heads, head_dim, kv_quant, attn_quant, window, prefix=0.0):
-        arrs = np.broadcast_arrays(*(np.asarray(x, float) for x in (batch, length, heads, kv_heads, head_dim, window, prefix)))
+        arrs = broadcast_named(**{name: np.asarray(x, float) for name, x in (
+            ("batch", batch), ("isl" if phase == "context" else "kv_len", length), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim),
+            ("window", window), ("prefix", prefix))})
         b, L, h, kv, hd, w, pre = (a.ravel() for a in arrs)
         check_positive("batch", b)
         check_positive("length", L)
