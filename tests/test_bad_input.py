@@ -211,6 +211,20 @@ def test_perfdb_arrays_that_do_not_broadcast(synth):
     assert db.gemm("bfloat16", m=[1, 2], n=[128, 256], k=128).ms.shape == (2,)  # shapes that do broadcast
 
 
+@pytest.mark.parametrize("args,needle", [
+    ((None, sp.SYSTEM, "trtllm"), "model must be a model id or a config path: got None"),
+    (("", sp.SYSTEM, "trtllm"), "model must be a model id or a config path: got ''"),
+    ((sp.MODEL_ID, None, "trtllm"), "system must be a non-empty name: got None"),
+    ((sp.MODEL_ID, sp.SYSTEM, None), "backend must be a non-empty name: got None"),
+    ((sp.MODEL_ID, sp.SYSTEM, 3), "backend must be a non-empty name: got 3"),
+])
+def test_names_that_are_not_strings_python_api(synth, args, needle):
+    # a typed error naming the argument, not a TypeError from the path handling underneath
+    with pytest.raises(InvalidInputError) as ei:
+        Estimator(*args, systems_path=synth.systems_dir)
+    assert needle in str(ei.value)
+
+
 def test_invalid_input_is_also_value_error(est):
     with pytest.raises(ValueError):
         est.prefill_ms(math.nan, 1)

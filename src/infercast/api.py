@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -118,6 +119,8 @@ class Estimator:
         systems_path: str | Path | None = None,
     ):
         mode = DatabaseMode.parse(database_mode)
+        if not (isinstance(model, str) and model.strip() or isinstance(model, os.PathLike)):
+            raise InvalidInputError("model must be a model id or a config path", f"got {model!r}")
         self.data = PerfData.open(system, backend, backend_version, systems_path)
         mc = resolve_model(self.data.pack, model)
         spec = build_spec(mc)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InfercastError, NotAvailableError
+from ..errors import InfercastError, InvalidInputError, NotAvailableError
 from .pack import Pack, find_pack
 from .system import SystemSpec, list_systems, load_system
 from .tables import Table, cached_table
@@ -135,6 +135,9 @@ class PerfData:
         version: str | None = None,
         systems_path: str | Path | None = None,
     ) -> PerfData:
+        for what, v in (("system", system), ("backend", backend)):
+            if not (isinstance(v, str) and v.strip()):
+                raise InvalidInputError(f"{what} must be a non-empty name", f"got {v!r}")
         pack = find_pack(str(systems_path) if systems_path is not None else None)
         spec = load_system(pack, system)
         info = version_info(pack, spec, backend)
