@@ -561,6 +561,43 @@ def test_plan_schema_mismatch(est, version):
         Plan.from_json(json.dumps(d))
 
 
+def _mangled(est, how: str) -> str:
+    d = json.loads(est.plan.to_json())
+    if how == "missing ops":
+        del d["ops"]
+    elif how == "unknown kind":
+        d["ops"][0]["kind"] = "frobnicate"
+    elif how == "extra field":
+        d["ops"][0]["colour"] = 1
+    elif how == "list":
+        return "[1, 2]"
+    elif how == "not json":
+        return "{schema_version: 1"
+    return json.dumps(d)
+
+
+@pytest.mark.parametrize("how,needle", [
+    ("not json", "the plan is not JSON"),
+    ("list", "the plan is not a JSON object: got a list"),
+    ("missing ops", "the plan lacks its 'ops' entry"),
+    ("unknown kind", "ops of unknown kind 'frobnicate'"),
+    ("extra field", "do not have the schema's fields"),
+])
+def test_damaged_plan_is_a_typed_error(est, how, needle):
+    """A plan file edited by hand or truncated is refused with what is wrong, not a KeyError /
+    JSONDecodeError / TypeError (and an op the engine cannot cost is caught on reading)."""
+    with pytest.raises(InvalidInputError) as ei:
+        Plan.from_json(_mangled(est, how))
+    assert needle in str(ei.value)
+
+
+def test_every_planned_op_kind_is_known(est, est_tp2):
+    from infercast.models.plan import OP_KINDS
+
+    for e in (est, est_tp2):
+        assert {o.kind for o in e.plan.ops} <= set(OP_KINDS)
+
+
 # ---------------------------------------------------------------------------------------------
 # versions and modes
 # ---------------------------------------------------------------------------------------------

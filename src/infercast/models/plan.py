@@ -173,10 +173,15 @@ class Fusions:
     act_quant: bool = False
 
 
+#: The op kinds a plan may hold (what :mod:`infercast.engine.compiled` knows how to cost).
+OP_KINDS = ("gemm", "attention", "mla", "dsa", "gdn", "moe", "moe_dispatch", "allreduce", "allgather",
+            "reduce_scatter", "alltoall", "elementwise", "p2p")
+
+
 @dataclass(frozen=True)
 class PlanOp:
     name: str
-    kind: str  # gemm | attention | allreduce | allgather | elementwise | p2p
+    kind: str  # one of OP_KINDS
     count: int  # executions per forward pass, all stages
     phase: str = "both"  # both | prefill | decode
     tokens: str = "all"  # all: every token of the step; last: one per sequence (LM head)
@@ -208,19 +213,34 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
-        d = json.loads(text)
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidInputError("the plan is not JSON", str(exc)) from None
+        if not isinstance(d, dict):
+            raise InvalidInputError("the plan is not a JSON object", f"got a {type(d).__name__}")
         if d.get("schema_version") != PLAN_SCHEMA_VERSION:
             raise InvalidInputError(
                 f"plan schema version {d.get('schema_version')} is not supported",
                 f"this infercast reads schema {PLAN_SCHEMA_VERSION}; recompile the plan",
             )
-        return cls(
-            ModelSpec.from_dict(d["model"]),
-            ParallelConfig(**d["parallel"]),
-            tuple(PlanOp(**o) for o in d["ops"]),
-            spec_decode=SpecDecode(**d.get("spec_decode", {})),
-            fusions=Fusions(**d.get("fusions", {})),
-        )
+        try:
+            plan = cls(
+                ModelSpec.from_dict(d["model"]),
+                ParallelConfig(**d["parallel"]),
+                tuple(PlanOp(**o) for o in d["ops"]),
+                spec_decode=SpecDecode(**d.get("spec_decode", {})),
+                fusions=Fusions(**d.get("fusions", {})),
+            )
+        except KeyError as exc:
+            raise InvalidInputError(f"the plan lacks its {exc.args[0]!r} entry", "recompile the plan") from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise InvalidInputError("the plan's entries do not have the schema's fields", str(exc)) from None
+        unknown = sorted({o.kind for o in plan.ops} - set(OP_KINDS))
+        if unknown:
+            raise InvalidInputError(f"the plan has ops of unknown kind {', '.join(map(repr, unknown))}",
+                                    available=list(OP_KINDS))
+        return plan
 
 
 def kv_heads_per_gpu(spec: ModelSpec, tp: int) -> int:
