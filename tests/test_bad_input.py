@@ -225,6 +225,32 @@ def test_names_that_are_not_strings_python_api(synth, args, needle):
     assert needle in str(ei.value)
 
 
+@pytest.mark.parametrize("call,needle", [
+    (lambda db: db.gemm("fp9", m=[1], n=128, k=128), "unknown GEMM quant mode 'fp9' (available: bfloat16"),
+    (lambda db: db.gemm("bfloat16", m="many", n=128, k=128), "m must be numbers"),
+    (lambda db: db.gemm("bfloat16", m=[1], n=128.5, k=128), "n must be whole numbers: got [128.5]"),
+    (lambda db: db.context_attention(1, 64, heads=8, kv_heads=8, head_dim=128, kv_quant="fp7"),
+     "unknown KV-cache dtype 'fp7' (available: bfloat16, fp8)"),
+    (lambda db: db.context_attention(1, 64, heads=8, kv_heads=8, head_dim=128, attn_quant="int8"), "unknown attention dtype"),
+    (lambda db: db.context_attention(1, 64, heads=8, kv_heads=3, head_dim=128), "kv_heads must divide heads"),
+    (lambda db: db.generation_attention(1, 64, heads=8, kv_heads=16, head_dim=128), "kv_heads must divide heads"),
+    (lambda db: db.generation_attention(1, 64, heads=8.5, kv_heads=1, head_dim=128), "heads must be whole numbers"),
+    (lambda db: db.context_attention(1, 64, heads=8, kv_heads=8, head_dim=128, prefix=-5), "prefix must be a finite number >= 0"),
+    (lambda db: db.context_attention(1, 64, heads=8, kv_heads=8, head_dim=128, window=-1), "window must be a finite number >= 0"),
+    (lambda db: db.collective("all_reduce", elements="lots", group=2), "elements must be numbers"),
+])
+def test_perfdb_bad_arguments(synth, call, needle):
+    """PerfDB refuses what no kernel runs -- an unknown quant or dtype, a fractional head count or
+    width, KV heads that do not divide the query heads, a negative prefix or window -- with a typed
+    error, where it used to raise KeyError / ValueError or round the shape to a collected site."""
+    from infercast import PerfDB
+
+    db = PerfDB(sp.SYSTEM, "trtllm", systems_path=synth.systems_dir)
+    with pytest.raises(InvalidInputError) as ei:
+        call(db)
+    assert needle in str(ei.value)
+
+
 def test_invalid_input_is_also_value_error(est):
     with pytest.raises(ValueError):
         est.prefill_ms(math.nan, 1)

@@ -275,8 +275,17 @@ def broadcast_named(**arrays) -> list[np.ndarray]:
         raise InvalidInputError("the array arguments do not broadcast to one shape", shapes) from None
 
 
+def as_numbers(name: str, arr) -> np.ndarray:
+    """``arr`` as a float array, or an :class:`InvalidInputError` when it holds something that is
+    not a number (a string, None, ...)."""
+    try:
+        return np.asarray(arr, dtype=float)
+    except (TypeError, ValueError):
+        raise InvalidInputError(f"{name} must be numbers", f"got {arr!r}") from None
+
+
 def check_positive(name: str, arr, upper: float | None = None) -> np.ndarray:
-    a = np.asarray(arr, dtype=float)
+    a = as_numbers(name, arr)
     if a.size == 0:
         raise InvalidInputError(f"{name} is empty")
     if not np.all(np.isfinite(a)):

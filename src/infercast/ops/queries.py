@@ -18,13 +18,41 @@ from pathlib import Path
 import numpy as np
 
 from ..data.database import PerfData
+from ..data.quant import GEMM_QUANTS, KV_QUANTS
+from ..errors import InvalidInputError
 from ..interp.provenance import Prov
-from .attention import prefixed_context, resolve_context_attention, resolve_generation_attention
-from .base import DatabaseMode, OpDB, Resolved, broadcast_named, check_positive
+from .attention import (
+    prefixed_context,
+    resolve_context_attention,
+    resolve_generation_attention,
+)
+from .base import (
+    DatabaseMode,
+    OpDB,
+    Resolved,
+    as_numbers,
+    broadcast_named,
+    check_positive,
+)
 from .comm import resolve_collective
 from .gemm import resolve_gemm
 
 _LABELS = np.array([p.label for p in Prov])
+#: the attention compute dtypes the tables hold
+ATTENTION_DTYPES = ("bfloat16", "fp8")
+
+
+def _known(what: str, value, allowed) -> None:
+    if not isinstance(value, str) or value not in allowed:
+        raise InvalidInputError(f"unknown {what} {value!r}", available=list(allowed))
+
+
+def _whole(name: str, a: np.ndarray) -> np.ndarray:
+    """``a`` when every value is a whole number (head counts, GEMM widths, windows), else an error:
+    a fractional size would be rounded to some collected site silently."""
+    if np.any(a != np.round(a)):
+        raise InvalidInputError(f"{name} must be whole numbers", f"got {a[a != np.round(a)][:3].tolist()}")
+    return a
 
 
 @dataclass
@@ -70,7 +98,9 @@ class PerfDB:
         return out, prov, sources
 
     def gemm(self, quant: str, m, n, k) -> OpResult:
-        m, n, k = broadcast_named(m=check_positive("m", m), n=check_positive("n", n), k=check_positive("k", k))
+        _known("GEMM quant mode", quant, GEMM_QUANTS)
+        m, n, k = broadcast_named(m=check_positive("m", m), n=_whole("n", check_positive("n", n)),
+                                  k=_whole("k", check_positive("k", k)))
         mf = m.ravel()
 
         def ev(site, sel):
@@ -82,12 +112,25 @@ class PerfDB:
         return self._finish(v.reshape(m.shape), p.reshape(m.shape), src)
 
     def _attention(self, phase: str, batch, length, heads, kv_heads, head_dim, kv_quant, attn_quant, window, prefix=0.0):
-        arrs = broadcast_named(**{name: np.asarray(x, float) for name, x in (
-            ("batch", batch), ("isl" if phase == "context" else "kv_len", length), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim),
+        _known("KV-cache dtype", kv_quant, KV_QUANTS)
+        _known("attention dtype", attn_quant, ATTENTION_DTYPES)
+        length_name = "isl" if phase == "context" else "kv_len"
+        arrs = broadcast_named(**{name: as_numbers(name, x) for name, x in (
+            ("batch", batch), (length_name, length), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim),
             ("window", window), ("prefix", prefix))})
         b, L, h, kv, hd, w, pre = (a.ravel() for a in arrs)
         check_positive("batch", b)
-        check_positive("length", L)
+        check_positive(length_name, L)
+        for name, a in (("heads", h), ("kv_heads", kv), ("head_dim", hd)):
+            _whole(name, check_positive(name, a))
+        if np.any(kv > h) or np.any(h % kv):
+            raise InvalidInputError("kv_heads must divide heads (grouped-query attention shares each KV head "
+                                    "among a whole group of query heads)", f"heads {h[:3].tolist()}, kv_heads {kv[:3].tolist()}")
+        for name, a, what in (("window", w, "a sliding window in tokens, 0 for full attention"),
+                              ("prefix", pre, "cached tokens before the new ones")):
+            if not np.all(np.isfinite(a)) or np.any(a < 0):
+                raise InvalidInputError(f"{name} must be a finite number >= 0 ({what})", f"got {a[:3].tolist()}")
+        _whole("window", w)
 
         def ev(site, sel):
             args = (int(site["heads"]), int(site["kv"]), int(site["hd"]), kv_quant, attn_quant, int(site["w"]))
