@@ -191,6 +191,8 @@ NAN, INF = float("nan"), float("inf")
         (lambda e: e.prefill_ms(np.array([1, 2]), 128, np.array([0, 1, 2])), r"prefix \(3,\)"),
         (lambda e: e.decode_step_ms(np.array([1, 2]), np.array([64, 128, 256])), r"kv_len \(3,\)"),
         (lambda e: e.decode_ms(np.array([1, 2]), 128, np.array([2, 4, 8])), r"osl \(3,\)"),
+        (lambda e: e.prefill_ms("many", 128), "batch_size, isl and prefix must be numbers"),
+        (lambda e: e.decode_step_ms(4, "long"), "batch_size and kv_len must be numbers: got 4, 'long'"),
     ],
 )
 def test_bad_shapes_python_api(est, call, match):

@@ -360,7 +360,9 @@ def _check_scalar(batch, isl, prefix, isl_name: str = "isl") -> None:
     try:
         b, i, p = float(batch), float(isl), float(prefix)
     except (TypeError, ValueError):
-        raise InvalidInputError("batch_size, isl and prefix must be numbers", f"got {batch!r}, {isl!r}, {prefix!r}") from None
+        if isl_name == "kv_len":  # a decode step has no prefix argument
+            raise InvalidInputError("batch_size and kv_len must be numbers", f"got {batch!r}, {isl!r}") from None
+        raise InvalidInputError(f"batch_size, {isl_name} and prefix must be numbers", f"got {batch!r}, {isl!r}, {prefix!r}") from None
     if 0.0 < b <= MAX_BATCH and 0.0 < i <= MAX_TOKENS and 0.0 <= p <= MAX_TOKENS:
         return
     _check(batch, isl, prefix, isl_name)
