@@ -586,6 +586,13 @@ def test_serve_disagg_refuses_a_worker_that_cannot_hold_one_request(synth):
         serve_disagg(ok, heavy, isl=128, osl=8, **kw)
     r = serve_disagg(short, ok, isl=1200, osl=8, **kw)
     assert r.ttft_ms > 0 and r.prefill_kv_capacity == pytest.approx(1000 / 1200)
+    # aggregated serving of such a replica says the same, not "a KV cache of 0 tokens"
+    from infercast.api import serve_agg
+
+    with pytest.raises(DoesNotFitError, match="a replica cannot serve one request: its weights take .* more than the GPU's"):
+        serve_agg(heavy, 2, 128, 8)
+    with pytest.raises(DoesNotFitError, match="needs more KV cache than a rank has"):
+        serve_agg(short, 2, 1200, 8)
     # the search: with max_gpus 1 no pair of workers fits, and says so
     r = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, max_gpus=1, concurrencies=[1],
                       systems_path=synth.systems_dir)

@@ -388,10 +388,16 @@ def serve_agg(est: Estimator, clients_per_rank: int, isl: int, osl: int, params=
     backend's (:func:`infercast.serving.backends.scheduler_params`)."""
     from .serving.agg import serve_agg as serve
     from .serving.backends import scheduler_params
+    from .serving.sim import DoesNotFitError
 
     clients = _int("clients per rank", clients_per_rank)
+    isl, osl = _int("isl", isl), _int("osl", osl)
+    weights_misfit = one_request_misfit(est, isl + osl, strict=False)
+    if weights_misfit:  # say why, as serve_disagg does, rather than "a KV cache of 0 tokens"
+        raise DoesNotFitError(f"a replica cannot serve one request: {weights_misfit}",
+                              "use more GPUs per replica or a smaller quant")
     p = params or scheduler_params(est.data.backend, est.data.system, est.spec)
-    return serve(est.engine, clients, _int("isl", isl), _int("osl", osl), p, est.memory.capacity_for(clients),
+    return serve(est.engine, clients, isl, osl, p, est.memory.capacity_for(clients),
                  est.gpus_per_rank, ranks=est.plan.parallel.attention_dp)
 
 
