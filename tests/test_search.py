@@ -84,6 +84,25 @@ def test_search_on_the_synthetic_pack(synth):
         search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, systems_path=synth.systems_dir, tpot_max_ms=-1)
 
 
+@pytest.mark.parametrize("kw,needle", [
+    ({"concurrencies": "1,4"}, "concurrencies must be a list of positive integers: got '1,4'"),
+    ({"concurrencies": 8}, "concurrencies must be a list of positive integers: got 8"),
+    ({"concurrencies": []}, "concurrencies is empty"),
+    ({"concurrencies": [1, None]}, "concurrency must be a positive integer, got None"),
+    ({"concurrencies": [1.5]}, "concurrency must be a positive integer, got 1.5"),
+    ({"max_gpus": 2.5}, "max_gpus must be a positive integer, got 2.5"),
+])
+def test_search_api_bad_arguments(synth, kw, needle):
+    """Search arguments are refused with a typed error rather than truncated (2.5 GPUs searched as
+    2, 1.5 clients as 1), iterated character by character ("1,4") or failing with a TypeError."""
+    with pytest.raises(InvalidInputError) as ei:
+        search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, systems_path=synth.systems_dir, **kw)
+    assert needle in str(ei.value)
+    # integral floats are integers
+    r = search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128.0, 8, systems_path=synth.systems_dir, max_gpus=2.0, concurrencies=[4.0, 1])
+    assert sorted({c.concurrency for c in r.candidates}) == [1, 4]
+
+
 def _search_argv(synth, *extra):
     return ["search", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm", "--systems-path",
             str(synth.systems_dir), "--isl", "128", "--osl", "8", "--concurrency", "1,4", *extra]

@@ -68,15 +68,38 @@ class SearchResult:
 
 
 def _positive(name: str, v, kind=float):
+    """``v`` as a positive ``kind`` (None stays None: "not given"); ``kind=int`` also refuses a
+    fractional value rather than truncating it (2.5 GPUs are not 2)."""
     if v is None:
         return None
     try:
-        x = kind(v)
+        x = float(v)
     except (TypeError, ValueError):
         raise InvalidInputError(f"{name} must be a positive number, got {v!r}") from None
     if not x > 0 or x != x or x == float("inf"):
         raise InvalidInputError(f"{name} must be a positive number, got {v!r}")
-    return x
+    if kind is int:
+        if not x.is_integer():
+            raise InvalidInputError(f"{name} must be a positive integer, got {v!r}")
+        return int(x)
+    return kind(x)
+
+
+def _concurrencies(values) -> list[int]:
+    """The benchmark concurrencies to search: positive integers, each once, ascending."""
+    if values is None:
+        return powers_of_two(DEFAULT_MAX_CONCURRENCY)
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise InvalidInputError("concurrencies must be a list of positive integers", f"got {values!r}")
+    out = []
+    for c in values:
+        if c is None:
+            raise InvalidInputError("concurrency must be a positive integer, got None")
+        out.append(_positive("concurrency", c, int))
+    out = sorted(set(out))
+    if not out:
+        raise InvalidInputError("concurrencies is empty", "give at least one, or None for 1, 2, 4, ...")
+    return out
 
 
 def search_agg(
@@ -120,7 +143,7 @@ def _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_ma
     isl, osl = int(_positive("isl", isl, int)), int(_positive("osl", osl, int))
     ttft_max_ms = _positive("ttft target", ttft_max_ms)
     tpot_max_ms = _positive("tpot target", tpot_max_ms)
-    conc = sorted({int(_positive("concurrency", c, int)) for c in (concurrencies or powers_of_two(DEFAULT_MAX_CONCURRENCY))})
+    conc = _concurrencies(concurrencies)
     base = make(Layout()) if make is not None else Estimator(model, system, backend, backend_version,
                                                              systems_path=systems_path, **estimator_kw)
     return conc, base, SearchResult(base.spec.model_id, system, backend, base.version, isl, osl, 0, ttft_max_ms, tpot_max_ms)
