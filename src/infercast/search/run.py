@@ -12,6 +12,7 @@ with the reason, never guessed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from ..errors import InfercastError, InvalidInputError
@@ -76,7 +77,7 @@ def _positive(name: str, v, kind=float):
         x = float(v)
     except (TypeError, ValueError):
         raise InvalidInputError(f"{name} must be a positive number, got {v!r}") from None
-    if not x > 0 or x != x or x == float("inf"):
+    if not (x > 0 and math.isfinite(x)):
         raise InvalidInputError(f"{name} must be a positive number, got {v!r}")
     if kind is int:
         if not x.is_integer():
