@@ -596,6 +596,15 @@ def test_percentiles_are_monotone_and_bounded(values, data):
     d = Distribution(np.array(values), np.array(w))
     qs = [d.percentile(q) for q in (1, 25, 50, 75, 90, 99, 100)]
     assert qs == sorted(qs) and min(values) <= qs[0] and qs[-1] == max(values)
+    # the definition, by brute force: the smallest value with at least q % of the weight at or
+    # below it; percentiles() (one sort for several q) gives the same
+    total = sum(w)
+    for q, got in zip((1, 25, 50, 75, 90, 99, 100), d.percentiles((1, 25, 50, 75, 90, 99, 100))):
+        assert got in values
+        at_or_below = sum(wi for x, wi in zip(values, w) if x <= got)
+        below = sum(wi for x, wi in zip(values, w) if x < got)
+        assert at_or_below >= q / 100 * total * (1 - 1e-9)  # got qualifies ...
+        assert below < q / 100 * total * (1 + 1e-9)  # ... and no smaller value does
     assert min(values) - 1e-6 <= d.mean() <= max(values) + 1e-6
 
 

@@ -46,10 +46,17 @@ class Distribution:
 
     def percentile(self, q: float) -> float:
         """The smallest value with at least ``q`` % of the weight at or below it."""
+        return self.percentiles((q,))[0]
+
+    def percentiles(self, qs) -> list[float]:
+        """:meth:`percentile` of each of ``qs``, sorting once."""
+        if len(self.values) == 1:
+            return [float(self.values[0])] * len(qs)
         o = np.argsort(self.values, kind="stable")
         cw = np.cumsum(self.weights[o])
-        i = int(np.searchsorted(cw, q / 100.0 * cw[-1] * (1.0 - 1e-12)))
-        return float(self.values[o][min(i, len(o) - 1)])
+        ordered = self.values[o]
+        last = len(o) - 1
+        return [float(ordered[min(int(np.searchsorted(cw, q / 100.0 * cw[-1] * (1.0 - 1e-12))), last)]) for q in qs]
 
     def shifted(self, ms: float) -> Distribution:
         return Distribution(self.values + float(ms), self.weights)
@@ -105,15 +112,27 @@ def binomial_share(trials: float, p: float) -> Distribution:
     return Distribution(k[keep] / n, w[keep])
 
 
+_UNIT_EXPONENTIAL: dict[int, tuple[np.ndarray, float]] = {}
+
+
+def _unit_exponential(n: int) -> tuple[np.ndarray, float]:
+    """The unit exponential's ``n`` quantile midpoints and their mean (computed once per ``n``;
+    the array is read-only, shared by every caller)."""
+    if n not in _UNIT_EXPONENTIAL:
+        x = -np.log1p(-((np.arange(n) + 0.5) / n))
+        x.setflags(write=False)
+        _UNIT_EXPONENTIAL[n] = (x, x.mean())
+    return _UNIT_EXPONENTIAL[n]
+
+
 def exponential_tail(mean: float, p_zero: float, n: int = QUANTILE_POINTS) -> Distribution:
     """0 with probability ``p_zero``, else exponential with the mean that makes the overall mean
     ``mean`` (a queueing wait: no wait when the server is free, an exponential tail otherwise)."""
     p_zero = min(max(float(p_zero), 0.0), 1.0)
     if mean <= 0 or p_zero >= 1.0:
         return Distribution.point(0.0)
-    u = (np.arange(n) + 0.5) / n
-    x = -np.log1p(-u)  # unit exponential at quantile midpoints, rescaled to the exact mean
-    tail = Distribution(x * (mean / (1.0 - p_zero) / x.mean()), np.ones(n))
+    x, x_mean = _unit_exponential(n)  # unit exponential at quantile midpoints, rescaled to the exact mean
+    tail = Distribution(x * (mean / (1.0 - p_zero) / x_mean), np.ones(n))
     return mixture((Distribution.point(0.0), p_zero), (tail, 1.0 - p_zero)) if p_zero > 0 else tail
 
 
@@ -144,5 +163,5 @@ class ServingMetrics:
         """Keep the per-request distributions and fill ``ttft_p50_ms`` ... ``tpot_p99_ms``."""
         for metric, dist in (("ttft", ttft), ("tpot", tpot)):
             setattr(self, f"{metric}_dist", dist)
-            for q in PERCENTILES:
-                setattr(self, f"{metric}_p{q}_ms", dist.percentile(q))
+            for q, v in zip(PERCENTILES, dist.percentiles(PERCENTILES)):
+                setattr(self, f"{metric}_p{q}_ms", v)
