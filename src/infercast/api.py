@@ -237,8 +237,7 @@ class Estimator:
         attention runs over the samples."""
         b, i, _ = _check(batch_size, isl, 0)
         o = check_positive("osl", osl, MAX_TOKENS)
-        broadcast_named(batch_size=b, isl=i, osl=o)
-        b, i, o = np.broadcast_arrays(b, i, o)
+        b, i, o = broadcast_named(batch_size=b, isl=i, osl=o)
         steps = np.maximum(o - 1.0, 1.0)[..., None]  # decode steps after the prefill's first token
         j = np.arange(DECODE_SAMPLES, dtype=float)
         exact = steps <= DECODE_SAMPLES

@@ -50,8 +50,9 @@ def _known(what: str, value, allowed) -> None:
 def _whole(name: str, a: np.ndarray) -> np.ndarray:
     """``a`` when every value is a whole number (head counts, GEMM widths, windows), else an error:
     a fractional size would be rounded to some collected site silently."""
-    if np.any(a != np.round(a)):
-        raise InvalidInputError(f"{name} must be whole numbers", f"got {a[a != np.round(a)][:3].tolist()}")
+    frac = a != np.round(a)
+    if np.any(frac):
+        raise InvalidInputError(f"{name} must be whole numbers", f"got {a[frac][:3].tolist()}")
     return a
 
 
@@ -123,7 +124,7 @@ class PerfDB:
         check_positive(length_name, L)
         for name, a in (("heads", h), ("kv_heads", kv), ("head_dim", hd)):
             _whole(name, check_positive(name, a))
-        if np.any(kv > h) or np.any(h % kv):
+        if np.any(h % kv):  # also catches kv_heads > heads
             raise InvalidInputError("kv_heads must divide heads (grouped-query attention shares each KV head "
                                     "among a whole group of query heads)", f"heads {h[:3].tolist()}, kv_heads {kv[:3].tolist()}")
         for name, a, what in (("window", w, "a sliding window in tokens, 0 for full attention"),

@@ -40,7 +40,8 @@ def run_validate(a) -> int:
     # --systems-path without a pack would otherwise fail every row one by one (each reported as
     # not predictable) and the run would end "0/N rows predicted" with exit code 0.
     database_mode = DatabaseMode.parse(a.database_mode)
-    by = tuple(a.by) if getattr(a, "by", None) else DEFAULT_GROUPS
+    asked = tuple(getattr(a, "by", None) or ())
+    by = asked or DEFAULT_GROUPS
     check_groupings(by)
     find_pack(a.systems_path)
     csv_path = Path(a.silicon) if a.silicon else default_silicon_csv(a.systems_path)
@@ -66,6 +67,6 @@ def run_validate(a) -> int:
         # eleven columns: at a pipe's or a narrow terminal's default 80 columns rich cuts the
         # numbers short ("192…" for 1924 rows); as `search` does, print wider instead
         console.width = max(console.width, CONSOLE_MIN_WIDTH)
-        console.print(render_console(summary, by if getattr(a, "by", None) else ("mode", "backend")))
+        console.print(render_console(summary, asked or ("mode", "backend")))
         print(f"{summary['predicted']}/{summary['rows']} rows predicted in {elapsed:.1f} s")
     return 0

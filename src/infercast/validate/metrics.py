@@ -240,8 +240,6 @@ def _group_key(by: str) -> Callable[[RowResult], str]:
         value = getattr(r.row, attr)
         return "(none)" if value is None or value == "" else str(value)
 
-    if len(attrs) == 1:
-        return lambda r: one(r, attrs[0])
     return lambda r: _LABEL_SEP.join(one(r, a) for a in attrs)
 
 
