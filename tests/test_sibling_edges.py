@@ -4,6 +4,7 @@
 import numpy as np
 import pytest
 
+from infercast.interp.grid import Grid
 from infercast.interp.provenance import Prov
 from infercast.interp.transfer import extend_from_siblings, siblings_by_distance
 from infercast.ops.gemm import build_site_grid, lattice_reach
@@ -117,10 +118,11 @@ def test_transfer_donors_drop_only_disturbed_points():
 
 
 # ---- holes inside a curve (infercast.interp.transfer.fill_holes_from_siblings) -----------------
-def test_hole_is_the_geometric_mean_of_own_and_sibling_estimates():
+def test_hole_is_the_weighted_geometric_mean_of_own_and_sibling_estimates():
     """sol(m) = m; the own curve has utilisation 0.5 at 2 and 8 and lacks 4; the siblings step up
     to twice their utilisation at 4. Sibling estimate: u(4) = 0.5 x 2 = 1 -> 4 ms; own linear grid:
-    4 + (16 - 4) x (4 - 2) / (8 - 2) = 8 ms; the answer sqrt(4 x 8)."""
+    4 + (16 - 4) x (4 - 2) / (8 - 2) = 8 ms; the answer 4^w x 8^(1 - w)."""
+    from infercast.interp.transfer import SIBLING_HOLE_WEIGHT as w
     from infercast.interp.transfer import fill_holes_from_siblings
 
     def sol(m):
@@ -132,7 +134,31 @@ def test_hole_is_the_geometric_mean_of_own_and_sibling_estimates():
     sibs = [(sx, sx / np.array([0.4, 0.8, 0.4]) * s, lambda m, s=s: s * np.asarray(m, dtype=float)) for s in (1.0, 3.0)]
     hx, hv = fill_holes_from_siblings(x, v, sol, sibs, k=2)
     np.testing.assert_array_equal(hx, [4.0])
+    np.testing.assert_allclose(hv, [4.0 ** w * 8.0 ** (1.0 - w)], rtol=1e-12)
+    hx, hv = fill_holes_from_siblings(x, v, sol, sibs, k=2, weight=0.5)
     np.testing.assert_allclose(hv, [np.sqrt(4.0 * 8.0)], rtol=1e-12)
+
+
+def test_hole_is_carried_from_several_own_points_so_one_disturbed_neighbour_does_not_move_it():
+    """sol(m) = m, every curve at utilisation 0.5 (so latency 2 m) except the own curve's point at
+    6, disturbed to 3x. The hole at 8 has the disturbed 6 as a neighbour; carried from up to three
+    own points per side (2, 4, 6 | 10, 12, 14) by the siblings' flat ratios, the median of the six
+    estimates is the undisturbed 16 ms, whatever the own grid says there."""
+    from infercast.interp.transfer import fill_holes_from_siblings
+
+    def sol(m):
+        return np.asarray(m, dtype=float)
+
+    x = np.array([2.0, 4.0, 6.0, 10.0, 12.0, 14.0])
+    v = 2.0 * x
+    v[2] *= 3.0
+    sx = np.arange(2.0, 16.0, 2.0)
+    sibs = [(sx, 2.0 * sx * s, lambda m, s=s: s * np.asarray(m, dtype=float)) for s in (1.0, 2.0, 4.0)]
+    own = float(Grid((x,), v, np.zeros(len(x), np.int8), sol)(np.array([8.0]))[0][0])
+    for anchors, sib in ((3, 16.0), (1, 16.0 * np.sqrt(3.0))):   # one per side: the disturbed 6 counts half
+        hx, hv = fill_holes_from_siblings(x, v, sol, sibs, k=3, anchors=anchors, weight=0.5)
+        np.testing.assert_array_equal(hx, [8.0])
+        np.testing.assert_allclose(hv, [np.sqrt(sib * own)], rtol=1e-12)
 
 
 def test_only_majority_holes_inside_the_range_are_filled():

@@ -60,6 +60,11 @@ choice at that one ``m``).
    more consistent neighbour's (smaller spread of sibling ratios) 2.6 / 16.6% | 2.9 / 21.5%; a
    0.3 / 0.7 weight on the own answer 2.8 / 13.5% | 3.2 / 16.6% and 3.1 / 14.0% | 3.1 / 15.9%;
    4 / 16 siblings 2.9 / 13.6% | 3.4 / 16.4% and 2.9 / 13.4% | 3.3 / 15.7%. Other paths unchanged.
+   The siblings' estimate is then carried from up to eight of the site's own points on each side of
+   the hole (median of the estimates, :data:`infercast.interp.transfer.SIBLING_HOLE_ANCHORS`), not
+   from its two neighbours alone, whose noise it otherwise inherits, and weighs 0.6 against the own
+   answer's 0.4 (:data:`~infercast.interp.transfer.SIBLING_HOLE_WEIGHT`): 2.9 / 13.4% | 3.2 / 15.9%
+   -> 2.6 / 11.8% | 2.6 / 13.7% (seed 1: 3.0 / 13.7% | 3.1 / 16.4% -> 2.6 / 12.1% | 2.7 / 13.9%).
    The pack's GEMM tables have no such hole (h100 / h200 / b200, every backend and quant mode):
    served answers are unchanged; the rule is for a collection that lost points, the case in-curve
    LOO measures. A position no site measured (``m`` between lattice points) is interpolated by
