@@ -53,6 +53,23 @@ def test_median_over_siblings_ignores_one_outlier():
     np.testing.assert_allclose(ve, want, rtol=1e-12)
 
 
+def test_extension_is_carried_from_several_own_points_so_a_disturbed_edge_does_not_move_it():
+    """The curve's last measured point is a disturbed run (2x). Carried from the last two points
+    the trend inherits part of the disturbance (the median of two utilisations, u and u / 2, is
+    their mean, 0.75 u: latency x 4 / 3); from the
+    default number of own points the undisturbed ones outvote it and the extension is exact."""
+    dense = np.arange(1.0, 65.0)
+    x, v = curve(3.0, 0.7, dense[:16])
+    v = v.copy()
+    v[-1] *= 2.0
+    sibs = [(*curve(s, c, dense), sol_fn(s)) for s, c in ((1.0, 0.5), (2.0, 0.9), (5.0, 0.6))]
+    _, want = curve(3.0, 0.7, dense)
+    _, ve, _ = extend_from_siblings(x, v, sol_fn(3.0), sibs, k=3)
+    np.testing.assert_allclose(ve[16:], want[16:], rtol=1e-12)
+    _, ve2, _ = extend_from_siblings(x, v, sol_fn(3.0), sibs, k=3, own_points=2)
+    np.testing.assert_allclose(ve2[16:], want[16:] * 4.0 / 3.0, rtol=1e-12)
+
+
 def test_only_the_k_nearest_siblings_count():
     x, v = curve(3.0, 0.7, FULL[:5])
     near = (*curve(1.0, 0.5, FULL), sol_fn(1.0))
@@ -122,7 +139,7 @@ def test_hole_is_the_weighted_geometric_mean_of_own_and_sibling_estimates():
     """sol(m) = m; the own curve has utilisation 0.5 at 2 and 8 and lacks 4; the siblings step up
     to twice their utilisation at 4. Sibling estimate: u(4) = 0.5 x 2 = 1 -> 4 ms; own linear grid:
     4 + (16 - 4) x (4 - 2) / (8 - 2) = 8 ms; the answer 4^w x 8^(1 - w)."""
-    from infercast.interp.transfer import SIBLING_HOLE_WEIGHT as w
+    from infercast.interp.transfer import SIBLING_WEIGHT as w
     from infercast.interp.transfer import fill_holes_from_siblings
 
     def sol(m):
@@ -156,7 +173,7 @@ def test_hole_is_carried_from_several_own_points_so_one_disturbed_neighbour_does
     sibs = [(sx, 2.0 * sx * s, lambda m, s=s: s * np.asarray(m, dtype=float)) for s in (1.0, 2.0, 4.0)]
     own = float(Grid((x,), v, np.zeros(len(x), np.int8), sol)(np.array([8.0]))[0][0])
     for anchors, sib in ((3, 16.0), (1, 16.0 * np.sqrt(3.0))):   # one per side: the disturbed 6 counts half
-        hx, hv = fill_holes_from_siblings(x, v, sol, sibs, k=3, anchors=anchors, weight=0.5)
+        hx, hv = fill_holes_from_siblings(x, v, sol, sibs, k=3, own_points=anchors, weight=0.5)
         np.testing.assert_array_equal(hx, [8.0])
         np.testing.assert_allclose(hv, [np.sqrt(sib * own)], rtol=1e-12)
 
@@ -208,17 +225,18 @@ def test_below_edge_takes_the_siblings_regime_when_it_departs_from_the_own_rule(
     assert list(pe) == [Prov.HELD] + [Prov.EXACT] * (len(FULL) - 1)
 
 
-def test_below_edge_keeps_the_own_rule_where_the_siblings_agree_with_it():
-    from infercast.interp.transfer import SIBLING_LOW_GATE, extend_below_from_siblings
+def test_below_edge_blends_with_the_own_rule_where_the_siblings_agree_with_it():
+    from infercast.interp.transfer import SIBLING_LOW_GATE, SIBLING_WEIGHT, extend_below_from_siblings
 
     x, v = curve(3.0, 0.7, FULL[1:])
     own_at_1 = curve(3.0, 0.7, [1.0])[1][0]
-    inside = np.exp(0.9 * SIBLING_LOW_GATE)  # a departure just inside the gate: not taken
+    inside = np.exp(0.9 * SIBLING_LOW_GATE)  # a departure just inside the gate: blended, not taken
     sibs = [(*_batch_one_path((s, c, FULL), inside), sol_fn(s)) for s, c in ((1.0, 0.5), (2.0, 0.9))]
     xe, ve, pe = extend_below_from_siblings(x, v, sol_fn(3.0), sibs, lambda t: own_at_1, floor=1.0, k=2)
-    np.testing.assert_array_equal(xe, x)
-    np.testing.assert_array_equal(ve, v)
-    assert not pe.any()
+    np.testing.assert_array_equal(xe, FULL)
+    assert ve[0] == pytest.approx(own_at_1 * inside ** SIBLING_WEIGHT, rel=1e-12)
+    np.testing.assert_array_equal(ve[1:], v)
+    assert list(pe) == [Prov.HELD] + [Prov.EXACT] * (len(FULL) - 1)
     outside = np.exp(1.1 * SIBLING_LOW_GATE)
     sibs = [(*_batch_one_path((s, c, FULL), outside), sol_fn(s)) for s, c in ((1.0, 0.5), (2.0, 0.9))]
     xe, ve, _ = extend_below_from_siblings(x, v, sol_fn(3.0), sibs, lambda t: own_at_1, floor=1.0, k=2)

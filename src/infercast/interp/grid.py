@@ -61,9 +61,9 @@ choice at that one ``m``).
    0.3 / 0.7 weight on the own answer 2.8 / 13.5% | 3.2 / 16.6% and 3.1 / 14.0% | 3.1 / 15.9%;
    4 / 16 siblings 2.9 / 13.6% | 3.4 / 16.4% and 2.9 / 13.4% | 3.3 / 15.7%. Other paths unchanged.
    The siblings' estimate is then carried from up to eight of the site's own points on each side of
-   the hole (median of the estimates, :data:`infercast.interp.transfer.SIBLING_HOLE_ANCHORS`), not
+   the hole (median of the estimates, :data:`infercast.interp.transfer.SIBLING_OWN_POINTS`), not
    from its two neighbours alone, whose noise it otherwise inherits, and weighs 0.6 against the own
-   answer's 0.4 (:data:`~infercast.interp.transfer.SIBLING_HOLE_WEIGHT`): 2.9 / 13.4% | 3.2 / 15.9%
+   answer's 0.4 (:data:`~infercast.interp.transfer.SIBLING_WEIGHT`): 2.9 / 13.4% | 3.2 / 15.9%
    -> 2.6 / 11.8% | 2.6 / 13.7% (seed 1: 3.0 / 13.7% | 3.1 / 16.4% -> 2.6 / 12.1% | 2.7 / 13.9%).
    The pack's GEMM tables have no such hole (h100 / h200 / b200, every backend and quant mode):
    served answers are unchanged; the rule is for a collection that lost points, the case in-curve
@@ -74,9 +74,10 @@ choice at that one ``m``).
    23.5 / 22.3% to 19.3 / 20.5% (medians unchanged, 3.6 / 5.1%). Before that rule applies, a GEMM
    site whose curve stops short of its siblings' range is extended to the positions they measured
    (:func:`infercast.ops.gemm.build_site_grid`, :func:`infercast.interp.transfer.extend_from_siblings`):
-   from each of its last two points, the median utilisation ratio (beyond / at that point) of the
-   eight nearest sibling sites that measured both carries its own utilisation out; the median of
-   the two estimates is used (provenance held). TensorRT-LLM's tables stop at m = 16384 for 42 of
+   from each of its last eight points (:data:`infercast.interp.transfer.SIBLING_OWN_POINTS`; two
+   until the hold-high numbers at the end of this rule), the median utilisation ratio (beyond / at
+   that point) of the eight nearest sibling sites that measured both carries its own utilisation
+   out; the median of the estimates is used (provenance held). TensorRT-LLM's tables stop at m = 16384 for 42 of
    483 shapes and at 32768 for the rest. LOO hold-high median / p90, h200 / b200: 3.6 / 19.3% |
    5.1 / 20.5% -> 3.1 / 13.4% | 3.3 / 13.7%; from the last point alone 2.9 / 17.7% | 2.8 / 15.2%,
    with 4 / 16 siblings 3.1 / 18.6% | 3.1 / 16.2% and 3.0 / 18.1% | 3.1 / 15.3% (offline, one
@@ -86,8 +87,12 @@ choice at that one ``m``).
    (11.3 / 26.0%). Gated instead on the siblings' answer departing from the curve's own low-edge
    rule (rule 4) by more than a factor of 1.35 (:data:`infercast.interp.transfer.SIBLING_LOW_GATE`,
    :func:`infercast.interp.transfer.extend_below_from_siblings`), it is kept: LOO hold-low h200 /
-   b200 1.9 / 11.2% | 2.5 / 25.4% -> 1.9 / 11.2% | 2.4 / 17.3%. The pack's GEMM sites all start at
-   the lattice's first m, so no served answer changes.
+   b200 1.9 / 11.2% | 2.5 / 25.4% -> 1.9 / 11.2% | 2.4 / 17.3%; inside that factor the siblings'
+   answer is now blended with the own rule's (weight 0.6), and both edges carry the siblings' trend
+   from eight own points instead of two: hold-low 1.9 / 11.2% | 2.4 / 17.3% -> 1.7 / 11.1% |
+   2.4 / 14.3%, hold-high 3.1 / 13.4% | 3.3 / 13.7% -> 3.1 / 12.9% | 2.9 / 10.7% (seed 1:
+   hold-low 2.0 / 11.4% | 2.3 / 17.2% -> 1.8 / 11.1% | 2.4 / 13.9%). The pack's GEMM sites all
+   start at the lattice's first m, so no served answer changes below the edge.
 4. *Low edge.* Below the first point the edge value is first lowered to what the median
    utilisation over the edge octave (the points up to twice the edge, as for the low-edge
    exponent below) gives at the edge, ``SOL(edge) / median(u)``, when that is lower; it is never

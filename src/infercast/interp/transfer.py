@@ -19,7 +19,6 @@ site that was not collected:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations, product
@@ -163,21 +162,22 @@ def consistent_subset(choice: SiteChoice, grids: Sequence, factor: float) -> Sit
 # ---- a curve's range extended by its sibling sites' trend ---------------------------------------
 #: the nearest sibling sites (log2 site distance) whose trend a curve borrows beyond its edge
 SIBLING_K = 8
-#: the curve's own points nearest the edge that the trend is carried from (one estimate each,
-#: median of them): one point is as noisy as the point itself, two halve the spread
-SIBLING_OWN_POINTS = 2
-#: a hole inside a curve (:func:`fill_holes_from_siblings`) is carried from up to this many of the
-#: curve's own points on each side of it (one estimate each, median of them): the two neighbours
-#: alone carry their own noise into the hole (LOO in-curve GEMM p90, h200 / b200, seeds 0 / 1 / 2:
-#: 1 -> 8 anchors per side 13.4 / 13.7 / 12.7% | 15.9 / 16.4 / 15.6% ->
-#: 12.5 / 12.7 / 11.8% | 13.9 / 14.6 / 13.8%; 2, 4 and 6 per side lie between, 12 / 16 / all no
-#: better, the mean instead of the median of 2 per side 13.0% | 15.2%)
-SIBLING_HOLE_ANCHORS = 8
-#: the weight of the siblings' estimate against the curve's own (log space) in a filled hole. With
-#: the anchors above the siblings' estimate is the better of the two (alone: 2.3 / 12.0% |
-#: 2.5 / 14.3%, seed 0) but each misses by its own noise; 0.5 / 0.6 / 0.7: b200 p90 13.9 / 13.7 /
-#: 14.0% (seed 0), 14.6 / 13.9 / 14.0% (seed 1), 13.8 / 13.2% (seed 2), h200 12.5 / 11.9 / 11.8%
-SIBLING_HOLE_WEIGHT = 0.6
+#: the curve's own points nearest an edge (beyond it), or on each side of a hole (inside it), that
+#: the siblings' trend is carried from (one estimate each, median of them): one point is as noisy
+#: as the point itself, and a few more keep one disturbed run from moving the answer. LOO GEMM
+#: median / p90, h200 | b200, 2 -> 8 points (seed 0; seed 1): hold-high 3.1 / 13.4% | 3.3 / 13.7%
+#: -> 3.1 / 12.9% | 2.9 / 10.7% (3.2 / 13.6% | 3.2 / 14.1% -> 3.0 / 13.1% | 2.9 / 12.2%; 4 and 6
+#: lie between); in-curve holes 1 -> 8 per side 2.9 / 13.4% | 3.2 / 15.9% -> 2.8 / 12.5% |
+#: 2.6 / 13.9% (3.0 / 13.7% | 3.1 / 16.4% -> 2.7 / 12.7% | 2.7 / 14.6%; 12, 16 or all per side
+#: no better, the mean of 2 per side 13.0% | 15.2%); hold-low below.
+SIBLING_OWN_POINTS = 8
+#: the weight of the siblings' estimate against the curve's own answer (log space) where both are
+#: blended: in a hole (:func:`fill_holes_from_siblings`) and below the low edge where the two agree
+#: within :data:`SIBLING_LOW_GATE` (:func:`extend_below_from_siblings`). Each misses by its own
+#: noise; the siblings', carried from eight own points, is the better one (holes, alone:
+#: 2.3 / 12.0% | 2.5 / 14.3%, seed 0). In-curve holes, 0.5 / 0.6 / 0.7: b200 p90 13.9 / 13.7 /
+#: 14.0% (seed 0), 14.6 / 13.9 / 14.0% (seed 1), 13.8 / 13.2% (seed 2); h200 12.5 / 11.9 / 11.8%
+SIBLING_WEIGHT = 0.6
 
 
 def siblings_by_distance(site: Sequence[float], sites: np.ndarray, exclude: int | None = None) -> np.ndarray:
@@ -223,8 +223,8 @@ def fill_holes_from_siblings(
     siblings,
     scales: tuple = (),
     k: int = SIBLING_K,
-    anchors: int = SIBLING_HOLE_ANCHORS,
-    weight: float = SIBLING_HOLE_WEIGHT,
+    own_points: int = SIBLING_OWN_POINTS,
+    weight: float = SIBLING_WEIGHT,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Values for the holes inside a measured 1-D curve: positions between its first and last
     points that most of its ``k`` nearest siblings measured and it did not (a lattice point its
@@ -234,7 +234,7 @@ def fill_holes_from_siblings(
     Each hole gets two estimates: the curve's own, the grid of its measured points at that position
     (with the axis rules of ``scales``: :mod:`infercast.interp.grid`, e.g. the tile-step pair rule);
     and the siblings', the utilisation each of the curve's own points ``r`` nearest the hole (up to
-    ``anchors`` on each side) carries there by the median ratio ``u_j(t) / u_j(r)`` of the ``k``
+    ``own_points`` on each side) carries there by the median ratio ``u_j(t) / u_j(r)`` of the ``k``
     nearest siblings that measured both, the median of those estimates (one disturbed own point
     does not move it). The answer is their weighted geometric mean (``weight`` on the siblings'):
     the own curve knows its level, the siblings know where a tile step falls at that position for
@@ -271,7 +271,8 @@ def fill_holes_from_siblings(
     for t, vo in zip(holes.tolist(), own_v.tolist()):
         j = int(np.searchsorted(x, t))
         logs = []
-        for r, ur in zip(x[max(j - anchors, 0):j + anchors].tolist(), u_own[max(j - anchors, 0):j + anchors].tolist()):
+        near = slice(max(j - own_points, 0), j + own_points)
+        for r, ur in zip(x[near].tolist(), u_own[near].tolist()):
             ratios = []
             for sx, sv, ssol in sib:
                 it_, ir = _positions(sx, t), _positions(sx, r)
@@ -335,7 +336,12 @@ def extend_from_siblings(
 #: (seed 0): own rule everywhere 2.5 / 25.4% | 1.9 / 11.2%; gate 0.15 / 0.25 / 0.3 / 0.4:
 #: 2.5 / 17.5% | 1.9 / 11.4%, 2.4 / 17.4% | 1.9 / 11.1%, 2.4 / 17.3% | 1.9 / 11.2%, 2.4 / 17.4% |
 #: 1.9 / 11.2%; no gate (siblings everywhere, measured in an earlier session): 3.3 / 17.2% |
-#: 2.0 / 13.8%.
+#: 2.0 / 13.8%. Inside the gate the two are blended (:data:`SIBLING_WEIGHT`) rather than the own
+#: rule kept, and the siblings' estimate is carried from eight own points, not two: b200 | h200
+#: 2.4 / 17.3% | 1.9 / 11.2% -> 2.4 / 14.3% | 1.7 / 11.1% (seed 1: 2.3 / 17.2% | 2.0 / 11.4% ->
+#: 2.4 / 13.9% | 1.8 / 11.1%; seed 2: 2.5 / 17.7% | 1.9 / 11.6% -> 2.6 / 14.4% | 1.7 / 10.4%);
+#: eight points and no gate 2.5 / 14.2% | 1.7 / 12.7%, the blend everywhere 2.5 / 22.5% | 1.7 / 11.1%
+#: (vLLM's fp8 batch-1 path, below, is a regime the own rule cannot see).
 SIBLING_LOW_GATE = 0.3
 
 
@@ -349,6 +355,7 @@ def extend_below_from_siblings(
     k: int = SIBLING_K,
     own_points: int = SIBLING_OWN_POINTS,
     gate: float | None = None,
+    weight: float = SIBLING_WEIGHT,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Extend a measured 1-D curve below its low edge where its siblings measured a regime that its
     own points cannot show.
@@ -358,17 +365,18 @@ def extend_below_from_siblings(
     lowest position any sibling measured (a curve that starts there is returned at once). Each
     position below ``x[0]`` that the ``k`` nearest siblings reaching there measured gets the
     siblings' estimate (their median utilisation ratio carried from the curve's first
-    ``own_points`` points, as :func:`extend_from_siblings` does above the high edge); it is added,
-    with provenance :attr:`Prov.HELD`, only where it departs from ``own(t)`` by more than ``gate``
-    (:data:`SIBLING_LOW_GATE`, in absolute log ratio). Returns ``(x, v, prov)``, the added points
-    first.
+    ``own_points`` points, as :func:`extend_from_siblings` does above the high edge). Where it
+    departs from ``own(t)`` by more than ``gate`` (:data:`SIBLING_LOW_GATE`, in absolute log ratio)
+    it is taken; where it does not, the two are blended as in a hole (``weight`` on the siblings',
+    :data:`SIBLING_WEIGHT`). Either is added with provenance :attr:`Prov.HELD`. Returns
+    ``(x, v, prov)``, the added points first.
 
     Why: the own rule extrapolates the first octave, which is right while the low end of the axis
     is one regime. Some kernels change regime at its very start: vLLM's fp8 GEMM on b200 runs a
     batch-1 path at ``m = 1`` that takes ~13.5 us more than at ``m = 2`` (median over its 483
     shapes, 2-3x at small shapes), which no point at ``m >= 2`` shows and every sibling measured.
-    Where the siblings agree with the own rule the own curve's level is the better answer, so the
-    siblings are taken only past the gate."""
+    Where the siblings agree with the own rule, each is an estimate with its own noise, and their
+    blend beats either."""
     x = np.asarray(x, dtype=float)
     v = np.asarray(v, dtype=float)
     prov = np.zeros(len(x), np.int8)
@@ -376,10 +384,13 @@ def extend_below_from_siblings(
         return x, v, prov
     gate = SIBLING_LOW_GATE if gate is None else gate
     add_x, add_v = _sibling_trend(x, v, sol, siblings, k, own_points, low=True)
-    keep = [(t, lat) for t, lat in zip(add_x, add_v) if abs(math.log(lat / float(own(t)))) > gate]
-    if not keep:
+    if not add_x:
         return x, v, prov
-    tx, tv = (np.array(c, dtype=float) for c in zip(*keep))
+    tx = np.asarray(add_x, dtype=float)
+    sib_v = np.asarray(add_v, dtype=float)
+    own_v = np.array([float(own(t)) for t in add_x])
+    departs = np.abs(np.log(sib_v / own_v)) > gate
+    tv = np.where(departs, sib_v, np.exp((1.0 - weight) * np.log(own_v) + weight * np.log(sib_v)))
     return (np.concatenate([tx, x]), np.concatenate([tv, v]),
             np.concatenate([np.full(len(tx), int(Prov.HELD), np.int8), prov]))
 
