@@ -226,7 +226,11 @@ def test_below_edge_takes_the_siblings_regime_when_it_departs_from_the_own_rule(
 
 
 def test_below_edge_blends_with_the_own_rule_where_the_siblings_agree_with_it():
-    from infercast.interp.transfer import SIBLING_LOW_GATE, SIBLING_WEIGHT, extend_below_from_siblings
+    from infercast.interp.transfer import (
+        SIBLING_LOW_GATE,
+        SIBLING_WEIGHT,
+        extend_below_from_siblings,
+    )
 
     x, v = curve(3.0, 0.7, FULL[1:])
     own_at_1 = curve(3.0, 0.7, [1.0])[1][0]
