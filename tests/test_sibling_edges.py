@@ -275,3 +275,31 @@ def test_gemm_site_grid_serves_a_lost_first_point_from_its_siblings():
     # without a floor (or a curve that starts at it) the grid is the own points' alone
     val_own, _ = build_site_grid(x, v, sol_fn(3.0), sibs, reach=64.0)(np.array([1.0]))
     assert val_own[0] < val[0] / 2
+
+
+# ---- attention low edges (infercast.ops.attention.extend_low_edges) ----------------------------
+def test_attention_low_edge_is_carried_from_several_own_rows_so_a_disturbed_first_row_does_not_move_it():
+    """Every site runs at utilisation 0.5 of sol(batch, step) = batch x step. The site lost its
+    batch-1 row and its first remaining row (batch 2) is a disturbed run (2x). Carried from that
+    row alone by the siblings' flat utilisation change, batch 1 comes out 2x too slow; from the
+    first LOW_EDGE_OWN_POINTS rows, the median, the undisturbed rows outvote it: exactly 2 x sol."""
+    from infercast.interp.grid import LINEAR
+    from infercast.ops import attention as attn
+
+    def sol(b, s):
+        return np.asarray(b, dtype=float) * np.asarray(s, dtype=float)
+
+    batches, steps = np.array([2.0, 4.0, 8.0, 16.0]), np.array([1.0, 2.0, 4.0])
+    vals = 2.0 * sol(batches[:, None], steps[None, :])
+    vals[0] *= 2.0
+    sib_b = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
+    sib_grid = Grid((sib_b, steps), 2.0 * sol(sib_b[:, None], steps[None, :]), np.zeros((5, 3), np.int8), sol,
+                    scales=(LINEAR, LINEAR))
+    sib = attn.Siblings(site=(32, 8), sites=np.array([[16.0, 4.0], [64.0, 16.0]]), axes=[(sib_b, steps)] * 2,
+                        grid=lambda k: sib_grid)
+    prov = np.zeros(vals.shape, np.int8)
+    axes, out, p = attn.extend_low_edges("generation_attention", (batches, steps), vals, prov, sol, sib)
+    np.testing.assert_array_equal(axes[0], sib_b)
+    np.testing.assert_allclose(out[0], 2.0 * sol(1.0, steps), rtol=1e-12)
+    np.testing.assert_array_equal(out[1:], vals)   # measured cells bit for bit
+    assert (p[0] == Prov.TRANSFERRED).all() and not p[1:].any()

@@ -36,7 +36,9 @@ batch / length do: the site's value at its edge ``e`` is scaled to a coordinate 
 the SOL ratio and by the utilisation change ``u(c) / u(e)`` of donors chosen as transfer donors
 (:func:`choose_donors` among the siblings measured at both ``c`` and ``e``), blended in log space
 with the donors' weights, at every coordinate of the other axis; the cells are marked
-transferred. Where no sibling reaches below the site's edge (every collected h200 / b200 site
+transferred. The change is carried from each of the site's first three batches / lengths
+(:data:`LOW_EDGE_OWN_POINTS`), the median of those estimates taken, so that the first row's own
+noise is not carried down alone. Where no sibling reaches below the site's edge (every collected h200 / b200 site
 starts at batch 1 and length 1) nothing changes, so served estimates of collected sites are
 unchanged; the grid's own low-edge rule (:mod:`infercast.interp.grid`) still answers below the
 lattice's lowest coordinate. ``benchmarks.interp_loo`` hold-low median / p90, h200 | b200:
@@ -137,6 +139,14 @@ def fill_site(stem: str, axes, vals, sol):
 #: fill a site's batches / lengths below its first measured ones from sibling sites that measured
 #: them (``extend_low_edges``; module docstring, "Low edges")
 SIBLING_LOW_EDGES = True
+#: the site's own first rows (batch) / columns (length) a low edge is carried from by its siblings'
+#: utilisation change (one estimate each, median in log space; module docstring, "Low edges"):
+#: the first row alone carries its own noise down. ``benchmarks.interp_loo`` hold-low median / p90,
+#: h200 | b200, 1 -> 3 (2 and 4 no better): generation attention seed 0 1.4 / 5.3% | 3.0 / 15.2% ->
+#: 1.4 / 6.4% | 2.9 / 13.4%, seed 1 1.4 / 5.5% | 3.3 / 15.8% -> 1.5 / 7.3% | 2.9 / 13.3%;
+#: context attention seed 0 3.0 / 14.0% | 3.8 / 14.8% -> 3.1 / 13.0% | 3.8 / 14.3%, seed 1
+#: 2.8 / 15.2% | 4.0 / 15.3% -> 3.0 / 13.8% | 3.9 / 14.2%
+LOW_EDGE_OWN_POINTS = 3
 
 #: generation attention: a batch row is extended one KV doubling beyond the last step along the
 #: ``batch x KV length`` diagonal only where the diagonal held one octave in, within this factor
@@ -188,11 +198,13 @@ class Siblings:
 def extend_low_edges(stem: str, axes, values, prov, sol, sib: Siblings):
     """Rows (batch) and columns (length) that sibling sites measured below this site's first
     batch / length, filled from the siblings (module docstring, "Low edges"). For each such
-    coordinate ``c`` below the edge ``e`` of an axis, the donors are :func:`choose_donors` among
+    coordinate ``c`` below the edge of an axis, and each of the site's first
+    :data:`LOW_EDGE_OWN_POINTS` coordinates ``e`` on it, the donors are :func:`choose_donors` among
     the siblings measured at both ``c`` and ``e``; the site's value at ``(e, y)`` is scaled by the
     SOL ratio and by the donors' blended utilisation change, ``exp(sum_i w_i log(u_i(c, y) /
-    u_i(e, y)))``, at every coordinate ``y`` of the other axis. Returns ``(axes, values, prov)``,
-    unchanged when no sibling reaches below the site's edges; new cells are marked transferred."""
+    u_i(e, y)))``, at every coordinate ``y`` of the other axis; the cell is the median of those
+    estimates in log space. Returns ``(axes, values, prov)``, unchanged when no sibling reaches
+    below the site's edges; new cells are marked transferred."""
     axes = [np.asarray(a, dtype=float) for a in axes]
     values = np.asarray(values, dtype=float)
     prov = np.asarray(prov, dtype=np.int8)
@@ -202,26 +214,30 @@ def extend_low_edges(stem: str, axes, values, prov, sol, sib: Siblings):
         edge = float(axes[a][0])
         lower = sorted({float(x) for ax in sib.axes for x in np.asarray(ax[a]).tolist() if x < edge})
         rows, used = [], []
+        y = axes[1 - a]
         for c in lower:
-            cands = [k for k, ax in enumerate(sib.axes) if c in ax[a] and edge in ax[a]]
-            choice = choose_donors(stem, sib.site[0], sib.site[1], sib.sites[cands]) if cands else None
-            if choice is None:
-                continue
-            y = axes[1 - a]
             at_c = (np.full(len(y), c), y) if a == 0 else (y, np.full(len(y), c))
-            at_e = (np.full(len(y), edge), y) if a == 0 else (y, np.full(len(y), edge))
-            log_du = np.zeros(len(y))
-            for i, w in zip(choice.indices, choice.weights):
-                g = sib.grid(cands[i])
+            estimates = []
+            for j, e in enumerate(axes[a][:LOW_EDGE_OWN_POINTS].tolist()):
+                cands = [k for k, ax in enumerate(sib.axes) if c in ax[a] and e in ax[a]]
+                choice = choose_donors(stem, sib.site[0], sib.site[1], sib.sites[cands]) if cands else None
+                if choice is None:
+                    continue
+                at_e = (np.full(len(y), e), y) if a == 0 else (y, np.full(len(y), e))
+                log_du = np.zeros(len(y))
+                for i, w in zip(choice.indices, choice.weights):
+                    g = sib.grid(cands[i])
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        du = (g.sol(*at_c) / g(*at_c)[0]) / (g.sol(*at_e) / g(*at_e)[0])
+                    log_du += w * np.log(np.asarray(du, dtype=float))
+                v_e = values[j] if a == 0 else values[:, j]
                 with np.errstate(divide="ignore", invalid="ignore"):
-                    du = (g.sol(*at_c) / g(*at_c)[0]) / (g.sol(*at_e) / g(*at_e)[0])
-                log_du += w * np.log(np.asarray(du, dtype=float))
-            v_e = values[0] if a == 0 else values[:, 0]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                new = v_e * (np.asarray(sol(*at_c), dtype=float) / np.asarray(sol(*at_e), dtype=float)) / np.exp(log_du)
-            if not np.all(np.isfinite(new) & (new > 0)):
+                    new = v_e * (np.asarray(sol(*at_c), dtype=float) / np.asarray(sol(*at_e), dtype=float)) / np.exp(log_du)
+                if np.all(np.isfinite(new) & (new > 0)):
+                    estimates.append(np.log(new))
+            if not estimates:
                 continue
-            rows.append(new)
+            rows.append(np.exp(np.median(np.stack(estimates), axis=0)))
             used.append(c)
         if not used:
             continue
