@@ -26,7 +26,7 @@ def _f(x, fmt="{:.2f}") -> str:
 
 
 def print_static(res, explain: bool = False) -> None:
-    c = _console()
+    c = _console(min_width=140 if explain else 0)  # --explain: a source column of kernel names
     title = (
         f"{res.model} on {res.system} · {res.backend} {res.backend_version} · TP{res.tp} PP{res.pp}"
         + (f" DP{res.attention_dp}" if res.attention_dp > 1 else "")
