@@ -111,6 +111,11 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
      seed 1 8.0 / 38.1% | 9.4 / 34.6% -> 6.9 / 40.1% | 9.2 / 36.1% (the median, the goal, falls
      on both seeds and GPUs; p90 moves both ways). Factor 2: seed 0 6.3 / 28.9% | 9.5 / 33.1%,
      seed 1 7.0 / 38.9% | 9.4 / 34.8%; factor 1.25: seed 0 6.5 / 28.8% | 9.5 / 33.4%.
+     Tried and not kept: each donor's own fixed cost (0.5 x its lowest latency, the query's the
+     donors' weighted geometric mean) in place of the pair's: transfer median / p90, h200 | b200,
+     seed 0 6.0 / 26.4% | 9.2 / 33.7% -> 5.8 / 29.3% | 8.7 / 33.2%, seed 1 6.9 / 40.1% |
+     9.0 / 35.8% -> 6.6 / 45.9% | 8.5 / 35.0%, seed 2 6.9 / 38.2% | 9.7 / 36.7% -> 6.9 / 40.4% |
+     9.5 / 35.0% (medians down a little, the h200 p90 up by 2-6 points; b200 still above 8%).
 
   **What b200 still misses.** The b200 SGLang bf16 and fp8_block tables mix kernels per shape:
   7 of 17 bf16 shapes and 6 of 17 fp8_block shapes are Triton (``sglang_fused_moe_triton``) at
