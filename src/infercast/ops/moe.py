@@ -116,6 +116,11 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
      seed 0 6.0 / 26.4% | 9.2 / 33.7% -> 5.8 / 29.3% | 8.7 / 33.2%, seed 1 6.9 / 40.1% |
      9.0 / 35.8% -> 6.6 / 45.9% | 8.5 / 35.0%, seed 2 6.9 / 38.2% | 9.7 / 36.7% -> 6.9 / 40.4% |
      9.5 / 35.0% (medians down a little, the h200 p90 up by 2-6 points; b200 still above 8%).
+     Nor a correction by the dense GEMM table's efficiency at each site's per-expert shape
+     (``m`` = 64 rows, ``n`` = 2 x inter / moe_tp, ``k`` = hidden, same backend and quant): the
+     site offsets correlate with it at 0.0-0.5 per (backend, quant), slope 0.01-0.03 in log
+     latency per log FLOP rate, and removing that trend moves the median site error 7.7% -> 7.6%
+     (b200), 5.2% -> 5.0% (h200), offline.
 
   **What b200 still misses.** The b200 SGLang bf16 and fp8_block tables mix kernels per shape:
   7 of 17 bf16 shapes and 6 of 17 fp8_block shapes are Triton (``sglang_fused_moe_triton``) at
