@@ -69,6 +69,13 @@ behind a full queue), and each of the ``osl - 1`` steps a request decodes throug
 work independently with the probability the fluid model gives (a binomial count of slow steps);
 the first wave contributes its simulated requests with weight ``1 / requests_per_client``, as in
 the mean. TPOT percentiles are the steady state's, as the mean is.
+
+Tried and not kept (dev fullspec rows, TTFT median APE 16.92%): the wait for the step in progress
+taken length-biased (an arrival lands in a long mixed or prefill step more often than its share of
+steps; ``E[S^2] / 2E[S]`` in place of, added to, or as a floor under ``WAIT_STEPS`` steps):
+16.95-16.97%; a front-end cost per input token (tokenisation) added to ``arrival_delay_ms``, 0.01 /
+0.02 ms per token: 19.3 / 21.9% (the h100 TensorRT-LLM 1.0.0rc3 and vLLM 0.12 rows whose excess grows
+with the prompt are not the rule).
 """
 
 from __future__ import annotations
