@@ -121,6 +121,11 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
      site offsets correlate with it at 0.0-0.5 per (backend, quant), slope 0.01-0.03 in log
      latency per log FLOP rate, and removing that trend moves the median site error 7.7% -> 7.6%
      (b200), 5.2% -> 5.0% (h200), offline.
+     Nor donors from every (moe_tp, moe_ep) pair, chosen over per-rank coordinates ``(hidden,
+     inter / moe_tp, topk, experts / moe_ep)`` (a shape at another pair with the same per-rank
+     problem as the query's): every b200 site dropped in turn (its shape at every pair left out),
+     median 9.0% -> 9.7% (SGLang 13.1 -> 15.7%, TensorRT-LLM 6.4 -> 6.3%, vLLM 8.1 -> 8.8%), p90
+     36 -> 46%, with 12% more sites answered: the pair itself shapes the kernel's efficiency.
 
   **What b200 still misses.** The b200 SGLang bf16 and fp8_block tables mix kernels per shape:
   7 of 17 bf16 shapes and 6 of 17 fp8_block shapes are Triton (``sglang_fused_moe_triton``) at
