@@ -91,12 +91,16 @@ def test_search_on_the_synthetic_pack(synth):
     ({"concurrencies": [1, None]}, "concurrency must be a positive integer, got None"),
     ({"concurrencies": [1.5]}, "concurrency must be a positive integer, got 1.5"),
     ({"max_gpus": 2.5}, "max_gpus must be a positive integer, got 2.5"),
+    ({"isl": None}, "isl must be a positive integer, got None"),
+    ({"osl": None}, "osl must be a positive integer, got None"),
 ])
 def test_search_api_bad_arguments(synth, kw, needle):
     """Search arguments are refused with a typed error rather than truncated (2.5 GPUs searched as
     2, 1.5 clients as 1), iterated character by character ("1,4") or failing with a TypeError."""
+    kw = dict(kw)
+    lengths = {"isl": kw.pop("isl", 128), "osl": kw.pop("osl", 8)}
     with pytest.raises(InvalidInputError) as ei:
-        search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, systems_path=synth.systems_dir, **kw)
+        search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", systems_path=synth.systems_dir, **lengths, **kw)
     assert needle in str(ei.value)
     # integral floats are integers
     r = search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128.0, 8, systems_path=synth.systems_dir, max_gpus=2.0, concurrencies=[4.0, 1])

@@ -68,10 +68,12 @@ class SearchResult:
         return d
 
 
-def _positive(name: str, v, kind=float):
-    """``v`` as a positive ``kind`` (None stays None: "not given"); ``kind=int`` also refuses a
-    fractional value rather than truncating it (2.5 GPUs are not 2)."""
+def _positive(name: str, v, kind=float, required: bool = False):
+    """``v`` as a positive ``kind`` (None stays None: "not given", unless ``required``); ``kind=int``
+    also refuses a fractional value rather than truncating it (2.5 GPUs are not 2)."""
     if v is None:
+        if required:
+            raise InvalidInputError(f"{name} must be a positive {'integer' if kind is int else 'number'}, got None")
         return None
     try:
         x = float(v)
@@ -127,7 +129,7 @@ def search_agg(
     conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
                              systems_path, estimator_kw)
     node = base.data.system.node
-    res.max_gpus = node.gpus_per_node if max_gpus is None else int(_positive("max_gpus", max_gpus, int))
+    res.max_gpus = node.gpus_per_node if max_gpus is None else _positive("max_gpus", max_gpus, int)
     params = scheduler_params(backend, base.data.system, base.spec)
     for lay, est in _estimators(res, base, model, layouts(base.spec, res.max_gpus, node.nvlink_gpus),
                                 backend_version, systems_path, estimator_kw).items():
@@ -141,7 +143,7 @@ def _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_ma
     empty result)."""
     from ..api import Estimator
 
-    isl, osl = int(_positive("isl", isl, int)), int(_positive("osl", osl, int))
+    isl, osl = _positive("isl", isl, int, required=True), _positive("osl", osl, int, required=True)
     ttft_max_ms = _positive("ttft target", ttft_max_ms)
     tpot_max_ms = _positive("tpot target", tpot_max_ms)
     conc = _concurrencies(concurrencies)
@@ -242,11 +244,11 @@ def search_disagg(
     to ``max_workers`` workers of each, at each concurrency (clients of the whole deployment),
     through :func:`infercast.api.serve_disagg`. A deployment whose decode ranks would run more
     requests than their KV cache holds (:mod:`infercast.serving.memory`) is skipped."""
-    max_workers = int(_positive("max_workers", max_workers, int))
+    max_workers = _positive("max_workers", max_workers, int, required=True)
     conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
                              systems_path, estimator_kw)
     node = base.data.system.node
-    total = res.max_gpus = 2 * node.gpus_per_node if max_gpus is None else int(_positive("max_gpus", max_gpus, int))
+    total = res.max_gpus = 2 * node.gpus_per_node if max_gpus is None else _positive("max_gpus", max_gpus, int)
     space = layouts(base.spec, min(total, node.nvlink_gpus), node.nvlink_gpus)
     roles = _roles(res, _estimators(res, base, model, space, backend_version, systems_path, estimator_kw,
                                     keep=lambda lay: lay.pp == 1))
