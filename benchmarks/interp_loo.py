@@ -236,6 +236,10 @@ class MoeLattice(Lattice):
     """A MoE lattice also knows which sites' curves come from the default kernel (ops.moe donors)."""
 
     primary: np.ndarray | None = None
+    pair: tuple[int, int] = (1, 1)
+    site_kernel: np.ndarray | None = None
+    assumed_family: str | None = None  # the kernel family an uncollected shape is assumed to run
+    peers: list = field(default_factory=list)  # other engines' lattices on this GPU (ops.moe.peer_lattices)
 
 
 def moe_quant_lattices(db: OpDB, table):
@@ -261,6 +265,7 @@ def moe_lattices(db: OpDB, backend: str) -> list[Lattice]:
         return out
     for quant, lat, gated in moe_quant_lattices(db, table):
         pairs = sorted({(int(a), int(b)) for a, b in lat.sites[:, 4:6]})
+        peers = [plat for _, plat in moe_ops.peer_lattices(db, lat, gated, lat.distribution)]
         for tp, ep in pairs:
             idx = np.flatnonzero((lat.sites[:, 4] == tp) & (lat.sites[:, 5] == ep))
             sites = lat.sites[idx, :4]
@@ -271,7 +276,8 @@ def moe_lattices(db: OpDB, backend: str) -> list[Lattice]:
                 return moe_ops.moe_sol_fn(db, q, h, n, k, e, tp, ep, g)
 
             out.append(MoeLattice("moe", backend, f"{quant} tp{tp}xep{ep} [{lat.kernel}]", sites, curves, sol_for,
-                                  primary=lat.primary[idx]))
+                                  primary=lat.primary[idx], pair=(tp, ep), site_kernel=lat.site_kernel[idx],
+                                  assumed_family=moe_ops.default_family(lat), peers=peers))
     return out
 
 
@@ -444,6 +450,30 @@ def predict_curve_point(L: Lattice, s: int, cell: int, ax: int, path: str) -> di
     return {"meas": meas, "pred": pred, "alts": alts, "tags": tags, "check": check}
 
 
+def _sample_cells(L: Lattice, s: int, rng: np.random.Generator, cap: int):
+    axes, vals = L.curves[s]
+    cells = np.argwhere(~np.isnan(vals))
+    if len(cells) > cap:
+        cells = cells[np.sort(rng.choice(len(cells), cap, replace=False))]
+    return tuple(axes[a][cells[:, a]] for a in range(len(axes))), vals[tuple(cells.T)]
+
+
+def predict_moe_peer(L: MoeLattice, s: int, rest: np.ndarray, rng: np.random.Generator, cap: int) -> dict | None:
+    """Dropped MoE site ``s`` from another engine's table (``ops.moe.best_peer_curve``), the ratio
+    taken over this engine's remaining sites; None when no peer serves (the site transfers)."""
+    if not L.peers:
+        return None
+    own = np.column_stack([L.sites[rest], np.tile(np.asarray(L.pair, float), (len(rest), 1))])
+    best = moe_ops.best_peer_curve(L.sites[s], *L.pair, L.assumed_family, own, [L.curves[int(j)] for j in rest],
+                                   L.site_kernel[rest], L.peers)
+    if best is None:
+        return None
+    g = moe_ops.peer_grid(best[1], L.sol_for(L.sites[s]))
+    coords, meas = _sample_cells(L, s, rng, cap)
+    pred = g(*coords)[0]
+    return {"meas": meas, "pred": pred, "alts": {"latency blend": pred}, "tags": {"transfer": "peer"}, "check": 0.0}
+
+
 def predict_site(L: Lattice, s: int, rng: np.random.Generator, cap: int) -> dict | None:
     """Drop site ``s`` and predict (up to ``cap`` of) its measured points by transfer."""
     rest = np.delete(np.arange(len(L.sites)), s)
@@ -456,8 +486,12 @@ def predict_site(L: Lattice, s: int, rng: np.random.Generator, cap: int) -> dict
         if choice is not None:
             choice = attn_ops.consistent_donors(L.family, choice, lambda i: L.full(int(rest[i])))
     elif L.family == "moe":
-        # as ops/moe.py: default-kernel donors first, utilisation read at equal expert rows over
-        # SOL + the pair's fixed cost (from the remaining sites' lowest latency)
+        # as ops/moe.py: another engine's curve of the shape when the two run the same kernels at a
+        # steady ratio at this pair; else default-kernel donors first, utilisation read at equal
+        # expert rows over SOL + the pair's fixed cost (from the remaining sites' lowest latency)
+        peer = predict_moe_peer(L, s, rest, rng, cap)
+        if peer is not None:
+            return peer
         choice = moe_ops.choose_donors(L.sites[s], L.sites[rest], L.primary[rest])
     else:
         choice = choose_sites(L.sites[s], L.sites[rest])
@@ -470,12 +504,7 @@ def predict_site(L: Lattice, s: int, rng: np.random.Generator, cap: int) -> dict
         g = moe_ops.transfer_sites(choice, L.sites[s], L.sites[rest], lambda i: L.full(int(rest[i])), sol_q, cost)
     else:
         g = transfer_grid(choice, lambda i: L.donor(int(rest[i]), s), sol_q)
-    axes, vals = L.curves[s]
-    cells = np.argwhere(~np.isnan(vals))
-    if len(cells) > cap:
-        cells = cells[np.sort(rng.choice(len(cells), cap, replace=False))]
-    coords = tuple(axes[a][cells[:, a]] for a in range(len(axes)))
-    meas = vals[tuple(cells.T)]
+    coords, meas = _sample_cells(L, s, rng, cap)
     pred = g(*coords)[0]
     blend = np.zeros(len(meas))
     for i, w in zip(choice.indices, choice.weights):

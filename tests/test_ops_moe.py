@@ -1030,3 +1030,127 @@ def test_moe_tp_octave_recovers_a_fixed_plus_parallel_split_exactly():
     # curves that share fewer than two token counts give no answer
     lone = Grid((np.array([8192.0, 16384.0]),), np.array([1.0, 2.0]), np.zeros(2, np.int8), sol_at(2), scales=TOKEN_SCALE)
     assert _fixed_plus_split(grid(4), 4, lone, 2, 8, sol_at(8), ()) is None
+
+
+# ----------------------------------------------------------------------------------------------
+# an uncollected shape from another engine's table (ops.moe.peer_curve / resolve_moe "peer-transfer")
+# ----------------------------------------------------------------------------------------------
+
+PEER_TOKENS = np.array([1.0, 2.0, 4.0, 8.0, 16.0, 32.0])
+PEER_SITES = [(1024, 512, 2, 8), (2048, 512, 2, 8), (1024, 1024, 2, 8), (2048, 1024, 2, 8)]
+PEER_QUERY = (1536, 768, 2, 8)
+
+
+def _peer_curve_of(site) -> np.ndarray:
+    h, i, _, _ = site
+    return 0.01 + 1e-9 * h * i * PEER_TOKENS
+
+
+def _peer_lattice(sites, kernels, scale, pair=(1, 1)):
+    """(sites (n, 6), curves by index, kernels): each site's curve x ``scale`` (a number, or an array
+    over PEER_TOKENS, or a per-site list of either)."""
+    scales = scale if isinstance(scale, list) else [scale] * len(sites)
+    arr = np.array([(*s, *pair) for s in sites], float)
+    curves = {i: ((PEER_TOKENS,), _peer_curve_of(s) * np.asarray(sc, float)) for i, (s, sc) in enumerate(zip(sites, scales))}
+    return arr, curves, np.array(kernels, dtype=object)
+
+
+def _own_and_peer(own_scale, peer_kernels=None, own_kernels=None, pair=(1, 1)):
+    own = _peer_lattice(PEER_SITES, own_kernels or ["sglang_flashinfer_trtllm_moe"] * 4, own_scale)
+    peer_kernels = peer_kernels or ["vllm_x_flashinfer_trtllm_experts"] * 5
+    peer = _peer_lattice([*PEER_SITES, PEER_QUERY], peer_kernels, 1.0, pair)
+    return own, peer
+
+
+def test_kernel_family_of_a_kernel_name():
+    from infercast.ops.moe import kernel_family
+
+    assert kernel_family("sglang_flashinfer_trtllm_moe") == "trtllm"
+    assert kernel_family("vllm_fp8moe_flashinfer_cutlass_flashinferexperts") == "cutlass"
+    assert kernel_family("vllm_fused_moe") == kernel_family("sglang_fused_moe_triton") == "triton"
+    assert kernel_family("sglang_marlin_moe") is None and kernel_family(None) is None
+
+
+def test_peer_curve_scales_the_peers_measurement_by_the_engines_ratio():
+    from infercast.ops.moe import peer_curve
+
+    own, peer = _own_and_peer(0.8)
+    pc = peer_curve(PEER_QUERY, 1, 1, "trtllm", *own, *peer)
+    assert pc is not None and pc.index == 4 and pc.shared == 4
+    np.testing.assert_allclose(pc.values, _peer_curve_of(PEER_QUERY) * 0.8, rtol=1e-12)
+    assert pc.ratio == pytest.approx(0.8) and pc.spread == pytest.approx(0.0, abs=1e-12)
+    # a ratio that changes along the tokens axis is carried point by point
+    f = np.array([0.7, 0.75, 0.8, 0.9, 1.0, 1.1])
+    own, peer = _own_and_peer(f)
+    np.testing.assert_allclose(peer_curve(PEER_QUERY, 1, 1, "trtllm", *own, *peer).values,
+                               _peer_curve_of(PEER_QUERY) * f, rtol=1e-12)
+
+
+def test_peer_curve_refuses_an_unsteady_ratio_too_few_sites_or_another_kernel():
+    from infercast.ops.moe import PEER_MIN_SITES, PEER_RATIO_SPREAD, peer_curve
+
+    # per-site ratios 0.8 / 1.0 / 1.25 / 1.0: the engines differ by shape, not by a steady factor
+    own, peer = _own_and_peer([0.8, 1.0, 1.25, 1.0])
+    assert peer_curve(PEER_QUERY, 1, 1, "trtllm", *own, *peer) is None
+    # just inside the spread gate (median absolute deviation of the log ratios) it serves
+    d = PEER_RATIO_SPREAD * 0.9
+    own, peer = _own_and_peer([np.exp(-d), np.exp(d), np.exp(d), np.exp(-d)])
+    assert peer_curve(PEER_QUERY, 1, 1, "trtllm", *own, *peer) is not None
+    # shared sites of another kernel family do not count: too few left
+    other = ["sglang_fused_moe_triton"] * (len(PEER_SITES) - PEER_MIN_SITES + 1)
+    own, peer = _own_and_peer(0.8, own_kernels=other + ["sglang_flashinfer_trtllm_moe"] * (PEER_MIN_SITES - 1))
+    assert peer_curve(PEER_QUERY, 1, 1, "trtllm", *own, *peer) is None
+    # the peer ran the query shape with another family than the one assumed for it
+    own, peer = _own_and_peer(0.8, peer_kernels=["vllm_x_flashinfer_trtllm_experts"] * 4 + ["vllm_fused_moe"])
+    assert peer_curve(PEER_QUERY, 1, 1, "trtllm", *own, *peer) is None
+    assert peer_curve(PEER_QUERY, 1, 1, None, *_own_and_peer(0.8)[0], *_own_and_peer(0.8)[1]) is None
+    # the peer measured the shape at another pair only
+    own, peer = _own_and_peer(0.8, pair=(2, 1))
+    assert peer_curve(PEER_QUERY, 1, 1, "trtllm", *own, *peer) is None
+
+
+def _peer_transfer_pack(tmp_path, own_scales):
+    """TensorRT-LLM measured the four PEER_SITES (curves x ``own_scales``), vLLM those and PEER_QUERY,
+    all with FlashInfer TensorRT-LLM-gen kernels, bf16, one pair (1, 1)."""
+    from infercast.data.pack import find_pack
+
+    pack = sp.make_pack(tmp_path / "pk")
+    data = pack.systems_dir / "data" / sp.SYSTEM
+
+    def table(backend, version, kernel, sites, scales):
+        cols = {c: [] for c in ("framework", "version", "device", "op_name", "kernel_source", "moe_dtype", "num_tokens",
+                                "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size",
+                                "distribution", "latency")}
+        for site, sc in zip(sites, scales):
+            for t, v in zip(PEER_TOKENS, _peer_curve_of(site) * sc):
+                for c, x in zip(cols, (backend, version, sp.DEVICE, "moe", kernel, "bfloat16", int(t), *site, 1, 1,
+                                       "balanced", float(v))):
+                    cols[c].append(x)
+        types = {c: (pa.string() if isinstance(v[0], str) else pa.float64() if isinstance(v[0], float) else pa.int64())
+                 for c, v in cols.items()}
+        _write(data / "moe" / backend / version / "moe_perf.parquet", cols, types)
+
+    table("trtllm", sp.TRTLLM_CURRENT, "trtllm_gen_moe", PEER_SITES, own_scales)
+    table("vllm", sp.VLLM_CURRENT, "vllm_x_flashinfer_trtllm_experts", [*PEER_SITES, PEER_QUERY], [1.0] * 5)
+    find_pack(str(pack.systems_dir))
+    return pack
+
+
+def test_uncollected_shape_from_a_peer_engine_in_resolve_moe(tmp_path):
+    h, i, k, e = PEER_QUERY
+
+    def resolve(pack, backend="trtllm", mode="SILICON"):
+        db = OpDB(PerfData.open(sp.SYSTEM, backend, None, pack.systems_dir), DatabaseMode.parse(mode))
+        return resolve_moe(db, quant="bfloat16", hidden=h, inter=i, topk=k, experts=e, moe_tp=1, moe_ep=1)
+
+    r = resolve(_peer_transfer_pack(tmp_path, [0.8] * 4))
+    assert r.how == "peer-transfer" and r.donors and r.donors[0].startswith(f"vllm {sp.VLLM_CURRENT}")
+    np.testing.assert_allclose(r.grid(PEER_TOKENS)[0], _peer_curve_of(PEER_QUERY) * 0.8, rtol=1e-12)
+    assert (r.grid(PEER_TOKENS)[1] == Prov.TRANSFERRED).all()
+    assert any("trtllm/vllm latency ratio 0.80 (median over 4 shapes" in n for n in r.notes)
+    # the engines disagree shape by shape: the shape transfers from TensorRT-LLM's own sites
+    r = resolve(_peer_transfer_pack(tmp_path / "b", [0.8, 1.0, 1.25, 1.0]))
+    assert r.how not in ("peer-transfer", "exact")
+    # EMPIRICAL never reads a peer; the peer's own query is an exact hit
+    assert resolve(_peer_transfer_pack(tmp_path / "c", [0.8] * 4), mode="EMPIRICAL").how == "empirical"
+    assert resolve(_peer_transfer_pack(tmp_path / "d", [0.8] * 4), backend="vllm").how == "exact"

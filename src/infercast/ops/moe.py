@@ -51,9 +51,11 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
   utilisation trend misses and the ``a + b / moe_tp`` split carries. Over the same pairs with
   mxfp4 added (25,978 points): the trend 8.3% / 24.0% -> the split 5.0% / 20.7% (h200 8.1 / 26.7%
   -> 5.1 / 22.2%, b200 8.5 / 22.9% -> 5.0 / 20.0%).
-* **off-site shapes** transfer through utilisation (:mod:`infercast.interp.transfer`) among the
-  sites collected at the same ``(moe_tp, moe_ep)``, with :func:`infercast.interp.sol.moe` as the
-  speed of light, by three MoE-specific rules (:func:`choose_donors`, :func:`transfer_sites`):
+* **off-site shapes** come from another engine's measurement of the shape where the engines run
+  the same kernels at a steady ratio (rule 5 below); otherwise they transfer through utilisation
+  (:mod:`infercast.interp.transfer`) among the sites collected at the same ``(moe_tp, moe_ep)``,
+  with :func:`infercast.interp.sol.moe` as the speed of light, by MoE-specific rules
+  (:func:`choose_donors`, :func:`transfer_sites`):
 
   1. **donors from the default kernel**: donors are chosen (log2 ``(hidden, inter, topk,
      experts)``, the generic gates) among the sites whose curves come from the default kernel
@@ -126,6 +128,31 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
      problem as the query's): every b200 site dropped in turn (its shape at every pair left out),
      median 9.0% -> 9.7% (SGLang 13.1 -> 15.7%, TensorRT-LLM 6.4 -> 6.3%, vLLM 8.1 -> 8.8%), p90
      36 -> 46%, with 12% more sites answered: the pair itself shapes the kernel's efficiency.
+
+  5. **another engine's measurement** (:func:`peer_curve`, :func:`best_peer_curve`; tried before
+     rules 1-4): when the shape is not in this engine's table at any pair but another serving
+     backend's current table on the same GPU measured it at the query's (moe_tp, moe_ep), in the
+     same quant mode, routing and activation class, with the kernel family this table's default
+     kernel belongs to (:func:`kernel_family`: the engines ship the same FlashInfer
+     TensorRT-LLM-gen or CUTLASS kernels), the answer is the peer's curve x this engine's
+     latency ratio to it, median per token count over the shapes both measured at that pair
+     with that family. Only when that ratio is steady: at least :data:`PEER_MIN_SITES` shared
+     shapes, and the median absolute deviation of their log ratios (median over token counts) at
+     most :data:`PEER_RATIO_SPREAD`; the steadiest peer wins. Why: the b200 vLLM and SGLang
+     tables measured 346 (site, pair) curves in common with TensorRT-LLM-gen kernels; each
+     dropped in turn and predicted from the other this way (offline, every point) misses by
+     2.4% median, 11% p90, while their shared Triton shapes on h200 miss by 7.8 / 37% (each
+     engine tunes its own Triton configurations) and CUTLASS against TensorRT-LLM-gen by
+     45-94%: the family gate turns the latter away, the spread gate most of the former. ``benchmarks.interp_loo --families moe`` transfer median / p90,
+     h200 | b200: seed 0 6.0 / 26.4% | 9.2 / 33.7% -> 5.8 / 28.9% | 7.4 / 29.4% (the peer
+     answers 330 | 380 of 2010 points, at 4.1 / 31.9% | 2.7 / 11.5%), seed 1 6.9 / 40.1% |
+     9.0 / 35.8% -> 6.4 / 38.0% | 7.2 / 32.9%, seed 2 6.9 / 38.2% | 9.7 / 36.7% ->
+     6.7 / 38.1% | 8.2 / 35.2%. Spread gate 0.02 / 0.03 / 0.04 / 0.05 / 0.07 / 0.1, b200 seed 0-2
+     medians 8.5 / 7.5 / 8.9, 7.6 / 7.2 / 8.2, 7.4 / 7.2 / 8.2, 7.4 / 7.2 / 8.2, 7.4 / 7.2 / 8.2,
+     7.6 / 7.2 / 8.2%; h200 p90 26.4-40.7% at 0.02, 28.9 / 38.0 / 38.1% at 0.05, 31.1-40.3% at
+     0.07, 32.1-42.8% at 0.1. At least 2 / 5 shared shapes: b200 7.9 / 7.6% at seed 0. The dev
+     silicon rows' shapes are all collected: no dev prediction moves. Tried and not kept: donors
+     of the kernel class of the nearest site (b200 9.2 -> 9.6%), donors of every kernel (9.5%).
 
   **What b200 still misses.** The b200 SGLang bf16 and fp8_block tables mix kernels per shape:
   7 of 17 bf16 shapes and 6 of 17 fp8_block shapes are Triton (``sglang_fused_moe_triton``) at
@@ -308,6 +335,7 @@ class _Lattice:
     curves: dict
     notes: tuple[str, ...]
     primary: np.ndarray  # (n,) bool: most of the site's points come from the default kernel
+    site_kernel: np.ndarray  # (n,) object: the kernel most of the site's points come from
 
 
 def _lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_name: str = "moe",
@@ -356,13 +384,17 @@ def _lattice(db: OpDB, quant: str, gated: bool, distribution: str, table_name: s
         order, kernel = [], None
     sites, curves = sites_and_curves(table, base, SITE_COLS + PAIR_COLS, ("num_tokens",))
     primary = np.ones(len(sites), bool)
+    site_kernel = np.full(len(sites), order[0] if order else None, dtype=object)
     if len(order) > 1:  # a site is primary when most of its points come from the expected kernel
         rows = np.flatnonzero(base)
         site_of = np.unique(np.stack([table.keys[c][rows].astype(float) for c in SITE_COLS + PAIR_COLS], axis=1),
                             axis=0, return_inverse=True)[1].reshape(-1)
         expected = (table.keys["kernel_source"][rows] == _expected_kernel(table, rows, order[0], low_latency))
         primary = np.bincount(site_of, expected.astype(float), len(sites)) * 2 > np.bincount(site_of, minlength=len(sites))
-    return _Lattice(table, quant, kernel, dist, site_gated, sites, curves, tuple(notes), primary)
+        ks = table.keys["kernel_source"][rows]
+        counts = np.stack([np.bincount(site_of, (ks == k).astype(float), len(sites)) for k in order], axis=1)
+        site_kernel = np.asarray(order, dtype=object)[np.argmax(counts, axis=1)]  # ties: the earlier kernel
+    return _Lattice(table, quant, kernel, dist, site_gated, sites, curves, tuple(notes), primary, site_kernel)
 
 
 def _prefer_low_latency(table, chosen: np.ndarray, candidates: np.ndarray,
@@ -479,6 +511,16 @@ def kernel_family_mask(table, kernel: str) -> np.ndarray:
     for part in KERNEL_FAMILY_NAMES.get(kernel.lower(), (kernel.lower(),)):
         hit |= np.char.find(names, part) >= 0
     return hit
+
+
+def kernel_family(kernel_source: str | None) -> str | None:
+    """The kernel family (:data:`KERNEL_FAMILY_NAMES`) a table's ``kernel_source`` name belongs to,
+    e.g. ``sglang_flashinfer_trtllm_moe`` -> ``"trtllm"``; None for a name of no known family."""
+    name = str(kernel_source or "").lower()
+    for family, parts in KERNEL_FAMILY_NAMES.items():
+        if any(p in name for p in parts):
+            return family
+    return None
 
 
 def _kernel_db(db: OpDB, candidates: tuple[str, ...], kernel: str, gated: bool, distribution: str) -> OpDB | None:
@@ -906,6 +948,145 @@ def transfer_sites(choice: SiteChoice, query, sites: np.ndarray, site_grid, sol_
     return Grid(g.axes, g.values, g.prov, sol_q, g.sites, scales=g.scales)
 
 
+#: peer-engine transfer (:func:`peer_curve`, module docstring rule 5): at least this many sites at
+#: the query's pair that both engines measured with the query's kernel family, ...
+PEER_MIN_SITES = 3
+#: ... whose latency ratio (log, per token count) varies across those sites by at most this median
+#: absolute deviation (0.05: about 5%): the two engines run the same kernels there at a steady ratio
+PEER_RATIO_SPREAD = 0.05
+
+
+@dataclass(frozen=True)
+class PeerCurve:
+    """The query site's curve from another engine's table: ``values`` (ms, on ``axis``) = the peer's
+    measured curve x this engine's latency ratio to it (median over ``shared`` sites)."""
+
+    index: int  # the query site's index in the peer's lattice
+    axis: np.ndarray
+    values: np.ndarray
+    shared: int
+    spread: float
+    ratio: float
+
+
+def _log_ratios(own_curve, peer_curve) -> dict[float, float]:
+    (oax,), ov = own_curve
+    (pax,), pv = peer_curve
+    common, oi, pi = np.intersect1d(oax, pax, return_indices=True)
+    r = np.log(ov[oi] / pv[pi])
+    return {float(t): float(x) for t, x in zip(common, r) if np.isfinite(x)}
+
+
+def peer_curve(query, moe_tp: int, moe_ep: int, family: str | None, own_sites: np.ndarray, own_curves,
+               own_kernels, peer_sites: np.ndarray, peer_curves, peer_kernels) -> PeerCurve | None:
+    """The query shape's curve at ``(moe_tp, moe_ep)`` from a peer engine's lattice on the same GPU
+    (``peer_*``: sites (n, 6) hidden, inter, topk, experts, moe_tp, moe_ep; curves by index;
+    kernel names), when the peer measured that exact site with the kernel ``family`` the query is
+    assumed to run, and the two engines' latencies stand in a steady ratio at that pair: over the
+    sites both measured there with that family (at least :data:`PEER_MIN_SITES`), the median
+    absolute deviation of the per-site log ratios, median over token counts, is at most
+    :data:`PEER_RATIO_SPREAD`. The answer is the peer's curve x the median ratio at each token
+    count (the median over every shared point where fewer than :data:`PEER_MIN_SITES` sites measured
+    that count). None otherwise. ``own_*`` are this engine's lattice in the same layout."""
+    if family is None:
+        return None
+    q = np.asarray(query, dtype=float)
+    pair = lambda sites: (sites[:, 4] == moe_tp) & (sites[:, 5] == moe_ep)
+    p_at = pair(peer_sites)
+    hit = np.flatnonzero(p_at & np.all(peer_sites[:, :4] == q, axis=1))
+    if not len(hit) or kernel_family(peer_kernels[int(hit[0])]) != family:
+        return None
+    j = int(hit[0])
+    peer_index = {tuple(row): i for i, row in enumerate(peer_sites[:, :4].tolist()) if p_at[i]}
+    by_token: dict[float, list[float]] = {}
+    per_site = []
+    for i in np.flatnonzero(pair(own_sites)):
+        k = peer_index.get(tuple(own_sites[i, :4].tolist()))
+        if k is None or k == j or kernel_family(own_kernels[i]) != family or kernel_family(peer_kernels[k]) != family:
+            continue
+        r = _log_ratios(own_curves[int(i)], peer_curves[int(k)])
+        if not r:
+            continue
+        per_site.append(float(np.median(list(r.values()))))
+        for t, x in r.items():
+            by_token.setdefault(t, []).append(x)
+    if len(per_site) < PEER_MIN_SITES:
+        return None
+    steady = {t: np.asarray(v) for t, v in by_token.items() if len(v) >= PEER_MIN_SITES}
+    if not steady:
+        return None
+    spread = float(np.median([np.median(np.abs(v - np.median(v))) for v in steady.values()]))
+    if spread > PEER_RATIO_SPREAD:
+        return None
+    overall = float(np.median(np.concatenate(list(by_token.values()))))
+    (axis,), vals = peer_curves[j]
+    ratio = np.array([float(np.median(steady[float(t)])) if float(t) in steady else overall for t in axis])
+    return PeerCurve(j, axis, vals * np.exp(ratio), len(per_site), spread, float(np.exp(overall)))
+
+
+def best_peer_curve(query, moe_tp: int, moe_ep: int, family: str | None, own_sites: np.ndarray, own_curves,
+                    own_kernels, peers) -> tuple[int, PeerCurve] | None:
+    """:func:`peer_curve` against each of ``peers`` (lattices: ``sites``, ``curves``,
+    ``site_kernel``); the steadiest ratio wins, ties to the earlier peer. (index into ``peers``,
+    curve), or None when no peer serves."""
+    best = None
+    for n, plat in enumerate(peers):
+        pc = peer_curve(query, moe_tp, moe_ep, family, own_sites, own_curves, own_kernels,
+                        plat.sites, plat.curves, plat.site_kernel)
+        if pc is not None and (best is None or pc.spread < best[1].spread):
+            best = (n, pc)
+    return best
+
+
+def peer_grid(pc: PeerCurve, sol_q, label: str = "") -> Grid:
+    """:class:`PeerCurve` as a transferred grid holding beyond its tokens range through ``sol_q``."""
+    return Grid((pc.axis,), pc.values, np.full(len(pc.axis), int(Prov.TRANSFERRED), np.int8), sol_q,
+                (label,) if label else (), scales=TOKEN_SCALE)
+
+
+def default_family(lat: _Lattice) -> str | None:
+    """The kernel family an uncollected shape of ``lat`` is assumed to run (its default kernel's)."""
+    return kernel_family(lat.kernel.split("+")[0]) if lat.kernel else None
+
+
+def peer_lattices(db: OpDB, lat: _Lattice, gated: bool, distribution: str, kernel: str | None = None) -> list:
+    """(peer db, lattice) of every other serving backend's current moe table on this system with
+    ``lat``'s quant mode, routing distribution and activation class, in
+    :data:`~infercast.data.versions.SERVING_BACKENDS` order."""
+    peers = []
+    for backend in SERVING_BACKENDS:
+        pdb = None if backend == db.backend else _other_db(db, backend=backend)
+        if pdb is None:
+            continue
+        try:
+            plat = _get_lattice(pdb, lat.quant, gated, distribution, kernel=kernel)
+        except InfercastError:
+            continue
+        if plat is not None and plat.distribution == lat.distribution and plat.site_gated == lat.site_gated:
+            peers.append((pdb, plat))
+    return peers
+
+
+def _peer_site(db: OpDB, lat: _Lattice, query: tuple, moe_tp: int, moe_ep: int, gated: bool, distribution: str,
+               kernel: str | None, sol_q) -> Resolved | None:
+    """:func:`best_peer_curve` over :func:`peer_lattices`, as a resolved curve; None when no peer serves."""
+    family = default_family(lat)
+    peers = peer_lattices(db, lat, gated, distribution, kernel)
+    best = best_peer_curve(query, moe_tp, moe_ep, family, lat.sites, lat.curves, lat.site_kernel,
+                           [plat for _, plat in peers])
+    if best is None:
+        return None
+    pdb, plat = peers[best[0]]
+    pc = best[1]
+    label = f"{pdb.backend} {pdb.data.version} {_site_label(plat.sites[pc.index])}"
+    why = (f"shape not collected in {db.backend} {db.data.version}'s moe table: {pdb.backend} "
+           f"{pdb.data.version}'s curve of it ({plat.site_kernel[pc.index]}) x {db.backend}/{pdb.backend} latency "
+           f"ratio {pc.ratio:.2f} (median over {pc.shared} shapes both measured with {family} kernels at "
+           f"moe_tp={moe_tp} moe_ep={moe_ep}; spread {pc.spread:.3f})")
+    return Resolved(peer_grid(pc, sol_q, label), "moe", db.served_version("moe"), lat.kernel, "peer-transfer",
+                    (label,), (why,))
+
+
 def resolve_moe(
     db: OpDB,
     *,
@@ -1063,6 +1244,11 @@ def resolve_moe(
             )
         return empirical(np.arange(len(sites)), f"moe_tp={moe_tp} moe_ep={moe_ep} not collected")
 
+    cross = lat.site_gated is not None and lat.site_gated != gated
+    if db.mode is not DatabaseMode.EMPIRICAL and not cross and not site_hit.any():
+        peer = _peer_site(db, lat, query, moe_tp, moe_ep, gated, distribution, kernel, sol_q)
+        if peer is not None:
+            return replace(peer, notes=(*notes, *peer.notes))
     choice = None if db.mode is DatabaseMode.EMPIRICAL else choose_donors(query, sites[same_pair, :4], lat.primary[same_pair])
     if choice is None:
         if db.mode is DatabaseMode.SILICON:
@@ -1073,7 +1259,6 @@ def resolve_moe(
             )
         return empirical(same_pair, None if db.mode is DatabaseMode.EMPIRICAL else "shape outside the collected sites' gates")
     choice = SiteChoice(tuple(int(same_pair[i]) for i in choice.indices), choice.weights, choice.how, choice.clamp_distance)
-    cross = lat.site_gated is not None and lat.site_gated != gated
     if cross and choice.how == "exact":
         choice = replace(choice, how="activation-transfer")
     site_grid = lambda i: _site_grid(db, lat, i, gated)
