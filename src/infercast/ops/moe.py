@@ -152,7 +152,11 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
      7.6 / 7.2 / 8.2%; h200 p90 26.4-40.7% at 0.02, 28.9 / 38.0 / 38.1% at 0.05, 31.1-40.3% at
      0.07, 32.1-42.8% at 0.1. At least 2 / 5 shared shapes: b200 7.9 / 7.6% at seed 0. The dev
      silicon rows' shapes are all collected: no dev prediction moves. Tried and not kept: donors
-     of the kernel class of the nearest site (b200 9.2 -> 9.6%), donors of every kernel (9.5%).
+     of the kernel class of the nearest site (b200 9.2 -> 9.6%), donors of every kernel (9.5%);
+     the peer's curve also for a collected shape at an uncollected pair, ahead of the
+     ``a + b / moe_tp`` split (``interp_loo`` pair path, seed 0, h200 | b200: 3.9 / 23.4% |
+     4.4 / 20.5% -> 4.2 / 25.2% | 4.4 / 25.5%; seeds 1 and 2 alike): the split through the
+     engine's own curves is the better answer there.
 
   **What b200 still misses.** The b200 SGLang bf16 and fp8_block tables mix kernels per shape:
   7 of 17 bf16 shapes and 6 of 17 fp8_block shapes are Triton (``sglang_fused_moe_triton``) at
