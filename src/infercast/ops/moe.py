@@ -143,8 +143,9 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
      dropped in turn and predicted from the other this way (offline, every point) misses by
      2.4% median, 11% p90, while their shared Triton shapes on h200 miss by 7.8 / 37% (each
      engine tunes its own Triton configurations) and CUTLASS against TensorRT-LLM-gen by
-     45-94%: the family gate turns the latter away, the spread gate most of the former. ``benchmarks.interp_loo --families moe`` transfer median / p90,
-     h200 | b200: seed 0 6.0 / 26.4% | 9.2 / 33.7% -> 5.8 / 28.9% | 7.4 / 29.4% (the peer
+     45-94% (median by engine pair): the family gate turns the latter away, the spread gate the
+     Triton pairs whose ratio wanders. ``benchmarks.interp_loo --families moe`` transfer median /
+     p90, h200 | b200: seed 0 6.0 / 26.4% | 9.2 / 33.7% -> 5.8 / 28.9% | 7.4 / 29.4% (the peer
      answers 330 | 380 of 2010 points, at 4.1 / 31.9% | 2.7 / 11.5%), seed 1 6.9 / 40.1% |
      9.0 / 35.8% -> 6.4 / 38.0% | 7.2 / 32.9%, seed 2 6.9 / 38.2% | 9.7 / 36.7% ->
      6.7 / 38.1% | 8.2 / 35.2%. Spread gate 0.02 / 0.03 / 0.04 / 0.05 / 0.07 / 0.1, b200 seed 0-2
@@ -963,7 +964,8 @@ PEER_RATIO_SPREAD = 0.05
 @dataclass(frozen=True)
 class PeerCurve:
     """The query site's curve from another engine's table: ``values`` (ms, on ``axis``) = the peer's
-    measured curve x this engine's latency ratio to it (median over ``shared`` sites)."""
+    measured curve x this engine's latency ratio to it, per token count; ``ratio`` is the median
+    over every point of the ``shared`` sites, ``spread`` the gate's statistic (:func:`peer_curve`)."""
 
     index: int  # the query site's index in the peer's lattice
     axis: np.ndarray
@@ -1003,7 +1005,7 @@ def peer_curve(query, moe_tp: int, moe_ep: int, family: str | None, own_sites: n
     j = int(hit[0])
     peer_index = {tuple(row): i for i, row in enumerate(peer_sites[:, :4].tolist()) if p_at[i]}
     by_token: dict[float, list[float]] = {}
-    per_site = []
+    shared = 0
     for i in np.flatnonzero(pair(own_sites)):
         k = peer_index.get(tuple(own_sites[i, :4].tolist()))
         if k is None or k == j or kernel_family(own_kernels[i]) != family or kernel_family(peer_kernels[k]) != family:
@@ -1011,10 +1013,10 @@ def peer_curve(query, moe_tp: int, moe_ep: int, family: str | None, own_sites: n
         r = _log_ratios(own_curves[int(i)], peer_curves[int(k)])
         if not r:
             continue
-        per_site.append(float(np.median(list(r.values()))))
+        shared += 1
         for t, x in r.items():
             by_token.setdefault(t, []).append(x)
-    if len(per_site) < PEER_MIN_SITES:
+    if shared < PEER_MIN_SITES:
         return None
     steady = {t: np.asarray(v) for t, v in by_token.items() if len(v) >= PEER_MIN_SITES}
     if not steady:
@@ -1025,7 +1027,7 @@ def peer_curve(query, moe_tp: int, moe_ep: int, family: str | None, own_sites: n
     overall = float(np.median(np.concatenate(list(by_token.values()))))
     (axis,), vals = peer_curves[j]
     ratio = np.array([float(np.median(steady[float(t)])) if float(t) in steady else overall for t in axis])
-    return PeerCurve(j, axis, vals * np.exp(ratio), len(per_site), spread, float(np.exp(overall)))
+    return PeerCurve(j, axis, vals * np.exp(ratio), shared, spread, float(np.exp(overall)))
 
 
 def best_peer_curve(query, moe_tp: int, moe_ep: int, family: str | None, own_sites: np.ndarray, own_curves,
