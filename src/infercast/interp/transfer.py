@@ -180,6 +180,11 @@ SIBLING_OWN_POINTS = 8
 SIBLING_WEIGHT = 0.6
 
 
+def log_blend(own, siblings, weight: float = SIBLING_WEIGHT):
+    """The weighted geometric mean ``own ** (1 - weight) * siblings ** weight`` (log-space blend)."""
+    return np.exp((1.0 - weight) * np.log(own) + weight * np.log(siblings))
+
+
 def siblings_by_distance(site: Sequence[float], sites: np.ndarray, exclude: int | None = None) -> np.ndarray:
     """Indices of ``sites`` (minus ``exclude``) ordered by log2 distance from ``site``, nearest first;
     ties in the order of ``sites`` (stable), so the order is deterministic."""
@@ -285,8 +290,7 @@ def fill_holes_from_siblings(
             out_v.append(vo)
             continue
         sol_t = float(np.asarray(sol(np.array([t])), dtype=float).reshape(-1)[0])
-        sib_v = sol_t / np.exp(np.median(logs))
-        out_v.append(float(np.exp((1.0 - weight) * np.log(vo) + weight * np.log(sib_v))))
+        out_v.append(float(log_blend(vo, sol_t / np.exp(np.median(logs)), weight)))
     return holes, np.asarray(out_v)
 
 
@@ -390,7 +394,7 @@ def extend_below_from_siblings(
     sib_v = np.asarray(add_v, dtype=float)
     own_v = np.array([float(own(t)) for t in add_x])
     departs = np.abs(np.log(sib_v / own_v)) > gate
-    tv = np.where(departs, sib_v, np.exp((1.0 - weight) * np.log(own_v) + weight * np.log(sib_v)))
+    tv = np.where(departs, sib_v, log_blend(own_v, sib_v, weight))
     return (np.concatenate([tx, x]), np.concatenate([tv, v]),
             np.concatenate([np.full(len(tx), int(Prov.HELD), np.int8), prov]))
 

@@ -6,7 +6,8 @@ from rich.console import Console
 from rich.table import Table
 
 
-def _console(min_width: int = 0) -> Console:
+def new_console(min_width: int = 0) -> Console:
+    """A console at least ``min_width`` columns wide (a pipe's default 80 would cut wide tables)."""
     c = Console(highlight=False)
     if c.width < min_width:
         c.width = min_width
@@ -26,7 +27,7 @@ def _f(x, fmt="{:.2f}") -> str:
 
 
 def print_static(res, explain: bool = False) -> None:
-    c = _console(min_width=140 if explain else 0)  # --explain: a source column of kernel names
+    c = new_console(min_width=140 if explain else 0)  # --explain: a source column of kernel names
     title = (
         f"{res.model} on {res.system} · {res.backend} {res.backend_version} · TP{res.tp} PP{res.pp}"
         + (f" DP{res.attention_dp}" if res.attention_dp > 1 else "")
@@ -85,7 +86,7 @@ def _source_text(src: dict) -> str:
 
 
 def print_systems(pack, rows) -> None:
-    c = _console()
+    c = new_console()
     c.print(f"pack: {pack.systems_dir} ({pack.origin})")
     t = Table(show_header=True, header_style="bold")
     for col in ("system", "backend", "current", "previous", "next", "collected versions"):
@@ -106,7 +107,7 @@ def print_models(rows) -> None:
             t.add_row(r["model"], f"(unreadable: {r['error']})", "no")
             continue
         t.add_row(r["model"], r["architecture"], "yes" if r["supported"] else "not yet")
-    _console().print(_fold(t))
+    new_console().print(_fold(t))
 
 
 def _print_percentiles(c, d: dict) -> None:
@@ -121,7 +122,7 @@ def _print_percentiles(c, d: dict) -> None:
 
 
 def print_serving_disagg(d: dict) -> None:
-    c = _console()
+    c = new_console()
 
     def lay(x):
         return (f"{x['workers']} x {x['gpus_per_worker']} GPUs (tp {x['tp']}, pp {x['pp']}, attention-dp {x['attention_dp']}, "
@@ -156,7 +157,7 @@ def _print_notes(c, d: dict) -> None:
 
 
 def print_serving(d: dict) -> None:
-    c = _console()
+    c = new_console()
     c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d['backend_version']} · {d['gpus']} GPUs · "
             f"concurrency {d['concurrency']} · isl {d['isl']} osl {d['osl']}[/bold]")
     t = Table(show_header=True, header_style="bold")
@@ -174,7 +175,7 @@ def print_serving(d: dict) -> None:
 
 
 def print_search(d: dict) -> None:
-    c = _console(min_width=140)  # ten columns: wider than a default terminal
+    c = new_console(min_width=140)  # ten columns: wider than a default terminal
     targets = ", ".join(t for t in (f"TTFT <= {d['ttft_max_ms']:g} ms" if d["ttft_max_ms"] else "",
                                     f"TPOT <= {d['tpot_max_ms']:g} ms" if d["tpot_max_ms"] else "") if t) or "none"
     mode = d.get("mode", "agg")
@@ -221,7 +222,7 @@ def print_search(d: dict) -> None:
 def print_search_both(d: dict) -> None:
     for mode in ("agg", "disagg"):
         print_search(d[mode])
-    c = _console()
+    c = new_console()
     if d["best_mode"] is None:
         c.print("[yellow]neither mode has a deployment that meets the targets[/yellow]")
     else:

@@ -94,12 +94,7 @@ def _concurrencies(values) -> list[int]:
         return powers_of_two(DEFAULT_MAX_CONCURRENCY)
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise InvalidInputError("concurrencies must be a list of positive integers", f"got {values!r}")
-    out = []
-    for c in values:
-        if c is None:
-            raise InvalidInputError("concurrency must be a positive integer, got None")
-        out.append(_positive("concurrency", c, int))
-    out = sorted(set(out))
+    out = sorted({_positive("concurrency", c, int, required=True) for c in values})
     if not out:
         raise InvalidInputError("concurrencies is empty", "give at least one, or None for 1, 2, 4, ...")
     return out

@@ -61,12 +61,10 @@ def run_validate(a) -> int:
     if a.json:
         print(json.dumps(summary, indent=1))
     else:
-        from rich.console import Console
+        from ..report.console import new_console
 
-        console = Console()
         # eleven columns: at a pipe's or a narrow terminal's default 80 columns rich cuts the
         # numbers short ("192…" for 1924 rows); as `search` does, print wider instead
-        console.width = max(console.width, CONSOLE_MIN_WIDTH)
-        console.print(render_console(summary, asked or ("mode", "backend")))
+        new_console(CONSOLE_MIN_WIDTH).print(render_console(summary, asked or ("mode", "backend")))
         print(f"{summary['predicted']}/{summary['rows']} rows predicted in {elapsed:.1f} s")
     return 0
