@@ -306,7 +306,13 @@ TRTLLM_FRONT_END_PER_STREAM_MS = 0.6
 #: (100, 1.5) 27.3%; (140, 1.5) 25.4%; (100, 1.0) 28.2%; (160, 0.5) 26.0%; (200, 0) 25.3%; TPOT
 #: unchanged. By group at (120, 1.5): H200 DeepSeek-R1 / -V3 21.3 / 20.0% -> 10.8 / 10.4%, B200
 #: Qwen3.5 31.1% -> 25.2%, B200 DeepSeek-R1 34.8% -> 31.5%; worse B300 Qwen3.5 18.3% -> 26.8%. All
-#: rows TTFT 18.76% -> 18.12%.
+#: rows TTFT 18.76% -> 18.12%. Re-swept later (all rows TTFT 16.92%, 873 within 15%): a base of
+#: 150 / 160 / 180 / 200 / 240 ms gives 16.79 / 16.79 / 16.72 / 16.79 / 17.23% (878 / 885 / 890 /
+#: 873 / 871 within 15%). Every gain is the Qwen3.5 rows' on B200 and H200 (within 15%: B200 20 ->
+#: 36 / 44 / 60 / 58 / 64 of 118, H200 1 -> 1 / 6 / 6 / 10 / 16 of 19), while every other SGLang
+#: group loses rows (B200 DeepSeek-R1 23 -> 15 / 15 / 12 / 9 / 7 of 67, DeepSeek-V3 17 -> 13 / 12 /
+#: 10 / 8 / 6 of 53, B300 Qwen3.5 16 -> 16 / 13 / 13 / 11 / 8 of 43, H100 Qwen3-32B 25 -> 23 / 22 /
+#: 22 / 20 / 19 of 35): a cost of that model's requests, not the front end's, so 120 ms stays.
 SGLANG_FRONT_END_MS = 120.0
 SGLANG_FRONT_END_PER_STREAM_MS = 1.5
 

@@ -283,7 +283,13 @@ def sglang_recv_interval(row: SiliconRow, recipe: SglangRecipe | None = None) ->
 #: clients drift apart as InferenceX's do. SGLang's scheduler is prefill-first in both builds
 #: (sgl-project/sglang#32549), so the difference is the client's. All rows: TTFT 18.17% -> 17.97%,
 #: TPOT 7.66% -> 7.64%. (Its low-concurrency Qwen3-235B rows fit neither: 0.4-0.8x of the
-#: measurement either way.)
+#: measurement either way.) Measured and not kept (dev fullspec rows, TTFT median APE 16.92%, 873
+#: within 15%): the H100 campaign's TensorRT-LLM and vLLM rows (mixed prefill / decode steps) as
+#: lock-step waves too, as its SGLang rows run: TTFT 17.7 / 24.2% -> 129.7 / 116.9% (geometric-mean
+#: ratio 0.81 / 0.79 -> 2.12 / 2.45), all rows 20.97%; the share of waves that would fit a row's
+#: TTFT and the share that would fit its TPOT disagree (correlation -0.2), so no mixture of the two
+#: regimes holds either. A shorter benchmark for that campaign (3 / 5 requests per client, the
+#: first wave weighing more): TensorRT-LLM 42.7 / 27.2%, vLLM 56.6 / 23.3%.
 _AIC_DRIFTING_CAMPAIGN = re.compile(r"source_file=/[^;]*/aic-auto-gap-analysis/data/h200_sxm/")
 
 
