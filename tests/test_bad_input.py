@@ -424,6 +424,13 @@ def test_serve_scheduler_overrides_apply(synth, capsys):
     c = json.loads(out3)
     assert rc3 == 0 and c["scheduler"]["front_end_per_stream_ms"] == 5.0
     assert c["ttft_ms"] == pytest.approx(b["ttft_ms"], rel=1e-9)
+    # the mean TTFT's parts: the 20 ms are all front end, and the parts add up to the mean
+    assert b["ttft_parts"]["front_end"] - a["ttft_parts"]["front_end"] == pytest.approx(20.0)
+    assert b["ttft_parts"]["wait"] == pytest.approx(a["ttft_parts"]["wait"])
+    assert sum(c["ttft_parts"].values()) == pytest.approx(c["ttft_ms"])
+    rc4, out4, _ = run_cli(capsys, [x for x in serve_argv(synth, "--front-end-ms", "25", "--front-end-per-stream-ms", "0")
+                                    if x != "--json"])
+    assert rc4 == 0 and "mean TTFT = front end 25.0 + wait to be scheduled" in out4
 
 
 def test_serve_batch_wait_flags_reach_the_model(synth, capsys):

@@ -906,3 +906,65 @@ def test_sglang_hybrid_overlap_by_build(version, keeps):
     from infercast.serving.backends import sglang_hybrid_overlap
 
     assert sglang_hybrid_overlap(version) is keeps
+
+
+# ---------------------------------------------------------------------------------------------
+# where the time to first token goes (ServingMetrics.ttft_parts)
+# ---------------------------------------------------------------------------------------------
+def _parts_sum(r):
+    return sum(r.ttft_parts.values())
+
+
+def test_ttft_parts_one_client_exact():
+    # 3 ms of front end, then the prefill step starts at once (the engine is idle): (3, 0, 10)
+    r = simulate(ConstEngine(10.0), 1, 100, 4, params(arrival_delay_ms=3.0), 1e9, 1, requests_per_client=2)
+    assert r.ttft_parts == pytest.approx({"front_end": 3.0, "wait": 0.0, "prefill": 10.0})
+    assert list(r.ttft_parts) == ["front_end", "wait", "prefill"]
+
+
+def test_ttft_parts_of_a_synchronised_start_and_a_chunked_prompt():
+    # four prompts of 100 tokens, budget 200, no mixing: two start at once, two a step later
+    r = simulate(ConstEngine(10.0), 4, 100, 2, params(mixed=False, max_num_tokens=200, min_prefill_chunk=1), 1e9, 1,
+                 requests_per_client=1)
+    assert r.ttft_parts == pytest.approx({"front_end": 0.0, "wait": 5.0, "prefill": 10.0})
+    # a prompt in 4 chunks: its prefill spans the four steps, from its first chunk on
+    r = simulate(ConstEngine(5.0), 1, 1000, 2, params(max_num_tokens=256), 1e9, 1, requests_per_client=1)
+    assert r.ttft_parts == pytest.approx({"front_end": 0.0, "wait": 0.0, "prefill": 20.0})
+    # the lock-step copies of the first wave keep the parts (three identical waves)
+    r3 = simulate(ConstEngine(10.0), 4, 100, 2, params(mixed=False, max_num_tokens=200, min_prefill_chunk=1), 1e9, 1,
+                  requests_per_client=3)
+    assert r3.ttft_parts == pytest.approx({"front_end": 0.0, "wait": 5.0, "prefill": 10.0})
+
+
+def test_ttft_parts_of_the_steady_state_and_their_mix_with_the_first_wave():
+    # steady state, one client, 10 ms steps: the front end, one step of wait, one prefill step
+    p = params(arrival_delay_ms=4.0, requests_per_client=5.0)
+    s = solve_steady(ConstEngine(10.0), 1, 100, 101, p, 1e9, 1)
+    assert s.ttft_parts == pytest.approx({"front_end": 4.0, "wait": 10.0, "prefill": 10.0})
+    assert _parts_sum(s) == pytest.approx(s.ttft_ms)
+    # serve_agg: each part mixes the first wave (1 / k) with the steady state ((k - 1) / k)
+    eng = TokenEngine(1.0, 0.01)
+    r = serve_agg(eng, 8, 300, 50, p, 1e9, 1)
+    first = simulate(eng, 8, 300, 50, p, 1e9, 1, requests_per_client=1)
+    steady = solve_steady(eng, 8, 300, 50, p, 1e9, 1)
+    for name in ("front_end", "wait", "prefill"):
+        assert r.ttft_parts[name] == pytest.approx((first.ttft_parts[name] + 4.0 * steady.ttft_parts[name]) / 5.0)
+    assert _parts_sum(r) == pytest.approx(r.ttft_ms)
+    # lock-step serving reports the simulation's parts
+    lock = serve_agg(ConstEngine(10.0), 4, 100, 2, params(mixed=False, max_num_tokens=200, min_prefill_chunk=1,
+                                                          lockstep=True), 1e9, 1)
+    assert lock.ttft_parts == pytest.approx({"front_end": 0.0, "wait": 5.0, "prefill": 10.0})
+
+
+def test_ttft_parts_of_disaggregated_serving():
+    # one client: no queue, so the parts are the front end and one prefill
+    p = params(arrival_delay_ms=2.0)
+    r = solve_disagg(ConstEngine(10.0), ConstEngine(2.0), 1, 100, 11, 1, 1, 1, 1, p, p, 0.0, 2)
+    assert r.ttft_parts == pytest.approx({"front_end": 2.0, "wait": 0.0, "prefill": 10.0})
+    # eight clients on one prefill worker of one prompt per step: the first wave waits 3.5 batches
+    # on average, the steady state behind the closed loop's queue; the parts still sum to the mean
+    p1 = params(arrival_delay_ms=2.0, max_num_tokens=100)
+    r8 = solve_disagg(ConstEngine(10.0), ConstEngine(2.0), 8, 100, 11, 1, 1, 1, 1, p1, p1, 0.0, 2)
+    assert r8.ttft_parts["front_end"] == pytest.approx(2.0) and r8.ttft_parts["prefill"] == pytest.approx(10.0)
+    assert r8.ttft_parts["wait"] > 3.5 * 10.0 / 4.0  # at least the first wave's share (k = 4)
+    assert _parts_sum(r8) == pytest.approx(r8.ttft_ms)

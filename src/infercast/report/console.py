@@ -121,6 +121,16 @@ def _print_percentiles(c, d: dict) -> None:
     c.print(_fold(p))
 
 
+#: how the console names the parts of a mean TTFT (``infercast.serving.result.TTFT_PARTS``)
+_TTFT_PART_NAMES = {"front_end": "front end", "wait": "wait to be scheduled", "prefill": "own prefill"}
+
+
+def _print_ttft_parts(c, d: dict) -> None:
+    parts = d.get("ttft_parts")
+    if parts:
+        c.print("mean TTFT = " + " + ".join(f"{_TTFT_PART_NAMES.get(k, k)} {v:.1f}" for k, v in parts.items()) + " ms")
+
+
 def print_serving_disagg(d: dict) -> None:
     c = new_console()
 
@@ -140,6 +150,7 @@ def print_serving_disagg(d: dict) -> None:
               _f(d["decode_batch"], "{:.1f}"), _f(d["prefill_utilisation"], "{:.2f}"), _f(d["kv_transfer_ms"], "{:.3f}"))
     c.print(_fold(t))
     _print_percentiles(c, d)
+    _print_ttft_parts(c, d)
     cap = d.get("decode_kv_capacity")
     if cap is not None and d["decode_batch"] > cap:
         c.print(f"[yellow]warning: a decode rank runs {d['decode_batch']:.1f} requests but its KV cache holds "
@@ -168,6 +179,7 @@ def print_serving(d: dict) -> None:
               _f(d["decode_batch"], "{:.1f}"), str(d["bound"]))
     c.print(_fold(t))
     _print_percentiles(c, d)
+    _print_ttft_parts(c, d)
     if d.get("balance_hold_ms"):
         c.print(f"attention-DP balance hold: {d['balance_hold_ms']:.1f} ms of the steady-state TTFT (a prefill waits "
                 "until every rank has one, or the backend's timeout)")

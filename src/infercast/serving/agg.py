@@ -10,7 +10,8 @@ Two regimes make up what a benchmark client measures:
    not a whole batch's prefill), which :func:`solve_steady` solves analytically (below).
 
 Mean TTFT = (first wave + (k - 1) x steady) / k for ``k = requests_per_client``; TPOT and
-throughput are the steady state's.
+throughput are the steady state's. The mean TTFT's parts (front end, wait, own prefill:
+:data:`infercast.serving.result.TTFT_PARTS`) mix the same way.
 
 The steady state, solved analytically (milliseconds per configuration, no event loop):
 
@@ -92,7 +93,9 @@ from .result import (
     Distribution,
     ServingMetrics,
     binomial_share,
+    blend_parts,
     mixture,
+    ttft_parts,
     uniform,
 )
 from .sim import check_prompt_fits_budget
@@ -343,6 +346,7 @@ def solve_steady(
         step_ms=t_avg,
         bound=bound,
         balance_hold_ms=balance * t_avg,
+        ttft_parts=ttft_parts(params.arrival_delay_ms, wait_ms, own_prefill),
     )
     res.set_percentiles(ttft_dist, tpot_dist)
     return res
@@ -381,7 +385,7 @@ def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacit
             request_latency_ms=res.request_latency_ms, tokens_per_s_per_gpu=res.tokens_per_s_per_gpu,
             tokens_per_s_per_user=res.tokens_per_s_per_user, decode_batch=res.mean_decode_batch, queued=0.0,
             prefill_chunks=0, step_ms=0.0,
-            bound="lock-step simulation" if params.lockstep else "prefill only (osl 1)",
+            bound="lock-step simulation" if params.lockstep else "prefill only (osl 1)", ttft_parts=res.ttft_parts,
         )
         out.set_percentiles(res.ttft_dist, res.tpot_dist)
         return out
@@ -389,6 +393,7 @@ def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacit
     k = max(params.requests_per_client, 1.0)
     first = simulate(engine, int(round(concurrency)), isl, osl, params, kv_capacity_tokens, gpus, requests_per_client=1)
     steady.ttft_ms = (first.ttft_ms + (k - 1.0) * steady.ttft_ms) / k
+    steady.ttft_parts = blend_parts((first.ttft_parts, 1.0), (steady.ttft_parts, k - 1.0))
     steady.request_latency_ms = steady.ttft_ms + steady.tpot_ms * max(osl - 1, 1)
     steady.set_percentiles(mixture((first.ttft_dist, 1.0 / k), (steady.ttft_dist, (k - 1.0) / k)), steady.tpot_dist)
     return steady

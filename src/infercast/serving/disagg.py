@@ -54,7 +54,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backends import SchedulerParams
-from .result import Distribution, ServingMetrics, exponential_tail, mixture
+from .result import (
+    Distribution,
+    ServingMetrics,
+    blend_parts,
+    exponential_tail,
+    mixture,
+    ttft_parts,
+)
 from .sim import check_prompt_fits_budget
 
 #: benchmark length (requests per client) of the disaggregated benchmarks: the first wave's weight
@@ -212,7 +219,8 @@ def solve_disagg(
     per_worker = C / servers
     kf = min(batch_cap, max(per_step, math.ceil(per_worker)))
     n_batches = math.ceil(per_worker / kf)
-    first = (n_batches + 1) / 2.0 * batch_ms(kf) + params_prefill.arrival_delay_ms
+    front = params_prefill.arrival_delay_ms
+    first = (n_batches + 1) / 2.0 * batch_ms(kf) + front
     k = DISAGG_REQUESTS_PER_CLIENT
     ttft_mean = (first + (k - 1.0) * ttft) / k
     latency = ttft_mean + max(osl - 1, 1) * tpot
@@ -233,6 +241,10 @@ def solve_disagg(
         kv_transfer_ms=transfer_ms,
         prefill_batch=int(k_steady),
         arrival_rate_per_s=lam * 1e3,
+        # a first-wave prompt waits for the batches ahead of it on its worker: (n - 1) / 2 on average
+        ttft_parts=blend_parts(
+            (ttft_parts(front, (n_batches - 1) / 2.0 * batch_ms(kf), batch_ms(kf)), 1.0),
+            (ttft_parts(front, ttft - service_batch - front, service_batch), k - 1.0)),
     )
     res.set_percentiles(mixture((first_dist, 1.0 / k), (steady_dist, (k - 1.0) / k)), Distribution.point(tpot))
     return res

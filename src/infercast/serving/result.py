@@ -21,6 +21,26 @@ PERCENTILES = (50, 90, 99)
 #: points that stand for a continuous distribution (equal-weight quantile midpoints)
 QUANTILE_POINTS = 200
 
+#: where a request's time to first token goes (:attr:`ServingMetrics.ttft_parts`, in this order):
+#: ``front_end``, the client and the engine's front end before the scheduler sees the request
+#: (HTTP, tokenisation, the per-stream load of the API server); ``wait``, from then until the step
+#: that carries its first prefill chunk begins (the step in progress, the scheduler's polls and
+#: holds, other prompts ahead of it, a full KV cache or running set); ``prefill``, from that step's
+#: start to the end of the step that completes its prompt (with whatever else those steps carry)
+TTFT_PARTS = ("front_end", "wait", "prefill")
+
+
+def ttft_parts(front_end: float, wait: float, prefill: float) -> dict[str, float]:
+    """The :data:`TTFT_PARTS` of a mean TTFT, in ms."""
+    return dict(zip(TTFT_PARTS, (float(front_end), float(wait), float(prefill))))
+
+
+def blend_parts(*parts: tuple[dict[str, float], float]) -> dict[str, float]:
+    """The parts of a mean over groups of requests: each part's mean, weighted by the groups'
+    shares (as the mean TTFT of the mixture is)."""
+    total = sum(share for _, share in parts)
+    return {k: sum(p[k] * share for p, share in parts) / total for k in TTFT_PARTS}
+
 
 @dataclass(frozen=True)
 class Distribution:
@@ -152,6 +172,8 @@ class ServingMetrics:
     tpot_p50_ms: float | None = field(default=None, kw_only=True)
     tpot_p90_ms: float | None = field(default=None, kw_only=True)
     tpot_p99_ms: float | None = field(default=None, kw_only=True)
+    # mean TTFT split by where the time goes (TTFT_PARTS; the parts sum to ttft_ms), or None
+    ttft_parts: dict[str, float] | None = field(default=None, kw_only=True)
     ttft_dist: Distribution | None = field(default=None, kw_only=True, repr=False)  # per request
     tpot_dist: Distribution | None = field(default=None, kw_only=True, repr=False)
 

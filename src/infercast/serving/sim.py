@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import InvalidConfigError
 from .backends import SchedulerParams
-from .result import Distribution, ServingMetrics
+from .result import Distribution, ServingMetrics, ttft_parts
 
 
 class DoesNotFitError(InvalidConfigError):
@@ -59,6 +59,7 @@ class _Cohort:
     done_prefill: float = 0.0  # prefill tokens already processed per request (prefix of the next chunk)
     first_token: float = -1.0
     sent: float = 0.0  # ms, when the clients sent them (TTFT is measured from here)
+    start: float = -1.0  # ms, when the step carrying their first prefill chunk began
     # output tokens when decoding, with ``done`` the shared count of decode tokens so far:
     # 1 + done - entry (fractional with MTP: tau per step)
     entry: float = 0.0
@@ -112,6 +113,7 @@ def simulate(
     issued = C
     t = 0.0
     ttft_v, tpot_v, lat_v, w_v = [], [], [], []
+    wait_v, prefill_v = [], []  # per cohort: scheduler arrival -> first chunk, first chunk -> first token
     dec_batch_time = 0.0
     steps = 0
     events = 0
@@ -131,6 +133,8 @@ def simulate(
     def complete(c: _Cohort, now: float):
         nonlocal issued
         ttft_v.append(c.first_token - c.sent)
+        wait_v.append(c.start - c.arrival)
+        prefill_v.append(c.first_token - c.start)
         tpot_v.append((now - c.first_token) / max(osl - 1, 1))
         lat_v.append(now - c.sent)
         w_v.append(c.n)
@@ -152,6 +156,8 @@ def simulate(
                 and waiting[0].done_prefill == 0 and sum(w_v) == C and total_requests % C == 0):
             copies = total_requests // C - 1
             ttft_v *= copies + 1
+            wait_v *= copies + 1
+            prefill_v *= copies + 1
             tpot_v *= copies + 1
             lat_v *= copies + 1
             w_v *= copies + 1
@@ -193,12 +199,13 @@ def simulate(
                 else:
                     break
                 if take < c.n:
-                    rest = _Cohort(c.n - take, c.arrival, c.remaining, c.done_prefill, sent=c.sent)
+                    rest = _Cohort(c.n - take, c.arrival, c.remaining, c.done_prefill, sent=c.sent, start=c.start)
                     waiting.insert(i, rest)
                     c.n = take
                 groups.append((c, take, chunk))
                 room -= take * chunk
                 if not started:
+                    c.start = t
                     kv_used += take * per_req_kv
                     admitted += take
         # --- run the step
@@ -272,6 +279,8 @@ def simulate(
         concurrency=C, ttft_ms=ttft, tpot_ms=tpot, request_latency_ms=lat,
         tokens_per_s_per_gpu=tput, tokens_per_s_per_user=1e3 / tpot if tpot > 0 else 0.0,
         mean_decode_batch=dec_batch_time / t if t > 0 else 0.0, steps=steps,
+        ttft_parts=ttft_parts(params.arrival_delay_ms, float(np.dot(wait_v, w) / w.sum()),
+                              float(np.dot(prefill_v, w) / w.sum())),
     )
     res.set_percentiles(ttft_d, tpot_d)
     return res
