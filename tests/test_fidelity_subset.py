@@ -76,3 +76,26 @@ def test_validate_by_unknown_attribute_is_a_clean_error(capsys):
     err = capsys.readouterr().err
     assert "cannot group validation results by 'colour'" in err and "available: backend" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.real_pack
+def test_validate_serving_notes_split_each_ttft(real_pack_available, capsys, tmp_path):
+    """Each serving-model row's note says where its predicted TTFT goes, and the parts add up to it
+    (to the note's whole-millisecond rounding)."""
+    import csv
+    import re
+
+    assert main(["validate", "--ids", str(SUBSET), "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    with open(tmp_path / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    split = re.compile(r"TTFT = front end (\d+) \+ wait (\d+) \+ prefill (\d+) ms")
+    checked = 0
+    for r in rows:
+        m = split.search(r["note"])
+        if "no TP degree" in r["note"]:
+            continue  # the best of a GPU count's deployments: its note names the layout instead
+        assert m, r["note"]
+        assert sum(int(x) for x in m.groups()) == pytest.approx(float(r["predicted_ttft_ms"]), abs=2.0)
+        checked += 1
+    assert checked >= N_IDS - 2 and any(r["mode"] == "disagg" for r in rows)

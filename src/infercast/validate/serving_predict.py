@@ -32,7 +32,7 @@ def serving_predictor(cache: EstimatorCache, params=None):
         est = cache.get(row, w)
         per_rank = clients_per_rank(row, est)
         res = serve_agg(est, per_rank, row.isl, row.osl, p_for(row.backend, est.data.system, est.spec, row, per_rank))
-        return res.ttft_ms, res.tpot_ms, f"data {est.version}; decode batch {res.decode_batch:.0f} ({res.bound})"
+        return res.ttft_ms, res.tpot_ms, f"data {est.version}; decode batch {res.decode_batch:.0f} ({res.bound}){_parts(res)}"
 
     def _fixed(row: SiliconRow, gpus: int):
         from ..search.fixed import search_fixed
@@ -62,6 +62,15 @@ def serving_predictor(cache: EstimatorCache, params=None):
             decode_workers=row.decode_workers, prefill_batch=row.prefill.batch_size or 1,
             params_prefill=p_for(row.backend, pe.data.system, pe.spec), params_decode=p_for(row.backend, de.data.system, de.spec),
         )
-        return res.ttft_ms, res.tpot_ms, f"data {pe.version}; decode batch {res.decode_batch:.0f}; prefill util {res.prefill_utilisation:.2f}"
+        return res.ttft_ms, res.tpot_ms, (f"data {pe.version}; decode batch {res.decode_batch:.0f}; "
+                                          f"prefill util {res.prefill_utilisation:.2f}{_parts(res)}")
 
     return predict
+
+
+def _parts(res) -> str:
+    """``res``'s mean TTFT parts (:data:`infercast.serving.result.TTFT_PARTS`) for a row's note."""
+    p = res.ttft_parts
+    if not p:
+        return ""
+    return f"; TTFT = front end {p['front_end']:.0f} + wait {p['wait']:.0f} + prefill {p['prefill']:.0f} ms"
