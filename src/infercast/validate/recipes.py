@@ -289,7 +289,11 @@ def sglang_recv_interval(row: SiliconRow, recipe: SglangRecipe | None = None) ->
 #: ratio 0.81 / 0.79 -> 2.12 / 2.45), all rows 20.97%; the share of waves that would fit a row's
 #: TTFT and the share that would fit its TPOT disagree (correlation -0.2), so no mixture of the two
 #: regimes holds either. A shorter benchmark for that campaign (3 / 5 requests per client, the
-#: first wave weighing more): TensorRT-LLM 42.7 / 27.2%, vLLM 56.6 / 23.3%.
+#: first wave weighing more): TensorRT-LLM 42.7 / 27.2%, vLLM 56.6 / 23.3%. The whole closed loop
+#: played out request by request, each request's front-end time drawn uniformly within +-50% /
+#: +-100% of the mean so that the waves can come apart: TensorRT-LLM 104.7 / 65.2%, vLLM 95.0 /
+#: 68.4% (geometric-mean ratio 1.88 / 1.46 and 2.35 / 2.00): such jitter breaks the waves up far
+#: more slowly than these rows do.
 _AIC_DRIFTING_CAMPAIGN = re.compile(r"source_file=/[^;]*/aic-auto-gap-analysis/data/h200_sxm/")
 
 
