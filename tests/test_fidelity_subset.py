@@ -89,7 +89,7 @@ def test_validate_serving_notes_split_each_ttft(real_pack_available, capsys, tmp
     capsys.readouterr()
     with open(tmp_path / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    split = re.compile(r"TTFT = front end (\d+) \+ wait (\d+) \+ prefill (\d+) ms")
+    split = re.compile(r"TTFT = front end (-?\d+) \+ wait (-?\d+) \+ prefill (-?\d+) ms")
     checked = 0
     for r in rows:
         m = split.search(r["note"])

@@ -244,7 +244,7 @@ def solve_disagg(
         # a first-wave prompt waits for the batches ahead of it on its worker: (n - 1) / 2 on average
         ttft_parts=blend_parts(
             (ttft_parts(front, (n_batches - 1) / 2.0 * batch_ms(kf), batch_ms(kf)), 1.0),
-            (ttft_parts(front, ttft - service_batch - front, service_batch), k - 1.0)),
+            (ttft_parts(front, wait_mean, ttft - front - wait_mean), k - 1.0)),
     )
     res.set_percentiles(mixture((first_dist, 1.0 / k), (steady_dist, (k - 1.0) / k)), Distribution.point(tpot))
     return res
