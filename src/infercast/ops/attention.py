@@ -217,6 +217,7 @@ def extend_low_edges(stem: str, axes, values, prov, sol, sib: Siblings):
         y = axes[1 - a]
         for c in lower:
             at_c = (np.full(len(y), c), y) if a == 0 else (y, np.full(len(y), c))
+            sol_c = np.asarray(sol(*at_c), dtype=float)
             estimates = []
             for j, e in enumerate(axes[a][:LOW_EDGE_OWN_POINTS].tolist()):
                 cands = [k for k, ax in enumerate(sib.axes) if c in ax[a] and e in ax[a]]
@@ -232,7 +233,7 @@ def extend_low_edges(stem: str, axes, values, prov, sol, sib: Siblings):
                     log_du += w * np.log(np.asarray(du, dtype=float))
                 v_e = values[j] if a == 0 else values[:, j]
                 with np.errstate(divide="ignore", invalid="ignore"):
-                    new = v_e * (np.asarray(sol(*at_c), dtype=float) / np.asarray(sol(*at_e), dtype=float)) / np.exp(log_du)
+                    new = v_e * (sol_c / np.asarray(sol(*at_e), dtype=float)) / np.exp(log_du)
                 if np.all(np.isfinite(new) & (new > 0)):
                     estimates.append(np.log(new))
             if not estimates:
