@@ -313,6 +313,13 @@ TRTLLM_FRONT_END_PER_STREAM_MS = 0.6
 #: group loses rows (B200 DeepSeek-R1 23 -> 15 / 15 / 12 / 9 / 7 of 67, DeepSeek-V3 17 -> 13 / 12 /
 #: 10 / 8 / 6 of 53, B300 Qwen3.5 16 -> 16 / 13 / 13 / 11 / 8 of 43, H100 Qwen3-32B 25 -> 23 / 22 /
 #: 22 / 20 / 19 of 35): a cost of that model's requests, not the front end's, so 120 ms stays.
+#: Such a cost, measured and not kept either: for Qwen3.5 on the SGLang builds without the hybrid
+#: overlap (:func:`sglang_hybrid_overlap`), 60 ms + 10 us per prompt token before the scheduler
+#: (``arrival_delay_ms``) gives all rows 15.80% (929 within 15%; those rows 25 -> 81 of 144), TPOT
+#: unchanged; the same cost as host time of every prefill step, on the GPU's path, 15.80% (924) with
+#: TPOT 7.61% -> 7.94% (those rows 7.1 -> 11.0%), so it is not GPU-serial. Its cause is not found: it
+#: would be a constant of one (engine, model, version) triple, and the 0.5.10.post1 B300 rows of the
+#: same model are over-predicted (+12% median) without it.
 SGLANG_FRONT_END_MS = 120.0
 SGLANG_FRONT_END_PER_STREAM_MS = 1.5
 
