@@ -320,6 +320,11 @@ TRTLLM_FRONT_END_PER_STREAM_MS = 0.6
 #: TPOT 7.61% -> 7.94% (those rows 7.1 -> 11.0%), so it is not GPU-serial. Its cause is not found: it
 #: would be a constant of one (engine, model, version) triple, and the 0.5.10.post1 B300 rows of the
 #: same model are over-predicted (+12% median) without it.
+#: Where it shows, it is not the model's: the InferenceX runs of one SGLang 0.5.9 image
+#: (``v0.5.9-cu130-amd64``) of Qwen3.5 on B200 (2026-03-24) and B300 (2026-04-03), same layouts, lengths
+#: and clients, measure TTFT 100-130 ms apart (TP 8, 1k, c4: 305 vs 172 ms; c16: 441 vs 335; 8k, c8:
+#: 519 vs 420) with the same TPOT (8.3 vs 7.9 ms, 12.2 vs 11.1, 10.4 vs 10.1), and the B300 runs fit
+#: without any such cost (median -1 to -3%).
 SGLANG_FRONT_END_MS = 120.0
 SGLANG_FRONT_END_PER_STREAM_MS = 1.5
 
