@@ -298,18 +298,18 @@ def sglang_recv_interval(row: SiliconRow, recipe: SglangRecipe | None = None) ->
 #: +-100% of the mean so that the waves can come apart: TensorRT-LLM 104.7 / 65.2%, vLLM 95.0 /
 #: 68.4% (geometric-mean ratio 1.88 / 1.46 and 2.35 / 2.00): such jitter breaks the waves up far
 #: more slowly than these rows do. Also measured and not kept (all rows 16.92%, 873 within 15%): the
-#: deployment aiconfigurator's own generator writes for TensorRT-LLM agg (``generator/rule_plugin/trtllm.rule``:
-#: no chunked prefill, ``max_num_tokens = max_batch_size + isl + 1500``) on this campaign's TensorRT-LLM
-#: rows: 17.28% (873; 17.32%, 869, with its vLLM rows on the same budget), no group moving by more than
-#: four rows; its benchmark template's length
+#: deployment aiconfigurator's own generator writes for TensorRT-LLM agg
+#: (``generator/rule_plugin/trtllm.rule``: no chunked prefill, ``max_num_tokens = max_batch_size + isl +
+#: 1500``) on this campaign's TensorRT-LLM rows: 17.28% (873; 17.32%, 869, with its vLLM rows on the
+#: same budget), no group moving by more than four rows; its benchmark template's length
 #: (``bench_run.sh.j2``: aiperf, ``--num-requests`` 50 x C after 2 x C warm-up requests, so the
 #: synchronised first wave weighs 1/50): 18.49% (827), Qwen3-32B 42 -> 12, Qwen3-235B 41 -> 19 and
-#: Llama-3.1-8B 18 -> 24 of their rows within 15% -- the rows need the first wave's weight of a 10-request run. Where their excess sits:
-#: on TensorRT-LLM Qwen3-32B up to 32 clients it is flat in the output length and the client count (TP 1,
-#: 4096-token prompts: +610 / +643 ms at 8 / 16 clients) and grows with the prompt and the per-GPU work
-#: (+588 / +300 / +209 / +127 ms at TP 1 / 2 / 4 / 8 against 310 / 192 / 128 / 99 ms of predicted own
-#: prefill), while the TPOT, which carries every prefill the GPU runs, fits (27.8 measured, 31.2 ms
-#: predicted at TP 1, c8): time that is not the GPU's.
+#: Llama-3.1-8B 18 -> 24 of their rows within 15% -- the rows need the first wave's weight of a
+#: 10-request run. Where their excess sits: on TensorRT-LLM Qwen3-32B up to 32 clients it is flat in the
+#: output length and the client count (TP 1, 4096-token prompts: +610 / +643 ms at 8 / 16 clients) and
+#: grows with the prompt and the per-GPU work (+588 / +300 / +209 / +127 ms at TP 1 / 2 / 4 / 8 against
+#: 310 / 192 / 128 / 99 ms of predicted own prefill), while the TPOT, which carries every prefill the
+#: GPU runs, fits (27.8 measured, 31.2 ms predicted at TP 1, c8): time that is not the GPU's.
 _AIC_DRIFTING_CAMPAIGN = re.compile(r"source_file=/[^;]*/aic-auto-gap-analysis/data/h200_sxm/")
 
 
