@@ -220,14 +220,14 @@ def solve_disagg(
     kf = min(batch_cap, max(per_step, math.ceil(per_worker)))
     n_batches = math.ceil(per_worker / kf)
     front = params_prefill.arrival_delay_ms
-    first = (n_batches + 1) / 2.0 * batch_ms(kf) + front
+    first_batch = batch_ms(kf)
+    first = (n_batches + 1) / 2.0 * first_batch + front
     k = DISAGG_REQUESTS_PER_CLIENT
     ttft_mean = (first + (k - 1.0) * ttft) / k
     latency = ttft_mean + max(osl - 1, 1) * tpot
     # per-request spread (module docstring)
-    first_dist = Distribution(np.arange(1, n_batches + 1) * batch_ms(kf) + params_prefill.arrival_delay_ms,
-                              np.ones(n_batches))
-    wait_mean = max(ttft - service_batch - params_prefill.arrival_delay_ms, 0.0)
+    first_dist = Distribution(np.arange(1, n_batches + 1) * first_batch + front, np.ones(n_batches))
+    wait_mean = max(ttft - service_batch - front, 0.0)
     steady_dist = exponential_tail(wait_mean, 1.0 - rho).shifted(ttft - wait_mean)
     res = DisaggResult(
         concurrency=C,
@@ -243,7 +243,7 @@ def solve_disagg(
         arrival_rate_per_s=lam * 1e3,
         # a first-wave prompt waits for the batches ahead of it on its worker: (n - 1) / 2 on average
         ttft_parts=blend_parts(
-            (ttft_parts(front, (n_batches - 1) / 2.0 * batch_ms(kf), batch_ms(kf)), 1.0),
+            (ttft_parts(front, (n_batches - 1) / 2.0 * first_batch, first_batch), 1.0),
             (ttft_parts(front, wait_mean, ttft - front - wait_mean), k - 1.0)),
     )
     res.set_percentiles(mixture((first_dist, 1.0 / k), (steady_dist, (k - 1.0) / k)), Distribution.point(tpot))
