@@ -325,6 +325,20 @@ TRTLLM_FRONT_END_PER_STREAM_MS = 0.6
 #: and clients, measure TTFT 100-130 ms apart (TP 8, 1k, c4: 305 vs 172 ms; c16: 441 vs 335; 8k, c8:
 #: 519 vs 420) with the same TPOT (8.3 vs 7.9 ms, 12.2 vs 11.1, 10.4 vs 10.1), and the B300 runs fit
 #: without any such cost (median -1 to -3%).
+#: The same holds for GLM-5: its B300 recipe reuses the B200 one as is (``glm5_fp8_b300.sh``), and
+#: the same nightly measures 116-160 ms more TTFT on B200 than on B300 (TP 8, 1k, c32 / c128: 369 vs
+#: 210, 535 vs 419 ms; 8k, c8 / c16: 742 vs 618, 940 vs 799) with TPOT within 3% at 8k. DeepSeek-R1
+#: on the same B200 cluster and SGLang build fits with 120 ms (1k rows -4% median), so the offset is
+#: one of (model, cluster), not of the cluster: 100 ms more front end on every B200 SGLang row
+#: takes Qwen3.5 0.5.9 from 3 to 34 rows within 15% and DeepSeek-R1 / -V3 from 20 / 16 to 4 / 6 (all
+#: rows 873 -> 890). Also measured and not kept (all rows 16.92%, 873 within 15%): a front-end cost
+#: per prompt token on SGLang rows, for the long prompts' under-prediction (SGLang 8k rows -31%
+#: median, 1k rows -14%): 10 / 15 / 20 us per token give 882 / 892 / 897 rows; re-swept with the base
+#: (80-120 ms) and per-stream term (1.0-2.0 ms), at best 902 (16.41%, at 100 ms, 1.5 ms, 20 us).
+#: The gains are Qwen3.5's and GLM-5's, the losses H200 DeepSeek-R1, the AIC harness's H100
+#: Qwen3-32B and B300 Qwen3.5 0.5.10; vLLM wants at most 5 us (+9 rows; 10 us: -45) and
+#: TensorRT-LLM none (5 us: -11). SGLang tokenizes with the same fast tokenizer vLLM runs, so
+#: 20 us per token has no mechanism; it is the (model, cluster) offset above in another shape.
 SGLANG_FRONT_END_MS = 120.0
 SGLANG_FRONT_END_PER_STREAM_MS = 1.5
 

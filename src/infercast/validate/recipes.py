@@ -310,6 +310,11 @@ def sglang_recv_interval(row: SiliconRow, recipe: SglangRecipe | None = None) ->
 #: grows with the prompt and the per-GPU work (+588 / +300 / +209 / +127 ms at TP 1 / 2 / 4 / 8 against
 #: 310 / 192 / 128 / 99 ms of predicted own prefill), while the TPOT, which carries every prefill the
 #: GPU runs, fits (27.8 measured, 31.2 ms predicted at TP 1, c8): time that is not the GPU's.
+#: The excess does fit, at low concurrency, a prompt chunked into ~256-token steps, each also
+#: running the decodes (TP 1 / 8, 4096 tokens: 15 more steps of ~35 / ~9 ms). A chunked step budget
+#: of 256 / 384 / 512 / 1024 tokens on this campaign's TensorRT-LLM and vLLM rows: all rows 810 /
+#: 823 / 830 / 856 within 15% (873 before), TPOT 7.61% -> 8.27 / 8.14 / 8.14 / 7.90%, every model
+#: worse: so small a budget also caps the decode batch, which the high-concurrency rows' TPOT refutes.
 _AIC_DRIFTING_CAMPAIGN = re.compile(r"source_file=/[^;]*/aic-auto-gap-analysis/data/h200_sxm/")
 
 
