@@ -1,0 +1,67 @@
+"""benchmarks.fidelity_bounds: the best per-group TTFT correction, on rows whose answer is known."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+
+from benchmarks import fidelity_bounds as fb
+
+
+def _row(backend, system, measured, predicted):
+    return {"backend": backend, "system": system, "model": "m", "backend_version": "1",
+            "measured_ttft_ms": str(measured), "predicted_ttft_ms": str(predicted)}
+
+
+# group (a, x): every prediction half the measurement -> a scale of 2 fits all four, no shift can
+#               (the errors are 100 / 200 / 400 / 800 ms)
+# group (a, y): every prediction 300 ms short of 1000 / 1600 / 2200 ms -> a shift of +300 fits all
+#               three, and so does any scale in [1.214, 1.332]; as predicted only 1900 of 2200 is
+#               within 15% (700 and 1300 are 30% and 19% short)
+# group (b, x): one row 3x over, beyond the grids' reach (scales 0.5x .. 2x, shifts down to -500 ms)
+ROWS = ([_row("a", "x", m, m / 2) for m in (200, 400, 800, 1600)]
+        + [_row("a", "y", m, m - 300) for m in (1000, 1600, 2200)]
+        + [_row("b", "x", 300, 900)])
+
+
+def test_best_correction_finds_the_exact_scale_and_shift():
+    m = np.array([200.0, 400.0, 800.0, 1600.0])
+    n, scale, p = fb.best_correction(m, m / 2, shift=False)
+    assert n == 4 and 1.74 <= scale <= 2.3  # every scale that lands the four within 15% ties; median APE picks 2
+    assert np.allclose(p, m * scale / 2)
+    n, shift, _ = fb.best_correction(np.array([1000.0, 1500.0, 2000.0]), np.array([900.0, 1400.0, 1900.0]), shift=True)
+    assert n == 3 and shift == pytest.approx(100.0, abs=5.0)
+
+
+def test_bounds_count_rows_group_by_group():
+    out = {b.grouping: b for b in fb.bounds(ROWS, groupings=((), ("backend", "system")))}
+    per_group = out[("backend", "system")]
+    assert per_group.groups == 3 and per_group.rows == 8
+    assert per_group.within_none == 1            # 2200 of (a, y)
+    assert per_group.within_scale == 4 + 3 + 0
+    # (a, x): a shift s lands a row m within 15% only for s in [0.35 m, 0.65 m], and those ranges
+    # ([70, 130], [140, 260], [280, 520], [560, 1040]) do not overlap: one row at most
+    assert per_group.within_shift == 1 + 3 + 0
+    every = out[()]
+    assert every.groups == 1 and every.within_none == 1
+    assert every.within_scale <= per_group.within_scale  # one constant for all can only do worse
+
+
+def test_load_results_skips_unpredicted_rows(tmp_path):
+    path = tmp_path / "results.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(ROWS[0]))
+        w.writeheader()
+        w.writerows(ROWS[:2] + [dict(ROWS[2], predicted_ttft_ms="")] + [dict(ROWS[3], measured_ttft_ms="nan")])
+    assert len(fb.load_results(path)) == 2
+
+
+def test_cli_rejects_a_missing_or_foreign_csv(tmp_path, capsys):
+    assert fb.main(["--results", str(tmp_path / "none.csv")]) == 2
+    assert "no such results CSV" in capsys.readouterr().err
+    foreign = tmp_path / "foreign.csv"
+    foreign.write_text("a,b\n1,2\n")
+    with pytest.raises(SystemExit, match="not a validate results CSV"):
+        fb.load_results(foreign)
