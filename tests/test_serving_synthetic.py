@@ -832,18 +832,47 @@ def test_front_end_time_grows_with_the_open_streams():
     assert a.ttft_ms == pytest.approx(b.ttft_ms)
 
 
+def test_front_end_time_grows_with_the_prompt():
+    # 3 ms per request + 0.5 ms per open stream + 0.02 ms per prompt token: 4 clients of 100-token
+    # prompts on 2 attention-DP ranks (8 streams) see 3 + 4 + 2 = 9 ms, exactly as a flat 9 ms front
+    # end; the prompt's part is folded with the streams' and then gone from the parameters
+    eng = ConstEngine(10.0)
+    p = params(arrival_delay_ms=3.0, front_end_per_stream_ms=0.5, front_end_per_prompt_token_ms=0.02,
+               requests_per_client=4.0)
+    assert p.front_end_ms(8) == 7.0 and p.front_end_ms(8, 100) == pytest.approx(9.0)
+    assert p.for_streams(8, 100) == params(arrival_delay_ms=p.front_end_ms(8, 100), requests_per_client=4.0)
+    only_tokens = params(arrival_delay_ms=3.0, front_end_per_prompt_token_ms=0.02)
+    assert only_tokens.for_streams(8, 100).arrival_delay_ms == pytest.approx(5.0)  # no per-stream term: still folded
+    flat = params(arrival_delay_ms=p.front_end_ms(8, 100), requests_per_client=4.0)
+    got, want = serve_agg(eng, 4, 100, 11, p, 1e9, 1, ranks=2), serve_agg(eng, 4, 100, 11, flat, 1e9, 1, ranks=2)
+    assert got.ttft_ms == pytest.approx(want.ttft_ms) and got.tpot_ms == pytest.approx(want.tpot_ms)
+    assert got.ttft_parts["front_end"] == pytest.approx(9.0)
+    # a longer prompt costs more front end, one per-token share per token
+    longer = serve_agg(eng, 4, 200, 11, p, 1e9, 1, ranks=2)
+    assert longer.ttft_parts["front_end"] == pytest.approx(11.0)
+    # disaggregated: the router tokenises; the engine's per-token term does not apply
+    pe, de = ConstEngine(10.0), ConstEngine(2.0)
+    a = solve_disagg(pe, de, 6, 100, 11, 1, 1, 1, 1, params(arrival_delay_ms=1.0, front_end_per_prompt_token_ms=1.0),
+                     params(), 0.0, 2)
+    b = solve_disagg(pe, de, 6, 100, 11, 1, 1, 1, 1, params(arrival_delay_ms=1.0), params(), 0.0, 2)
+    assert a.ttft_ms == pytest.approx(b.ttft_ms)
+
+
 def test_vllm_front_end_defaults():
     from infercast.serving.backends import (
         TRTLLM_FRONT_END_PER_STREAM_MS,
         TRTLLM_POSTPROCESS_FRONT_END_MS,
         VLLM_FRONT_END_MS,
+        VLLM_FRONT_END_PER_PROMPT_TOKEN_MS,
         VLLM_FRONT_END_PER_STREAM_MS,
         scheduler_params,
     )
 
     v = scheduler_params("vllm")
-    assert (v.arrival_delay_ms, v.front_end_per_stream_ms) == (VLLM_FRONT_END_MS, VLLM_FRONT_END_PER_STREAM_MS) == (15.0, 0.7)
-    assert v.front_end_ms(100) == pytest.approx(85.0)
+    assert (v.arrival_delay_ms, v.front_end_per_stream_ms) == (VLLM_FRONT_END_MS, VLLM_FRONT_END_PER_STREAM_MS) == (10.0, 0.7)
+    assert v.front_end_per_prompt_token_ms == VLLM_FRONT_END_PER_PROMPT_TOKEN_MS == 0.003
+    assert v.front_end_ms(100) == pytest.approx(80.0)
+    assert v.front_end_ms(100, 8192) == pytest.approx(80.0 + 24.576)  # 10 + 0.7 x 100 + 0.003 x 8192
     # TensorRT-LLM: 0.6 ms per open stream from the API server's own loop; none when post-processing
     # workers take that work (and the base drops to their 25 ms)
     t = scheduler_params("trtllm")

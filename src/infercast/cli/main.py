@@ -104,6 +104,8 @@ SCHEDULER_FLAGS = {
     "front_end_ms": ("arrival_delay_ms", float, 0.0, "client + front-end time per request (HTTP, tokenisation), ms"),
     "front_end_per_stream_ms": ("front_end_per_stream_ms", float, 0.0,
                                 "front-end time per open stream (the client's and API server's event loops), ms"),
+    "front_end_per_prompt_token_ms": ("front_end_per_prompt_token_ms", float, 0.0,
+                                      "front-end time per prompt token (tokenising the prompt), ms"),
     "step_overhead_ms": ("step_overhead_ms", float, 0.0, "host time per engine step, ms"),
     "requests_per_client": ("requests_per_client", float, 1.0, "requests each benchmark client sends (the benchmark length)"),
     "adp_balance_timeout_steps": ("adp_balance_timeout_steps", int, 0,

@@ -75,8 +75,10 @@ Tried and not kept (dev fullspec rows, TTFT median APE 16.92%): the wait for the
 taken length-biased (an arrival lands in a long mixed or prefill step more often than its share of
 steps; ``E[S^2] / 2E[S]`` in place of, added to, or as a floor under ``WAIT_STEPS`` steps):
 16.95-16.97%; a front-end cost per input token (tokenisation) added to ``arrival_delay_ms``, 0.01 /
-0.02 ms per token: 19.3 / 21.9% (the h100 TensorRT-LLM 1.0.0rc3 and vLLM 0.12 rows whose excess grows
-with the prompt are not the rule).
+0.02 ms per token for every engine: 19.3 / 21.9% (the h100 TensorRT-LLM 1.0.0rc3 and vLLM 0.12 rows whose
+excess grows with the prompt are not the rule). vLLM keeps 3 us per prompt token
+(:data:`infercast.serving.backends.VLLM_FRONT_END_PER_PROMPT_TOKEN_MS`), folded into the front end
+with the open streams' time (:meth:`~infercast.serving.backends.SchedulerParams.for_streams`).
 """
 
 from __future__ import annotations
@@ -363,7 +365,8 @@ def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacit
     together, so it holds nothing)."""
     from .sim import DoesNotFitError, simulate
 
-    params = params.for_streams(concurrency * ranks)  # the replica's front end serves every rank's clients
+    # the replica's front end serves every rank's clients and tokenises each prompt
+    params = params.for_streams(concurrency * ranks, isl)
     if kv_capacity_tokens < isl + osl:
         raise DoesNotFitError(
             f"one request of {isl}+{osl} tokens needs more KV cache than a rank has ({int(kv_capacity_tokens)} tokens)",

@@ -77,6 +77,9 @@ class SchedulerParams:
       stream's token events, so a new request's send and its first token's receipt wait behind the
       other streams' work (:meth:`front_end_ms`; :data:`VLLM_FRONT_END_PER_STREAM_MS`,
       :data:`SGLANG_FRONT_END_PER_STREAM_MS`, :data:`TRTLLM_FRONT_END_PER_STREAM_MS`).
+    * ``front_end_per_prompt_token_ms``: front-end time per prompt token: the API server
+      tokenises the prompt's text before the request reaches the engine
+      (:data:`VLLM_FRONT_END_PER_PROMPT_TOKEN_MS`).
     * ``requests_per_client``: how many requests each benchmark client sends (the benchmark
       length; the first wave of a closed-loop benchmark starts synchronised).
     * ``lockstep``: requests that start together stay together for the whole benchmark (SGLang's
@@ -133,22 +136,26 @@ class SchedulerParams:
     graph_batch_sizes: tuple[int, ...] = ()
     adp_balance_timeout_steps: int = 0
     front_end_per_stream_ms: float = 0.0
+    front_end_per_prompt_token_ms: float = 0.0
     batch_wait_iters: int = 0
     batch_wait_max_tokens_ratio: float = 0.0
     recv_interval: int = 1
     kv_length_ratio: float = 1.0
 
-    def front_end_ms(self, streams: float) -> float:
-        """Client + front-end time of a request while ``streams`` requests are open on the
-        replica's front end: ``arrival_delay_ms + front_end_per_stream_ms x streams``."""
-        return self.arrival_delay_ms + self.front_end_per_stream_ms * float(streams)
+    def front_end_ms(self, streams: float, prompt_tokens: float = 0.0) -> float:
+        """Client + front-end time of a request of ``prompt_tokens`` prompt tokens while
+        ``streams`` requests are open on the replica's front end: ``arrival_delay_ms +
+        front_end_per_stream_ms x streams + front_end_per_prompt_token_ms x prompt_tokens``."""
+        return (self.arrival_delay_ms + self.front_end_per_stream_ms * float(streams)
+                + self.front_end_per_prompt_token_ms * float(prompt_tokens))
 
-    def for_streams(self, streams: float) -> SchedulerParams:
-        """These parameters with the front-end time of ``streams`` open streams folded into
-        ``arrival_delay_ms`` (what the serving models read)."""
-        if self.front_end_per_stream_ms == 0.0:
+    def for_streams(self, streams: float, prompt_tokens: float = 0.0) -> SchedulerParams:
+        """These parameters with the front-end time of ``streams`` open streams and a prompt of
+        ``prompt_tokens`` tokens folded into ``arrival_delay_ms`` (what the serving models read)."""
+        if self.front_end_per_stream_ms == 0.0 and self.front_end_per_prompt_token_ms == 0.0:
             return self
-        return replace(self, arrival_delay_ms=self.front_end_ms(streams), front_end_per_stream_ms=0.0)
+        return replace(self, arrival_delay_ms=self.front_end_ms(streams, prompt_tokens), front_end_per_stream_ms=0.0,
+                       front_end_per_prompt_token_ms=0.0)
 
     def graph_pad(self, decodes: float) -> float:
         """Padding rows a decode-only step of ``decodes`` sequences runs with (0 without a
@@ -266,9 +273,10 @@ TRTLLM_ADP_TIMEOUT_STEPS = 60
 #: (Qwen3.5 B200 TPOT 10.0% -> 8.9%); DeepSeek rows, whose GPU steps are long, do not move.
 SGLANG_SEQ_OVERHEAD_MS = 0.040
 
-#: vLLM's front end: 15 ms per request plus 0.7 ms per open stream (``arrival_delay_ms``,
-#: ``front_end_per_stream_ms``). The vLLM dev rows' TTFT residual against the model grows with
-#: concurrency (median measured - predicted at 4 / 16 / 64 / 128 / 256 / 512 clients: -10 / +5 /
+#: vLLM's front end: 10 ms per request plus 0.7 ms per open stream (``arrival_delay_ms``,
+#: ``front_end_per_stream_ms``) and 3 us per prompt token (:data:`VLLM_FRONT_END_PER_PROMPT_TOKEN_MS`,
+#: which moved the base from 15 ms, as first calibrated below, to 10). The vLLM dev rows' TTFT
+#: residual against the model grows with concurrency (median measured - predicted at 4 / 16 / 64 / 128 / 256 / 512 clients: -10 / +5 /
 #: +31 / +66 / +138 / +407 ms with a flat 40 ms front end), while vLLM 0.15-0.19 rows at low
 #: concurrency imply 10-20 ms. Both the benchmark client (``vllm bench serve``: one asyncio loop for
 #: all streams) and vLLM's API server (its output processor detokenises and sends every stream's
@@ -279,8 +287,26 @@ SGLANG_SEQ_OVERHEAD_MS = 0.040
 #: 15.3%; (20, 0.7) 14.9% (60.2%); (15, 0.6) 14.3% (61.0%); (15, 0.7) 13.9% (60.5%); (10, 0.7)
 #: 14.6%; (10, 0.9) 14.9%; (5, 0.8) 17.7%; (0, 0.9) 20.8%; TPOT unchanged. TensorRT-LLM's own
 #: per-stream term: :data:`TRTLLM_FRONT_END_PER_STREAM_MS`.
-VLLM_FRONT_END_MS = 15.0
+VLLM_FRONT_END_MS = 10.0
 VLLM_FRONT_END_PER_STREAM_MS = 0.7
+
+#: vLLM's front-end time per prompt token, 3 us: the host work a request's prompt costs before its
+#: first step, on the TTFT's path and growing with the prompt -- the API server tokenises the
+#: prompt's text (the InferenceX client sends text made of random token ids), and the engine core
+#: builds the request from its token ids (with prefix caching, vLLM V1's default, it hashes every
+#: KV block of the prompt). The vLLM dev rows' TTFT residual grew with the prompt: at <= 8 clients
+#: the median measured - predicted was +4 ms at 1k and +23 ms at 8k tokens (InferenceX rows; the
+#: signed error of all vLLM rows -3.9% at 1k, -9.0% at 8k). Dev rows, all-row TTFT median APE (within
+#: 15%), from 16.92% (873) at (15 ms base, 0 us): at 15 ms and 1.5 / 2 / 2.5 / 3 us: 16.77 / 16.72 /
+#: 16.74 / 16.79% (885 / 888 / 886 / 892); at 10 ms and 2.5 / 3 / 3.5 / 4 us: 16.62 / 16.56 / 16.58 /
+#: 16.63% (889 / 894 / 901 / 898); at 12 ms and 2.5 / 3 us: 16.68 / 16.69%; at 5 ms and 3 / 4 us:
+#: 17.26 / 16.80%. At (10 ms, 3 us) vLLM's TTFT median APE goes 12.2% -> 11.5%, its signed error
+#: -3.9 -> -2.1% at 1k and -9.0 -> -4.5% at 8k; TPOT unchanged. The other engines tokenise too, but
+#: their rows do not ask for it: at the same 3 us TensorRT-LLM's rows within 15% go 329 -> 315 (its
+#: 8k rows' TTFT is over-predicted at low concurrency already, -25 ms median) and SGLang's 159 -> 162,
+#: while SGLang's best fit is 20 us, which no tokeniser costs (:data:`SGLANG_FRONT_END_MS`). A disaggregated deployment's
+#: router tokenises (:func:`infercast.serving.disagg.solve_disagg` takes the base only).
+VLLM_FRONT_END_PER_PROMPT_TOKEN_MS = 0.003
 
 #: TensorRT-LLM's front end per open stream, 0.6 ms, when ``trtllm-serve`` runs without
 #: post-processing workers (its default: the API server's own event loop detokenises and streams
@@ -348,7 +374,8 @@ SCHEDULERS = {
                               front_end_per_stream_ms=TRTLLM_FRONT_END_PER_STREAM_MS),
     "vllm": SchedulerParams(True, True, 8192, 1024, 0.0, VLLM_FRONT_END_MS, 10.0, False, seq_overhead_ms=0.010,
                             graph_batch_sizes=CUDA_GRAPH_SIZES["vllm"],
-                            front_end_per_stream_ms=VLLM_FRONT_END_PER_STREAM_MS),
+                            front_end_per_stream_ms=VLLM_FRONT_END_PER_STREAM_MS,
+                            front_end_per_prompt_token_ms=VLLM_FRONT_END_PER_PROMPT_TOKEN_MS),
     "sglang": SchedulerParams(False, True, 8192, 4096, 2.0, SGLANG_FRONT_END_MS, 10.0, False, lockstep=True,
                               seq_overhead_ms=SGLANG_SEQ_OVERHEAD_MS, overlap=True, overlap_residual_ms=0.5,
                               graph_batch_sizes=CUDA_GRAPH_SIZES["sglang"],

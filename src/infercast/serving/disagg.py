@@ -148,7 +148,8 @@ def solve_disagg(
 ) -> DisaggResult:
     C = float(concurrency)
     # a disaggregated deployment is fronted by its router (e.g. Dynamo's), not the engine's API
-    # server, whose per-stream work ``front_end_per_stream_ms`` stands for: the base time only
+    # server, whose per-stream work and prompt tokenisation ``front_end_per_stream_ms`` and
+    # ``front_end_per_prompt_token_ms`` stand for: the base time only
     params_prefill = params_prefill.for_streams(0)
     # each attention-DP rank of a prefill worker prefills its own requests
     servers = max(prefill_workers * max(prefill_dp, 1), 1)
