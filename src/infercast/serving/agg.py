@@ -79,6 +79,12 @@ steps; ``E[S^2] / 2E[S]`` in place of, added to, or as a floor under ``WAIT_STEP
 excess grows with the prompt are not the rule). vLLM keeps 3 us per prompt token
 (:data:`infercast.serving.backends.VLLM_FRONT_END_PER_PROMPT_TOKEN_MS`), folded into the front end
 with the open streams' time (:meth:`~infercast.serving.backends.SchedulerParams.for_streams`).
+Also tried and not kept (all rows 16.56%, 894 within 15%): a chunked prompt's chunk count averaged
+over a random-length benchmark's prompts (InferenceX: uniform on ``[0.8 isl, isl]``), so that an
+8192-token prompt at an 8192-token budget takes one step plus the rare overflow, not two half
+chunks as the nominal length does: 16.78% (886), TPOT 7.61% -> 7.59%; with vLLM's per-token front end
+re-swept to 4 / 5 us, 16.68 / 16.60% (897 / 893). Llama-3.1-70B's 8k rows gain (TensorRT-LLM and
+vLLM, +16 rows), MiniMax-M2.5's lose (vLLM b200 / h200 116 -> 103, 16 -> 12).
 """
 
 from __future__ import annotations
