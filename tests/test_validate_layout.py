@@ -177,8 +177,29 @@ def test_llama_recipe_batch_wait(tp, lengths, source, delayed) -> None:
     row = replace(_row("x", WorkerSpec(batch_size=4, tp=tp)), model="meta-llama/Llama-3.1-70B", source=source,
                   isl=lengths[0], osl=lengths[1])
     p = recipe_scheduler(row, scheduler_params("trtllm"))
-    assert (p.batch_wait_iters, p.batch_wait_max_tokens_ratio, p.max_num_tokens) == (
-        (20, 0.9, 16384) if delayed else (0, 0.0, scheduler_params("trtllm").max_num_tokens))
+    assert (p.batch_wait_iters, p.batch_wait_max_tokens_ratio) == ((20, 0.9) if delayed else (0, 0.0))
+
+
+@pytest.mark.parametrize(("system", "source", "budget"), [
+    ("b200_sxm", IX, 16384),   # 70b_fp8_b200_trt_slurm.sh: --max_num_tokens 16384, every configuration
+    ("h200_sxm", IX, None),    # the H200 script's $MAX_MODEL_LEN is not in the rows: the default
+    ("b200_sxm", "db-dump/2026-04-27", None),  # another harness
+])
+@pytest.mark.parametrize("lengths", [(1024, 1024), (8192, 1024)])
+def test_llama_trt_b200_recipe_budget(system, source, budget, lengths) -> None:
+    from dataclasses import replace
+
+    from infercast.serving.backends import scheduler_params
+
+    row = replace(_row("x", WorkerSpec(batch_size=4, tp=8)), model="meta-llama/Llama-3.1-70B", source=source,
+                  system=system, isl=lengths[0], osl=lengths[1])
+    default = scheduler_params("trtllm")
+    p = recipe_scheduler(row, default)
+    if budget is None:
+        assert (p.max_num_tokens, p.chunked) == (default.max_num_tokens, default.chunked)
+    else:
+        # the whole prompt runs in one step: TensorRT-LLM's default, no chunked prefill
+        assert (p.max_num_tokens, p.chunked) == (budget, False)
 
 
 _IX = "source_file=2026-04-06.csv; model=m; silicon_concurrency=4"

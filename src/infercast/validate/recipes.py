@@ -100,6 +100,18 @@ def inferencex_row(row: SiliconRow) -> bool:
 #: measured, 575 with it; TP 8 rows fit without it); see :func:`recipe_scheduler`.
 LLAMA_BATCH_WAIT = (20, 0.9, 16384)
 
+#: The InferenceX Llama-3.1-70B TensorRT-LLM B200 recipe's step budget for every configuration
+#: (``benchmarks/70b_fp8_b200_trt_slurm.sh``: ``trtllm-serve --max_num_tokens 16384``, and no
+#: ``enable_chunked_prefill``, so TensorRT-LLM's default runs each prompt whole): an 8192-token
+#: prompt takes one step beside the running decodes, where the engine default (8192, chunked
+#: here) split it in two. The H200 script passes ``--max_num_tokens $MAX_MODEL_LEN``, which the
+#: rows do not give, so its rows keep the default. Dev rows (the recipe's 75 B200 rows, 61 of whose
+#: predictions change): TTFT median APE 8.0% -> 4.7% (62 within 15% before and after), TPOT 5.8% ->
+#: 5.7%; all rows 16.56% -> 16.61% (894 within 15% before and after: rows near the 15% line trade
+#: places), TPOT 7.61% -> 7.60%. (The same budget on the H200 rows too: H200 Llama-3.1-70B rows
+#: within 15% 59 -> 61 of 74, all rows 16.58%.)
+LLAMA_TRT_B200_STEP_BUDGET = 16384
+
 
 #: The DeepSeek-R1 fp8 plain-recipe context batching delay (``benchmarks/dsr1_fp8_b200_trt.sh``:
 #: ``DELAY_BATCHING`` at 1024x1024 from 64 to 255 clients: ``batch_wait_timeout_iters: 40``,
@@ -327,8 +339,9 @@ def clients_drift(row: SiliconRow) -> bool:
 
 def recipe_scheduler(row: SiliconRow, params, clients_per_rank: float | None = None):
     """``params`` with the scheduler settings of the recipe that measured ``row``: a TensorRT-LLM
-    context batching delay (:func:`_batch_wait`) and, given the clients per rank, the MTP recipe's
-    unchunked step budget (:func:`mtp_recipe_budget`); SGLang's recipe sizes
+    step budget (:func:`llama_trt_b200_recipe`), context batching delay (:func:`_batch_wait`)
+    and, given the clients per rank, the MTP recipe's unchunked step budget
+    (:func:`mtp_recipe_budget`); SGLang's recipe sizes
     (:func:`sglang_recipe`) and, for a benchmark of random lengths (:func:`random_lengths`), the
     steady state with the recipe's poll interval instead of lock-step waves
     (:func:`sglang_recv_interval`), or the steady state alone where the clients drift apart
@@ -350,6 +363,8 @@ def recipe_scheduler(row: SiliconRow, params, clients_per_rank: float | None = N
                 params = replace(params, recv_interval=sglang_recv_interval(row, recipe),
                                  overlap=params.overlap or sglang_hybrid_overlap(row.backend_version))
             return params
+    if llama_trt_b200_recipe(row):
+        params = replace(params, max_num_tokens=LLAMA_TRT_B200_STEP_BUDGET, chunked=False)
     step = mtp_recipe_budget(row, clients_per_rank) if clients_per_rank is not None else None
     if step is not None:
         tokens, batch = step
@@ -359,6 +374,13 @@ def recipe_scheduler(row: SiliconRow, params, clients_per_rank: float | None = N
         return params
     iters, ratio, budget = wait
     return replace(params, batch_wait_iters=iters, batch_wait_max_tokens_ratio=ratio, max_num_tokens=budget)
+
+
+def llama_trt_b200_recipe(row: SiliconRow) -> bool:
+    """Whether ``row`` is an InferenceX run of the Llama-3.1-70B TensorRT-LLM B200 recipe, whose
+    step budget is :data:`LLAMA_TRT_B200_STEP_BUDGET`, unchunked."""
+    return (row.backend == "trtllm" and row.system == "b200_sxm" and inferencex_row(row)
+            and row.model.split("/")[-1].startswith("Llama-3.1-70B"))
 
 
 def _batch_wait(row: SiliconRow) -> tuple[int, float, int] | None:
