@@ -109,7 +109,11 @@ LLAMA_BATCH_WAIT = (20, 0.9, 16384)
 #: predictions change): TTFT median APE 8.0% -> 4.7% (62 within 15% before and after), TPOT 5.8% ->
 #: 5.7%; all rows 16.56% -> 16.61% (894 within 15% before and after: rows near the 15% line trade
 #: places), TPOT 7.61% -> 7.60%. (The same budget on the H200 rows too: H200 Llama-3.1-70B rows
-#: within 15% 59 -> 61 of 74, all rows 16.58%.)
+#: within 15% 59 -> 61 of 74, all rows 16.58%.) Measured and not kept: the gpt-oss-120b scripts'
+#: ``--max_num_tokens 20000``, unchunked (``gptoss_fp4_{b200,h200}_trt.sh``), on their InferenceX
+#: rows: b200 1.2.0rc2.post2 22 -> 13 of 25 within 15%, h200 gpt-oss-dev 12 -> 14 of 25; all rows
+#: 16.61% -> 16.68% (894 -> 885). The b200 script has had many versions, and which one ran is
+#: not in the rows.
 LLAMA_TRT_B200_STEP_BUDGET = 16384
 
 
