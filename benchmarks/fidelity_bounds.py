@@ -25,7 +25,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-FIDELITY = Path(__file__).resolve().parents[2] / "shared" / "fidelity"
+from .fidelity import FIDELITY
 
 #: the band a row must fall in to count (|predicted / measured - 1| <= WITHIN)
 WITHIN = 0.15
@@ -92,21 +92,20 @@ def bounds(rows: list[dict], groupings=GROUPINGS) -> list[Bound]:
     base = int((np.abs(predicted / measured - 1.0) <= WITHIN).sum())
     out = []
     for grouping in groupings:
-        keys = [tuple(r.get(k, "") for k in grouping) for r in rows]
-        scaled, shifted = predicted.copy(), predicted.copy()
-        n_scale = n_shift = 0
-        groups = sorted(set(keys))
-        for g in groups:
-            idx = np.array([i for i, k in enumerate(keys) if k == g])
-            n, _, p = best_correction(measured[idx], predicted[idx], shift=False)
-            n_scale += n
-            scaled[idx] = p
-            n, _, p = best_correction(measured[idx], predicted[idx], shift=True)
-            n_shift += n
-            shifted[idx] = p
-        out.append(Bound(grouping, len(groups), len(rows), base, n_scale, n_shift,
-                         float(np.median(np.abs(scaled / measured - 1.0))),
-                         float(np.median(np.abs(shifted / measured - 1.0)))))
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(rows):
+            groups.setdefault(tuple(r.get(k, "") for k in grouping), []).append(i)
+        within, median_ape = [], []
+        for shift in (False, True):
+            corrected = predicted.copy()
+            n_within = 0
+            for members in groups.values():
+                idx = np.array(members)
+                n, _, corrected[idx] = best_correction(measured[idx], predicted[idx], shift=shift)
+                n_within += n
+            within.append(n_within)
+            median_ape.append(float(np.median(np.abs(corrected / measured - 1.0))))
+        out.append(Bound(grouping, len(groups), len(rows), base, within[0], within[1], median_ape[0], median_ape[1]))
     return out
 
 
