@@ -8,6 +8,12 @@ the printed counts are an upper bound on what any such calibration could reach; 
 moves TTFT the same way for every row of a group cannot beat it either. Compare the counts with
 the goal (962 of the 1,924 dev fully specified rows within 15%, i.e. a median APE of 15%).
 
+It also prints how well the measurements agree with themselves: rows that the model cannot tell
+apart (same mode, engine, system, model, lengths and concurrency, and a bit-identical
+prediction, so the same configuration) but that carry different measured TTFTs are re-runs of one
+configuration; the share of their ordered pairs in which one measurement is within 15% of the
+other is what a perfect model of that configuration could score on them, a noise floor.
+
 ``--results`` reads the per-row CSV that ``infercast validate --out DIR`` writes
 (``DIR/results.csv``); without it the dev fully specified rows are predicted first (~30 s).
 Only dev ids are read.
@@ -109,6 +115,47 @@ def bounds(rows: list[dict], groupings=GROUPINGS) -> list[Bound]:
     return out
 
 
+#: what makes two rows one configuration as far as the model knows (with a bit-identical prediction)
+SAME_CONFIGURATION = ("mode", "backend", "system", "model", "isl", "osl", "concurrency", "predicted_ttft_ms")
+
+
+@dataclass(frozen=True)
+class Agreement:
+    configurations: int  # configurations measured more than once with different TTFTs
+    pairs: int           # ordered pairs of their distinct measurements
+    within: int          # pairs whose first is within WITHIN of the second
+    median_ape: float    # median |a / b - 1| over the pairs
+
+
+#: measurements closer than this (relative) are one measurement exported twice (files that re-export
+#: a run round it), not two runs
+SAME_MEASUREMENT = 0.001
+
+
+def _distinct(values: list[float]) -> list[float]:
+    """The distinct measurements among ``values``: each within :data:`SAME_MEASUREMENT` of the last
+    one kept (in ascending order) is a copy of it."""
+    out: list[float] = []
+    for v in sorted(values):
+        if not out or v > out[-1] * (1.0 + SAME_MEASUREMENT):
+            out.append(v)
+    return out
+
+
+def remeasurement_agreement(rows: list[dict]) -> Agreement:
+    """How close re-runs of one configuration (:data:`SAME_CONFIGURATION`) come to each other:
+    over every ordered pair (a, b) of a configuration's distinct measured TTFTs (:func:`_distinct`),
+    ``|a / b - 1|``."""
+    raw: dict[tuple, list[float]] = {}
+    for r in rows:
+        raw.setdefault(tuple(r.get(k, "") for k in SAME_CONFIGURATION), []).append(float(r["measured_ttft_ms"]))
+    groups = [_distinct(v) for v in raw.values()]
+    apes = [abs(a / b - 1.0) for vals in groups if len(vals) > 1
+            for i, a in enumerate(vals) for j, b in enumerate(vals) if i != j]
+    n = sum(1 for vals in groups if len(vals) > 1)
+    return Agreement(n, len(apes), sum(1 for x in apes if x <= WITHIN), float(np.median(apes)) if apes else float("nan"))
+
+
 def table(result: list[Bound]) -> Table:
     t = Table(title=f"TTFT rows within {WITHIN:.0%}: as predicted, and the best one correction per group "
                     "(fitted on the scored rows: an upper bound)", header_style="bold")
@@ -145,7 +192,13 @@ def main(argv=None) -> int:
     if not rows:
         print("error: no row with a measured and a predicted TTFT", file=sys.stderr)
         return 2
-    Console(width=150).print(table(bounds(rows)))
+    console = Console(width=150)
+    console.print(table(bounds(rows)))
+    agree = remeasurement_agreement(rows)
+    if agree.pairs:
+        console.print(f"Re-runs: {agree.configurations} configurations measured more than once with different TTFTs; "
+                      f"in {agree.within} of their {agree.pairs} ordered pairs one measurement is within {WITHIN:.0%} "
+                      f"of the other ({agree.within / agree.pairs:.1%}; median {100 * agree.median_ape:.1f}% apart).")
     return 0
 
 

@@ -66,3 +66,17 @@ def test_cli_rejects_a_missing_or_foreign_csv(tmp_path, capsys):
     foreign.write_text("a,b\n1,2\n")
     with pytest.raises(SystemExit, match="not a validate results CSV"):
         fb.load_results(foreign)
+
+
+def test_remeasurement_agreement_counts_pairs_of_one_configuration():
+    def rerun(measured, predicted="100"):
+        return {"mode": "agg", "backend": "a", "system": "x", "model": "m", "isl": "1024", "osl": "1024",
+                "concurrency": "4", "measured_ttft_ms": str(measured), "predicted_ttft_ms": predicted}
+    # one configuration measured 100 / 110 / 200 ms (a repeat of 100, and 100.05 within 0.1% of it,
+    # are the same measurement exported again);
+    # pairs: 100 vs 110 -> 9.1% / 10%, 100 vs 200 -> 50% / 100%, 110 vs 200 -> 45% / 81.8%
+    rows = [rerun(100), rerun(100), rerun(100.05), rerun(110), rerun(200), rerun(300, predicted="250"), rerun(999, predicted="251")]
+    a = fb.remeasurement_agreement(rows)
+    assert (a.configurations, a.pairs, a.within) == (1, 6, 2)
+    assert a.median_ape == pytest.approx((0.45 + 0.5) / 2)
+    assert fb.remeasurement_agreement(rows[5:]).pairs == 0
