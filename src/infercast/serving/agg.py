@@ -85,6 +85,12 @@ over a random-length benchmark's prompts (InferenceX: uniform on ``[0.8 isl, isl
 chunks as the nominal length does: 16.78% (886), TPOT 7.61% -> 7.59%; with vLLM's per-token front end
 re-swept to 4 / 5 us, 16.68 / 16.60% (897 / 893). Llama-3.1-70B's 8k rows gain (TensorRT-LLM and
 vLLM, +16 rows), MiniMax-M2.5's lose (vLLM b200 / h200 116 -> 103, 16 -> 12).
+Also measured and not kept (all rows 16.61%, 894 within 15%): prefill slower than the kernel
+tables, as sustained-load clocks or older kernels would make it. Context attention x1.5 / x2 / x3
+on the SGLang rows: 903 / 886 / 894 within 15%; on the h100 / h200 rows x1.5 and x2: 899 / 903 and
+892 / 884; the context steps' token-wise ops (GEMM, MoE, norms, collectives) x1.1 / x1.2 on the
+SGLang rows: 889 / 889, on every row: 877 / 790 (TPOT 7.60% -> 7.70 / 7.99%). Where the prefill is
+under-predicted it is so by model, engine build and cluster, not by kernel family.
 """
 
 from __future__ import annotations
