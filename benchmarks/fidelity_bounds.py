@@ -12,7 +12,8 @@ It also prints how well the measurements agree with themselves: rows that the mo
 apart (same mode, engine, system, model, lengths and concurrency, and a bit-identical
 prediction, so the same configuration) but that carry different measured TTFTs are re-runs of one
 configuration; the share of their ordered pairs in which one measurement is within 15% of the
-other is what a perfect model of that configuration could score on them, a noise floor.
+other is about what a model that matched one run of each configuration exactly would score on the
+other runs: a noise floor.
 
 ``--results`` reads the per-row CSV that ``infercast validate --out DIR`` writes
 (``DIR/results.csv``); without it the dev fully specified rows are predicted first (~30 s).
