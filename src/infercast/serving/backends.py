@@ -321,6 +321,28 @@ VLLM_FRONT_END_PER_PROMPT_TOKEN_MS = 0.003
 #: 0.3 ms, with the post-processing rows' 100 ms base).
 TRTLLM_FRONT_END_PER_STREAM_MS = 0.6
 
+#: Measured and not kept (dev fullspec rows, all rows 16.61%, 894 within 15%; each term added to the
+#: predicted TTFT of the aggregated rows, without its small feedback on the clients' cycle):
+#:
+#: * the front end's per-stream load taken as the output it streams (concurrency / TPOT, tokens per
+#:   ms) instead of the open streams, in place of each engine's per-stream term: at 2 / 5 / 10 / 20 /
+#:   40 ms per 1,000 tokens/s streamed, TensorRT-LLM's rows give 883 / 881 / 889 / 896 / 879 rows,
+#:   vLLM's 791 / 810 / 847 / 820 / 735, SGLang's 866 / 871 / 875 / 868 / 894. The open streams fit
+#:   better: the benchmark client and API server pay per stream, not per token.
+#: * a prefill cost growing with the tensor-parallel size, for the excess that grows with TP at low
+#:   concurrency in some groups (<= 8 clients, 1k prompts, median measured - predicted at TP 1 / 2 / 4
+#:   / 8: TensorRT-LLM gpt-oss-120b H200 +3 / +12 / +38 / +43 ms, Llama-3.1-70B B200 -23 / -18 / -4 /
+#:   +6; vLLM Llama-3.1-70B B200 -3 / +13 / +26 / +38) but not in others (vLLM gpt-oss-120b on every
+#:   GPU, vLLM Llama-3.1-70B H100 / H200, TensorRT-LLM gpt-oss-120b B200: flat within 12 ms): 3 / 5 /
+#:   8 / 12 ms per doubling of TP on every row, 892 / 897 / 881 / 848 rows; on TensorRT-LLM's rows
+#:   alone 904 / 908 / 899 / 891. No mechanism of that size was found: the prefill all-reduces of
+#:   those rows are tens of microseconds each in the tables, and the excess would need ten times that.
+#: * the first token held back by a stream interval (``--stream-interval`` 10-30 in the InferenceX
+#:   SGLang recipes, ``stream_interval`` in TensorRT-LLM's): both engines send a request's first token
+#:   at once (SGLang when it has one output token, TensorRT-LLM at its first decoding iteration), and
+#:   the InferenceX client times the first chunk even when its text is empty; the AIC harness's
+#:   SGLang rows, run at the default interval of 1, fit the same 120 ms front end as the recipes'.
+
 #: SGLang's front end: 120 ms per request plus 1.5 ms per open stream. SGLang's tokenizer manager
 #: (one asyncio process) receives every stream's detokenised output and writes its chunks to the
 #: client, and the benchmark client handles every stream on one loop, as with vLLM's API server.
