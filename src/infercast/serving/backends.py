@@ -333,7 +333,7 @@ TRTLLM_FRONT_END_PER_STREAM_MS = 0.6
 #:   concurrency in some groups (<= 8 clients, 1k prompts, median measured - predicted at TP 1 / 2 / 4
 #:   / 8: TensorRT-LLM gpt-oss-120b H200 +3 / +12 / +38 / +43 ms, Llama-3.1-70B B200 -23 / -18 / -4 /
 #:   +6; vLLM Llama-3.1-70B B200 -3 / +13 / +26 / +38) but not in others (vLLM gpt-oss-120b on every
-#:   GPU, vLLM Llama-3.1-70B H100 / H200, TensorRT-LLM gpt-oss-120b B200: flat within 12 ms): 3 / 5 /
+#:   GPU, vLLM Llama-3.1-70B H200, TensorRT-LLM gpt-oss-120b B200: flat within 12 ms): 3 / 5 /
 #:   8 / 12 ms per doubling of TP on every row, 892 / 897 / 881 / 848 rows; on TensorRT-LLM's rows
 #:   alone 904 / 908 / 899 / 891. No mechanism of that size was found: the prefill all-reduces of
 #:   those rows are tens of microseconds each in the tables, and the excess would need ten times that.
