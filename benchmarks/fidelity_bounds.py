@@ -8,6 +8,11 @@ the printed counts are an upper bound on what any such calibration could reach; 
 moves TTFT the same way for every row of a group cannot beat it either. Compare the counts with
 the goal (962 of the 1,924 dev fully specified rows within 15%, i.e. a median APE of 15%).
 
+A second bound re-weights the parts the serving model builds TTFT from: each row's prediction
+states them (``TTFT = front end X + wait Y + prefill Z ms`` in its note), and one scale per part
+(:data:`PART_SCALES`), fitted per grouping (all rows; each engine) on the scored rows, shows how
+far a different balance of front end, queueing and prefill could go.
+
 It also prints how well the measurements agree with themselves: rows that the model cannot tell
 apart (same mode, engine, system, model, lengths and concurrency, and a bit-identical
 prediction, so the same configuration) but that carry different measured TTFTs are re-runs of one
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,6 +122,66 @@ def bounds(rows: list[dict], groupings=GROUPINGS) -> list[Bound]:
     return out
 
 
+#: the scales tried for each part of the predicted TTFT (front end, wait, prefill)
+PART_SCALES = np.round(np.arange(0.70, 2.0001, 0.05), 2)
+#: how a row's note states the parts of its predicted TTFT (``infercast.validate.serving_predict``)
+_PARTS = re.compile(r"TTFT = front end ([\d.]+) \+ wait ([\d.]+) \+ prefill ([\d.]+) ms")
+#: groupings for the part scales
+PART_GROUPINGS = ((), ("backend",))
+
+
+def ttft_parts(row: dict) -> tuple[float, float, float] | None:
+    """(front end, wait, prefill) in ms as the row's note states them, or None."""
+    m = _PARTS.search(row.get("note") or "")
+    return None if m is None else (float(m[1]), float(m[2]), float(m[3]))
+
+
+@dataclass(frozen=True)
+class PartBound:
+    group: tuple[str, ...]              # the group's values of the grouping
+    rows: int                           # its rows whose note states the parts
+    within_none: int                    # within the band with the parts as stated
+    within_best: int                    # with the best scales
+    scales: tuple[float, float, float]  # (front end, wait, prefill)
+
+
+def best_part_scales(measured: np.ndarray, parts: np.ndarray, grid=PART_SCALES) -> tuple[int, tuple[float, float, float]]:
+    """(rows within the band, scales) for the (front end, wait, prefill) scales from ``grid`` that
+    put the most rows within :data:`WITHIN`; ties go to the smaller median APE, then to the scales
+    nearest 1. ``parts``: shape (rows, 3)."""
+    best: tuple = ()
+    prefill = grid[:, None] * parts[None, :, 2]
+    for f in grid:
+        for w in grid:
+            predicted = (f * parts[:, 0] + w * parts[:, 1])[None, :] + prefill
+            ape = np.abs(predicted / measured[None, :] - 1.0)
+            ok = (ape <= WITHIN).sum(axis=1)
+            med = np.median(ape, axis=1)
+            size = np.abs(np.log(f)) + np.abs(np.log(w)) + np.abs(np.log(grid))
+            i = np.lexsort((size, med, -ok))[0]
+            key = (-int(ok[i]), float(med[i]), float(size[i]))
+            if not best or key < best[0]:
+                best = (key, (float(f), float(w), float(grid[i])))
+    return -best[0][0], best[1]
+
+
+def part_bounds(rows: list[dict], grouping: tuple[str, ...]) -> list[PartBound]:
+    """One :class:`PartBound` per group of ``grouping`` over the rows whose note states the parts."""
+    groups: dict[tuple, list[tuple[float, tuple[float, float, float]]]] = {}
+    for r in rows:
+        parts = ttft_parts(r)
+        if parts is not None:
+            groups.setdefault(tuple(r.get(k, "") for k in grouping), []).append((float(r["measured_ttft_ms"]), parts))
+    out = []
+    for key in sorted(groups):
+        measured = np.array([m for m, _ in groups[key]])
+        parts = np.array([p for _, p in groups[key]])
+        none = int((np.abs(parts.sum(axis=1) / measured - 1.0) <= WITHIN).sum())
+        n, scales = best_part_scales(measured, parts)
+        out.append(PartBound(key, len(measured), none, n, scales))
+    return out
+
+
 #: what makes two rows one configuration as far as the model knows (with a bit-identical prediction)
 SAME_CONFIGURATION = ("mode", "backend", "system", "model", "isl", "osl", "concurrency", "predicted_ttft_ms")
 
@@ -169,6 +235,22 @@ def table(result: list[Bound]) -> Table:
     return t
 
 
+def part_table(rows: list[dict]) -> Table:
+    t = Table(title=f"TTFT rows within {WITHIN:.0%} with its parts re-weighted: one scale each for front end, wait "
+                    "and prefill, per group (fitted on the scored rows: an upper bound)", header_style="bold")
+    for c in ("grouping", "group", "rows", "as stated", "best", "front end", "wait", "prefill"):
+        t.add_column(c, justify="left" if c in ("grouping", "group") else "right")
+    for grouping in PART_GROUPINGS:
+        result = part_bounds(rows, grouping)
+        for b in result:
+            t.add_row(" + ".join(grouping) or "(all rows)", " / ".join(b.group) or "-", str(b.rows), str(b.within_none),
+                      str(b.within_best), *(f"x{x:.2f}" for x in b.scales))
+        if len(result) > 1:
+            t.add_row(" + ".join(grouping), "(sum)", str(sum(b.rows for b in result)),
+                      str(sum(b.within_none for b in result)), str(sum(b.within_best for b in result)), "", "", "")
+    return t
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, help="results.csv of `infercast validate --out DIR`")
@@ -195,6 +277,8 @@ def main(argv=None) -> int:
         return 2
     console = Console(width=150)
     console.print(table(bounds(rows)))
+    if any(ttft_parts(r) is not None for r in rows):
+        console.print(part_table(rows))
     agree = remeasurement_agreement(rows)
     if agree.pairs:
         console.print(f"Re-runs: {agree.configurations} configurations measured more than once with different TTFTs; "

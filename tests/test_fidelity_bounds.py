@@ -80,3 +80,32 @@ def test_remeasurement_agreement_counts_pairs_of_one_configuration():
     assert (a.configurations, a.pairs, a.within) == (1, 6, 2)
     assert a.median_ape == pytest.approx((0.45 + 0.5) / 2)
     assert fb.remeasurement_agreement(rows[5:]).pairs == 0
+
+
+def _parted(backend, measured, front, wait, prefill):
+    return {"backend": backend, "measured_ttft_ms": str(measured), "predicted_ttft_ms": str(front + wait + prefill),
+            "note": f"decode batch 4 (clients); TTFT = front end {front} + wait {wait} + prefill {prefill} ms"}
+
+
+# engine a: measured = 1.5 x front end + wait + prefill, engine b: front end + wait + 0.8 x prefill;
+# the exact scales are on the grid and fit with no error, so they win the ties
+PARTED = ([_parted("a", 1.5 * f + w + p, f, w, p) for f, w, p in ((100, 10, 20), (200, 5, 400), (50, 300, 60))]
+          + [_parted("b", f + w + 0.8 * p, f, w, p) for f, w, p in ((10, 20, 800), (300, 10, 100), (20, 400, 40))]
+          + [{"backend": "a", "measured_ttft_ms": "100", "predicted_ttft_ms": "90", "note": "no parts here"}])
+
+
+def test_ttft_parts_reads_the_note():
+    assert fb.ttft_parts(PARTED[0]) == (100.0, 10.0, 20.0)
+    assert fb.ttft_parts(PARTED[-1]) is None and fb.ttft_parts({}) is None
+
+
+def test_part_scales_recover_each_engines_balance():
+    per_engine = {b.group: b for b in fb.part_bounds(PARTED, ("backend",))}
+    a, b = per_engine[("a",)], per_engine[("b",)]
+    assert a.rows == 3 and b.rows == 3                 # the row without parts is left out
+    assert a.within_best == 3 and a.scales == (1.5, 1.0, 1.0)
+    assert b.within_best == 3 and b.scales == (1.0, 1.0, 0.8)
+    # as stated: a's first row 130 vs 180 measured (28% short), b's first 830 vs 670 (24% over)
+    assert a.within_none < 3 and b.within_none < 3
+    (every,) = fb.part_bounds(PARTED, ())
+    assert every.rows == 6 and every.within_best < 6   # one balance for both engines cannot fit all

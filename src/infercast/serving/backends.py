@@ -342,14 +342,15 @@ TRTLLM_FRONT_END_PER_STREAM_MS = 0.6
 #:   at once (SGLang when it has one output token, TensorRT-LLM at its first decoding iteration), and
 #:   the InferenceX client times the first chunk even when its text is empty; the AIC harness's
 #:   SGLang rows, run at the default interval of 1, fit the same 120 ms front end as the recipes'.
-#: * a bound, not a candidate: each row's predicted TTFT split into its three parts (front end, wait
-#:   for the step in progress, own prefill; the 1,892 rows whose prediction states them, 889 of them
-#:   within 15%) and each part scaled by 0.70-2.00 in steps of 0.05. One scale per part for every
-#:   row: at best 911 (front end x1.15, wait x1.05, prefill x0.95). One triple per engine, nine
-#:   scales fitted on the scored rows: SGLang 161 -> 198 of 490 (prefill x1.6, which its TPOT would
-#:   not bear: see :data:`SGLANG_FRONT_END_MS`), TensorRT-LLM 322 -> 340 of 728, vLLM 406 -> 412 of
-#:   674; 950, so 955 of all 1,924 rows. No re-weighting of the modelled parts reaches
-#:   962: the remaining error lies between groups of rows that the parts do not separate.
+#: * a bound, not a candidate (``python -m benchmarks.fidelity_bounds``): each row's predicted TTFT
+#:   split into its three parts (front end, wait for the step in progress, own prefill; the 1,892
+#:   rows whose prediction states them, 889 of them within 15%) and each part scaled by 0.70-2.00 in
+#:   steps of 0.05. One scale per part for every row: at best 911 (front end x1.15, wait x1.05,
+#:   prefill x0.95). One triple per engine, nine scales fitted on the scored rows: SGLang 161 -> 198
+#:   of 490 (prefill x1.6, which its TPOT would not bear: see :data:`SGLANG_FRONT_END_MS`),
+#:   TensorRT-LLM 322 -> 340 of 728, vLLM 406 -> 412 of 674; 950, so 955 of all 1,924 rows. No
+#:   re-weighting of the modelled parts reaches 962: the remaining error lies between groups of rows
+#:   that the parts do not separate.
 
 #: SGLang's front end: 120 ms per request plus 1.5 ms per open stream. SGLang's tokenizer manager
 #: (one asyncio process) receives every stream's detokenised output and writes its chunks to the
