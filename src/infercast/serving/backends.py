@@ -350,7 +350,14 @@ TRTLLM_FRONT_END_PER_STREAM_MS = 0.6
 #:   of 490 (prefill x1.6, which its TPOT would not bear: see :data:`SGLANG_FRONT_END_MS`),
 #:   TensorRT-LLM 322 -> 340 of 728, vLLM 406 -> 412 of 674; 950, so 955 of all 1,924 rows. No
 #:   re-weighting of the modelled parts reaches 962: the remaining error lies between groups of rows
-#:   that the parts do not separate.
+#:   that the parts do not separate. SGLang's prefill x1.6 played out in full (every SGLang step
+#:   that carries prefill costs 1.2 / 1.4 / 1.6 / 2.0 times its context part, so the decodes wait
+#:   for it too): all rows 896 / 906 / 916 / 921 within 15%, TPOT 7.71 / 7.69 / 7.79 / 8.07% (SGLang's
+#:   8.42% -> 8.66 / 8.73 / 9.36 / 11.30%). At x1.6 the rows gained are Qwen3.5's on B200 0.5.9 (3 ->
+#:   12 of 83) and H200, its B200 nightlies' and GLM-5's (B200 6 -> 12 of 22); lost, B300 Qwen3.5
+#:   0.5.10.post1 (12 -> 8 of 31), DeepSeek-R1 (B200 0.5.9 20 -> 17 of 42, H200 9 -> 7 of 13) and
+#:   -V3 (26 -> 24 of 37), whose TPOT says their prefill steps are not slower (B300 Qwen3.5 0.5.9 7.0 -> 16.2%, H200
+#:   DeepSeek-R1 7.8 -> 14.0%): the (model, cluster) offset of :data:`SGLANG_FRONT_END_MS` again.
 
 #: SGLang's front end: 120 ms per request plus 1.5 ms per open stream. SGLang's tokenizer manager
 #: (one asyncio process) receives every stream's detokenised output and writes its chunks to the
