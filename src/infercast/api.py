@@ -31,7 +31,7 @@ from .models.spec import ModelSpec, build_spec
 from .ops.base import DatabaseMode, OpDB, broadcast_named, check_positive
 from .ops.moe import MOE_KERNELS, wide_ep_available
 from .serving.backends import backend_defaults
-from .serving.memory import GB, MemoryBreakdown, memory_breakdown
+from .serving.memory import GB, VISION_WEIGHT_BYTES, MemoryBreakdown, memory_breakdown
 
 MAX_BATCH = 1_000_000
 MAX_TOKENS = 10_000_000
@@ -253,12 +253,20 @@ class Estimator:
         return (per * w).sum(axis=-1) / w.sum(axis=-1)
 
     def context_notes(self, isl: int, osl: int, prefix: int = 0) -> list[str]:
-        """A note when a request is longer than the model's context window (the engines refuse
-        such requests unless the window is extended, e.g. by RoPE scaling in the config)."""
+        """Notes on what a request of these lengths is taken to be: a vision-language checkpoint
+        serves text (its vision tower takes memory, images are not modelled), and a request
+        longer than the model's context window (the engines refuse such requests unless the
+        window is extended, e.g. by RoPE scaling in the config)."""
+        notes = []
+        if self.spec.vision_params:
+            p = self.spec.vision_params
+            notes.append(f"vision-language checkpoint served text-only: its vision tower ({p / 1e9:.2f} B parameters, "
+                         f"{p * VISION_WEIGHT_BYTES / GB:.2f} GB in bf16, split over TP) counts in memory; image "
+                         "inputs and the encoder's time are not modelled")
         total = int(isl) + int(prefix) + int(osl)
         if self.spec.max_position and total > self.spec.max_position:
-            return [f"isl+prefix+osl={total} exceeds the model's max_position_embeddings {self.spec.max_position}"]
-        return []
+            notes.append(f"isl+prefix+osl={total} exceeds the model's max_position_embeddings {self.spec.max_position}")
+        return notes
 
     # ---- static estimate ----------------------------------------------------------------------
     def static(self, batch_size: int, isl: int, osl: int, prefix: int = 0, breakdown: bool = True) -> StaticResult:

@@ -225,6 +225,10 @@ class ModelSpec:
     #: "per_layer" (MiniMax-M2: over all heads of the layer, so under TP each rank's partial sum of
     #: squares is all-reduced)
     qk_norm: str = ""
+    #: parameters of the checkpoint's vision tower (vision-language models; 0 for text-only ones):
+    #: loaded with the language model, so they take memory, but a request is text tokens and never
+    #: runs them (:func:`vision_params`)
+    vision_params: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -262,6 +266,10 @@ FAMILIES = {
     "GlmMoeDsaForCausalLM": "mla_moe",
     "Qwen3_5MoeForConditionalGeneration": "moe",
     "Qwen3_5ForConditionalGeneration": "dense",
+    # vision-language checkpoints whose language model is one of the above: served text-only (a
+    # request is its tokens); the vision tower's weights count in memory (:func:`vision_params`)
+    "Qwen3VLForConditionalGeneration": "dense",
+    "Qwen3VLMoeForConditionalGeneration": "moe",
 }
 
 
@@ -441,7 +449,50 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
         index_head_dim=_int_field(text, "index_head_dim", where=where, default=0, minimum=0),
         attn_output_gate=bool(text.get("attn_output_gate", False)),
         qk_norm=_qk_norm(arch, text),
+        vision_params=vision_params(cfg, hidden, where),
     )
+
+
+def vision_params(cfg: dict, text_hidden: int, where: str = "") -> int:
+    """Parameters of a vision-language checkpoint's vision tower, from its ``vision_config``
+    (0 without one): a ViT of ``depth`` (``vt_num_hidden_layers``) blocks of width ``hidden_size``
+    (``vt_hidden_size``), each with q/k/v and output projections, a two-matrix MLP of
+    ``intermediate_size`` (``vt_intermediate_size``) and two norms, all with biases; the patch
+    embedding (``in_channels x temporal_patch_size x patch_size^2`` per output channel), the learned
+    position table (``num_position_embeddings``, or ``init_pos_emb_height x init_pos_emb_width``)
+    and the patch mergers that fold ``spatial_merge_size^2`` (``merge_kernel_size``) patches into
+    one text-width token (a norm and two matrices, ``hidden x m^2`` wide then ``out_hidden_size`` /
+    ``text_hidden_size`` out), one per ``deepstack_visual_indexes`` entry besides the last
+    (Qwen3-VL). The layouts of Qwen3-VL / Qwen3.5 and Kimi-K2.5's MoonViT: 0.41-0.58 B parameters
+    for the pack's checkpoints, a few percent of a large model's weights, a fifth of Qwen3-VL-2B's."""
+    v = cfg.get("vision_config")
+    if not isinstance(v, dict) or not v:
+        return 0
+    name = f"{where} vision_config"
+    layers = _int_field(v, "depth", "vt_num_hidden_layers", "num_hidden_layers", where=name)
+    h = _int_field(v, "hidden_size", "vt_hidden_size", where=name)
+    inter = _int_field(v, "intermediate_size", "vt_intermediate_size", where=name)
+    block = 4 * h * h + 4 * h + 2 * h * inter + inter + h + 4 * h
+    patch = _int_field(v, "patch_size", where=name, default=14)
+    frames = _int_field(v, "temporal_patch_size", where=name, default=1)
+    channels = _int_field(v, "in_channels", where=name, default=3)
+    embed = channels * frames * patch * patch * h + h
+    positions = _int_field(v, "num_position_embeddings", where=name, default=0, minimum=0)
+    if not positions and v.get("init_pos_emb_height") is not None:
+        positions = (_int_field(v, "init_pos_emb_height", where=name)
+                     * _int_field(v, "init_pos_emb_width", where=name, default=1))
+    kernel = v.get("merge_kernel_size")
+    if isinstance(kernel, list) and kernel:
+        merge = 1
+        for k in kernel:
+            merge *= _int_field({"merge_kernel_size": k}, "merge_kernel_size", where=name)
+    else:
+        merge = _int_field(v, "spatial_merge_size", where=name, default=2) ** 2
+    out = _int_field(v, "out_hidden_size", "text_hidden_size", where=name, default=text_hidden)
+    wide = h * merge
+    merger = 2 * wide + wide * wide + wide + wide * out + out
+    mergers = 1 + len(v.get("deepstack_visual_indexes") or ())
+    return layers * block + embed + positions * h + mergers * merger
 
 
 def _qk_norm(arch: str, text: dict) -> str:

@@ -2,8 +2,8 @@
 
 Weights: linear layers at the GEMM quant's bytes per weight (scales included), embeddings, LM head
 and norms in bf16; vocab-parallel embedding / LM head split over TP; each pipeline stage holds
-``layers / pp`` layers, the first also the embedding and the last the LM head (the larger stage
-is what must fit). KV bytes per token per GPU = 2 (K and V) x layers per stage x KV heads per GPU
+``layers / pp`` layers, the first also the embedding (and a vision-language checkpoint's vision
+tower, bf16, split over TP) and the last the LM head (the larger stage is what must fit). KV bytes per token per GPU = 2 (K and V) x layers per stage x KV heads per GPU
 x head_dim x KV dtype bytes (MLA: the compressed latent per layer; sliding-window layers hold
 only their window and are left out). MoE: routed experts split over moe_tp x moe_ep at the MoE
 quant, shared experts and dense layers over TP. Each attention-DP rank has its own KV pool.
@@ -75,6 +75,12 @@ def _attention_weights(spec: ModelSpec, tp: int, wb: float) -> float:
     return (1 - share) * full + share * linear
 
 
+#: bytes per vision-tower weight: quantised exports keep the tower in bf16 (their quantisation
+#: configs ignore ``model.visual*`` / ``vision_tower*``), and the engines shard it over the TP group as
+#: they do the language model (vLLM's default ``mm_encoder_tp_mode``, SGLang's vision blocks)
+VISION_WEIGHT_BYTES = 2.0
+
+
 def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig, extra_layers: int = 0) -> float:
     """Weight bytes on the most loaded GPU (a pipeline stage holds ``ceil(layers / pp)`` layers)."""
     tp, pp = par.tp, par.pp
@@ -98,7 +104,7 @@ def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig, extra_layers: int
     if extra_layers:  # MTP draft layers: one more decoder layer each, on the last stage
         per_layer = attn + (ffn_total / L if m is None else (experts + shared + router))
         layers += extra_layers * per_layer
-    embed = spec.vocab * h * 2.0 / tp
+    embed = spec.vocab * h * 2.0 / tp + spec.vision_params * VISION_WEIGHT_BYTES / tp
     head = 0.0 if (spec.tie_embeddings and pp == 1) else spec.vocab * h * 2.0 / tp
     ends = embed + head if pp == 1 else max(embed, head + h * 2.0)
     return layers + ends
