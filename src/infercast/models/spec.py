@@ -168,7 +168,9 @@ class MoESpec:
     topk: int
     inter: int  # per-expert FFN width
     shared_inter: int = 0  # total width of the shared expert(s), 0 if none
-    first_dense_layers: int = 0  # leading layers with a dense FFN instead of MoE
+    #: layers with a dense FFN instead of MoE: DeepSeek's leading ones, or Llama-4 Maverick's every
+    #: other layer (the plan and the memory count layers, so where they sit does not matter)
+    first_dense_layers: int = 0
     dense_inter: int = 0  # width of those dense FFNs
     gated: bool = True  # SwiGLU experts (gate+up); False for relu^2 experts
 
@@ -270,6 +272,10 @@ FAMILIES = {
     # request is its tokens); the vision tower's weights count in memory (:func:`vision_params`)
     "Qwen3VLForConditionalGeneration": "dense",
     "Qwen3VLMoeForConditionalGeneration": "moe",
+    # Llama 4: MoE with a shared expert, dense FFNs between MoE layers (Maverick), chunked local
+    # attention on three layers in four (:func:`_llama4`)
+    "Llama4ForConditionalGeneration": "moe",
+    "Llama4ForCausalLM": "moe",
 }
 
 
@@ -423,6 +429,8 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
         w = _int_field(text, "sliding_window", where=where, minimum=0)
         windows = tuple(w if t == "sliding_attention" else 0 for t in lt)
         sw = None
+    if arch.startswith("Llama4"):
+        moe, windows = _llama4(text, layers, inter, moe, where)
     return ModelSpec(
         model_id=mc.model_id,
         resolved_id=mc.resolved_id,
@@ -451,6 +459,35 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
         qk_norm=_qk_norm(arch, text),
         vision_params=vision_params(cfg, hidden, where),
     )
+
+
+def _llama4(text: dict, layers: int, inter: int, moe: MoESpec, where: str) -> tuple[MoESpec, tuple[int, ...] | None]:
+    """Llama 4's MoE layout and attention windows, from its text config (the defaults are
+    ``transformers``' ``Llama4TextConfig``'s):
+
+    * MoE layers: ``moe_layers``, else every ``interleave_moe_layer_step``-th layer (Scout 1:
+      all 48; Maverick 2: 24); the others run a dense FFN of ``intermediate_size_mlp``. Every MoE
+      layer has one shared expert of ``intermediate_size`` beside its routed experts (of the same
+      width).
+    * Attention: the layers with RoPE (``no_rope_layers`` 1; by default all but every fourth)
+      attend within chunks of ``attention_chunk_size`` tokens; the others (NoPE) attend to the whole
+      context. A chunked layer is costed as a sliding window of the chunk size, which the attention
+      tables collect (window 8192): exact while a request fits in one chunk, and beyond it an upper
+      bound (a token then sees the ``p mod chunk`` tokens of its own chunk, ``chunk / 2`` on average,
+      where a window would give it ``chunk``)."""
+    step = _int_field(text, "interleave_moe_layer_step", where=where, default=1)
+    moe_layers = text.get("moe_layers") or list(range(step - 1, layers, step))
+    dense = layers - len(moe_layers)
+    dense_inter = _int_field(text, "intermediate_size_mlp", where=where, default=inter) if dense else 0
+    moe = MoESpec(moe.experts, moe.topk, moe.inter, inter, dense, dense_inter, True)
+    chunk = _int_field(text, "attention_chunk_size", where=where, default=None, minimum=0)
+    if not chunk:
+        return moe, None
+    rope = text.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(layers)]
+    if len(rope) != layers:
+        raise InvalidInputError(f"model config {where} is malformed",
+                                f"no_rope_layers has {len(rope)} entries for {layers} layers")
+    return moe, tuple(chunk if r else 0 for r in rope)
 
 
 def vision_params(cfg: dict, text_hidden: int, where: str = "") -> int:

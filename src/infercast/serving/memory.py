@@ -4,8 +4,8 @@ Weights: linear layers at the GEMM quant's bytes per weight (scales included), e
 and norms in bf16; vocab-parallel embedding / LM head split over TP; each pipeline stage holds
 ``layers / pp`` layers, the first also the embedding (and a vision-language checkpoint's vision
 tower, bf16, split over TP) and the last the LM head (the larger stage is what must fit). KV bytes per token per GPU = 2 (K and V) x layers per stage x KV heads per GPU
-x head_dim x KV dtype bytes (MLA: the compressed latent per layer; sliding-window layers hold
-only their window and are left out). MoE: routed experts split over moe_tp x moe_ep at the MoE
+x head_dim x KV dtype bytes (MLA: the compressed latent per layer; layers with a small sliding
+window hold only their window and are left out, see :data:`WINDOW_KV_COUNTED_FROM`). MoE: routed experts split over moe_tp x moe_ep at the MoE
 quant, shared experts and dense layers over TP. Each attention-DP rank has its own KV pool.
 Reserves: the system's ``misc.other_mem`` (runtime, CUDA graphs)
 plus ``misc.nccl_mem`` for the TP group. Activations: the peak of one step at the backend's
@@ -110,6 +110,14 @@ def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig, extra_layers: int
     return layers + ends
 
 
+#: A sliding-window (or chunked) attention layer keeps at most its window of a request's tokens.
+#: Small windows (gpt-oss's 128) hold a sliver of a request, which the engines keep in a bounded
+#: pool of their own: left out of the KV per token. From this window on (Llama 4's 8192-token
+#: chunks) a layer holds the whole of most requests (all of one shorter than the window): counted in
+#: full, exact below the window and an over-count beyond it.
+WINDOW_KV_COUNTED_FROM = 4096
+
+
 def kv_bytes_per_token(spec: ModelSpec, par: ParallelConfig, extra_layers: int = 0) -> float:
     """KV-cache bytes per token on one GPU: K and V per KV head for GQA, the compressed latent
     (``kv_lora_rank + qk_rope_head_dim``, replicated on every TP rank) for MLA."""
@@ -122,7 +130,8 @@ def kv_bytes_per_token(spec: ModelSpec, par: ParallelConfig, extra_layers: int =
     if spec.gdn is not None:  # only the full-attention layers keep per-token KV
         layers = math.ceil((spec.num_layers - spec.gdn.linear_layers) / par.pp)
     return 2.0 * layers * kv_heads_per_gpu(spec, par.tp) * spec.head_dim * kvb if not windows else \
-        2.0 * kv_heads_per_gpu(spec, par.tp) * spec.head_dim * kvb * math.ceil(sum(1 for w in windows if w == 0) / par.pp)
+        2.0 * kv_heads_per_gpu(spec, par.tp) * spec.head_dim * kvb * math.ceil(
+            sum(1 for w in windows if w == 0 or w >= WINDOW_KV_COUNTED_FROM) / par.pp)
 
 
 def state_bytes_per_request(spec: ModelSpec, par: ParallelConfig) -> float:
