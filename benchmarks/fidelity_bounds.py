@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,8 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 from rich.table import Table
+
+from infercast.validate.serving_predict import note_ttft_parts
 
 from .fidelity import FIDELITY
 
@@ -124,16 +125,13 @@ def bounds(rows: list[dict], groupings=GROUPINGS) -> list[Bound]:
 
 #: the scales tried for each part of the predicted TTFT (front end, wait, prefill)
 PART_SCALES = np.round(np.arange(0.70, 2.0001, 0.05), 2)
-#: how a row's note states the parts of its predicted TTFT (``infercast.validate.serving_predict``)
-_PARTS = re.compile(r"TTFT = front end ([\d.]+) \+ wait ([\d.]+) \+ prefill ([\d.]+) ms")
 #: groupings for the part scales
 PART_GROUPINGS = ((), ("backend",))
 
 
 def ttft_parts(row: dict) -> tuple[float, float, float] | None:
     """(front end, wait, prefill) in ms as the row's note states them, or None."""
-    m = _PARTS.search(row.get("note") or "")
-    return None if m is None else (float(m[1]), float(m[2]), float(m[3]))
+    return note_ttft_parts(row.get("note"))
 
 
 @dataclass(frozen=True)

@@ -479,7 +479,7 @@ def _llama4(text: dict, layers: int, inter: int, moe: MoESpec, where: str) -> tu
     moe_layers = text.get("moe_layers") or list(range(step - 1, layers, step))
     dense = layers - len(moe_layers)
     dense_inter = _int_field(text, "intermediate_size_mlp", where=where, default=inter) if dense else 0
-    moe = MoESpec(moe.experts, moe.topk, moe.inter, inter, dense, dense_inter, True)
+    moe = replace(moe, shared_inter=inter, first_dense_layers=dense, dense_inter=dense_inter)
     chunk = _int_field(text, "attention_chunk_size", where=where, default=None, minimum=0)
     if not chunk:
         return moe, None
@@ -499,7 +499,7 @@ def vision_params(cfg: dict, text_hidden: int, where: str = "") -> int:
     position table (``num_position_embeddings``, or ``init_pos_emb_height x init_pos_emb_width``)
     and the patch mergers that fold ``spatial_merge_size^2`` (``merge_kernel_size``) patches into
     one text-width token (a norm and two matrices, ``hidden x m^2`` wide then ``out_hidden_size`` /
-    ``text_hidden_size`` out), one per ``deepstack_visual_indexes`` entry besides the last
+    ``text_hidden_size`` out), and one more merger per ``deepstack_visual_indexes`` entry
     (Qwen3-VL). The layouts of Qwen3-VL / Qwen3.5 and Kimi-K2.5's MoonViT: 0.41-0.58 B parameters
     for the pack's checkpoints, a few percent of a large model's weights, a fifth of Qwen3-VL-2B's."""
     v = cfg.get("vision_config")
@@ -520,9 +520,7 @@ def vision_params(cfg: dict, text_hidden: int, where: str = "") -> int:
                      * _int_field(v, "init_pos_emb_width", where=name, default=1))
     kernel = v.get("merge_kernel_size")
     if isinstance(kernel, list) and kernel:
-        merge = 1
-        for k in kernel:
-            merge *= _int_field({"merge_kernel_size": k}, "merge_kernel_size", where=name)
+        merge = math.prod(_int_field({"merge_kernel_size": k}, "merge_kernel_size", where=name) for k in kernel)
     else:
         merge = _int_field(v, "spatial_merge_size", where=name, default=2) ** 2
     out = _int_field(v, "out_hidden_size", "text_hidden_size", where=name, default=text_hidden)

@@ -3,10 +3,11 @@
 Weights: linear layers at the GEMM quant's bytes per weight (scales included), embeddings, LM head
 and norms in bf16; vocab-parallel embedding / LM head split over TP; each pipeline stage holds
 ``layers / pp`` layers, the first also the embedding (and a vision-language checkpoint's vision
-tower, bf16, split over TP) and the last the LM head (the larger stage is what must fit). KV bytes per token per GPU = 2 (K and V) x layers per stage x KV heads per GPU
-x head_dim x KV dtype bytes (MLA: the compressed latent per layer; layers with a small sliding
-window hold only their window and are left out, see :data:`WINDOW_KV_COUNTED_FROM`). MoE: routed experts split over moe_tp x moe_ep at the MoE
-quant, shared experts and dense layers over TP. Each attention-DP rank has its own KV pool.
+tower, bf16, split over TP) and the last the LM head (the larger stage is what must fit). KV bytes
+per token per GPU = 2 (K and V) x layers per stage x KV heads per GPU x head_dim x KV dtype bytes
+(MLA: the compressed latent per layer; layers with a small sliding window hold only their window
+and are left out, see :data:`WINDOW_KV_COUNTED_FROM`). MoE: routed experts split over moe_tp x
+moe_ep at the MoE quant, shared experts and dense layers over TP. Each attention-DP rank has its own KV pool.
 Reserves: the system's ``misc.other_mem`` (runtime, CUDA graphs)
 plus ``misc.nccl_mem`` for the TP group. Activations: the peak of one step at the backend's
 token budget (hidden states, QKV, FFN intermediate) plus logits for the largest batch.

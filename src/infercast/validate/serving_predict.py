@@ -5,6 +5,8 @@ column counts GPUs (:func:`.predict.gpu_count`)."""
 
 from __future__ import annotations
 
+import re
+
 from ..api import serve_agg, serve_disagg
 from ..errors import NotAvailableError, UnsupportedModelError
 from ..serving.backends import scheduler_params
@@ -69,8 +71,18 @@ def serving_predictor(cache: EstimatorCache, params=None):
 
 
 def _parts(res) -> str:
-    """``res``'s mean TTFT parts (:data:`infercast.serving.result.TTFT_PARTS`) for a row's note."""
+    """``res``'s mean TTFT parts (:data:`infercast.serving.result.TTFT_PARTS`) for a row's note
+    (read back by :func:`note_ttft_parts`)."""
     p = res.ttft_parts
     if not p:
         return ""
     return f"; TTFT = front end {p['front_end']:.0f} + wait {p['wait']:.0f} + prefill {p['prefill']:.0f} ms"
+
+
+_NOTE_PARTS = re.compile(r"TTFT = front end ([\d.]+) \+ wait ([\d.]+) \+ prefill ([\d.]+) ms")
+
+
+def note_ttft_parts(note: str | None) -> tuple[float, float, float] | None:
+    """(front end, wait, prefill) in ms as a row's note states them (:func:`_parts`), or None."""
+    m = _NOTE_PARTS.search(note or "")
+    return None if m is None else (float(m[1]), float(m[2]), float(m[3]))
