@@ -1,0 +1,246 @@
+"""The files a search leaves behind (``--save-dir DIR``): every candidate and the Pareto frontier
+as CSV / JSON, the frontier as a PNG (matplotlib) and as an interactive HTML report (plotly,
+one self-contained file), and launch files for the top deployments
+(:mod:`infercast.report.launch`).
+
+Layout of ``DIR``::
+
+    results.csv, results.json   every evaluated candidate, one row each, with its mode
+    pareto.csv                  the candidates on each mode's frontier
+    pareto.png                  tokens/s/GPU against tokens/s/user, frontier per mode
+    report.html                 the same, interactive (hover: layout, concurrency, TTFT, TPOT),
+                                plus the per-op breakdown of each mode's recommendation
+    top/<mode>-<rank>/          launch files of the ``top`` best deployments per mode that meet
+                                the targets (``launch_*.sh``, TensorRT-LLM option YAMLs,
+                                ``k8s_dynamo.yaml``, ``benchmark.sh``, ``deployment.json``)
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from dataclasses import asdict
+from pathlib import Path
+
+from ..errors import InfercastError, InvalidInputError, NotAvailableError
+from .launch import Deployment, launch_files, worker_spec
+
+#: the frontier's axes: (candidate field, axis title)
+X_AXIS = ("tokens_per_s_per_user", "tokens/s per user")
+Y_AXIS = ("tokens_per_s_per_gpu", "tokens/s per GPU")
+
+
+def _layout_kw(label: str) -> dict:
+    """Estimator layout keywords of a layout label such as ``tp2-dp4-ep4`` (``tp``, ``pp``,
+    ``dp`` = attention DP, ``ep`` = expert parallel; the experts' TP follows from the width
+    rule)."""
+    names = {"tp": "tp", "pp": "pp", "dp": "attention_dp", "ep": "moe_ep"}
+    out: dict = {}
+    for part in label.split("-"):
+        m = re.fullmatch(r"(tp|pp|dp|ep)(\d+)", part)
+        if not m:
+            raise InvalidInputError(f"not a layout label: {label!r}", "expected parts like tp2, pp2, dp4, ep8 joined by -")
+        out[names[m.group(1)]] = int(m.group(2))
+    return out
+
+
+def ranked(candidates: list, top: int) -> list:
+    """The ``top`` candidates that meet the targets, most tokens/s per GPU first."""
+    ok = [c for c in candidates if c.meets_targets]
+    return sorted(ok, key=lambda c: -c.tokens_per_s_per_gpu)[:top]
+
+
+def deployment_of(candidate, result, estimator_kw: dict) -> tuple[Deployment, dict]:
+    """The :class:`Deployment` a search candidate stands for, and {role: Estimator} of its
+    worker layouts (built with the search's own estimator settings)."""
+    from ..api import Estimator
+    from ..serving.backends import scheduler_params
+
+    def est(label: str):
+        return Estimator(result.model, result.system, result.backend, result.backend_version,
+                         **_layout_kw(label), **estimator_kw)
+
+    if getattr(candidate, "prefill_layout", ""):
+        roles = {"prefill": (est(candidate.prefill_layout), candidate.prefill_workers),
+                 "decode": (est(candidate.decode_layout), candidate.decode_workers)}
+    else:
+        roles = {"agg": (est(candidate.layout), getattr(candidate, "replicas", 1) or 1)}
+    workers = tuple(worker_spec(e, scheduler_params(result.backend, e.data.system, e.spec), role, n)
+                    for role, (e, n) in roles.items())
+    first = next(iter(roles.values()))[0]
+    d = Deployment(first.spec.model_id, result.backend, first.version, workers, result.isl, result.osl,
+                   int(candidate.concurrency))
+    return d, {role: e for role, (e, _) in roles.items()}
+
+
+def _rows(results: dict) -> list[dict]:
+    rows = []
+    for mode, res in results.items():
+        for c in res.candidates:
+            rows.append({"mode": mode, **asdict(c)})
+    return rows
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def pareto_png(path: Path, results: dict) -> None:
+    """Tokens/s per GPU against tokens/s per user, every candidate faint and each mode's frontier
+    as a line (matplotlib, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    for mode, res in results.items():
+        xs = [getattr(c, X_AXIS[0]) for c in res.candidates]
+        ys = [getattr(c, Y_AXIS[0]) for c in res.candidates]
+        pts = ax.scatter(xs, ys, s=10, alpha=0.25, label=f"{mode}: candidates")
+        front = sorted((res.candidates[i] for i in res.frontier), key=lambda c: getattr(c, X_AXIS[0]))
+        ax.plot([getattr(c, X_AXIS[0]) for c in front], [getattr(c, Y_AXIS[0]) for c in front], "-o", ms=4,
+                color=pts.get_facecolor()[0][:3], label=f"{mode}: Pareto frontier")
+    ax.set_xlabel(X_AXIS[1])
+    ax.set_ylabel(Y_AXIS[1])
+    first = next(iter(results.values()))
+    ax.set_title(f"{first.model} on {first.system}, {first.backend} ({first.isl} in / {first.osl} out)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _hover(c) -> str:
+    return (f"{c.layout}<br>{c.gpus} GPUs, {c.concurrency} clients<br>TTFT {c.ttft_ms:.0f} ms, "
+            f"TPOT {c.tpot_ms:.2f} ms<br>{c.tokens_per_s_per_gpu:.0f} tok/s/GPU, "
+            f"{c.tokens_per_s_per_user:.1f} tok/s/user" + ("" if c.meets_targets else "<br>misses the targets"))
+
+
+def report_html(path: Path, results: dict, breakdowns: dict) -> None:
+    """One self-contained HTML file (plotly.js inlined): the candidates and frontiers, hover
+    naming each deployment, and for each mode's recommendation each op's share of a phase's time
+    (hover: ms over all layers, provenance) from ``breakdowns`` ({title: (phases, breakdown
+    rows)}, phases among ``prefill_ms`` / ``decode_ms``)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    n = len(breakdowns)
+    fig = make_subplots(rows=1 + n, cols=1, row_heights=[0.5] + [0.5 / max(n, 1)] * n, vertical_spacing=0.08,
+                        subplot_titles=["Pareto frontier: throughput per GPU against per user", *breakdowns])
+    for mode, res in results.items():
+        fig.add_trace(go.Scatter(x=[getattr(c, X_AXIS[0]) for c in res.candidates],
+                                 y=[getattr(c, Y_AXIS[0]) for c in res.candidates], mode="markers", name=f"{mode} candidates",
+                                 opacity=0.35, marker={"size": 6}, hovertext=[_hover(c) for c in res.candidates],
+                                 hoverinfo="text"), row=1, col=1)
+        front = sorted((res.candidates[i] for i in res.frontier), key=lambda c: getattr(c, X_AXIS[0]))
+        fig.add_trace(go.Scatter(x=[getattr(c, X_AXIS[0]) for c in front], y=[getattr(c, Y_AXIS[0]) for c in front],
+                                 mode="lines+markers", name=f"{mode} frontier", hovertext=[_hover(c) for c in front],
+                                 hoverinfo="text"), row=1, col=1)
+    fig.update_xaxes(title_text=X_AXIS[1], row=1, col=1)
+    fig.update_yaxes(title_text=Y_AXIS[1], row=1, col=1)
+    for i, (title, (phases, rows)) in enumerate(breakdowns.items(), start=2):
+        ops = [r["op"] for r in rows]
+        for phase in phases:
+            total = sum(r[phase] for r in rows) or 1.0
+            fig.add_trace(go.Bar(x=ops, y=[100.0 * r[phase] / total for r in rows],
+                                 name=f"{title.split(':')[0]}: {phase[:-3]} ({total:.4g} ms)",
+                                 hovertext=[f"{r['op']}: {r[phase]:.4g} ms of {total:.4g} ({r['provenance']})" for r in rows],
+                                 hoverinfo="text"), row=i, col=1)
+        fig.update_yaxes(title_text="% of the phase", row=i, col=1)
+    first = next(iter(results.values()))
+    fig.update_layout(title=f"infercast search: {first.model} on {first.system}, {first.backend} "
+                            f"({first.isl} in / {first.osl} out)", height=520 + 360 * n, barmode="group")
+    fig.write_html(str(path), include_plotlyjs=True, full_html=True)
+
+
+def text_pareto(results: dict, width: int = 60, height: int = 14, color: bool = False) -> str:
+    """Each mode's frontier as a terminal line plot (uniplot): tokens/s per GPU against
+    tokens/s per user. ``color`` tells the modes apart with ANSI colours (for a terminal)."""
+    from uniplot import plot_to_string
+
+    xs, ys, labels = [], [], []
+    for mode, res in results.items():
+        front = sorted((res.candidates[i] for i in res.frontier), key=lambda c: getattr(c, X_AXIS[0]))
+        if len(front) >= 1:
+            xs.append([getattr(c, X_AXIS[0]) for c in front])
+            ys.append([getattr(c, Y_AXIS[0]) for c in front])
+            labels.append(mode)
+    if not xs:
+        return "(no frontier: no candidate was evaluated)"
+    return plot_to_string(xs=xs, ys=ys, legend_labels=labels, lines=True, width=width, height=height, color=color,
+                          title=f"Pareto frontier: y {Y_AXIS[1]}, x {X_AXIS[1]}")
+
+
+def write_search_artifacts(save_dir, results: dict, estimator_kw: dict, top: int = 3) -> list[Path]:
+    """Write ``save_dir``'s files (module docstring) for ``results`` ({mode: SearchResult}, each
+    searched with Estimator keywords ``estimator_kw``); returns the paths written. The directory
+    is created if missing; files of the same names are replaced, nothing else in it is touched.
+    Needs matplotlib and plotly (``pip install 'infercast[report]'``)."""
+    import importlib.util
+
+    missing = [m for m in ("matplotlib", "plotly") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise NotAvailableError(f"saving a search report needs {' and '.join(missing)}",
+                                "install them: pip install 'infercast[report]'")
+    out = Path(save_dir)
+    if out.exists() and not out.is_dir():
+        raise InvalidInputError(f"--save-dir {out} is a file", "give a directory (it is created if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInputError(f"cannot create --save-dir {out}", exc.strerror or str(exc)) from exc
+    written: list[Path] = []
+    rows = _rows(results)
+    p = out / "results.csv"
+    _write_csv(p, rows)
+    written.append(p)
+    p = out / "results.json"
+    p.write_text(json.dumps({mode: res.to_dict() for mode, res in results.items()}, indent=1, default=str))
+    written.append(p)
+    p = out / "pareto.csv"
+    _write_csv(p, [{"mode": m, **asdict(r.candidates[i])} for m, r in results.items() for i in r.frontier])
+    written.append(p)
+    p = out / "pareto.png"
+    pareto_png(p, results)
+    written.append(p)
+    breakdowns: dict = {}
+    for mode, res in results.items():
+        for rank, c in enumerate(ranked(res.candidates, top), start=1):
+            try:
+                d, ests = deployment_of(c, res, estimator_kw)
+                files = launch_files(d)
+            except InfercastError as exc:  # an engine that cannot run this layout: say so in place
+                files = {"NOT_LAUNCHABLE.txt": f"{c.layout}: {exc}\n"}
+                ests = {}
+            sub = out / "top" / f"{mode}-{rank}"
+            sub.mkdir(parents=True, exist_ok=True)
+            for name, text in files.items():
+                (sub / name).write_text(text)
+                written.append(sub / name)
+            if rank == 1:
+                for role, e in ests.items():
+                    batch = max(1, round(c.concurrency / (c.prefill_workers if role == "prefill" else
+                                                          getattr(c, "decode_workers", 0) or 1)
+                                         / e.plan.parallel.attention_dp)) if role != "prefill" else 1
+                    try:
+                        bd = e.static(batch, res.isl, res.osl).to_dict()["breakdown"]
+                    except InfercastError:
+                        continue
+                    phases = {"agg": ("prefill_ms", "decode_ms"), "prefill": ("prefill_ms",),
+                              "decode": ("decode_ms",)}[role]
+                    name = mode if role == "agg" else f"{mode} {role}"
+                    lay = c.layout if role == "agg" else getattr(c, role + "_layout")
+                    breakdowns[f"{name}: {lay}, batch {batch} per rank"] = (phases, bd)
+    p = out / "report.html"
+    report_html(p, results, breakdowns)
+    written.append(p)
+    return written

@@ -1,0 +1,360 @@
+"""Launch files for a predicted deployment: the engine command lines (and TensorRT-LLM's
+extra-options YAML) that run the settings the prediction assumed, a Dynamo-style Kubernetes
+manifest, and the benchmark commands that measure what the prediction states.
+
+The translation is one way, from infercast's inputs to each engine's own flag names:
+
+* **Layout.** infercast's ``tp`` is the tensor-parallel size *per attention-DP rank*, so a worker
+  runs ``tp x pp x attention_dp`` GPUs, and its experts are split ``moe_tp x moe_ep`` over the
+  ``tp x attention_dp`` GPUs of a stage. TensorRT-LLM (``trtllm-serve --tp_size``) and SGLang
+  (``--tp-size``) count every GPU of a stage in their TP size and turn attention DP on beside it
+  (``enable_attention_dp``; ``--enable-dp-attention --dp-size``); vLLM counts TP per data-parallel
+  rank (``--tensor-parallel-size`` with ``--data-parallel-size``). A layout an engine cannot run is
+  refused with :class:`~infercast.errors.NotAvailableError` naming why: TensorRT-LLM's attention
+  DP runs attention at TP 1 per rank; vLLM splits experts either by TP over every GPU of the stage
+  or by EP over them (``--enable-expert-parallel``), never both.
+* **Scheduler.** :class:`~infercast.serving.backends.SchedulerParams` fields map to the engine's
+  token budget, running-request cap, chunked prefill, attention-DP balance hold, context batching
+  delay, receive interval and mixed chunks.
+* **Memory and precision.** The KV memory knob (``free_gpu_memory_fraction`` /
+  ``gpu_memory_utilization`` / ``mem_fraction_static``, each in the engine's own sense), the KV
+  cache dtype, MTP speculative decoding and the MoE kernel family.
+
+Sources: ``trtllm-serve --help`` and the LLM API's option names (``kv_cache_config``,
+``speculative_config``, ``attention_dp_config``, ``moe_config``, ``batch_wait_timeout_iters``);
+``vllm serve --help``; ``python -m sglang.launch_server --help``; NVIDIA Dynamo's
+``DynamoGraphDeployment`` resource; AIPerf's ``profile`` and vLLM's ``bench serve`` options.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+
+import yaml
+
+from ..errors import InvalidInputError, NotAvailableError
+
+BACKENDS = ("trtllm", "vllm", "sglang")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One kind of engine worker (an aggregated replica, or a prefill or decode worker) and the
+    settings the prediction assumed for it.
+
+    ``tp``, ``pp``, ``attention_dp``, ``moe_tp``, ``moe_ep`` are infercast's layout (see the
+    module docstring); ``max_num_tokens`` and ``max_batch_size`` the step's token budget and
+    running-request cap; ``chunked`` chunked prefill; ``kv_memory_fraction`` the engine's KV
+    memory knob in its own sense; ``kv_cache_dtype`` ``"bfloat16"`` / ``"fp8"``; ``nextn`` MTP
+    draft tokens (0: off); ``moe_kernel`` the expert kernel family, or None for the engine's
+    default; the remaining fields are the scheduler settings of the same names in
+    :class:`~infercast.serving.backends.SchedulerParams`."""
+
+    role: str  # "agg" | "prefill" | "decode"
+    workers: int
+    tp: int = 1
+    pp: int = 1
+    attention_dp: int = 1
+    moe_tp: int = 1
+    moe_ep: int = 1
+    max_num_tokens: int = 8192
+    max_batch_size: int = 256
+    chunked: bool = True
+    kv_memory_fraction: float = 0.9
+    kv_cache_dtype: str = "bfloat16"
+    nextn: int = 0
+    moe_kernel: str | None = None
+    is_moe: bool = False
+    adp_balance_timeout_steps: int = 0
+    batch_wait_iters: int = 0
+    batch_wait_max_tokens_ratio: float = 0.0
+    recv_interval: int = 1
+    mixed: bool = True
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of one worker."""
+        return self.tp * self.pp * self.attention_dp
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What to launch: a model served by ``backend`` as aggregated replicas (one ``agg`` worker
+    spec) or as disaggregated prefill and decode pools, benchmarked by ``concurrency`` clients of
+    ``isl`` + ``osl`` tokens."""
+
+    model: str
+    backend: str
+    backend_version: str
+    workers: tuple[WorkerSpec, ...]
+    isl: int
+    osl: int
+    concurrency: int
+    image: str | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(w.role != "agg" for w in self.workers)
+
+    @property
+    def gpus(self) -> int:
+        return sum(w.workers * w.gpus for w in self.workers)
+
+
+def worker_spec(est, params, role: str = "agg", workers: int = 1) -> WorkerSpec:
+    """The :class:`WorkerSpec` of an :class:`~infercast.Estimator` ``est`` served with scheduler
+    parameters ``params`` (what the prediction ran with)."""
+    p = est.plan.parallel
+    q = est.spec.quant
+    return WorkerSpec(
+        role=role, workers=int(workers), tp=p.tp, pp=p.pp, attention_dp=p.attention_dp, moe_tp=p.etp, moe_ep=p.ep,
+        max_num_tokens=int(params.max_num_tokens), max_batch_size=int(params.max_batch_size), chunked=bool(params.chunked),
+        kv_memory_fraction=float(est.backend.kv_memory_fraction), kv_cache_dtype=str(q.kv_cache or "bfloat16"),
+        nextn=int(est.plan.spec_decode.nextn), moe_kernel=_moe_kernel(est), is_moe=est.spec.moe is not None,
+        adp_balance_timeout_steps=int(params.adp_balance_timeout_steps), batch_wait_iters=int(params.batch_wait_iters),
+        batch_wait_max_tokens_ratio=float(params.batch_wait_max_tokens_ratio), recv_interval=int(params.recv_interval),
+        mixed=bool(params.mixed),
+    )
+
+
+def _moe_kernel(est) -> str | None:
+    """The MoE kernel family the plan's expert ops were pinned to (``--moe-kernel``), else None."""
+    for op in est.plan.ops:
+        if op.kind == "moe" and op.params.get("kernel"):
+            return str(op.params["kernel"])
+    return None
+
+
+# ---- engine command lines ---------------------------------------------------------------------
+
+_TRTLLM_MOE_BACKEND = {"trtllm": "TRTLLM", "cutlass": "CUTLASS", "deepgemm": "DEEPGEMM"}
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise InvalidInputError(f"no launch files for backend {backend!r}", "known: " + ", ".join(BACKENDS))
+
+
+def trtllm_extra_options(w: WorkerSpec) -> dict:
+    """TensorRT-LLM's extra LLM-API options (the ``--extra_llm_api_options`` YAML) for ``w``."""
+    opts: dict = {
+        "enable_chunked_prefill": w.chunked,
+        "kv_cache_config": {"free_gpu_memory_fraction": w.kv_memory_fraction,
+                            "dtype": "fp8" if w.kv_cache_dtype == "fp8" else "auto"},
+    }
+    if w.attention_dp > 1:
+        opts["enable_attention_dp"] = True
+        if w.adp_balance_timeout_steps > 0:
+            opts["attention_dp_config"] = {"enable_balance": True, "timeout_iters": w.adp_balance_timeout_steps}
+    if w.is_moe:
+        opts["moe_tensor_parallel_size"] = w.moe_tp
+        opts["moe_expert_parallel_size"] = w.moe_ep
+    if w.moe_kernel in _TRTLLM_MOE_BACKEND:
+        opts["moe_config"] = {"backend": _TRTLLM_MOE_BACKEND[w.moe_kernel]}
+    if w.nextn > 0:
+        opts["speculative_config"] = {"decoding_type": "MTP", "num_nextn_predict_layers": w.nextn}
+    if w.batch_wait_iters > 0:
+        opts["batch_wait_timeout_iters"] = w.batch_wait_iters
+        opts["batch_wait_max_tokens_ratio"] = w.batch_wait_max_tokens_ratio
+    if w.role != "agg":
+        opts["cache_transceiver_config"] = {"backend": "DEFAULT"}
+    return opts
+
+
+def trtllm_command(model: str, w: WorkerSpec, options_file: str = "extra_llm_api_options.yaml") -> list[str]:
+    """``trtllm-serve`` argv for ``w`` (its extra options in ``options_file``)."""
+    if w.attention_dp > 1 and w.tp > 1:
+        raise NotAvailableError(
+            f"TensorRT-LLM cannot run TP {w.tp} inside each of {w.attention_dp} attention-DP ranks",
+            "its attention DP runs attention at TP 1 per rank (enable_attention_dp with tp_size = the ranks)")
+    return ["trtllm-serve", model, "--backend", "pytorch", "--host", "0.0.0.0", "--port", "8000",
+            "--tp_size", str(w.tp * w.attention_dp), "--pp_size", str(w.pp), "--ep_size", str(w.moe_ep),
+            "--max_batch_size", str(w.max_batch_size), "--max_num_tokens", str(w.max_num_tokens),
+            "--kv_cache_free_gpu_memory_fraction", str(w.kv_memory_fraction),
+            "--extra_llm_api_options", options_file]
+
+
+def vllm_command(model: str, w: WorkerSpec) -> list[str]:
+    """``vllm serve`` argv for ``w``."""
+    argv = ["vllm", "serve", model, "--host", "0.0.0.0", "--port", "8000",
+            "--tensor-parallel-size", str(w.tp), "--pipeline-parallel-size", str(w.pp)]
+    if w.attention_dp > 1:
+        argv += ["--data-parallel-size", str(w.attention_dp)]
+    if w.is_moe:
+        stage = w.tp * w.attention_dp
+        if w.moe_ep == stage:
+            if w.moe_ep > 1:
+                argv.append("--enable-expert-parallel")
+        elif w.moe_tp != stage:
+            raise NotAvailableError(
+                f"vLLM cannot split experts as TP {w.moe_tp} x EP {w.moe_ep}",
+                f"it runs them either TP {stage} or, with --enable-expert-parallel, EP {stage} over a stage's GPUs")
+    argv += ["--max-num-seqs", str(w.max_batch_size), "--max-num-batched-tokens", str(w.max_num_tokens),
+             "--gpu-memory-utilization", str(w.kv_memory_fraction),
+             "--enable-chunked-prefill" if w.chunked else "--no-enable-chunked-prefill"]
+    if w.kv_cache_dtype == "fp8":
+        argv += ["--kv-cache-dtype", "fp8"]
+    if w.nextn > 0:
+        argv += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": w.nextn})]
+    if w.moe_kernel == "triton":
+        argv += ["--moe-backend", "triton"]
+    if w.role != "agg":
+        argv += ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})]
+    return argv
+
+
+def sglang_command(model: str, w: WorkerSpec) -> list[str]:
+    """``python -m sglang.launch_server`` argv for ``w``."""
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", model, "--host", "0.0.0.0", "--port", "8000",
+            "--tp-size", str(w.tp * w.attention_dp), "--pp-size", str(w.pp)]
+    if w.attention_dp > 1:
+        argv += ["--dp-size", str(w.attention_dp), "--enable-dp-attention"]
+    if w.is_moe and w.moe_ep > 1:
+        argv += ["--ep-size", str(w.moe_ep)]
+    argv += ["--max-running-requests", str(w.max_batch_size),
+             "--chunked-prefill-size", str(w.max_num_tokens if w.chunked else -1),
+             "--mem-fraction-static", str(w.kv_memory_fraction)]
+    if w.kv_cache_dtype == "fp8":
+        argv += ["--kv-cache-dtype", "fp8_e4m3"]
+    if w.mixed:
+        argv.append("--enable-mixed-chunk")
+    if w.recv_interval > 1:
+        argv += ["--scheduler-recv-interval", str(w.recv_interval)]
+    if w.nextn > 0:
+        argv += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(w.nextn),
+                 "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(w.nextn + 1)]
+    if w.moe_kernel == "triton":
+        argv += ["--moe-runner-backend", "triton"]
+    if w.role != "agg":
+        argv += ["--disaggregation-mode", w.role]
+    return argv
+
+
+def engine_command(d: Deployment, w: WorkerSpec) -> list[str]:
+    """The engine's argv for one worker of ``d``."""
+    _check_backend(d.backend)
+    if d.backend == "trtllm":
+        return trtllm_command(d.model, w, f"extra_llm_api_options_{w.role}.yaml")
+    if d.backend == "vllm":
+        return vllm_command(d.model, w)
+    return sglang_command(d.model, w)
+
+
+# ---- benchmark commands -----------------------------------------------------------------------
+
+
+def benchmark_commands(d: Deployment, requests_per_client: int = 10) -> dict[str, list[str]]:
+    """Client commands that measure what the prediction states: ``concurrency`` streaming clients
+    of exactly ``isl`` prompt and ``osl`` output tokens (end-of-sequence ignored), against the
+    server on ``localhost:8000``."""
+    n = max(1, int(requests_per_client)) * d.concurrency
+    aiperf = ["aiperf", "profile", "--model", d.model, "--url", "http://localhost:8000", "--endpoint-type", "chat",
+              "--streaming", "--synthetic-input-tokens-mean", str(d.isl), "--synthetic-input-tokens-stddev", "0",
+              "--output-tokens-mean", str(d.osl), "--output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true",
+              "--concurrency", str(d.concurrency), "--request-count", str(n)]
+    vllm_bench = ["vllm", "bench", "serve", "--model", d.model, "--base-url", "http://localhost:8000",
+                  "--dataset-name", "random", "--random-input-len", str(d.isl), "--random-output-len", str(d.osl),
+                  "--random-range-ratio", "0", "--ignore-eos", "--max-concurrency", str(d.concurrency),
+                  "--num-prompts", str(n)]
+    return {"aiperf": aiperf, "vllm_bench_serve": vllm_bench}
+
+
+# ---- Kubernetes --------------------------------------------------------------------------------
+
+_DYNAMO_MODULE = {"trtllm": "dynamo.trtllm", "vllm": "dynamo.vllm", "sglang": "dynamo.sglang"}
+#: where the manifest's ConfigMap of TensorRT-LLM engine configurations is mounted
+TRTLLM_CONFIG_DIR = "/config"
+
+
+def trtllm_engine_config(w: WorkerSpec) -> dict:
+    """TensorRT-LLM's whole engine configuration for ``w`` in LLM-API names (what Dynamo's
+    TensorRT-LLM worker reads from ``--extra-engine-args``): the command line's sizes and limits
+    plus :func:`trtllm_extra_options`."""
+    trtllm_command("-", w)  # refuses layouts TensorRT-LLM cannot run
+    return {"tensor_parallel_size": w.tp * w.attention_dp, "pipeline_parallel_size": w.pp,
+            "moe_expert_parallel_size": w.moe_ep, "max_batch_size": w.max_batch_size,
+            "max_num_tokens": w.max_num_tokens, **trtllm_extra_options(w)}
+
+
+def _dynamo_args(d: Deployment, w: WorkerSpec) -> list[str]:
+    """The Dynamo worker's arguments for ``w``: vLLM's and SGLang's take the engine's own flags
+    (without the server's host and port), TensorRT-LLM's an engine-configuration file."""
+    if d.backend == "trtllm":
+        args = ["--model-path", d.model, "--extra-engine-args", f"{TRTLLM_CONFIG_DIR}/{w.role}.yaml"]
+    else:
+        argv = engine_command(d, w)
+        skip = {"--host", "--port", "--kv-transfer-config", "--disaggregation-mode"}
+        body = argv[3:] if d.backend == "vllm" else argv[5:]  # drop the program and the model
+        args = ["--model" if d.backend == "vllm" else "--model-path", d.model]
+        i = 0
+        while i < len(body):
+            if body[i] in skip:
+                i += 2
+                continue
+            args.append(body[i])
+            i += 1
+    if w.role != "agg":
+        args += ["--disaggregation-mode", w.role]
+    return args
+
+
+def dynamo_manifest(d: Deployment, name: str = "infercast-deployment") -> list[dict]:
+    """Kubernetes documents for ``d`` in the shape of NVIDIA Dynamo's ``DynamoGraphDeployment``: a
+    frontend and one service per worker kind (replicas, GPUs per replica, the backend's Dynamo
+    worker with the engine settings); for TensorRT-LLM also a ConfigMap holding each worker kind's
+    engine configuration, mounted at :data:`TRTLLM_CONFIG_DIR`."""
+    _check_backend(d.backend)
+    services: dict = {"Frontend": {"componentType": "frontend", "replicas": 1,
+                                   "extraPodSpec": {"mainContainer": {"command": ["python3", "-m", "dynamo.frontend"]}}}}
+    docs: list[dict] = []
+    for w in d.workers:
+        container: dict = {"command": ["python3", "-m", _DYNAMO_MODULE[d.backend]], "args": _dynamo_args(d, w)}
+        if d.image:
+            container["image"] = d.image
+        svc: dict = {"componentType": "worker", "replicas": w.workers, "resources": {"limits": {"gpu": str(w.gpus)}},
+                     "extraPodSpec": {"mainContainer": container}}
+        if w.role != "agg":
+            svc["subComponentType"] = w.role
+        if d.backend == "trtllm":
+            container["volumeMounts"] = [{"name": "engine-config", "mountPath": TRTLLM_CONFIG_DIR}]
+            svc["extraPodSpec"]["volumes"] = [{"name": "engine-config", "configMap": {"name": f"{name}-engine-config"}}]
+        services[f"{w.role.capitalize()}Worker"] = svc
+    if d.backend == "trtllm":
+        docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-engine-config"},
+                     "data": {f"{w.role}.yaml": yaml.safe_dump(trtllm_engine_config(w), sort_keys=True)
+                              for w in d.workers}})
+    docs.append({"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment", "metadata": {"name": name},
+                 "spec": {"services": services}})
+    return docs
+
+
+# ---- files -----------------------------------------------------------------------------------
+
+
+def launch_files(d: Deployment) -> dict[str, str]:
+    """{file name: text}: per worker kind a shell script with the engine command (and
+    TensorRT-LLM's extra-options YAML), ``k8s_dynamo.yaml``, ``benchmark.sh`` and
+    ``deployment.json`` (the settings, for scripts)."""
+    _check_backend(d.backend)
+    files: dict[str, str] = {}
+    for w in d.workers:
+        argv = engine_command(d, w)
+        head = (f"# {w.role} worker: {w.workers} x {w.gpus} GPU(s); {d.backend} {d.backend_version}\n"
+                f"# infercast layout: tp {w.tp}, pp {w.pp}, attention-dp {w.attention_dp}, "
+                f"moe-tp {w.moe_tp}, moe-ep {w.moe_ep}\n")
+        files[f"launch_{w.role}.sh"] = "#!/usr/bin/env bash\n" + head + shlex.join(argv) + "\n"
+        if d.backend == "trtllm":
+            files[f"extra_llm_api_options_{w.role}.yaml"] = yaml.safe_dump(trtllm_extra_options(w), sort_keys=True)
+    files["k8s_dynamo.yaml"] = yaml.safe_dump_all(dynamo_manifest(d), sort_keys=False)
+    bench = benchmark_commands(d)
+    files["benchmark.sh"] = ("#!/usr/bin/env bash\n# measures what the prediction states: "
+                             f"{d.concurrency} clients, {d.isl} prompt + {d.osl} output tokens\n"
+                             + "\n".join(f"# {k}\n{shlex.join(v)}" for k, v in bench.items()) + "\n")
+    files["deployment.json"] = json.dumps(
+        {"model": d.model, "backend": d.backend, "backend_version": d.backend_version, "isl": d.isl, "osl": d.osl,
+         "concurrency": d.concurrency, "gpus": d.gpus, "notes": list(d.notes),
+         "workers": [{**w.__dict__, "gpus_per_worker": w.gpus} for w in d.workers]}, indent=1)
+    return files
