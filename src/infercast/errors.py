@@ -71,3 +71,8 @@ class DataFileError(InfercastError):
 
 class DataPackNotFoundError(InfercastError):
     """No perf-data pack could be located."""
+
+
+class ConfigFileError(InfercastError, ValueError):
+    """A user's file (an experiments YAML) with a syntax error, an unknown key or a bad value; the
+    message names the key's path and line."""

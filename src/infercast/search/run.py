@@ -113,19 +113,23 @@ def search_agg(
     tpot_max_ms: float | None = None,
     backend_version: str | None = None,
     systems_path=None,
+    scheduler: dict | None = None,
     **estimator_kw,
 ) -> SearchResult:
     """Evaluate every layout of at most ``max_gpus`` GPUs (default: one node) at each concurrency.
 
     ``estimator_kw`` goes to every :class:`~infercast.Estimator` (quant overrides, ``nextn``,
-    ``database_mode``). Targets are on the mean TTFT and mean TPOT, as benchmarks report them."""
+    ``database_mode``); ``scheduler``: {SchedulerParams field: value} overriding the backend's
+    scheduler defaults. Targets are on the mean TTFT and mean TPOT, as benchmarks report them."""
+    from dataclasses import replace
+
     from ..serving.backends import scheduler_params
 
     conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
                              systems_path, estimator_kw)
     node = base.data.system.node
     res.max_gpus = node.gpus_per_node if max_gpus is None else _positive("max_gpus", max_gpus, int)
-    params = scheduler_params(backend, base.data.system, base.spec)
+    params = replace(scheduler_params(backend, base.data.system, base.spec), **(scheduler or {}))
     for lay, est in _estimators(res, base, model, layouts(base.spec, res.max_gpus, node.nvlink_gpus),
                                 backend_version, systems_path, estimator_kw).items():
         _evaluate(res, est, lay, conc, params)
@@ -231,6 +235,7 @@ def search_disagg(
     tpot_max_ms: float | None = None,
     backend_version: str | None = None,
     systems_path=None,
+    scheduler: dict | None = None,
     **estimator_kw,
 ) -> SearchResult:
     """Disaggregated deployments of at most ``max_gpus`` GPUs in all (default: two nodes): a
@@ -238,7 +243,12 @@ def search_disagg(
     GB200 / GB300 NVL72 system -- without pipeline stages) times up
     to ``max_workers`` workers of each, at each concurrency (clients of the whole deployment),
     through :func:`infercast.api.serve_disagg`. A deployment whose decode ranks would run more
-    requests than their KV cache holds (:mod:`infercast.serving.memory`) is skipped."""
+    requests than their KV cache holds (:mod:`infercast.serving.memory`) is skipped. ``scheduler``:
+    {SchedulerParams field: value} overriding the backend's defaults in both roles."""
+    from dataclasses import replace
+
+    from ..serving.backends import scheduler_params
+
     max_workers = _positive("max_workers", max_workers, int, required=True)
     conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
                              systems_path, estimator_kw)
@@ -247,6 +257,7 @@ def search_disagg(
     space = layouts(base.spec, min(total, node.nvlink_gpus), node.nvlink_gpus)
     roles = _roles(res, _estimators(res, base, model, space, backend_version, systems_path, estimator_kw,
                                     keep=lambda lay: lay.pp == 1))
+    params = replace(scheduler_params(backend, base.data.system, base.spec), **scheduler) if scheduler else None
     for pl, pe in roles["prefill"].items():
         for dl, de in roles["decode"].items():
             counts = _worker_counts(pe.gpus, de.gpus, total, max_workers)
@@ -255,7 +266,7 @@ def search_disagg(
                     f"one prefill worker ({pe.gpus} GPUs) and one decode worker ({de.gpus}) exceed {total} GPUs")
             for pw, dw in counts:
                 for c in conc:
-                    if not _evaluate_disagg(res, pl, pe, pw, dl, de, dw, c):
+                    if not _evaluate_disagg(res, pl, pe, pw, dl, de, dw, c, params):
                         break  # more clients only grow the decode batch
     return _finish(res)
 

@@ -1,0 +1,133 @@
+"""Running experiments: every (system, backend) of each experiment, either served at its fixed
+layout and concurrencies or searched, into one flat list of outcome rows.
+
+An outcome row holds the experiment's name, system, backend and data version, the mode, the
+deployment (layout, GPUs, clients), its TTFT / TPOT / throughput, whether it meets the targets,
+and ``error`` (the typed error's message) when that combination could not be answered -- one
+combination's failure does not stop the others. Searches keep their full
+:class:`~infercast.search.SearchResult` for saved reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from ..errors import InfercastError
+from .schema import Experiment
+
+
+@dataclass
+class Outcome:
+    """The answer for one experiment on one (system, backend)."""
+
+    experiment: str
+    system: str
+    backend: str
+    kind: str  # "serve" | "serve-disagg" | a search mode
+    rows: list[dict] = field(default_factory=list)  # one per concurrency (serve) or the best (search)
+    searches: dict = field(default_factory=dict)  # mode -> SearchResult
+    error: str | None = None
+    estimator_kw: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"experiment": self.experiment, "system": self.system, "backend": self.backend, "kind": self.kind,
+                "rows": self.rows, "error": self.error}
+
+
+def _serve(exp: Experiment, system: str, backend: str, kw: dict) -> list[dict]:
+    from ..api import Estimator, serve_agg_replica, serve_disagg
+    from ..search.pareto import meets
+    from ..serving.backends import scheduler_params
+
+    overrides = exp.scheduler.overrides()
+    t = exp.targets
+    rows = []
+    if exp.layout is not None:
+        lay = exp.layout
+        est = Estimator(exp.model, system, backend, exp.backend_version, lay.tp, lay.pp, attention_dp=lay.attention_dp,
+                        moe_tp=lay.moe_tp, moe_ep=lay.moe_ep, **kw)
+        params = replace(scheduler_params(backend, est.data.system, est.spec), **overrides)
+        for c in exp.concurrency:
+            r, _ = serve_agg_replica(est, c, exp.isl, exp.osl, params)
+            rows.append({"layout": _label(lay), "gpus": est.gpus, "concurrency": c, "backend_version": est.version,
+                         **_metrics(r), "meets_targets": meets(r.ttft_ms, r.tpot_ms, t.ttft_ms, t.tpot_ms)})
+        return rows
+    d = exp.disagg
+    ests = {role: Estimator(exp.model, system, backend, exp.backend_version, s.tp, s.pp, attention_dp=s.attention_dp,
+                            moe_tp=s.moe_tp, moe_ep=s.moe_ep, **kw) for role, s in (("prefill", d.prefill), ("decode", d.decode))}
+    params = {role: replace(scheduler_params(backend, e.data.system, e.spec), **overrides) for role, e in ests.items()}
+    gpus = d.prefill_workers * ests["prefill"].gpus + d.decode_workers * ests["decode"].gpus
+    for c in exp.concurrency:
+        r = serve_disagg(ests["prefill"], ests["decode"], concurrency=c, isl=exp.isl, osl=exp.osl,
+                         prefill_workers=d.prefill_workers, decode_workers=d.decode_workers,
+                         params_prefill=params["prefill"], params_decode=params["decode"])
+        rows.append({"layout": f"P{d.prefill_workers}x{_label(d.prefill)} D{d.decode_workers}x{_label(d.decode)}",
+                     "gpus": gpus, "concurrency": c, "backend_version": ests["prefill"].version, **_metrics(r),
+                     "meets_targets": meets(r.ttft_ms, r.tpot_ms, t.ttft_ms, t.tpot_ms)})
+    return rows
+
+
+def _label(lay) -> str:
+    parts = [f"tp{lay.tp}"] + [f"{n}{v}" for n, v in (("pp", lay.pp), ("dp", lay.attention_dp), ("ep", lay.moe_ep or 1)) if v > 1]
+    return "-".join(parts)
+
+
+def _metrics(r) -> dict:
+    return {"ttft_ms": r.ttft_ms, "tpot_ms": r.tpot_ms, "request_latency_ms": r.request_latency_ms,
+            "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu, "tokens_per_s_per_user": r.tokens_per_s_per_user}
+
+
+def _search(exp: Experiment, system: str, backend: str, kw: dict) -> dict:
+    from ..search import search_agg, search_disagg, search_fixed
+
+    common = dict(concurrencies=exp.concurrency, ttft_max_ms=exp.targets.ttft_ms, tpot_max_ms=exp.targets.tpot_ms,
+                  backend_version=exp.backend_version, **kw)
+    overrides = exp.scheduler.overrides()
+    out = {}
+    if exp.mode == "fixed":
+        params = None
+        if overrides:
+            from ..api import Estimator
+            from ..serving.backends import scheduler_params
+
+            base = Estimator(exp.model, system, backend, exp.backend_version, **kw)
+            params = replace(scheduler_params(backend, base.data.system, base.spec), **overrides)
+        out["fixed"] = search_fixed(exp.model, system, backend, exp.isl, exp.osl, gpus=exp.gpus, params=params, **common)
+        return out
+    for mode, fn in (("agg", search_agg), ("disagg", search_disagg)):
+        if exp.mode in (mode, "both"):
+            out[mode] = fn(exp.model, system, backend, exp.isl, exp.osl, max_gpus=exp.max_gpus,
+                           scheduler=overrides or None, **common)
+    return out
+
+
+def run_experiment(exp: Experiment, systems_path=None, on_done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    """Every (system, backend) of ``exp``; ``on_done`` is called after each (progress)."""
+    from dataclasses import asdict
+
+    kw = {**exp.estimator_kw(), "systems_path": systems_path}
+    outs = []
+    for system in exp.system_list:
+        for backend in exp.backend_list:
+            kind = ("serve" if exp.layout is not None else "serve-disagg") if exp.concurrency and (
+                exp.layout is not None or exp.disagg is not None) else exp.mode
+            o = Outcome(exp.name, system, backend, kind, estimator_kw=kw)
+            try:
+                if kind.startswith("serve"):
+                    o.rows = _serve(exp, system, backend, kw)
+                else:
+                    o.searches = _search(exp, system, backend, kw)
+                    for mode, res in o.searches.items():
+                        if res.best is not None:
+                            o.rows.append({"mode": mode, "backend_version": res.backend_version,
+                                           **asdict(res.candidates[res.best])})
+                    if not o.rows:
+                        o.error = "no deployment meets the targets" if any(r.candidates for r in o.searches.values()) \
+                            else "no deployment could be evaluated"
+            except InfercastError as exc:
+                o.error = str(exc)
+            outs.append(o)
+            if on_done is not None:
+                on_done(o)
+    return outs

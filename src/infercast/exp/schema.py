@@ -1,0 +1,187 @@
+"""The schema of an experiments file (``infercast exp FILE.yaml``), validated with pydantic.
+
+A file holds ``experiments``, a list of experiments, and optionally ``defaults``, keys every
+experiment starts from (an experiment's own keys win; nested tables such as ``targets`` merge
+key by key). An experiment names a model, one or more systems and backends, the request lengths,
+and either a ``layout`` to serve at given concurrencies or a ``mode`` to search::
+
+    defaults:
+      isl: 4000
+      osl: 500
+      targets: {ttft_ms: 2000, tpot_ms: 30}
+    experiments:
+      - name: qwen32b-h200
+        model: Qwen/Qwen3-32B-FP8
+        system: h200_sxm
+        backends: [trtllm, vllm]
+        mode: both
+        max_gpus: 16
+      - name: qwen32b-tp2-fixed
+        model: Qwen/Qwen3-32B-FP8
+        system: h200_sxm
+        backend: trtllm
+        layout: {tp: 2}
+        concurrency: [16, 64]
+        scheduler: {max_num_tokens: 8192}
+
+Every key is listed in :class:`Experiment`; an unknown key or a bad value is an error that names
+the key's path and its line in the file (:mod:`infercast.exp.load`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Backend = Literal["trtllm", "vllm", "sglang"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Targets(_Strict):
+    """Latency targets on the mean TTFT and mean TPOT (ms); omitted: no target."""
+
+    ttft_ms: float | None = Field(None, gt=0)
+    tpot_ms: float | None = Field(None, gt=0)
+
+
+class LayoutSpec(_Strict):
+    """One replica's (or one worker's) parallel layout, as the ``estimate`` flags name it."""
+
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    attention_dp: int = Field(1, ge=1)
+    moe_tp: int | None = Field(None, ge=1)
+    moe_ep: int | None = Field(None, ge=1)
+
+
+class DisaggSpec(_Strict):
+    """A disaggregated deployment to serve: prefill and decode worker counts and layouts."""
+
+    prefill_workers: int = Field(ge=1)
+    decode_workers: int = Field(ge=1)
+    prefill: LayoutSpec = LayoutSpec()
+    decode: LayoutSpec = LayoutSpec()
+
+
+class Quant(_Strict):
+    """Quantisation overrides (default: the checkpoint's own)."""
+
+    gemm: str | None = None
+    moe: str | None = None
+    kv_cache: str | None = None
+    attention: str | None = None
+
+
+class Scheduler(_Strict):
+    """The engine's scheduler settings, overriding the backend's defaults
+    (:class:`infercast.serving.backends.SchedulerParams`; the same names as ``serve``'s flags)."""
+
+    max_num_tokens: int | None = Field(None, ge=1)
+    max_batch_size: int | None = Field(None, ge=1)
+    chunked_prefill: bool | None = None
+    front_end_ms: float | None = Field(None, ge=0)
+    front_end_per_stream_ms: float | None = Field(None, ge=0)
+    front_end_per_prompt_token_ms: float | None = Field(None, ge=0)
+    step_overhead_ms: float | None = Field(None, ge=0)
+    requests_per_client: float | None = Field(None, ge=1)
+    adp_balance_timeout_steps: int | None = Field(None, ge=0)
+    batch_wait_iters: int | None = Field(None, ge=0)
+    batch_wait_max_tokens_ratio: float | None = Field(None, ge=0, le=1)
+    recv_interval: int | None = Field(None, ge=1)
+    prefill_scheduling: Literal["mixed", "prefill-first"] | None = None
+
+    def overrides(self) -> dict:
+        """{SchedulerParams field: value} of the settings given."""
+        rename = {"front_end_ms": "arrival_delay_ms", "chunked_prefill": "chunked"}
+        out = {}
+        for key, value in self.model_dump(exclude_none=True).items():
+            if key == "prefill_scheduling":
+                mixed = value == "mixed"
+                out.update(mixed=mixed, lockstep=not mixed)
+            else:
+                out[rename.get(key, key)] = value
+        return out
+
+
+class Experiment(_Strict):
+    """One experiment. ``system``/``systems`` and ``backend``/``backends``: one or several (every
+    combination runs). With ``layout`` (or ``disagg``) the deployment is served at each
+    ``concurrency``; without, ``mode`` searches (``agg``, ``disagg``, ``both``) within ``max_gpus``
+    GPUs (per replica for agg, in all for disagg), or ``fixed`` every deployment of exactly
+    ``gpus`` GPUs."""
+
+    name: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    system: str | None = None
+    systems: list[str] | None = Field(None, min_length=1)
+    backend: Backend | None = None
+    backends: list[Backend] | None = Field(None, min_length=1)
+    backend_version: str | None = None
+    isl: int = Field(ge=1)
+    osl: int = Field(ge=1)
+    targets: Targets = Targets()
+    mode: Literal["agg", "disagg", "both", "fixed"] = "agg"
+    max_gpus: int | None = Field(None, ge=1)
+    gpus: int | None = Field(None, ge=1)
+    concurrency: list[int] | None = Field(None, min_length=1)
+    layout: LayoutSpec | None = None
+    disagg: DisaggSpec | None = None
+    quant: Quant = Quant()
+    nextn: int = Field(0, ge=0)
+    mtp_acceptance: float = Field(0.8, ge=0, le=1)
+    moe_kernel: str | None = None
+    kv_memory_fraction: float | None = Field(None, gt=0, le=1)
+    scheduler: Scheduler = Scheduler()
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive_concurrency(cls, v):
+        if v is not None and any(c < 1 for c in v):
+            raise ValueError("every concurrency must be >= 1")
+        return v
+
+    @model_validator(mode="after")
+    def _one_of_each(self):
+        if (self.system is None) == (self.systems is None):
+            raise ValueError("give exactly one of system (one name) or systems (a list)")
+        if (self.backend is None) == (self.backends is None):
+            raise ValueError("give exactly one of backend (one name) or backends (a list)")
+        if self.layout is not None and self.disagg is not None:
+            raise ValueError("give layout (aggregated) or disagg (prefill/decode workers), not both")
+        if (self.layout is not None or self.disagg is not None) and self.concurrency is None:
+            raise ValueError("a fixed layout is served at given clients: add concurrency: [..]")
+        if self.mode == "fixed" and self.gpus is None and self.layout is None and self.disagg is None:
+            raise ValueError("mode fixed needs gpus: the number of GPUs every deployment uses")
+        if self.gpus is not None and self.mode != "fixed":
+            raise ValueError("gpus fixes the GPU count: use mode: fixed (or max_gpus for a budget)")
+        for t in (self.targets.ttft_ms, self.targets.tpot_ms):
+            if t is not None and not math.isfinite(t):
+                raise ValueError("targets must be finite")
+        return self
+
+    @property
+    def system_list(self) -> list[str]:
+        return list(self.systems) if self.systems is not None else [self.system]
+
+    @property
+    def backend_list(self) -> list[str]:
+        return list(self.backends) if self.backends is not None else [self.backend]
+
+    def estimator_kw(self) -> dict:
+        """The :class:`~infercast.Estimator` keywords this experiment sets."""
+        q = self.quant
+        return {"gemm_quant": q.gemm, "moe_quant": q.moe, "kv_cache_quant": q.kv_cache, "attention_quant": q.attention,
+                "nextn": self.nextn, "mtp_acceptance": self.mtp_acceptance, "moe_kernel": self.moe_kernel,
+                "kv_memory_fraction": self.kv_memory_fraction}
+
+
+class ExpFile(_Strict):
+    """A whole experiments file."""
+
+    defaults: dict = Field(default_factory=dict)
+    experiments: list[dict] = Field(min_length=1)
