@@ -1,0 +1,445 @@
+"""Reading an engine's own configuration into infercast's inputs: a TensorRT-LLM extra-options
+YAML (or a ``trtllm-serve`` command line), a ``vllm serve`` command line, a
+``python -m sglang.launch_server`` command line.
+
+The result, :class:`EngineSettings`, holds the layout (infercast's ``tp`` is per attention-DP
+rank: the engines' own TP sizes are converted, see :mod:`infercast.report.launch`, which writes the
+same flags), the :class:`~infercast.Estimator` keywords (KV-cache dtype, MTP draft tokens, MoE
+kernel family, KV memory fraction), the scheduler overrides
+(:class:`~infercast.serving.backends.SchedulerParams` fields), the flags read, and the flags
+infercast does not model (listed, never silently dropped). A value of a modelled flag that
+infercast cannot represent (an unknown KV-cache dtype, a speculative method other than MTP,
+``--dp-size`` without DP attention) raises :class:`~infercast.errors.InvalidInputError` naming the
+flag and the values it knows.
+
+Flag names are the engines' own, as their ``--help`` prints them (dashes and underscores, and
+``--flag=value``, are both accepted where the engine accepts them).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..errors import InvalidInputError
+
+#: flags that take no value, per engine (the rest take one)
+_SWITCHES = {
+    "vllm": {"--enable-expert-parallel", "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--trust-remote-code",
+             "--enforce-eager", "--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-log-requests",
+             "--disable-log-stats", "--async-scheduling", "--enable-eplb"},
+    "sglang": {"--enable-dp-attention", "--enable-mixed-chunk", "--disable-overlap-schedule", "--disable-radix-cache",
+               "--trust-remote-code", "--enable-torch-compile", "--disable-cuda-graph", "--enable-dp-lm-head",
+               "--enable-two-batch-overlap", "--enable-eplb"},
+    "trtllm": {"--trust_remote_code", "--trust-remote-code", "--enable_chunked_prefill"},
+}
+#: flags that do not change a prediction (server plumbing): read and ignored without a notice
+_PLUMBING = {"--host", "--port", "--served-model-name", "--served_model_name", "--api-key", "--log-level",
+             "--log_level", "--tokenizer", "--trust-remote-code", "--trust_remote_code", "--disable-log-requests",
+             "--disable-log-stats", "--backend", "--download-dir", "--revision"}
+
+
+@dataclass
+class EngineSettings:
+    """What an engine configuration says, in infercast's terms."""
+
+    backend: str
+    model: str | None = None
+    layout: dict = field(default_factory=dict)  # tp, pp, attention_dp, moe_tp, moe_ep
+    estimator_kw: dict = field(default_factory=dict)
+    scheduler: dict = field(default_factory=dict)
+    read: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"backend": self.backend, "model": self.model, "layout": self.layout, "estimator": self.estimator_kw,
+                "scheduler": self.scheduler, "read": self.read, "ignored": self.ignored, "notes": self.notes}
+
+
+def _tokens(argv: list[str], backend: str) -> tuple[list[str], dict[str, str | bool]]:
+    """(positionals, {flag: value or True}) of an argv; ``--flag=value`` splits."""
+    pos, flags, i = [], {}, 0
+    switches = _SWITCHES[backend]
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("-") and len(a) > 1:
+            if "=" in a:
+                k, v = a.split("=", 1)
+                flags[k] = v
+            elif a in switches or i + 1 >= len(argv) or (argv[i + 1].startswith("--")):
+                flags[a] = True
+            else:
+                flags[a] = argv[i + 1]
+                i += 1
+        else:
+            pos.append(a)
+        i += 1
+    return pos, flags
+
+
+def _int(flag: str, v) -> int:
+    try:
+        x = int(str(v))
+    except ValueError:
+        raise InvalidInputError(f"{flag} takes an integer, got {v!r}") from None
+    if x < 1 and flag not in ("--chunked-prefill-size", "--num_postprocess_workers"):
+        raise InvalidInputError(f"{flag} must be >= 1, got {x}")
+    return x
+
+
+def _frac(flag: str, v) -> float:
+    try:
+        x = float(str(v))
+    except ValueError:
+        raise InvalidInputError(f"{flag} takes a number, got {v!r}") from None
+    if not 0.0 < x <= 1.0:
+        raise InvalidInputError(f"{flag} is a fraction of GPU memory in (0, 1], got {x}")
+    return x
+
+
+def _kv_dtype(flag: str, v) -> str | None:
+    """infercast's KV-cache quant of an engine's KV dtype name (None: the checkpoint's own)."""
+    s = str(v).lower()
+    if s in ("auto",):
+        return None
+    if s in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        return "fp8"
+    if s in ("bf16", "bfloat16", "fp16", "float16", "half"):
+        return "bfloat16"
+    raise InvalidInputError(f"{flag} {v!r} is not a KV-cache dtype infercast models",
+                            "known: auto, bfloat16 / bf16 / fp16, fp8 / fp8_e4m3 / fp8_e5m2")
+
+
+def _first(flags: dict, *names):
+    for n in names:
+        if n in flags:
+            return n, flags[n]
+    return None, None
+
+
+def _argv(cmd) -> list[str]:
+    if isinstance(cmd, str):
+        try:
+            return shlex.split(cmd)
+        except ValueError as exc:
+            raise InvalidInputError(f"cannot split the engine command line: {exc}") from None
+    return [str(a) for a in cmd]
+
+
+def detect_backend(argv: list[str]) -> str:
+    """The engine an argv launches: ``vllm serve``, ``python -m sglang.launch_server`` (or
+    ``sglang.launch_server`` anywhere), ``trtllm-serve``."""
+    joined = " ".join(argv[:4])
+    if "sglang.launch_server" in joined or "sglang" in (argv[0] if argv else ""):
+        return "sglang"
+    if argv[:2] == ["vllm", "serve"] or "vllm.entrypoints" in joined:
+        return "vllm"
+    if argv and Path(argv[0]).name == "trtllm-serve":
+        return "trtllm"
+    raise InvalidInputError("cannot tell which engine this command line launches",
+                            "expected `vllm serve MODEL ...`, `python -m sglang.launch_server ...` or `trtllm-serve MODEL ...`")
+
+
+def parse_engine_cmd(cmd) -> EngineSettings:
+    """:class:`EngineSettings` of an engine command line (text or argv)."""
+    argv = _argv(cmd)
+    backend = detect_backend(argv)
+    return {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm_cmd}[backend](argv)
+
+
+def _finish(s: EngineSettings, flags: dict, used: set[str]) -> EngineSettings:
+    s.read = sorted(used)
+    s.ignored = sorted(k for k in flags if k not in used and k not in _PLUMBING)
+    if s.ignored:
+        s.notes.append("not modelled, ignored: " + ", ".join(s.ignored))
+    return s
+
+
+def _vllm(argv: list[str]) -> EngineSettings:
+    start = 2 if argv[:2] == ["vllm", "serve"] else next((i + 1 for i, a in enumerate(argv) if "vllm.entrypoints" in a), 1)
+    pos, flags = _tokens(argv[start:], "vllm")
+    s = EngineSettings("vllm", model=pos[0] if pos else flags.get("--model"))
+    used: set[str] = {"--model"} & set(flags)
+    k, v = _first(flags, "--tensor-parallel-size", "-tp")
+    tp = _int("--tensor-parallel-size", v) if k else 1
+    k2, v2 = _first(flags, "--data-parallel-size", "-dp")
+    dp = _int("--data-parallel-size", v2) if k2 else 1
+    k3, v3 = _first(flags, "--pipeline-parallel-size", "-pp")
+    pp = _int("--pipeline-parallel-size", v3) if k3 else 1
+    used |= {x for x in (k, k2, k3) if x}
+    s.layout = {"tp": tp, "pp": pp, "attention_dp": dp}
+    if flags.get("--enable-expert-parallel") is True:
+        used.add("--enable-expert-parallel")
+        s.layout.update(moe_tp=1, moe_ep=tp * dp)
+    if "--max-num-seqs" in flags:
+        s.scheduler["max_batch_size"] = _int("--max-num-seqs", flags["--max-num-seqs"])
+        used.add("--max-num-seqs")
+    if "--max-num-batched-tokens" in flags:
+        s.scheduler["max_num_tokens"] = _int("--max-num-batched-tokens", flags["--max-num-batched-tokens"])
+        used.add("--max-num-batched-tokens")
+    if "--gpu-memory-utilization" in flags:
+        s.estimator_kw["kv_memory_fraction"] = _frac("--gpu-memory-utilization", flags["--gpu-memory-utilization"])
+        used.add("--gpu-memory-utilization")
+    if "--kv-cache-dtype" in flags:
+        s.estimator_kw["kv_cache_quant"] = _kv_dtype("--kv-cache-dtype", flags["--kv-cache-dtype"])
+        used.add("--kv-cache-dtype")
+    for flag, on in (("--enable-chunked-prefill", True), ("--no-enable-chunked-prefill", False)):
+        if flags.get(flag) is True:
+            s.scheduler["chunked"] = on
+            used.add(flag)
+    if "--speculative-config" in flags:
+        used.add("--speculative-config")
+        try:
+            spec = json.loads(flags["--speculative-config"])
+        except json.JSONDecodeError:
+            raise InvalidInputError("--speculative-config is JSON", f"got {flags['--speculative-config']!r}") from None
+        method = str(spec.get("method", "")).lower()
+        if method not in ("mtp", "deepseek_mtp", "qwen3_next_mtp"):
+            raise InvalidInputError(f"--speculative-config method {spec.get('method')!r} is not modelled",
+                                    "infercast models MTP draft layers (method mtp / deepseek_mtp)")
+        s.estimator_kw["nextn"] = _int("num_speculative_tokens", spec.get("num_speculative_tokens", 1))
+    if "--moe-backend" in flags:
+        used.add("--moe-backend")
+        if str(flags["--moe-backend"]).lower() == "triton":
+            s.estimator_kw["moe_kernel"] = "triton"
+        else:
+            s.notes.append(f"--moe-backend {flags['--moe-backend']}: the table's own kernels are used")
+    return _finish(s, flags, used)
+
+
+def _sglang(argv: list[str]) -> EngineSettings:
+    start = next((i + 1 for i, a in enumerate(argv) if "sglang.launch_server" in a), 1)
+    _, flags = _tokens(argv[start:], "sglang")
+    s = EngineSettings("sglang", model=flags.get("--model-path") or flags.get("--model"))
+    used = {"--model-path", "--model"} & set(flags)
+    k, v = _first(flags, "--tp-size", "--tp", "--tensor-parallel-size")
+    world = _int("--tp-size", v) if k else 1
+    kd, vd = _first(flags, "--dp-size", "--dp", "--data-parallel-size")
+    dp = _int("--dp-size", vd) if kd else 1
+    kp, vp = _first(flags, "--pp-size", "--pp")
+    pp = _int("--pp-size", vp) if kp else 1
+    used |= {x for x in (k, kd, kp) if x}
+    if dp > 1 and flags.get("--enable-dp-attention") is not True:
+        raise InvalidInputError(f"--dp-size {dp} without --enable-dp-attention runs {dp} separate replicas",
+                                "infercast estimates one replica: give that replica's flags, or add "
+                                "--enable-dp-attention for attention data parallelism")
+    if flags.get("--enable-dp-attention") is True:
+        used.add("--enable-dp-attention")
+        if world % dp:
+            raise InvalidInputError(f"--tp-size {world} is not a multiple of --dp-size {dp}")
+        s.layout = {"tp": world // dp, "pp": pp, "attention_dp": dp}
+    else:
+        s.layout = {"tp": world, "pp": pp, "attention_dp": 1}
+    ke, ve = _first(flags, "--ep-size", "--ep", "--expert-parallel-size")
+    if ke:
+        ep = _int("--ep-size", ve)
+        used.add(ke)
+        if world % ep:
+            raise InvalidInputError(f"--tp-size {world} is not a multiple of --ep-size {ep}")
+        if ep > 1:
+            s.layout.update(moe_tp=world // ep, moe_ep=ep)
+    if "--max-running-requests" in flags:
+        s.scheduler["max_batch_size"] = _int("--max-running-requests", flags["--max-running-requests"])
+        used.add("--max-running-requests")
+    if "--chunked-prefill-size" in flags:
+        n = _int("--chunked-prefill-size", flags["--chunked-prefill-size"])
+        used.add("--chunked-prefill-size")
+        if n <= 0:
+            s.scheduler["chunked"] = False
+        else:
+            s.scheduler.update(chunked=True, max_num_tokens=n)
+    if "--mem-fraction-static" in flags:
+        s.estimator_kw["kv_memory_fraction"] = _frac("--mem-fraction-static", flags["--mem-fraction-static"])
+        used.add("--mem-fraction-static")
+    if "--kv-cache-dtype" in flags:
+        s.estimator_kw["kv_cache_quant"] = _kv_dtype("--kv-cache-dtype", flags["--kv-cache-dtype"])
+        used.add("--kv-cache-dtype")
+    if flags.get("--enable-mixed-chunk") is True:
+        s.scheduler.update(mixed=True, lockstep=False)
+        used.add("--enable-mixed-chunk")
+    if "--scheduler-recv-interval" in flags:
+        s.scheduler["recv_interval"] = _int("--scheduler-recv-interval", flags["--scheduler-recv-interval"])
+        used.add("--scheduler-recv-interval")
+    if flags.get("--disable-overlap-schedule") is True:
+        s.scheduler["overlap"] = False
+        used.add("--disable-overlap-schedule")
+    if "--speculative-algorithm" in flags:
+        used.add("--speculative-algorithm")
+        algo = str(flags["--speculative-algorithm"]).upper()
+        if algo not in ("EAGLE", "NEXTN"):
+            raise InvalidInputError(f"--speculative-algorithm {flags['--speculative-algorithm']} is not modelled",
+                                    "infercast models MTP draft layers (EAGLE / NEXTN with the checkpoint's MTP layers)")
+        steps = flags.get("--speculative-num-steps")
+        used |= {"--speculative-num-steps", "--speculative-num-draft-tokens", "--speculative-eagle-topk"} & set(flags)
+        s.estimator_kw["nextn"] = _int("--speculative-num-steps", steps) if steps is not None else 1
+    if "--moe-runner-backend" in flags:
+        used.add("--moe-runner-backend")
+        if str(flags["--moe-runner-backend"]).lower() == "triton":
+            s.estimator_kw["moe_kernel"] = "triton"
+        else:
+            s.notes.append(f"--moe-runner-backend {flags['--moe-runner-backend']}: the table's own kernels are used")
+    return _finish(s, flags, used)
+
+
+_TRTLLM_MOE = {"TRTLLM": "trtllm", "CUTLASS": "cutlass", "DEEPGEMM": "deepgemm"}
+#: extra-options keys that do not change a prediction
+_TRTLLM_PLUMBING = {"print_iter_log", "backend", "trust_remote_code", "return_perf_metrics", "stream_interval"}
+
+
+def parse_trtllm_options(options: dict, name: str = "extra options") -> EngineSettings:
+    """:class:`EngineSettings` of TensorRT-LLM's LLM-API options (the ``--extra_llm_api_options``
+    YAML, or a whole engine configuration in the same names)."""
+    if not isinstance(options, dict):
+        raise InvalidInputError(f"{name}: TensorRT-LLM options are a YAML mapping", f"got {type(options).__name__}")
+    s = EngineSettings("trtllm")
+    used: set[str] = set()
+    o = dict(options)
+    world = _int("tensor_parallel_size", o["tensor_parallel_size"]) if "tensor_parallel_size" in o else None
+    adp = bool(o.get("enable_attention_dp", False))
+    used |= {"tensor_parallel_size", "enable_attention_dp"} & set(o)
+    if world is not None:
+        s.layout = {"tp": 1, "attention_dp": world} if adp else {"tp": world, "attention_dp": 1}
+    elif adp:
+        # the ranks are the TP size of the command line this file goes with
+        s.layout = {"enable_attention_dp": True}
+    if "pipeline_parallel_size" in o:
+        s.layout["pp"] = _int("pipeline_parallel_size", o["pipeline_parallel_size"])
+        used.add("pipeline_parallel_size")
+    for key, dst in (("moe_expert_parallel_size", "moe_ep"), ("moe_tensor_parallel_size", "moe_tp")):
+        if key in o and o[key] is not None and int(o[key]) > 0:
+            s.layout[dst] = _int(key, o[key])
+            used.add(key)
+    if "max_batch_size" in o:
+        s.scheduler["max_batch_size"] = _int("max_batch_size", o["max_batch_size"])
+        used.add("max_batch_size")
+    if "max_num_tokens" in o:
+        s.scheduler["max_num_tokens"] = _int("max_num_tokens", o["max_num_tokens"])
+        used.add("max_num_tokens")
+    if "enable_chunked_prefill" in o:
+        s.scheduler["chunked"] = bool(o["enable_chunked_prefill"])
+        used.add("enable_chunked_prefill")
+    kv = o.get("kv_cache_config") or {}
+    if kv:
+        used.add("kv_cache_config")
+        if "free_gpu_memory_fraction" in kv:
+            s.estimator_kw["kv_memory_fraction"] = _frac("kv_cache_config.free_gpu_memory_fraction",
+                                                         kv["free_gpu_memory_fraction"])
+        if "dtype" in kv:
+            s.estimator_kw["kv_cache_quant"] = _kv_dtype("kv_cache_config.dtype", kv["dtype"])
+        extra = sorted(set(kv) - {"free_gpu_memory_fraction", "dtype"})
+        if extra:
+            s.notes.append("kv_cache_config keys not modelled, ignored: " + ", ".join(extra))
+    spec = o.get("speculative_config")
+    if spec:
+        used.add("speculative_config")
+        kind = str(spec.get("decoding_type", "")).upper()
+        if kind != "MTP":
+            raise InvalidInputError(f"speculative_config.decoding_type {spec.get('decoding_type')!r} is not modelled",
+                                    "infercast models MTP draft layers (decoding_type: MTP)")
+        s.estimator_kw["nextn"] = _int("speculative_config.num_nextn_predict_layers",
+                                       spec.get("num_nextn_predict_layers", 1))
+    moe = o.get("moe_config") or {}
+    if "backend" in moe:
+        used.add("moe_config")
+        b = str(moe["backend"]).upper()
+        if b not in _TRTLLM_MOE:
+            raise InvalidInputError(f"moe_config.backend {moe['backend']!r} is not a kernel family infercast models",
+                                    "known: " + ", ".join(_TRTLLM_MOE))
+        s.estimator_kw["moe_kernel"] = _TRTLLM_MOE[b]
+    adp_cfg = o.get("attention_dp_config") or {}
+    if adp_cfg:
+        used.add("attention_dp_config")
+        if adp_cfg.get("enable_balance"):
+            s.scheduler["adp_balance_timeout_steps"] = _int("attention_dp_config.timeout_iters",
+                                                            adp_cfg.get("timeout_iters", 50))
+        else:
+            s.scheduler["adp_balance_timeout_steps"] = 0
+    if "batch_wait_timeout_iters" in o:
+        s.scheduler["batch_wait_iters"] = int(o["batch_wait_timeout_iters"])
+        used.add("batch_wait_timeout_iters")
+    if "batch_wait_max_tokens_ratio" in o:
+        r = float(o["batch_wait_max_tokens_ratio"])
+        if not 0.0 <= r <= 1.0:
+            raise InvalidInputError(f"batch_wait_max_tokens_ratio is a share of max_num_tokens (0-1), got {r}")
+        s.scheduler["batch_wait_max_tokens_ratio"] = r
+        used.add("batch_wait_max_tokens_ratio")
+    if o.get("disable_overlap_scheduler"):
+        s.scheduler["overlap"] = False
+    used |= {"disable_overlap_scheduler"} & set(o)
+    s.read = sorted(used)
+    s.ignored = sorted(k for k in o if k not in used and k not in _TRTLLM_PLUMBING)
+    if s.ignored:
+        s.notes.append("not modelled, ignored: " + ", ".join(s.ignored))
+    return s
+
+
+def _trtllm_cmd(argv: list[str]) -> EngineSettings:
+    pos, flags = _tokens(argv[1:], "trtllm")
+    options: dict = {}
+    if "--extra_llm_api_options" in flags or "--config" in flags:
+        key = "--extra_llm_api_options" if "--extra_llm_api_options" in flags else "--config"
+        options = load_yaml(flags[key], key)
+    # the command line's sizes, in the LLM API's names, under the file's other options
+    names = {"--tp_size": "tensor_parallel_size", "--pp_size": "pipeline_parallel_size", "--ep_size": "moe_expert_parallel_size",
+             "--max_batch_size": "max_batch_size", "--max_num_tokens": "max_num_tokens"}
+    for flag, key in names.items():
+        if flag in flags:
+            options.setdefault(key, _int(flag, flags[flag]))
+    if "--kv_cache_free_gpu_memory_fraction" in flags:
+        kv = dict(options.get("kv_cache_config") or {})
+        kv.setdefault("free_gpu_memory_fraction", _frac("--kv_cache_free_gpu_memory_fraction",
+                                                        flags["--kv_cache_free_gpu_memory_fraction"]))
+        options["kv_cache_config"] = kv
+    s = parse_trtllm_options(options)
+    s.model = pos[0] if pos else None
+    used = set(names) | {"--kv_cache_free_gpu_memory_fraction", "--extra_llm_api_options", "--config"}
+    if "--num_postprocess_workers" in flags:
+        from .backends import TRTLLM_POSTPROCESS_FRONT_END_MS
+
+        if _int("--num_postprocess_workers", flags["--num_postprocess_workers"]) > 0:
+            # the workers take detokenising and streaming out of the API server's loop
+            s.scheduler.update(arrival_delay_ms=TRTLLM_POSTPROCESS_FRONT_END_MS, front_end_per_stream_ms=0.0)
+        used.add("--num_postprocess_workers")
+    cmd_ignored = sorted(k for k in flags if k not in used and k not in _PLUMBING)
+    s.read = sorted(set(s.read) | (used & set(flags)))
+    s.ignored = sorted(set(s.ignored) | set(cmd_ignored))
+    s.notes = [n for n in s.notes if not n.startswith("not modelled")]
+    if s.ignored:
+        s.notes.append("not modelled, ignored: " + ", ".join(s.ignored))
+    return s
+
+
+def load_yaml(path, flag: str = "--engine-args") -> dict:
+    """A YAML mapping from ``path`` (an engine's options file)."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise InvalidInputError(f"cannot read {flag} {p}", exc.strerror or str(exc)) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise InvalidInputError(f"{flag} {p}{f', line {mark.line + 1}' if mark else ''}: not valid YAML",
+                                str(getattr(exc, "problem", exc))) from None
+    if not isinstance(data, dict):
+        raise InvalidInputError(f"{flag} {p}: expected a YAML mapping of options", f"got {type(data).__name__}")
+    return data
+
+
+def parse_engine_file(path) -> EngineSettings:
+    """:class:`EngineSettings` of a file: a TensorRT-LLM options YAML, or a text file holding
+    one engine command line (``#`` comments and line continuations allowed)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise InvalidInputError(f"cannot read --engine-args {p}", exc.strerror or str(exc)) from None
+    body = " ".join(ln.rstrip("\\").strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#"))
+    first = body.split(" ", 1)[0] if body else ""
+    if first and (Path(first).name in ("trtllm-serve", "vllm", "python", "python3") or "sglang" in first):
+        return parse_engine_cmd(body)
+    return parse_trtllm_options(load_yaml(p), str(p))
