@@ -421,6 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--database-mode", default="SILICON")
     _add_data_args(v)
     v.set_defaults(func=cmd_validate)
+
+    from .workflow import add_parsers
+
+    add_parsers(sub, _add_model_args)
     return p
 
 

@@ -1,0 +1,60 @@
+"""Terminal output of the workflow commands: ``recommend`` and ``exp`` (rich tables)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from .console import new_console
+
+
+def _n(x, fmt="{:.1f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def print_recommend(d: dict) -> None:
+    """``infercast recommend``'s answer: the load, the targets, and the cheapest ways to serve it."""
+    c = new_console(min_width=120)
+    load = f"{d['rate']:g} requests/s" if d.get("rate") is not None else f"{d['clients']} concurrent clients"
+    t = d["targets"]
+    c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d.get('backend_version') or ''} · "
+            f"{d['isl']} in / {d['osl']} out[/bold]")
+    c.print(f"load: {load}; targets: mean TTFT <= {_n(t['ttft_ms'], '{:g}')} ms, mean TPOT <= {_n(t['tpot_ms'], '{:g}')} ms")
+    recs = d["recommendations"]
+    if not recs:
+        c.print("[bold red]no deployment meets the targets[/bold red] at any searched concurrency: "
+                "relax the targets, or allow more GPUs per replica (--max-gpus)")
+        return
+    tab = Table(show_header=True, header_style="bold")
+    for col in ("#", "mode", "deployment", "copies", "GPUs", "clients/copy", "TTFT ms", "TPOT ms", "req/s capacity",
+                "tok/s/GPU"):
+        tab.add_column(col, justify="right" if col not in ("mode", "deployment") else "left")
+    for i, r in enumerate(recs, start=1):
+        u = r["unit"]
+        tab.add_row(str(i), r["mode"], u["layout"], str(r["copies"]), str(r["gpus"]), str(r["concurrency_per_copy"]),
+                    _n(u["ttft_ms"], "{:.0f}"), _n(u["tpot_ms"], "{:.2f}"), _n(r["capacity_requests_per_s"], "{:.2f}"),
+                    _n(u["tokens_per_s_per_gpu"]))
+    c.print(tab)
+    best = recs[0]
+    c.print(f"recommended: {best['copies']} x {best['unit']['layout']} ({best['mode']}) = [bold]{best['gpus']} GPUs[/bold], "
+            f"each copy at {best['concurrency_per_copy']} clients")
+
+
+def print_exp(rows: list[dict]) -> None:
+    """``infercast exp``'s results: one row per experiment, system, backend and answer."""
+    c = new_console(min_width=140)
+    tab = Table(show_header=True, header_style="bold")
+    for col in ("experiment", "system", "backend", "kind", "deployment", "GPUs", "clients", "TTFT ms", "TPOT ms",
+                "tok/s/GPU", "tok/s/user", "meets"):
+        tab.add_column(col, justify="right" if col in ("GPUs", "clients", "TTFT ms", "TPOT ms", "tok/s/GPU",
+                                                       "tok/s/user") else "left")
+    for o in rows:
+        head = (o["experiment"], o["system"], o["backend"])
+        if o["error"]:
+            tab.add_row(*head, o["kind"], f"[red]{o['error']}[/red]", *([""] * 7))
+            continue
+        for r in o["rows"]:
+            kind = r.get("mode") or o["kind"]
+            tab.add_row(*head, kind, r["layout"], str(r["gpus"]), str(r["concurrency"]), _n(r["ttft_ms"], "{:.0f}"),
+                        _n(r["tpot_ms"], "{:.2f}"), _n(r["tokens_per_s_per_gpu"]), _n(r["tokens_per_s_per_user"]),
+                        "yes" if r["meets_targets"] else "no")
+    c.print(tab)
