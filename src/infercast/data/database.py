@@ -10,8 +10,7 @@ bf16 / fp8 tensor FLOPs all >=), the table contradicts its hardware: a median sl
 faster than the weaker one, a conservative answer), and provenance says so (``how`` =
 ``sibling:<system>``). In the 0.12.0 pack this catches vLLM 0.24.0's MLA module tables on
 b300_sxm and gb200 (median 1.64-1.71x b200's, while every kernel-level table of the same version
-is 0.88-1.00x); dev silicon rows: vLLM Kimi-K2.5 b300 TPOT median APE 46% -> 15%, gb200 39% ->
-4%; vLLM TPOT 8.1% -> 8.0% (within 20%: 76.4% -> 78.3%).
+is 0.88-1.00x); see docs/modelling-log.md, 'Composite tables from a sibling system'.
 
 **Peer-backend consistency.** The sibling rule needs a dominated system whose table is sound; on
 Hopper both vLLM 0.24.0 MLA module tables (h100, h200) carry the same slowdown, so it cannot
@@ -26,8 +25,7 @@ by backend on every system (0.4-0.6x, 5-60x) and stay. It fires for vLLM 0.24.0'
 generation module on h100 / h200 (1.6x TensorRT-LLM 1.3.0rc20's; the two agree within 3% on
 b200 and gb300 0.27.0) and rtx_pro_6000 (1.3x); the slowdown is largest for the smallest shapes
 (1.8x at 1-16 heads, a fixed ~30 us per call), the signature of launch overhead, not of a kernel.
-Dev silicon rows, vLLM Kimi-K2.5 h200 (18): TPOT median APE 26.2% -> 5.3% (1.25x -> 1.04x of
-measured); all rows TPOT 9.3% -> 9.1%.
+See docs/modelling-log.md, 'Composite tables from a peer backend'.
 """
 
 from __future__ import annotations

@@ -4,20 +4,19 @@ A :class:`Grid` holds one op's latency on a rectilinear grid of 1 or 2 curve axe
 ``m``; attention: ``batch x length``), already filled (missing cells held, off-site shapes
 transferred) at compile time, plus a provenance code per cell.
 
-Between grid points each axis is interpolated in its own space, chosen by leave-one-out on the
-real tables (``python -m benchmarks.interp_loo``):
+Between grid points each axis is interpolated in its own space, chosen by leave-one-out (LOO) on
+the real tables (``python -m benchmarks.interp_loo``; the LOO figures behind every rule below are in
+docs/modelling-log.md, 'Interpolation and edge rules'):
 
 * ``linear`` (position and value linear): attention ``batch``, generation ``step``, MoE tokens,
-  collective message size (and GEMM ``m`` until the ``tile`` scale). Latency along these axes is a fixed cost plus a linear term, which a
-  linear blend reproduces and a log-log blend over-predicts (LOO median APE 1.3-3.5% linear vs
-  1.5-3.6% power law, with a +1-3% bias for the power law);
+  collective message size (and GEMM ``m`` until the ``tile`` scale). Latency along these axes is a
+  fixed cost plus a linear term, which a linear blend reproduces and a log-log blend over-predicts
+  (see 'Interpolation space per axis');
 * ``log`` (piecewise power law, linear in log x and log y): context-attention length, where
-  cost grows quadratically (LOO median 3.5% power law vs 4.8% linear);
+  cost grows quadratically;
 * ``batch`` (attention batch): linear, plus a floor beyond the high edge (see the edge rule);
 * ``tile`` (GEMM ``m``): linear, plus two rules for the tile steps and the noise of the m axis
-  (below). LOO in-curve median / p90 APE, h200 / b200: linear 3.9 / 23.8% | 3.8 / 21.9%;
-  both rules 3.3 / 15.8% | 3.0 / 16.9% (robust knots alone 3.6 / 18.2% | 3.3 / 18.6%, hole fill
-  alone 3.4 / 17.6% | 3.3 / 19.4%).
+  (below).
 
 At a grid point the weights are exactly 0/1, so an exact hit returns the stored value bit for bit.
 
@@ -30,8 +29,7 @@ choice at that one ``m``).
 1. *Robust knots.* Between two grid points the blend uses each point's median over itself and
    ``ROBUST_HALF_WINDOW`` (2) points either side, not its raw value, so one or two outlying points
    do not bend their neighbouring intervals (an exact hit still returns the stored value; a
-   monotone curve is unchanged). Median of 3 vs 5: 3.1 / 15.8% | 3.0 / 18.0% vs
-   3.3 / 15.8% | 3.0 / 16.9%.
+   monotone curve is unchanged). See 'GEMM tile axis: robust knots and pair holes'.
 2. *Pair holes.* A point whose pair partner is missing (``a`` without ``a + 1`` or the reverse) is
    a hole in the collection lattice; the missing member is filled (provenance interpolated)
    without blending across the tile step it sits next to. Row tiles are 16 to 256 rows (powers of
@@ -43,79 +41,46 @@ choice at that one ``m``).
    complete table no point is filled and no answer changes; a table that lacks a point of its
    lattice (what in-curve LOO removes) no longer interpolates across the step. The 32-row groups
    (rows ``a + 1 .. a + 32`` for the pairs at 128, 160, 192 and 224) count as inside one tile:
-   they are, unless the kernel uses 16-row tiles, and measured, the other end's value beats a
-   straight line across the 32 rows. LOO in-curve median / p90, h200 / b200, ``TILE_MIN_ROWS``
-   16 -> 32: 3.3 / 15.8% | 3.0 / 16.9% -> 3.3 / 15.1% | 3.0 / 16.9% (seed 1: 3.3 / 16.8% |
-   2.9 / 17.0% -> 3.4 / 16.3% | 2.9 / 17.0%); other paths unchanged.
+   they are, unless the kernel uses 16-row tiles, and in LOO the other end's value beats a
+   straight line across the 32 rows.
 2b. *Holes the siblings measured.* A site that lacks a lattice point inside its range which most
    of its eight nearest sibling sites measured gets that point filled before these rules run
    (:func:`infercast.ops.gemm.build_site_grid`,
-   :func:`infercast.interp.transfer.fill_holes_from_siblings`, provenance interpolated): the
-   geometric mean of the site's own answer there (the rules above) and the siblings' (its two
-   neighbours' utilisation carried by the siblings' median ratio to that position). The siblings
-   see where a tile step falls for shapes like it; the own curve knows its level. LOO in-curve
-   median / p90, h200 / b200: 3.3 / 15.0% | 3.0 / 16.9% -> 2.9 / 13.4% | 3.2 / 15.9% (seed 1:
-   3.4 / 16.3% | 2.9 / 17.0% -> 3.0 / 13.7% | 3.1 / 16.4%); the siblings' estimate alone
-   2.8 / 14.5% | 3.4 / 18.1%, the nearer neighbour's only 3.0 / 18.0% | 3.3 / 20.8%, the
-   more consistent neighbour's (smaller spread of sibling ratios) 2.6 / 16.6% | 2.9 / 21.5%; a
-   0.3 / 0.7 weight on the own answer 2.8 / 13.5% | 3.2 / 16.6% and 3.1 / 14.0% | 3.1 / 15.9%;
-   4 / 16 siblings 2.9 / 13.6% | 3.4 / 16.4% and 2.9 / 13.4% | 3.3 / 15.7%. Other paths unchanged.
-   The siblings' estimate is then carried from up to eight of the site's own points on each side of
-   the hole (median of the estimates, :data:`infercast.interp.transfer.SIBLING_OWN_POINTS`), not
-   from its two neighbours alone, whose noise it otherwise inherits, and weighs 0.6 against the own
-   answer's 0.4 (:data:`~infercast.interp.transfer.SIBLING_WEIGHT`): 2.9 / 13.4% | 3.2 / 15.9%
-   -> 2.6 / 11.8% | 2.6 / 13.7% (seed 1: 3.0 / 13.7% | 3.1 / 16.4% -> 2.6 / 12.1% | 2.7 / 13.9%).
-   The pack's GEMM tables have no such hole (h100 / h200 / b200, every backend and quant mode):
-   served answers are unchanged; the rule is for a collection that lost points, the case in-curve
-   LOO measures. A position no site measured (``m`` between lattice points) is interpolated by
-   the rules above alone.
+   :func:`infercast.interp.transfer.fill_holes_from_siblings`, provenance interpolated): a
+   geometric blend of the site's own answer there (the rules above) and the siblings' (the site's
+   utilisation carried by the siblings' median ratio to that position). The siblings see where a
+   tile step falls for shapes like it; the own curve knows its level. The siblings' estimate is
+   carried from up to eight of the site's own points on each side of the hole (median of the
+   estimates, :data:`infercast.interp.transfer.SIBLING_OWN_POINTS`), not from its two neighbours
+   alone, whose noise it otherwise inherits, and weighs 0.6 against the own answer's 0.4
+   (:data:`~infercast.interp.transfer.SIBLING_WEIGHT`; weights and counts chosen by LOO, see 'GEMM
+   lattice holes from siblings'). The pack's GEMM tables have no such hole (h100 / h200 / b200,
+   every backend and quant mode): served answers are unchanged; the rule is for a collection that
+   lost points, the case in-curve LOO measures. A position no site measured (``m`` between lattice
+   points) is interpolated by the rules above alone.
 3. *High edge.* The falling high-edge rule below does not apply: a tile axis's high edge holds or
-   climbs. The last octave (``m`` 8192 -> 16384) is two noisy points; LOO hold-high p90 falls from
-   23.5 / 22.3% to 19.3 / 20.5% (medians unchanged, 3.6 / 5.1%). Before that rule applies, a GEMM
-   site whose curve stops short of its siblings' range is extended to the positions they measured
-   (:func:`infercast.ops.gemm.build_site_grid`, :func:`infercast.interp.transfer.extend_from_siblings`):
-   from each of its last eight points (:data:`infercast.interp.transfer.SIBLING_OWN_POINTS`; two
-   until the hold-high numbers at the end of this rule), the median utilisation ratio (beyond / at
+   climbs (the last octave, ``m`` 8192 -> 16384, is two noisy points). Before that rule applies, a
+   GEMM site whose curve stops short of its siblings' range is extended to the positions they
+   measured (:func:`infercast.ops.gemm.build_site_grid`,
+   :func:`infercast.interp.transfer.extend_from_siblings`): from each of its last eight points
+   (:data:`infercast.interp.transfer.SIBLING_OWN_POINTS`), the median utilisation ratio (beyond / at
    that point) of the eight nearest sibling sites that measured both carries its own utilisation
-   out; the median of the estimates is used (provenance held). TensorRT-LLM's tables stop at m = 16384 for 42 of
-   483 shapes and at 32768 for the rest. LOO hold-high median / p90, h200 / b200: 3.6 / 19.3% |
-   5.1 / 20.5% -> 3.1 / 13.4% | 3.3 / 13.7%; from the last point alone 2.9 / 17.7% | 2.8 / 15.2%,
-   with 4 / 16 siblings 3.1 / 18.6% | 3.1 / 16.2% and 3.0 / 18.1% | 3.1 / 15.3% (offline, one
-   own point). The same rule below the low edge everywhere (offline, two own points): 1.9 / 11.2% |
-   2.5 / 25.4% -> 2.0 / 13.8% | 3.3 / 17.2%, worse on h200 and at the median; gated on the
-   siblings agreeing (median absolute deviation of their log ratios <= 0.02): no change
-   (11.3 / 26.0%). Gated instead on the siblings' answer departing from the curve's own low-edge
-   rule (rule 4) by more than a factor of 1.35 (:data:`infercast.interp.transfer.SIBLING_LOW_GATE`,
-   :func:`infercast.interp.transfer.extend_below_from_siblings`), it is kept: LOO hold-low h200 /
-   b200 1.9 / 11.2% | 2.5 / 25.4% -> 1.9 / 11.2% | 2.4 / 17.3%; inside that factor the siblings'
-   answer is now blended with the own rule's (weight 0.6), and both edges carry the siblings' trend
-   from eight own points instead of two: hold-low 1.9 / 11.2% | 2.4 / 17.3% -> 1.7 / 11.1% |
-   2.4 / 14.3%, hold-high 3.1 / 13.4% | 3.3 / 13.7% -> 3.1 / 12.9% | 2.9 / 10.7% (seed 1:
-   hold-low 2.0 / 11.4% | 2.3 / 17.2% -> 1.8 / 11.1% | 2.4 / 13.9%). The pack's GEMM sites all
-   start at the lattice's first m, so no served answer changes below the edge.
+   out; the median of the estimates is used (provenance held). TensorRT-LLM's tables stop at m =
+   16384 for 42 of 483 shapes and at 32768 for the rest. Below the low edge the siblings' trend is
+   used only where their answer departs from the curve's own low-edge rule (rule 4) by more than a
+   factor of 1.35 (:data:`infercast.interp.transfer.SIBLING_LOW_GATE`,
+   :func:`infercast.interp.transfer.extend_below_from_siblings`); inside that factor the siblings'
+   answer is blended with the own rule's (weight 0.6). The pack's GEMM sites all start at the
+   lattice's first m, so no served answer changes below the edge. See 'GEMM edges from siblings'.
 4. *Low edge.* Below the first point the edge value is first lowered to what the median
    utilisation over the edge octave (the points up to twice the edge, as for the low-edge
    exponent below) gives at the edge, ``SOL(edge) / median(u)``, when that is lower; it is never
    raised. The first points of the m axis are dense (1, 2, 3, ...) and share one regime, and timing
    noise is one-sided (a disturbed run only adds time), so an edge above its octave is a disturbed
-   run. Queries at or above the edge are unchanged. LOO hold-low median / p90, h200 / b200:
-   2.1 / 13.5% | 2.9 / 29.7% -> 1.9 / 11.2% | 2.5 / 25.4% (seed 1: 2.2 / 13.5% | 3.0 / 30.3% ->
-   2.0 / 11.4% | 2.4 / 25.3%); raising as well as lowering: p90 11.3 / 26.8%; the first 2 or 4
-   points instead of the octave's 3: 11.8 / 25.1%, 11.3 / 24.9% (seed 0). Most of the rest of the
-   b200 p90 was vLLM's fp8 kernel at ``m = 1``: 13.5 us slower than at ``m = 2`` (median over its
-   483 shapes, 2-3x at small shapes), a batch-1 path that no point at ``m >= 2`` shows and the
-   siblings' gated trend (rule 3) now carries. Other paths unchanged.
-5. *Tried and not kept* (offline, every site's held-out point, h200 | b200 median / p90).
-   In-curve: robust knots taken separately along the ``a`` members and along the ``a + 1``
-   members of the pairs (the rest as now), window half-width 1 / 2 / 3: 3.2 / 15.6% |
-   2.8 / 16.1% -> 3.4 / 17.0% | 3.0 / 16.7%, 3.5 / 17.6% | 3.1 / 16.7%, 3.5 / 17.7% |
-   3.1 / 16.7%. Hold-high (the last point, from the octave before; now 3.7 / 18.9% |
-   5.0 / 20.3%): the edge utilisation pulled towards the previous point's (log weight 0.2, the
-   octave changes correlate at -0.2 to -0.4: the edge point is noisy) 4.1 / 17.9% |
-   5.6 / 19.8%; the median utilisation of the edge octave 4.8 / 18.0% | 6.7 / 21.8%; a falling
-   edge allowed at a quarter of its rate 3.6 / 20.7% | 4.6 / 21.1% (at half 3.7 / 22.6% |
-   4.8 / 22.4%); latency extended along the edge interval's slope 4.5 / 25.3% | 5.4 / 24.6%. No
-   rule moves both numbers the right way; the rest is the held-out point's own noise.
+   run. Queries at or above the edge are unchanged. vLLM's fp8 kernel on b200 is slower at ``m = 1``
+   than at ``m = 2`` (a batch-1 path that no point at ``m >= 2`` shows), which the siblings' gated
+   trend (rule 3) carries. See 'GEMM tile-axis low edge'.
+5. Variants of these rules tried and rejected: 'GEMM tile-axis variants'.
 
 Outside the grid the query is clamped to the boundary and scaled by the speed-of-light ratio
 ``SOL(query) / SOL(boundary)`` -- the boundary's utilisation ``u = SOL / latency`` is held -- but
@@ -128,9 +93,7 @@ curves' parameters along the other axis):
 * **high edge, falling** (``g < -SATURATION_TOL``; not on a tile axis: latency grows faster than the roofline, e.g.
   generation attention at short KV lengths, where a per-sequence cost outgrows the KV traffic
   as the batch grows): ``u`` keeps falling at ``EDGE_DAMPING x g`` for ``FALL_OCTAVES``
-  doubling, then holds (LOO hold-high medians,
-  h200 / b200: generation attention 5.4 / 6.2% -> 4.9 / 5.3%, MoE 4.6 / 7.0% -> 4.3 / 4.9%;
-  GEMM medians unchanged, its p90 19 -> 23% from tile-step noise at the m edge);
+  doubling, then holds (see 'Falling high edge');
 * **high edge, saturated** (``g <= SATURATION_TOL``): hold ``u``;
 * **high edge, still climbing**: ``u`` keeps growing at ``EDGE_DAMPING x g`` beyond the edge, but
   never past the plateau borrowed from the neighbouring curves -- the highest utilisation
@@ -146,41 +109,24 @@ curves' parameters along the other axis):
   shrink as the batch grows -- a per-sequence cost stays, and past a full wave of CTAs it grows
   -- while the roofline's fixed latency makes the SOL ratio (and so the held or falling rule)
   grow more slowly than that at short lengths (vLLM decode on h200, length 1, batch 1024 ->
-  2048: latency x 1.76 measured, x 1.26 by the falling rule). LOO hold-high median / p90,
-  h200 / b200: generation attention 3.2 / 18.1% | 3.3 / 18.9% -> 2.9 / 16.3% | 2.8 / 15.9%
-  (seed 1: 3.1 / 17.5% | 3.1 / 18.9% -> 2.7 / 15.5% | 2.6 / 16.3%), context attention
-  2.2 / 13.8% | 2.4 / 10.1% -> 2.0 / 11.5% | 2.1 / 7.7%; other paths unchanged. The same floor
-  on the generation ``step`` axis: h200 p90 16.3 -> 16.0%, b200 unchanged, step-axis p90 on b200
-  22.5 -> 22.9% (not adopted). ``lin`` is the steeper of that slope and the one over the two
-  octaves in from the edge (``x_inner = x_edge / 4``): decode latency along the batch rises in
-  waves (vLLM on h200, length 1: x 1.66, 1.89, 1.59, 1.95 per doubling from batch 128 to 2048),
-  and an edge octave that sits on a flat stretch understates the per-sequence cost the next
-  doubling pays. LOO hold-high median / p90, h200 / b200: generation attention
-  2.9 / 16.3% | 2.8 / 15.9% -> 2.8 / 12.8% | 2.8 / 15.9% (seed 1: 2.7 / 15.5% | 2.6 / 16.3% ->
-  2.7 / 12.8% | 2.6 / 16.2%), context attention 2.0 / 11.5% | 2.1 / 7.7% -> 2.0 / 11.5% |
-  2.1 / 7.5% (seed 1: 2.0 / 12.3% | 2.2 / 8.6% -> 2.1 / 12.2% | 2.2 / 8.5%); other paths
-  unchanged;
+  2048: latency x 1.76 in the table, x 1.26 by the falling rule). ``lin`` is the steeper of that
+  slope and the one over the two octaves in from the edge (``x_inner = x_edge / 4``): decode
+  latency along the batch rises in waves (vLLM on h200, length 1: x 1.66, 1.89, 1.59, 1.95 per
+  doubling from batch 128 to 2048), and an edge octave that sits on a flat stretch understates
+  the per-sequence cost the next doubling pays. The floor is not applied on the generation
+  ``step`` axis. See 'Batch-axis high-edge floor';
 * **low edge**: below the first point utilisation falls at the edge's rate: latency scales as
   ``(SOL(query) / SOL(edge)) ** (1 - g / beta)`` (``beta`` the roofline's exponent over the same
   octave), between holding utilisation (saturated) and the edge's value (launch-bound, flat
-  latency); it never rises as the shape shrinks. (LOO, low edges: context attention median
-  6.2 -> 4.2% on h200, generation attention 2.3 -> 1.5%, MoE 10.3 -> 5.3%, against holding.)
-  The fall stops ``LOW_OCTAVES`` (1) halvings below the edge; further down latency holds. The
-  rate is the first octave's, where the work still hides fixed per-sequence and per-tile costs;
-  context attention's length axis jumps four octaves below its edge (16 -> 1), where the
-  compounded fall predicts a batch-256 prefill of one token at a quarter of its measured
-  latency. LOO hold-low median / p90, h200 / b200: context attention 4.2 / 23.7% | 4.9 / 17.4%
-  -> 3.8 / 21.5% | 4.2 / 15.3% (seed 1: 4.5 / 25.9% | 4.9 / 17.8% -> 3.9 / 23.2% | 4.2 / 15.6%),
-  generation attention 1.5 / 8.5% | 2.1 / 16.3% -> 1.4 / 7.9% | 2.0 / 16.3%; GEMM, MoE and
-  all-reduce unchanged (their low edges are one octave or less from the held-out point); two
-  halvings: 3.8 / 20.9% | 4.5 / 15.8%. On a tile axis the edge value this scales is first
-  lowered to its octave's median utilisation (rule 4 of the tile axes above). Tried and not
-  adopted on attention grids: an affine low edge (latency = fixed cost + slope x SOL, both from the first octave, no halving limit):
-  context attention 3.8 / 21.5% | 4.2 / 15.3% -> 3.6 / 23.1% | 3.6 / 15.5% (length axis alone
-  3.8 / 22.2% | 4.2 / 15.6%, batch axis alone 3.7 / 22.2% | 3.7 / 15.2%). Most of the remaining
-  context miss is one-token prefills predicted from length 16 (h200 vLLM / SGLang): some
-  kernels run them at a quarter of the 16-token latency, others at the same latency, and the
-  16 -> 32 octave does not tell which.
+  latency); it never rises as the shape shrinks. The fall stops ``LOW_OCTAVES`` (1) halvings
+  below the edge; further down latency holds. The rate is the first octave's, where the work
+  still hides fixed per-sequence and per-tile costs; context attention's length axis jumps four
+  octaves below its edge (16 -> 1), where the compounded fall predicts a batch-256 prefill of one
+  token at a quarter of its table latency. On a tile axis the edge value this scales is first
+  lowered to its octave's median utilisation (rule 4 of the tile axes above). Known limit: some
+  kernels run one-token prefills at a quarter of the 16-token latency, others at the same latency,
+  and the 16 -> 32 octave does not tell which. See 'Low edge' (an affine low edge was tried and
+  rejected there).
 
 Known limitation: in 2-D, two curves extrapolated with different rates may cross beyond the edge
 (a larger batch coming out faster at a length far beyond the table).
@@ -205,9 +151,8 @@ SCALE_NAMES = (LINEAR, LOG, TILE, BATCH)
 #: doubling) counts as saturated. Chosen with ``python -m benchmarks.interp_loo`` (hold paths).
 SATURATION_TOL = 0.05
 #: Beyond a high edge, the measured growth exponent is damped by this factor: growth decelerates
-#: towards saturation, so the full last-octave rate overshoots (LOO: generation attention
-#: hold-high median 5.9% held, 5.5% at full rate, 5.4% at half rate). Low edges are not damped
-#: (LOO: damping 0.5 / 0.75 / 1 -> MoE hold-low 12.1 / 8.6 / 5.3% on h200).
+#: towards saturation, so the full last-octave rate overshoots. Low edges are not damped. Chosen by
+#: LOO (see docs/modelling-log.md, 'Edge damping').
 EDGE_DAMPING = 0.5
 #: The edge interval spans one octave in from the edge (a factor of 2 in the axis coordinate), so
 #: that an (m, m+1) tile-step pair at the edge does not set the rate.
@@ -223,8 +168,8 @@ FALL_OCTAVES = 1.0
 #: see dominate further down (see the module docstring).
 LOW_OCTAVES = 1.0
 #: ``tile`` axes: between two knots the blend uses each knot's median over itself and this many
-#: knots on either side (a symmetric window, shrinking at the ends; the end knots are kept). LOO
-#: in-curve GEMM p90, h200 / b200: 1 -> 15.8 / 18.0%, 2 -> 15.8 / 16.9%, 3 -> 15.6 / 16.9%.
+#: knots on either side (a symmetric window, shrinking at the ends; the end knots are kept). Chosen
+#: by LOO (see docs/modelling-log.md, 'GEMM tile axis: robust knots and pair holes').
 ROBUST_HALF_WINDOW = 2
 #: ``tile`` axes: the row tiles of GEMM kernels are 16 .. 256 rows (powers of two); a group of at
 #: most ``TILE_MIN_ROWS`` rows is treated as inside one tile (exact for 16 rows, for 32 rows unless

@@ -164,19 +164,14 @@ def consistent_subset(choice: SiteChoice, grids: Sequence, factor: float) -> Sit
 SIBLING_K = 8
 #: the curve's own points nearest an edge (beyond it), or on each side of a hole (inside it), that
 #: the siblings' trend is carried from (one estimate each, median of them): one point is as noisy
-#: as the point itself, and a few more keep one disturbed run from moving the answer. LOO GEMM
-#: median / p90, h200 | b200, 2 -> 8 points (seed 0; seed 1): hold-high 3.1 / 13.4% | 3.3 / 13.7%
-#: -> 3.1 / 12.9% | 2.9 / 10.7% (3.2 / 13.6% | 3.2 / 14.1% -> 3.0 / 13.1% | 2.9 / 12.2%; 4 and 6
-#: lie between); in-curve holes 1 -> 8 per side 2.9 / 13.4% | 3.2 / 15.9% -> 2.8 / 12.5% |
-#: 2.6 / 13.9% (3.0 / 13.7% | 3.1 / 16.4% -> 2.7 / 12.7% | 2.7 / 14.6%; 12, 16 or all per side
-#: no better, the mean of 2 per side 13.0% | 15.2%); hold-low below.
+#: as the point itself, and a few more keep one disturbed run from moving the answer. Eight chosen by
+#: leave-one-out (see docs/modelling-log.md, 'Sibling trend: own points and blend weight').
 SIBLING_OWN_POINTS = 8
 #: the weight of the siblings' estimate against the curve's own answer (log space) where both are
 #: blended: in a hole (:func:`fill_holes_from_siblings`) and below the low edge where the two agree
 #: within :data:`SIBLING_LOW_GATE` (:func:`extend_below_from_siblings`). Each misses by its own
-#: noise; the siblings', carried from eight own points, is the better one (holes, alone:
-#: 2.3 / 12.0% | 2.5 / 14.3%, seed 0). In-curve holes, 0.5 / 0.6 / 0.7: b200 p90 13.9 / 13.7 /
-#: 14.0% (seed 0), 14.6 / 13.9 / 14.0% (seed 1), 13.8 / 13.2% (seed 2); h200 12.5 / 11.9 / 11.8%
+#: noise; the siblings', carried from eight own points, is the better one. 0.6 chosen by
+#: leave-one-out (see docs/modelling-log.md, 'Sibling trend: own points and blend weight').
 SIBLING_WEIGHT = 0.6
 
 
@@ -336,16 +331,10 @@ def extend_from_siblings(
 
 #: Below a curve's low edge its siblings' trend (:func:`extend_below_from_siblings`) is taken only
 #: where it departs from the curve's own edge rule by more than this (absolute natural log of the
-#: ratio of the two latencies, 0.3: a factor of 1.35). LOO GEMM hold-low median / p90, b200 | h200
-#: (seed 0): own rule everywhere 2.5 / 25.4% | 1.9 / 11.2%; gate 0.15 / 0.25 / 0.3 / 0.4:
-#: 2.5 / 17.5% | 1.9 / 11.4%, 2.4 / 17.4% | 1.9 / 11.1%, 2.4 / 17.3% | 1.9 / 11.2%, 2.4 / 17.4% |
-#: 1.9 / 11.2%; no gate (siblings everywhere, measured in an earlier session): 3.3 / 17.2% |
-#: 2.0 / 13.8%. Inside the gate the two are blended (:data:`SIBLING_WEIGHT`) rather than the own
-#: rule kept, and the siblings' estimate is carried from eight own points, not two: b200 | h200
-#: 2.4 / 17.3% | 1.9 / 11.2% -> 2.4 / 14.3% | 1.7 / 11.1% (seed 1: 2.3 / 17.2% | 2.0 / 11.4% ->
-#: 2.4 / 13.9% | 1.8 / 11.1%; seed 2: 2.5 / 17.7% | 1.9 / 11.6% -> 2.6 / 14.4% | 1.7 / 10.4%);
-#: eight points and no gate 2.5 / 14.2% | 1.7 / 12.7%, the blend everywhere 2.5 / 22.5% | 1.7 / 11.1%
-#: (vLLM's fp8 batch-1 path, below, is a regime the own rule cannot see).
+#: ratio of the two latencies, 0.3: a factor of 1.35). Inside the gate the two are blended
+#: (:data:`SIBLING_WEIGHT`) rather than the own rule kept. The own rule cannot see a regime such as
+#: vLLM's fp8 batch-1 path (below). Gate and blend chosen by leave-one-out (see
+#: docs/modelling-log.md, 'Sibling trend below the low edge').
 SIBLING_LOW_GATE = 0.3
 
 

@@ -2,8 +2,9 @@
 :class:`~infercast.models.plan.Fusions`.
 
 The perf tables measure unfused kernels one by one; an engine that fuses two of them runs a
-different (cheaper) step. Each rule below names the engine behaviour it stands for, its
-conditions, and what it moved on the dev silicon rows (``python -m benchmarks.fidelity``).
+different (cheaper) step. Each rule below names the engine behaviour it stands for and its
+conditions; what each moved on the dev silicon rows (``python -m benchmarks.fidelity``) is in
+docs/modelling-log.md, 'Kernel fusions'.
 
 * **SGLang shared-experts fusion.** SGLang folds the DeepSeek-V3/R1 shared expert into the routed
   expert kernel as an extra expert that every token selects (on by default; its
@@ -11,26 +12,21 @@ conditions, and what it moved on the dev silicon rows (``python -m benchmarks.fi
   architecture with its 256 routed experts and one shared expert of the routed width, on NVIDIA
   GPUs, and not under expert parallelism (the engine turns it off for EP > 1 and for the DeepEP
   all-to-all path). The fused kernel is costed as the routed-expert table at ``(topk + 1) / topk``
-  times the tokens (the extra token-expert pairs); the shared MLP's own GEMMs drop out. Dev rows:
-  SGLang TPOT median APE 15.1% -> 14.7% (within 20%: 60.2% -> 63.1%), all rows 10.4% -> 10.3%;
-  SGLang DeepSeek-V3 b200 0.5.9 rows 21.5% -> 12.3%, DeepSeek-R1 h200 17.4% -> 14.2%. Dropping
-  the shared MLP with no extra expert cost fits slightly better (SGLang 13.7%) but would price the
-  shared expert's weights and FLOPs at zero.
+  times the tokens (the extra token-expert pairs); the shared MLP's own GEMMs drop out (dropping
+  them with no extra expert cost would price the shared expert's weights and FLOPs at zero). See
+  docs/modelling-log.md, 'SGLang shared-experts fusion'.
 * **TensorRT-LLM RoPE in the attention op.** TensorRT-LLM's attention op takes the fused QKV and
   applies the rotary embedding in its own pre-processing kernel (with the KV-cache write), which
-  its attention tables time; vLLM and SGLang run a separate rotary kernel before attention. Dev
-  rows: TensorRT-LLM TPOT median APE 10.3% -> 9.8%. (Also fusing the RMSNorm after each TP
-  all-reduce into the all-reduce, which TensorRT-LLM does too, measured 10.2% alone and 10.4%
-  together with this; its norm is priced at SOL and kept.)
+  its attention tables time; vLLM and SGLang run a separate rotary kernel before attention.
+  TensorRT-LLM also fuses the RMSNorm after each TP all-reduce into the all-reduce; that norm is
+  still priced (at SOL). See docs/modelling-log.md, 'TensorRT-LLM RoPE in the attention op'.
 * **SGLang all-reduce + RMSNorm fusion.** SGLang turns on FlashInfer's fused all-reduce (all-reduce,
   residual add and the next RMSNorm in one kernel) by default for DeepSeek-V3 and gpt-oss
   architectures under TP > 1 without attention DP or the all-to-all MoE path, on a single node
   (sgl-project/sglang#12724 names the two architectures and restricts it to single-node servers;
   #28786 lists the TP / DP-attention / a2a guards), on Hopper and Blackwell GPUs. The norms after
-  the all-reduces drop out of the plan (the all-reduce keeps its measured time). Dev rows: SGLang
-  TPOT median APE 13.0% -> 11.4% (within 20% 69.8% -> 69.6%), TTFT 35.8% -> 34.7%; all rows TPOT
-  9.6% -> 9.5%. With the norms dropped on every GPU generation the SGLang figure is the same
-  (11.4%): the Hopper rows do not decide between the two.
+  the all-reduces drop out of the plan (the all-reduce keeps its measured time). See
+  docs/modelling-log.md, 'SGLang all-reduce + RMSNorm fusion'.
 * **Activation quantisation in the producer op** (``norm_quant``, ``act_quant``). Every collector
   times an fp8 per-tensor GEMM from bf16 activations, so its table includes the kernel that casts
   them to fp8 (TensorRT-LLM's ``Linear`` without an input scale quantises dynamically, vLLM's with a
@@ -45,16 +41,10 @@ conditions, and what it moved on the dev silicon rows (``python -m benchmarks.fi
   RMSNorm modules. TensorRT-LLM's ``GatedMLP`` (every dense model) has its SwiGLU write the down
   projection's fp8 input since PR #6540 (Aug 2025; "Enable fp8 SwiGLU to minimize host
   overhead"). Those GEMMs drop the ``scale_matrix`` time (:func:`infercast.ops.gemm.resolve_gemm`);
-  the O projection never does. Dev rows, with the QKV / gate-up rules: all rows TPOT median APE
-  8.30% -> 8.20%, TTFT 19.70% -> 19.47%; Llama-3.1-70B fp8 TPOT TensorRT-LLM b200 12.4% -> 9.0%,
-  h200 6.0% -> 5.0%, vLLM b200 9.4% -> 4.7%, h200 4.2% -> 3.8%, h100 4.8% -> 6.8% (its
-  geometric-mean ratio 0.95 -> 0.92: the H100 rows sat low before); then TensorRT-LLM's down
-  projection: all rows TPOT 8.04% -> 7.97%, TTFT 18.93% -> 18.95% (its Qwen3-32B H100 rows were
-  benchmarked at 1.0.0rc3, before that PR, and are predicted as the current engine: the rule for
-  Llama alone gives 7.93%). Measured and not kept: the norm rule for every TensorRT-LLM model and
-  TP (TPOT 8.17%, but the Qwen3-32B H100 rows 9.5% -> 12.2%, against the engine's code), and the O
-  projection too (8.13%). The pack has no quantisation table for nvfp4 or fp8_block activations,
-  so those GEMMs stay as measured.
+  the O projection never does; the rules apply to the models and TP sizes the engines' code
+  names, not to every model. The pack has no quantisation table for nvfp4 or fp8_block
+  activations, so those GEMMs stay as measured. See docs/modelling-log.md, 'Activation
+  quantisation in the producer op'.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ MOE_COMMS = ("gather", "alltoall")
 #: traffic does not spread tokens evenly over experts; the tables collect ``balanced`` and power-law
 #: popularity (exponent 1.01 and 1.2). At decode sizes a skewed batch touches fewer experts (less
 #: weight traffic: gpt-oss-120b on b200 at 16 tokens 142-156 us vs 204 us balanced), at prefill
-#: sizes the hot expert's extra tokens cost more. The dev silicon rows pick the mild power law:
-#: TPOT median APE 12.7% (balanced) -> 11.8% (1.01) / 12.1% (1.2), TTFT 29.9% -> 29.6% / 29.8%.
+#: sizes the hot expert's extra tokens cost more. The mild power law is a fit: the dev silicon rows'
+#: TPOT and TTFT chose it over the other two (see docs/modelling-log.md, 'MoE routing skew').
 MOE_DISTRIBUTION = "power_law_1.01"
 
 

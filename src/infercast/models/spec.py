@@ -64,9 +64,8 @@ class QuantSpec:
 #: ``nvidia/<name>-NVFP4`` alias whose own exclusion list the pack does not hold: DeepSeek-V3's
 #: (MLA): the pack's nvidia/DeepSeek-V3.1-NVFP4 and -V3.2-NVFP4 exclude every layer's q_a / q_b /
 #: kv_a / kv_b projections, and the nvidia/DeepSeek-R1-0528-FP4 model card says its v2 "additionally
-#: quantizes the wo module in attention layers" (v1 none of them). Dev rows (the 216 DeepSeek-R1 /
-#: -V3 nvfp4 rows, served through the alias): all rows TPOT median APE 8.13% -> 8.04%, TTFT
-#: 19.27% -> 19.10%; disagg TPOT 13.4% -> 12.0%.
+#: quantizes the wo module in attention layers" (v1 none of them). See docs/modelling-log.md,
+#: 'NVFP4 DeepSeek exports keep attention in BF16'.
 NVFP4_EXPORT_BF16_ATTENTION_ARCHS = ("DeepseekV3ForCausalLM",)
 
 #: an excluded module that is a whole attention block (``...self_attn*``, ``*.attn.*``,

@@ -5,8 +5,8 @@ Sites are ``(num_heads, num_kv_heads)`` per GPU at a fixed head_dim and window; 
 decode token at KV length L is looked up at step L-1). Truncated corners of the collected grids
 (large batch x length) are filled by holding utilisation from the nearest smaller batch; in
 generation attention with the utilisation change between the two batches measured at the nearest
-shorter length (``fill_missing(..., transport=True)``; LOO numbers in
-:func:`infercast.ops.base.fill_missing`).
+shorter length (``fill_missing(..., transport=True)``; see docs/modelling-log.md, 'Generation
+attention corner fill').
 
 **KV diagonal (generation).** Split-KV decode kernels spread each sequence's cached tokens over
 CTAs, so until the GPU is full latency follows the total cached tokens ``batch x KV length``:
@@ -18,14 +18,10 @@ step column, at twice the last KV length (``extend_kv_diagonal``): row ``b`` tak
 utilisation of ``(2b, L)`` -- the same cached tokens -- where both cells were measured and the
 diagonal held one octave in (``(b, L)`` against ``(2b, L/2)`` within ``KV_DIAGONAL_TOL``, 10%),
 and the grid's edge rule elsewhere (the largest batch; short KV, where a per-sequence cost
-rather than the KV traffic sets latency and the check fails). LOO hold-high median / p90,
-h200 / b200 (with the two-octave batch trend of :mod:`infercast.interp.grid`):
-2.8 / 12.8% | 2.8 / 15.9% -> 2.7 / 11.8% | 2.6 / 13.4% (seed 1: 2.7 / 12.8% | 2.6 / 16.2% ->
-2.6 / 12.0% | 2.5 / 13.3%); transfer p90 b200 16.2 -> 16.3% (seed 1 unchanged), other paths
-unchanged. Tolerance 5%: 2.7 / 12.0% | 2.7 / 14.8%; 20%: 2.8 / 11.8% | 2.6 / 12.6%. The same
-diagonal below the batch axis's low edge (batch 1 from batch 2 at half the length) gained
-little (hold-low p90 7.9 -> 7.1% | 16.3 -> 16.2%, offline) and is not used: batch 1 often runs a
-different kernel configuration altogether.
+rather than the KV traffic sets latency and the check fails). The tolerance and the rule were
+chosen by leave-one-out (see docs/modelling-log.md, 'Generation attention KV diagonal'). The same
+diagonal is not used below the batch axis's low edge: batch 1 often runs a different kernel
+configuration altogether.
 
 **Low edges** (``extend_low_edges``). Below a site's first measured batch or length, the site's
 own curve cannot tell how utilisation changes: batch 1 often runs another kernel configuration
@@ -41,19 +37,8 @@ transferred. The change is carried from each of the site's first three batches /
 noise is not carried down alone. Where no sibling reaches below the site's edge (every collected h200 / b200 site
 starts at batch 1 and length 1) nothing changes, so served estimates of collected sites are
 unchanged; the grid's own low-edge rule (:mod:`infercast.interp.grid`) still answers below the
-lattice's lowest coordinate. ``benchmarks.interp_loo`` hold-low median / p90, h200 | b200:
-context attention seed 0 3.85 / 21.5% | 4.2 / 15.3% -> 3.0 / 14.0% | 3.8 / 14.8%, seed 1
-3.9 / 23.2% | 4.2 / 15.6% -> 2.8 / 15.2% | 4.0 / 15.3%; generation attention seed 0 1.4 / 7.9% | 2.0 / 16.3% -> 1.4 / 5.3% | 3.0 / 15.2%, seed 1
-1.4 / 9.2% | 2.2 / 17.4% -> 1.4 / 5.5% | 3.3 / 15.8%; other paths unchanged (the b200 generation median rises, within its goal). Offline (every first row / column of every site; not the
-benchmark's sample) the donors' change against the grid's own rule: generation batch axis
-2.0 / 14.5% | 3.6 / 20.4% -> 1.8 / 7.5% | 4.5 / 18.1%; context batch axis 3.2 / 15.5% |
-4.9 / 17.3% -> 2.6 / 13.1% | 4.0 / 15.0%. Tried and not kept: the siblings' median change over
-all sites (no donor choice), generation batch axis 2.2 / 13.0% | 4.3 / 20.7%; a log-space mix of
-the own rule and the donors' (weight 0.5) 1.9 / 10.2% | 4.2 / 18.9%; the same rule on GEMM's m
-axis (m = 1 from the nearest (n, k) sites' m = 1 / m = 2 ratio), hold-low 1.9 / 11.6% |
-2.6 / 26.2% -> 2.7 / 16.2% | 4.8 / 24.4% (offline), or the whole lattice's median ratio
-2.0 / 14.3% | 3.0 / 27.3%: most GEMM m = 1 deviations are per-shape noise, and vLLM's b200 fp8
-m = 1 penalty skips a random 20% of shapes.
+lattice's lowest coordinate. The rule is not applied to GEMM's m axis, where most m = 1
+deviations are per-shape noise. See docs/modelling-log.md, 'Attention low edges from siblings'.
 
 **Off-site transfer.** An uncollected ``(heads, kv_heads)`` site is transferred through
 utilisation (:mod:`infercast.interp.transfer`) from donors chosen over ``(group size, kv heads)``
@@ -63,34 +48,14 @@ utilisation (:mod:`infercast.interp.transfer`) from donors chosen over ``(group 
 utilisation across such a limit differs by an order of magnitude, not by the 10-30% of site-to-site
 scatter. On h200 TensorRT-LLM (head_dim 128, batch 64, KV 1024) groups 1-32 run at 35-110% of the
 roofline, while groups 48-128 run at 2-4% with latency proportional to the query heads (64 / 96 /
-128 heads: 341 / 500 / 661 us at 1 or 2 KV heads): a group-48 site blended from group 32 and group
-64 came out 60% under. Two donors agree when the median ``log(u_a / u_b)`` over the blended points is
-within ``log 2`` (:data:`CONSISTENT_UTIL_FACTOR`); of the pairwise-agreeing subsets the heaviest is
-kept, renormalised. Both rules use only the donors' data, as an uncollected query would.
-LOO transfer median / p90, h200 | b200 (``benchmarks.interp_loo``, seed 0; seed 1 in brackets):
-
-==============================  ===============================  ===============================
-rule                            h200                             b200
-==============================  ===============================  ===============================
-before: weights (2, 1)          2.6 / 15.8% (2.7 / 17.6%)        4.0 / 16.3% (4.2 / 15.9%)
-weights (1, 1)                  2.1 / 15.5% (2.0 / 16.4%)        3.1 / 13.0% (3.3 / 13.6%)
-weights (2, 1) + regime filter  2.5 / 15.3%                      4.0 / 16.3%
-weights (1, 1) + filter (used)  2.1 / 14.9% (1.9 / 14.5%)        3.1 / 12.9% (3.3 / 13.1%)
-==============================  ===============================  ===============================
-
-Weighting the group twice isolates sites at the ends of the group range (one donor an octave away
-in KV heads), so each answer carries one donor's scatter; equal weights blend more neighbours.
-Tried and not kept (seed 0, h200 | b200): group weight 0.5 1.8 / 18.3% | 2.6 / 12.9%, 0.75 (with
-the filter) 1.9 / 16.2% | 2.9 / 12.9% (seed 1 1.9 / 15.5%), 1.25 2.2 / 15.5% | 3.3 / 13.3%, 1.5
-2.3 / 15.5% | 3.6 / 13.8%, 3 3.0 / 16.8% | 4.4 / 17.7% (coverage 201/210 on b200); ``(heads, kv
-heads)`` coordinates 2.1 / 19.3% | 3.2 / 15.1%; same-group donors only (when any is within the
-gate) 3.2 / 20.0% | 4.7 / 19.8%; gate 2.0 2.6 / 16.8% | 3.9 / 15.7% (with 6 donors 2.8 / 16.9% |
-4.1 / 16.0%); filter factor 1.5 2.0 / 15.0% | 3.1 / 13.9%, factor 3 2.1 / 15.0% | 3.1 / 12.9%.
-Context attention keeps weights (2, 1) and no filter: equal weights move its transfer from
-2.6 / 11.7% | 3.7 / 13.1% to 2.5 / 11.9% | 3.6 / 12.1% (h200 p90 worse) and the filter changes
-nothing there. What remains in generation attention is mostly the group-48 site on h200 TensorRT-LLM
-(now from the group-64 donor alone, 30% over: lat grows with the query heads there, SOL with the KV
-heads) and 12-17 us sites whose latencies step between launch-overhead levels.
+128 heads: 341 / 500 / 661 us at 1 or 2 KV heads). Two donors agree when the median
+``log(u_a / u_b)`` over the blended points is within ``log 2`` (:data:`CONSISTENT_UTIL_FACTOR`); of
+the pairwise-agreeing subsets the heaviest is kept, renormalised. Both rules use only the donors'
+data, as an uncollected query would. Weighting the group twice isolates sites at the ends of the
+group range (one donor an octave away in KV heads), so each answer carries one donor's scatter;
+equal weights blend more neighbours, which generation attention uses. Context attention keeps
+weights (2, 1) and no filter. Weights and filter were chosen by leave-one-out (see
+docs/modelling-log.md, 'Attention off-site transfer donors').
 """
 
 from __future__ import annotations
@@ -126,8 +91,8 @@ GROUP_WEIGHTS = {"context_attention": (2.0, 1.0), "generation_attention": (1.0, 
 CONSISTENT_UTIL_FACTOR = {"context_attention": 0.0, "generation_attention": 2.0}
 #: per table: truncated corners take the utilisation change between batches from a shorter length
 #: (base.fill_missing). Generation only: decode utilisation climbs with the batch up to the corner
-#: (LOO hold-high median 4.9 / 5.3% -> 3.2 / 3.3%); for context attention the gain is within
-#: noise (hold-high 2.2 / 13.8% | 2.4 / 10.1% -> 2.1 / 13.7% | 2.1 / 9.3%), so it keeps holding.
+#: (chosen by leave-one-out; see docs/modelling-log.md, 'Generation attention corner fill'); for
+#: context attention the gain is within noise, so it keeps holding.
 FILL_TRANSPORT = {"context_attention": False, "generation_attention": True}
 
 
@@ -141,11 +106,8 @@ def fill_site(stem: str, axes, vals, sol):
 SIBLING_LOW_EDGES = True
 #: the site's own first rows (batch) / columns (length) a low edge is carried from by its siblings'
 #: utilisation change (one estimate each, median in log space; module docstring, "Low edges"):
-#: the first row alone carries its own noise down. ``benchmarks.interp_loo`` hold-low median / p90,
-#: h200 | b200, 1 -> 3 (2 and 4 no better): generation attention seed 0 1.4 / 5.3% | 3.0 / 15.2% ->
-#: 1.4 / 6.4% | 2.9 / 13.4%, seed 1 1.4 / 5.5% | 3.3 / 15.8% -> 1.5 / 7.3% | 2.9 / 13.3%;
-#: context attention seed 0 3.0 / 14.0% | 3.8 / 14.8% -> 3.1 / 13.0% | 3.8 / 14.3%, seed 1
-#: 2.8 / 15.2% | 4.0 / 15.3% -> 3.0 / 13.8% | 3.9 / 14.2%
+#: the first row alone carries its own noise down (3 chosen by leave-one-out; see
+#: docs/modelling-log.md, 'Attention low edges from siblings').
 LOW_EDGE_OWN_POINTS = 3
 
 #: generation attention: a batch row is extended one KV doubling beyond the last step along the

@@ -192,8 +192,8 @@ def sites_and_curves(table: Table, mask: np.ndarray, site_cols: tuple[str, ...],
 
 
 #: a measured point more than this many times above BOTH neighbours along a curve axis is a
-#: spike (a disturbed run), not the kernel's behaviour: LOO found ~1% of GEMM points on b200
-#: vLLM/SGLang 1.5-6x above both neighbours (e.g. fp8 n=1536 k=65536: m=1 68 us, m=2 355 us,
+#: spike (a disturbed run), not the kernel's behaviour: ~1% of the GEMM points on b200
+#: vLLM/SGLang lie 1.5-6x above both neighbours (e.g. fp8 n=1536 k=65536: m=1 68 us, m=2 355 us,
 #: m=3 58 us). Real steps (GEMM tile boundaries, m=256 -> 257) rise above one neighbour only.
 SPIKE_RATIO = 1.5
 
@@ -222,11 +222,7 @@ def fill_missing(axes, vals, sol, transport: bool = False):
     nearest shorter length where both were collected (``u(b, L) = u(b0, L) * u(b, L') / u(b0, L')``),
     capped at the grid's highest measured utilisation when it grows. Truncated corners are large
     batch x long length, where decode utilisation still climbs with the batch; holding it
-    over-predicts. LOO hold-high (the last measured batch of a truncated column is served by the
-    fill), median / p90 APE, h200 / b200: generation attention 4.9 / 21.2% | 5.3 / 21.9% ->
-    3.2 / 18.1% | 3.3 / 18.9% (seed 1: 5.0 / 21.5% | 5.1 / 21.5% -> 3.1 / 17.5% | 3.1 / 18.9%);
-    context attention 2.2 / 13.8% | 2.4 / 10.1% -> 2.1 / 13.7% | 2.1 / 9.3% (not adopted there);
-    half the measured change: 3.5 / 18.6% | 3.5 / 19.2%; other paths unchanged (transfer p90 +0.1)."""
+    over-predicts. See docs/modelling-log.md, 'Generation attention corner fill'."""
     vals = vals.copy()
     prov = np.where(np.isnan(vals), int(Prov.HELD), int(Prov.EXACT)).astype(np.int8)
     if not np.isnan(vals).any():

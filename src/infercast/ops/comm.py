@@ -108,10 +108,8 @@ GROUP_GATE = 3.0
 #: when the backend's ``custom_allreduce`` table stops at the node (GB200: 2 and 4 GPUs), is
 #: transferred from that table's largest group rather than from NCCL. The pack's GB300 table,
 #: which measured 8 and 16 GPUs, shows the kernel's latency holding across trays (4.4-6.5 us at
-#: 8k-128k elements for 4, 8 and 16 GPUs; NCCL on GB200: 11-18 us). Dev rows: TensorRT-LLM GB200
-#: DeepSeek-V3 disagg (TP 8 decode workers) TPOT median APE 25.1% -> 10.4%, all disagg rows 15.7% ->
-#: 13.5%; all rows TPOT 8.20% -> 8.16%, TTFT 19.47% -> 19.40% (the GB200 DeepSeek-R1 GPU-count agg
-#: rows, best-deployment searches, TPOT 31.2% -> 33.4%).
+#: 8k-128k elements for 4, 8 and 16 GPUs; NCCL on GB200: 11-18 us). See docs/modelling-log.md,
+#: 'Rack-wide all-reduce from the backend's kernel'.
 RACK_ALLREDUCE_BACKENDS = ("trtllm",)
 
 

@@ -30,9 +30,8 @@ counts at two ``d_model`` agree to a median ratio of 1.000 on b200 sglang, 0.96-
 noisier h200), so it is clamped to the collected range (noted) and weighs 0.1 in the donor
 distance (key heads 0.5, see ``SITE_WEIGHTS``); head counts that were not collected are
 transferred through utilisation against :func:`infercast.interp.sol.gdn` (``choose_sites`` /
-``transfer_grid``, provenance ``transferred``). Leave-one-out over sites (each head pair removed
-at every d_model, rebuilt from the others): median |error| 2.3% context / 1.0% generation on
-b200 sglang, 2.2% / 0.9% b200 vllm, 1.7% / 0.6% h200 vllm, 9.2% / 1.4% h200 sglang.
+``transfer_grid``, provenance ``transferred``; leave-one-out over sites in docs/modelling-log.md,
+'Gated DeltaNet site transfer').
 
 *Data caveat.* h200 sglang's context rows are noisy at large token counts: the same heads at
 two d_model differ by 2-3x at some cells, and from ~64k tokens per step they run ~5x slower per
@@ -81,8 +80,8 @@ PHASES = ("context", "generation")
 CONV_PREFIX = "causal_conv1d"
 #: site coordinates (table columns) and their weights in the donor distance (log2 units):
 #: d_model does not enter the kernels (see the module docstring), so it barely counts; the value
-#: heads carry the state and most of the work, so a key-head difference counts half (site LOO,
-#: median |error| b200 sglang context 4.6% -> 2.3%, generation 3.4% -> 1.0% against equal weights)
+#: heads carry the state and most of the work, so a key-head difference counts half (chosen by
+#: leave-one-out over sites; see docs/modelling-log.md, 'Gated DeltaNet site transfer')
 SITE_COLS = ("d_model", "num_k_heads", "head_k_dim", "num_v_heads", "head_v_dim", "d_conv")
 SITE_WEIGHTS = (0.1, 0.5, 1.0, 1.0, 1.0, 1.0)
 CURVE_COLS = ("batch_size", "seq_len")
@@ -93,13 +92,10 @@ CTX_ISL = 2.0 ** np.arange(0, 16)
 GEN_BATCH = 2.0 ** np.arange(0, 11)
 #: the generation grid's step axis: two points with identical values (cost is step-independent)
 GEN_STEP = np.array([1.0, 2.0**20])
-#: interpolation space per axis. Leave-one-out of interior points of the summed real curves
-#: (every site; predict a point from its two neighbours) favours linear over a power law on both
-#: context axes on every system and backend checked: isl median |error| 1.0% linear vs 2.5% log
-#: on b200 sglang, 2.6% vs 5.0% on h200 sglang, 0.6-1.1% vs 1.8-2.7% for vllm/trtllm on
-#: h200/b200/b300; batch 1.1-1.9% vs 2.9-4.3% (h200 sglang 5.4% vs 8.5%). Generation batch:
-#: 1.0-2.6% linear vs 2.7-5.2% log (trtllm b200 the exception, 3.8% vs 2.3%). Latency here
-#: is a launch cost plus a term linear in tokens, which a linear blend reproduces.
+#: interpolation space per axis: latency here is a launch cost plus a term linear in tokens, which
+#: a linear blend reproduces; leave-one-out of interior points of the real curves favours linear
+#: on every axis, system and backend checked but one (see docs/modelling-log.md, 'Gated DeltaNet
+#: interpolation space').
 CTX_SCALES = ("linear", "linear")
 GEN_SCALES = ("linear", "linear")
 

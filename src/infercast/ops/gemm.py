@@ -86,12 +86,8 @@ def build_site_grid(axis, vals, sol_fn, siblings=(), reach: float | None = None,
 #: donor point otherwise passes straight into the transferred curve, where the query site's own
 #: lookups keep every measured value bit for bit. The SGLang GEMM tables (also serving vLLM's
 #: fp8_block and TensorRT-LLM's nvfp4 on b200) scatter: 9-13% of their points lie more than 15%
-#: from that median, against 1-5% in TensorRT-LLM's and vLLM's own. LOO GEMM transfer median / p90,
-#: b200 | h200, seed 0: 3.8 / 16.9% | 3.2 / 13.1% -> 3.4 / 14.9% | 3.3 / 13.3%; seed 1:
-#: 4.1 / 16.0% | 3.5 / 12.2% -> 3.7 / 14.9% | 3.4 / 12.5%. Threshold 0.15: 3.4 / 15.1% | 3.3 / 13.8%
-#: (seed 0), 0.3: 3.6 / 15.4% | 3.2 / 13.0%; every donor point replaced by the median:
-#: 3.5 / 14.6% | 3.8 / 14.5%; only in tables whose points scatter (90th percentile of that distance
-#: above 12%): 3.5 / 15.0% | 3.4 / 13.7%.
+#: from that median, against 1-5% in TensorRT-LLM's and vLLM's own. The 0.2 threshold was chosen by
+#: leave-one-out interpolation error (see docs/modelling-log.md, 'GEMM transfer donor clipping').
 DONOR_CLIP = 0.2
 
 
@@ -162,13 +158,12 @@ def _lattice(db: OpDB, quant: str):
 #: 0.59-0.68x for nvfp4 and 0.63-0.88x for fp8 in the SGLang and vLLM tables of every GPU. One table
 #: breaks the pattern: TensorRT-LLM's nvfp4 ``torch_flow`` rows take 0.89-0.97x the bf16 time, and
 #: over all decode shapes 1.65-1.8x SGLang's nvfp4 kernels (1.24-1.36x vLLM's) on b200, b300, gb200
-#: and gb300 -- the same GPU, the same shapes. The dev silicon rows side with the fast kernels:
-#: TensorRT-LLM Llama-3.1-70B nvfp4 on b200 TPOT median APE 24.4% -> 3.1% (geometric-mean ratio
-#: 1.24 -> 0.99), all TensorRT-LLM rows 13.2% -> 11.8%, with SGLang's nvfp4 table in its place.
+#: and gb300 -- the same GPU, the same shapes. The dev silicon rows side with the fast kernels
+#: (see docs/modelling-log.md, 'GEMM decode-gap rule').
 #: Rule: a table slower than ``DECODE_BF16_RATIO`` x its own bf16 on the large decode shapes, and
 #: more than ``DECODE_GAP_RATIO`` x its fastest sibling's over all decode shapes, is not measuring
 #: the kernel the engine runs; the fastest sibling's table answers for it. (vLLM's nvfp4 rows, at
-#: 1.2-1.4x SGLang's but 0.64x bf16, fit their own dev rows -- TPOT ratio 0.99 -- and stay.)
+#: 1.2-1.4x SGLang's but 0.64x bf16, are under the rule's thresholds and stay.)
 DECODE_M, DECODE_MIN_SHAPES, DECODE_BIG_NK = 16, 20, 2**24
 DECODE_BF16_RATIO = 0.8
 DECODE_GAP_RATIO = 1.5
@@ -286,9 +281,9 @@ FLOOR_M, FLOOR_NK, FLOOR_QUANTILE = 16, 2**22, 10
 #: a constant across four GPU generations is the host, not the GPU -- while SGLang's and vLLM's
 #: fp8 kernels floor at 4.6-5.7 us; the excess is there at every m (large-m rows differ by the
 #: same few microseconds). Decode runs under CUDA graphs, with no per-call host cost, so the
-#: excess is subtracted from every measured point of such a table. Effect on the dev silicon
-#: rows: TRT-LLM TPOT median APE 15.6% -> 13.5% (Llama-3.1-70B fp8: 16.9% -> 9.2%); applying it to
-#: tables only 1.5-1.7x above their siblings' floor (nvfp4) made vLLM worse (12.4% -> 13.4%).
+#: excess is subtracted from every measured point of such a table. The ratio 2 leaves the nvfp4
+#: tables only 1.5-1.7x above their siblings' floor alone (see docs/modelling-log.md, 'GEMM host
+#: floor').
 HOST_FLOOR_RATIO = 2.0
 
 

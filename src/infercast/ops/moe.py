@@ -22,8 +22,8 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
   serve (:func:`_peer_preferred`, noted). b200: vLLM's and SGLang's gpt-oss ``w4a16_mxfp4`` rows
   agree (both FlashInfer TRT-LLM MoE), SGLang's ``w4a8_mxfp4_mxfp8`` rows serve vLLM, whose
   gpt-oss recipe for Blackwell enables MXFP8 activations (``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8``).
-  Dev rows, vLLM gpt-oss-120b b200: TPOT median APE TP1 40.7% -> 11.1%, TP2 34.8% -> 9.9%, TP4
-  7.7% -> 6.9%, TP8 7.1% -> 10.3%; TTFT 42-72% -> 14-32%. An explicit quant mode is never swapped.
+  An explicit quant mode is never swapped. See docs/modelling-log.md, 'MoE preferred quant form
+  from a peer table'.
 * **kernel**: TensorRT-LLM splits non-gated (relu^2, Nemotron) experts into kernels named
   ``*nongated*`` (``moe_torch_flow_nongated``); ``gated=True`` excludes them, ``gated=False``
   keeps only them. Where the quant mode has no such kernel (every vLLM / SGLang table: their
@@ -41,16 +41,10 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
   same GPUs and the same expert FLOPs per GPU under balanced routing; the roofline carries the
   difference in weight traffic), preferring the closest moe_tp; with neither SILICON raises
   :class:`~infercast.errors.NotAvailableError` listing the collected pairs (HYBRID answers
-  empirically). Leave-one-out over every collected ``(T, 1)`` pair with ``(T/2, 1)`` and
-  ``(T/4, 1)`` also collected (h200 and b200, every backend and quant mode, power-law routing,
-  25,030 points), median / p90 APE: the same-width donor 14.1% / 61.1%; the last octave's
-  utilisation trend continued (log utilisation linear in log moe_tp) 8.4% / 24.5% (damped to
-  0.75 / 1.25 of the octave's rate: 10.4 / 25.3%, 7.5 / 27.2%); the nearest same-EP pair's
-  utilisation held: 19.0 / 36.7%. The trend under-predicted latency (median signed error -6%):
-  the share that does not shrink as the experts are split grows with moe_tp, which a constant
-  utilisation trend misses and the ``a + b / moe_tp`` split carries. Over the same pairs with
-  mxfp4 added (25,978 points): the trend 8.3% / 24.0% -> the split 5.0% / 20.7% (h200 8.1 / 26.7%
-  -> 5.1 / 22.2%, b200 8.5 / 22.9% -> 5.0 / 20.0%).
+  empirically). The share of latency that does not shrink as the experts are split grows with
+  moe_tp, which a constant utilisation trend misses and the ``a + b / moe_tp`` split carries; the
+  split was chosen over the same-width donor and the utilisation trend by leave-one-out (see
+  docs/modelling-log.md, 'MoE uncollected moe_tp').
 * **off-site shapes** come from another engine's measurement of the shape where the engines run
   the same kernels at a steady ratio (rule 5 below); otherwise they transfer through utilisation
   (:mod:`infercast.interp.transfer`) among the sites collected at the same ``(moe_tp, moe_ep)``,
@@ -67,67 +61,24 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
      per-shape roofline does not scale with. Utilisation is carried as
      ``u = (SOL + c) / latency`` and answered as ``(SOL(query) + c) / u``, with ``c`` =
      :data:`FIXED_COST_FRACTION` (0.5) x the lowest latency measured at the pair (that floor is
-     the fixed cost plus the smallest site's weight traffic). LOO is flat over 0.4-0.75 (and
-     over a constant 10-20 us); the grid keeps the plain SOL for holding beyond the tokens range;
+     the fixed cost plus the smallest site's weight traffic; 0.5 chosen by leave-one-out); the grid
+     keeps the plain SOL for holding beyond the tokens range;
   3. **equal expert rows**: a donor's utilisation is read at the same rows per expert (the grouped
      GEMMs' ``m`` = ``num_tokens x topk / experts``), not the same ``num_tokens``: a donor with
      twice the query's ``topk/experts`` is read at half the tokens.
 
-  Leave-one-out: each collected site of each (quant, pair) lattice is dropped in turn and
-  predicted from the rest; median / p90 APE over every measured point (h200_sxm 2665-2681 of
-  3174 sites within the gates, b200_sxm 3943-3967 of 4662), per backend trtllm / vllm / sglang:
-
-  ==================  =============  ==================  =============  ==================
-  rule                h200           h200 trt/vll/sgl    b200           b200 trt/vll/sgl
-  ==================  =============  ==================  =============  ==================
-  plain (before)      11.7% / 44.2%  11.6 / 9.6 / 13.0   15.1% / 43.7%  12.7 / 12.3 / 19.6
-  fixed cost (2)      8.1% / 41.3%   6.7 / 8.0 / 10.2    10.5% / 37.6%  7.4 / 9.8 / 15.7
-  (2) + rows (3)      7.2% / 40.2%   5.7 / 7.0 / 9.4     10.1% / 37.1%  6.8 / 8.9 / 15.6
-  (1) + (2)           8.1% / 40.2%   6.7 / 8.0 / 10.0    9.9% / 35.9%   7.4 / 9.3 / 13.8
-  all three           7.1% / 39.3%   5.7 / 7.1 / 9.1     9.4% / 34.9%   6.8 / 8.4 / 13.4
-  ==================  =============  ==================  =============  ==================
-
-  ``python -m benchmarks.interp_loo --families moe --detail`` (seeded sample, at most 10 points
-  per dropped site, ~200 sites per GPU) moves from 10.2% / 35.4% to 6.9% / 32.4% on h200
-  (trtllm 11.4 -> 6.1, vllm 7.9 -> 5.5, sglang 11.8 -> 9.6) and from 15.4% / 44.9% to
-  9.5% / 33.1% on b200 (13.4 -> 8.9, 14.0 -> 8.2, 20.7 -> 11.6); seeds 1 and 2: h200
-  12.1 / 11.7% -> 8.0 / 7.6%, b200 13.8 / 15.0% -> 9.5 / 10.1%. What is left is mostly per-site
-  offsets that no neighbour shows (the median error is flat along tokens) and, on b200 SGLang,
-  Triton sites predicted from FlashInfer donors (under by 30-70%). Tried and not kept (no gain
-  on both GPUs, or bought with coverage): distance weights 0.5 or 2 on any one coordinate,
-  coordinates ``(hidden, inter, topk/experts, experts)``, ``(hidden, inter, topk/experts)`` and
-  ``(hidden x inter, hidden/inter, topk/experts, experts)``, donors restricted to the same
-  ``topk`` / ``experts`` / ``topk/experts``, 1-6 donors, gates 1-2.5, and rule 2's ``c`` as the
-  pair's smallest ``latency - SOL`` (9.3% / 11.4% alone, vs 8.1% / 10.5%). Nor a kernel-weighted
-  linear regression of log utilisation on the log2 site coordinates over every remaining site
-  (Gaussian weights, bandwidth 1-2.5 log2 units, ridge 0.01-0.5) in place of the donors' blend:
-  every site dropped in turn, b200 9.1% -> 8.3% at best, h200 6.4% -> 7.4%.
+  Rules 1-3 were chosen by leave-one-out over every collected site (see docs/modelling-log.md,
+  'MoE off-site transfer rules'); what remains is mostly per-site offsets that no neighbour shows
+  and, on b200 SGLang, Triton sites predicted from FlashInfer donors.
 
   4. **consistent donors** (:func:`consistent_moe_donors`): donors whose utilisation, read as rules
      2 and 3 blend it, differs by more than :data:`CONSISTENT_UTIL_FACTOR` (1.5x; median of the
      log ratio over the tokens axis) are not blended together; the heaviest pairwise-agreeing
      subset is kept and renormalised (:func:`infercast.interp.transfer.consistent_subset`, as
      generation attention uses it). A donor 1.5x off its neighbours is a site offset or another
-     kernel, which averaging only spreads. ``benchmarks.interp_loo --families moe`` transfer
-     median / p90, h200 | b200: seed 0 6.8 / 32.4% | 9.5 / 33.1% -> 6.0 / 26.4% | 9.5 / 32.5%,
-     seed 1 8.0 / 38.1% | 9.4 / 34.6% -> 6.9 / 40.1% | 9.2 / 36.1% (the median, the goal, falls
-     on both seeds and GPUs; p90 moves both ways). Factor 2: seed 0 6.3 / 28.9% | 9.5 / 33.1%,
-     seed 1 7.0 / 38.9% | 9.4 / 34.8%; factor 1.25: seed 0 6.5 / 28.8% | 9.5 / 33.4%.
-     Tried and not kept: each donor's own fixed cost (0.5 x its lowest latency, the query's the
-     donors' weighted geometric mean) in place of the pair's: transfer median / p90, h200 | b200,
-     seed 0 6.0 / 26.4% | 9.2 / 33.7% -> 5.8 / 29.3% | 8.7 / 33.2%, seed 1 6.9 / 40.1% |
-     9.0 / 35.8% -> 6.6 / 45.9% | 8.5 / 35.0%, seed 2 6.9 / 38.2% | 9.7 / 36.7% -> 6.9 / 40.4% |
-     9.5 / 35.0% (medians down a little, the h200 p90 up by 2-6 points; b200 still above 8%).
-     Nor a correction by the dense GEMM table's efficiency at each site's per-expert shape
-     (``m`` = 64 rows, ``n`` = 2 x inter / moe_tp, ``k`` = hidden, same backend and quant): the
-     site offsets correlate with it at 0.0-0.5 per (backend, quant), slope 0.01-0.03 in log
-     latency per log FLOP rate, and removing that trend moves the median site error 7.7% -> 7.6%
-     (b200), 5.2% -> 5.0% (h200), offline.
-     Nor donors from every (moe_tp, moe_ep) pair, chosen over per-rank coordinates ``(hidden,
-     inter / moe_tp, topk, experts / moe_ep)`` (a shape at another pair with the same per-rank
-     problem as the query's): every b200 site dropped in turn (its shape at every pair left out),
-     median 9.0% -> 9.7% (SGLang 13.1 -> 15.7%, TensorRT-LLM 6.4 -> 6.3%, vLLM 8.1 -> 8.8%), p90
-     36 -> 46%, with 12% more sites answered: the pair itself shapes the kernel's efficiency.
+     kernel, which averaging only spreads. See docs/modelling-log.md, 'MoE consistent donors'
+     (with the variants tried and rejected: per-donor fixed cost, a dense-GEMM efficiency
+     correction, donors from every pair).
 
   5. **another engine's measurement** (:func:`peer_curve`, :func:`best_peer_curve`; tried before
      rules 1-4): when the shape is not in this engine's table at any pair but another serving
@@ -138,54 +89,34 @@ when the ranks gather). Sites are the model tuple ``(hidden, inter, topk, expert
      latency ratio to it, median per token count over the shapes both measured at that pair
      with that family. Only when that ratio is steady: at least :data:`PEER_MIN_SITES` shared
      shapes, and the median absolute deviation of their log ratios (median over token counts) at
-     most :data:`PEER_RATIO_SPREAD`; the steadiest peer wins. Why: the b200 vLLM and SGLang
-     tables measured 346 (site, pair) curves in common with TensorRT-LLM-gen kernels; each
-     dropped in turn and predicted from the other this way (offline, every point) misses by
-     2.4% median, 11% p90, while their shared Triton shapes on h200 miss by 7.8 / 37% (each
-     engine tunes its own Triton configurations) and CUTLASS against TensorRT-LLM-gen by
-     45-94% (median by engine pair): the family gate turns the latter away, the spread gate the
-     Triton pairs whose ratio wanders. ``benchmarks.interp_loo --families moe`` transfer median /
-     p90, h200 | b200: seed 0 6.0 / 26.4% | 9.2 / 33.7% -> 5.8 / 28.9% | 7.4 / 29.4% (the peer
-     answers 330 | 380 of 2010 points, at 4.1 / 31.9% | 2.7 / 11.5%), seed 1 6.9 / 40.1% |
-     9.0 / 35.8% -> 6.4 / 38.0% | 7.2 / 32.9%, seed 2 6.9 / 38.2% | 9.7 / 36.7% ->
-     6.7 / 38.1% | 8.2 / 35.2%. Spread gate 0.02 / 0.03 / 0.04 / 0.05 / 0.07 / 0.1, b200 seed 0-2
-     medians 8.5 / 7.5 / 8.9, 7.6 / 7.2 / 8.2, 7.4 / 7.2 / 8.2, 7.4 / 7.2 / 8.2, 7.4 / 7.2 / 8.2,
-     7.6 / 7.2 / 8.2%; h200 p90 26.4-40.7% at 0.02, 28.9 / 38.0 / 38.1% at 0.05, 31.1-40.3% at
-     0.07, 32.1-42.8% at 0.1. At least 2 / 5 shared shapes: b200 7.9 / 7.6% at seed 0. The dev
-     silicon rows' shapes are all collected: no dev prediction moves. Tried and not kept: donors
-     of the kernel class of the nearest site (b200 9.2 -> 9.6%), donors of every kernel (9.5%);
-     the peer's curve also for a collected shape at an uncollected pair, ahead of the
-     ``a + b / moe_tp`` split (``interp_loo`` pair path, seed 0, h200 | b200: 3.9 / 23.4% |
-     4.4 / 20.5% -> 4.2 / 25.2% | 4.4 / 25.5%; seeds 1 and 2 alike): the split through the
-     engine's own curves is the better answer there.
+     most :data:`PEER_RATIO_SPREAD`; the steadiest peer wins. Why: engines that ship the same
+     TensorRT-LLM-gen kernels measure the same shapes at a steady ratio, while each engine tunes its
+     own Triton configurations and CUTLASS differs from TensorRT-LLM-gen altogether: the family
+     gate turns the latter away, the spread gate the Triton pairs whose ratio wanders. For a
+     collected shape at an uncollected pair the ``a + b / moe_tp`` split through the engine's own
+     curves answers first. See docs/modelling-log.md, 'MoE shapes from another engine's
+     measurement'.
 
   **What b200 still misses.** The b200 SGLang bf16 and fp8_block tables mix kernels per shape:
   7 of 17 bf16 shapes and 6 of 17 fp8_block shapes are Triton (``sglang_fused_moe_triton``) at
   every pair, the rest FlashInfer-TRT-LLM. The kernel is not a function of the shape:
   (4096, 2048, 8, 256) runs Triton beside FlashInfer (3072, 1024, 8, 256) and (6144, 2048, 8, 256),
-  and (5120, 8192, 1, 16 | 128) runs Triton in bf16 but FlashInfer in fp8_block. Dropping every
-  site of b200 SGLang in turn (all points, before rule 4): FlashInfer sites 11.9% median, Triton
-  sites 25.0% (378 of 1578, 20-78% under, predicted from FlashInfer donors by rule 1). An
-  uncollected shape faces the same question and gets the default kernel's answer; no shape rule
-  in the pack tells which kernel SGLang would pick. The FlashInfer sites themselves (and
-  TensorRT-LLM / vLLM on b200, 8-9%) miss by per-site offsets that no neighbour shows.
+  and (5120, 8192, 1, 16 | 128) runs Triton in bf16 but FlashInfer in fp8_block. An uncollected
+  shape faces the same question and gets the default kernel's answer; no shape rule in the pack
+  tells which kernel SGLang would pick. See docs/modelling-log.md, 'MoE transfer on b200 SGLang'.
 * beyond the collected ``num_tokens`` range (1...16384 in most files) the grid holds the boundary
   utilisation (SOL ratio).
 
 **TensorRT-LLM NVFP4 at small batch.** TensorRT-LLM's b200 ``moe_perf`` rows for DeepSeek's shape
 (7168, 2048, 8, 256) at nvfp4, TP 8, come from two kernels: CUTLASS (61 / 85 / 120 / 154 us at
 1 / 4 / 8 / 16 tokens) and a low-latency kernel (20 / 32 / 43 / 60 us), the latter as fast as
-SGLang's and vLLM's TensorRT-LLM-gen tables (19-23 / 31-33 / 45-48 / 63-64 us). Up to 128 tokens
-the low-latency rows are used (:func:`_prefer_low_latency`, with the evidence). An earlier variant,
-serving TensorRT-LLM nvfp4 MoE from SGLang's table where its own is > 1.5x slower at <= 16 tokens,
-left the dev rows' TPOT at 9.3% -> 9.2%: the DeepSeek-V3 rows that fit the slow kernel were the ones
-predicted with MTP they did not run. fp8_block shows the same gap (DeepGEMM 98-220 us vs 35-103 us
-in SGLang's table) but has no second TensorRT-LLM kernel in the pack; serving it from SGLang's
-table: TensorRT-LLM TPOT 9.8% -> 10.0%, so its collected table stays.
+SGLang's and vLLM's TensorRT-LLM-gen tables (19-23 / 31-33 / 45-48 / 63-64 us). Up to
+:data:`TRTLLM_LOW_LATENCY_MAX_TOKENS` tokens per rank the low-latency rows are used (:func:`_prefer_low_latency`). fp8_block shows the same gap
+(DeepGEMM 98-220 us vs 35-103 us in SGLang's table) but has no second TensorRT-LLM kernel in the
+pack, so its collected table stays. See docs/modelling-log.md, 'TensorRT-LLM MoE at small batch'.
 
-The ``num_tokens`` axis interpolates **linearly** (:data:`TOKEN_SCALE`): leave-one-out over every
-balanced ``moe_perf`` curve on h200_sxm and b200_sxm (trtllm/vllm/sglang, 15k-67k held-out points
-each) gives median APE 1.4-1.8% linear vs 1.7-2.0% power law (bias -0.1..-0.3% vs +0.8%).
+The ``num_tokens`` axis interpolates **linearly** (:data:`TOKEN_SCALE`), chosen by leave-one-out over
+the balanced ``moe_perf`` curves (see docs/modelling-log.md, 'MoE tokens axis').
 
 **Dispatch + combine** (:func:`resolve_moe_dispatch`, table ``moe_a2a_perf``, latency converted
 to ms by the reader): DeepEP high-throughput kernels for the context phase, low-latency kernels
@@ -225,7 +156,7 @@ TOKENS_AXIS = np.array(
 )
 #: tokens axis of SOL / empirical all-to-all grids (the collected moe_a2a num_tokens span)
 A2A_TOKENS_AXIS = 2.0 ** np.arange(0, 17)
-#: interpolation space of the num_tokens axis (see the module docstring for the LOO numbers)
+#: interpolation space of the num_tokens axis (see the module docstring)
 TOKEN_SCALE = ("linear",)
 
 SITE_COLS = ("hidden_size", "inter_size", "topk", "num_experts")
@@ -418,31 +349,18 @@ def _prefer_low_latency(table, chosen: np.ndarray, candidates: np.ndarray,
     at TP 8 takes 20 / 32 / 43 / 60 us at 1 / 4 / 8 / 16 tokens there, as in SGLang's and vLLM's
     tables of the same TensorRT-LLM-gen kernels (19-23 / 31-33 / 45-48 / 63-64 us), against
     61 / 85 / 120 / 154 us for CUTLASS. The low-latency rows exist for b200 and gb200 only; elsewhere
-    nothing changes. Dev rows, TensorRT-LLM: TPOT median APE 9.77% -> 9.72% (within 20%: 75.4% ->
-    77.2%), TTFT unchanged (30.4%); with the DeepSeek-V3 mapping of
-    :meth:`infercast.validate.predict.EstimatorCache.nextn_for` 9.51% (79.7%), TTFT 30.2% (that
-    mapping alone, with the CUTLASS rows: 10.05%: the V3 rows' missing MTP and the slow kernel
-    had cancelled). The low-latency kernel made the default, at every token count, fits the dev rows
-    better still (9.29%), but the recipes run CUTLASS for large batches; not used then.
+    nothing changes.
 
-    Above 128 tokens. The recipes' attention-DP points do run CUTLASS, and they measure the
+    Above 128 tokens. The recipes' attention-DP points do run CUTLASS, but they measure the
     low-latency rows' speed, not the pack's CUTLASS rows': at DeepSeek's shape, EP 8, 256 tokens
     per rank the CUTLASS rows take 282 us, the low-latency rows 153 us (vLLM's and SGLang's
-    TensorRT-LLM-gen rows 178-184 us), and the dev rows of TensorRT-LLM DeepSeek-R1 nvfp4 with
-    attention DP on b200 (25) come out at a TPOT geometric-mean ratio of 1.18 (median APE 23.6%)
-    with CUTLASS above 128 tokens, 0.99 (6.5%) with the low-latency rows at every token count
-    they measured (e.g. DP 8 x EP 8, c256, 1024x8192: 21.4 ms measured, 30.3 -> 22 ms predicted);
-    the tensor-parallel points, whose recipes run TensorRT-LLM-gen, move from 0.92 (7.6%) to 0.89
-    (8.1%). Threshold 128 / 256 / 512 / every count: TensorRT-LLM TPOT 9.0 / 8.86 / 8.82 / 8.77%,
-    all rows 8.36 / 8.31 / 8.30 / 8.28%, TTFT 19.69 / 19.69 / 19.70 / 19.71% (TensorRT-LLM TTFT
-    19.80 / 19.76 / 19.83 / 19.88%). 512 is kept: it covers the decode steps of the dev rows'
+    TensorRT-LLM-gen rows 178-184 us). The threshold, 512 tokens, covers the decode steps of
     attention-DP deployments (up to 64 sequences x DP 8, or x 2 with MTP), while prefill chunks
-    (thousands of tokens, where the recipes' CUTLASS rows stand and TTFT grows worse without
-    them) keep CUTLASS; costing them with the low-latency rows would cut a static 16 x 2048-token
-    DeepSeek prefill on b200 TP 8 by a third on no evidence. The cost: TensorRT-LLM's b200 nvfp4
-    curves now switch kernel at 512 tokens, which transfer carries to uncollected shapes less well
-    (``benchmarks.interp_loo --families moe``, b200 transfer median / p90 9.5 / 33.4% ->
-    10.0 / 39.8%; h200 and every other path unchanged)."""
+    (thousands of tokens, where the recipes' CUTLASS rows stand) keep CUTLASS; costing them with
+    the low-latency rows would cut a static 16 x 2048-token DeepSeek prefill on b200 TP 8 by a
+    third on no evidence. The cost: TensorRT-LLM's b200 nvfp4 curves switch kernel at 512 tokens,
+    which transfer carries to uncollected shapes less well. See docs/modelling-log.md,
+    'TensorRT-LLM MoE at small batch'."""
     ks = table.keys["kernel_source"]
     rows = np.flatnonzero(candidates)
     small = table.keys["num_tokens"][rows].astype(float) <= max_tokens
@@ -470,11 +388,8 @@ def _expected_kernel(table, rows: np.ndarray, default: str, low_latency: bool) -
     for 445 of its 518 (shape, TP, EP) sites; the other 73 are the two shapes with more than 256
     experts ((7168, 2048, 8, 384) and (4096, 1024, 10, 512)), CUTLASS only. Counted by CUTLASS
     rows, those 73 were the only "default" sites, so every uncollected shape was transferred from
-    them: 1.5-2x slower at <= 512 tokens than the 445 sites whose kernel mix it is served with.
-    ``benchmarks.interp_loo --families moe``, b200 transfer median / p90, seed 0: 10.0 / 39.8% ->
-    9.2 / 33.7% (TensorRT-LLM's own rows 10.6 / 68.3% -> 8.1 / 34.8%); seed 1: 10.3 / 45.7% ->
-    9.0 / 35.8%. h200 has no low-latency rows and is unchanged; no dev-row prediction moves (their
-    TensorRT-LLM nvfp4 shapes are collected)."""
+    them: 1.5-2x slower at <= 512 tokens than the 445 sites whose kernel mix it is served with. See
+    docs/modelling-log.md, 'TensorRT-LLM MoE at small batch'."""
     expected = np.full(len(rows), default, dtype=object)
     if low_latency:
         small = table.keys["num_tokens"][rows].astype(float) <= TRTLLM_LOW_LATENCY_MAX_TOKENS
@@ -563,9 +478,8 @@ def _kernel_db(db: OpDB, candidates: tuple[str, ...], kernel: str, gated: bool, 
 #: separately (``wideep_generation_moe_perf``, DeepSeek-V3 shape, EP 2-256, 1-128 tokens per rank).
 #: At small per-rank batches it matches the standard table (EP32, 32 tokens: 81 us in both on
 #: b200); as tokens grow the standard FlashInfer/Triton rows climb far faster (EP32, 4096 tokens:
-#: 878 us vs 157 us; the expert FLOPs are ~20 us of fp8 peak per GPU). The dev rows of SGLang
-#: disaggregated DeepSeek with DP32/EP32 decode workers measure 17-27 ms per token where the
-#: standard table predicts 1.2-3.1x that. A layout with attention DP > 1 and EP > 1 on these
+#: 878 us vs 157 us; the expert FLOPs are ~20 us of fp8 peak per GPU; see docs/modelling-log.md,
+#: 'SGLang wide EP'). A layout with attention DP > 1 and EP > 1 on these
 #: backends whose exact site and (moe_tp, moe_ep) pair the wide-EP table holds -- or an EP between
 #: two it collected at that site (:func:`_wide_ep_between_pairs`) -- is a wide-EP
 #: deployment (``Estimator`` sets ``ParallelConfig.moe_comm = "alltoall"``): its experts read the
@@ -581,9 +495,7 @@ def _kernel_db(db: OpDB, candidates: tuple[str, ...], kernel: str, gated: bool, 
 #: block (:data:`WIDE_EP_DONOR_QUANTS`). The standard tables back it where both modes were
 #: collected: SGLang's nvfp4 / fp8_block latency ratio at that site, EP 8/16/32, 1-256 tokens is
 #: 0.48-0.58 on b200, gb200 and gb300 alike (beyond 512 tokens the standard fp8_block kernel falls
-#: to 0.26, a kernel the DeepEP path does not run). Dev rows, SGLang disaggregated DeepSeek NVFP4
-#: with DP32 x EP32 decode workers (gb200, gb300; 7 rows): TPOT 1.19-1.97x of measured on the
-#: standard path (all-gather over 32 GPUs, standard kernel) -> 0.86-1.22x.
+#: to 0.26, a kernel the DeepEP path does not run). See docs/modelling-log.md, 'SGLang wide EP'.
 WIDE_EP_TABLE = "wideep_generation_moe"
 #: The context (prefill) phase runs DeepEP's high-throughput mode, whose expert block the pack
 #: measures in its own table (``wideep_context_moe_perf``: the same shape and pairs, 32 to 524,288
@@ -635,18 +547,10 @@ def _wide_ep_between_pairs(db: OpDB, quant: str, query: tuple, gated: bool, dist
     """An EP the wide-EP table skipped between two it collected at the same site and moe_tp:
     latency split into a part fixed in EP and a part that shrinks as ``1 / EP``, through the two
     (:func:`_fixed_plus_split`), at each token count both curves cover, marked transferred; None
-    without a collected EP on both sides. Leave-one-out over the SGLang wide-EP tables of six GPUs
-    (every collected EP with collected EPs on both sides, context and generation tables, 872
-    points), median / p90: utilisation interpolated in log2(EP), the rule before, 4.8% / 13.8%
-    (context table 5.3-9.9% medians) -> 3.4% / 12.6%; the dev rows' metrics are unchanged (19
-    predictions move, mostly 1-4% lower TTFT). The b200 / b300 / gb200 / gb300 tables hold EP 2, 4, 16, 32, ... but not EP8 (the
-    Hopper ones do), where SGLang's DP8 x EP8 prefill and decode workers run DeepEP. Dev rows
-    (SGLang disaggregated DeepSeek with DP8 x EP8 workers on Blackwell, 21 predictions move):
-    those prefill workers ran the standard EP8 kernels, 3-4x slower than DeepEP's at 64k tokens,
-    and saturated (e.g. gb300 8192x1024 c1024: 3.8 s measured, 20.6 s predicted -> 2.9 s; gb200
-    1024x1024 c4096: 2.7 s, 21.7 s -> 2.9 s); SGLang disaggregated TTFT median APE 39.7% -> 30.2%,
-    the b200 DP8 x EP8 decode workers' TPOT 5-10% lower (0.93-1.08x -> 0.85-1.01x of measured);
-    all rows TTFT 17.58% -> 17.57%, TPOT 7.61% -> 7.62%."""
+    without a collected EP on both sides. Chosen over interpolating utilisation in log2(EP) by
+    leave-one-out over the SGLang wide-EP tables. The b200 / b300 / gb200 / gb300 tables hold EP
+    2, 4, 16, 32, ... but not EP8 (the Hopper ones do), where SGLang's DP8 x EP8 prefill and decode
+    workers run DeepEP. See docs/modelling-log.md, 'SGLang wide EP between collected EPs'."""
     site, tp, ep = tuple(query[:4]), int(query[4]), int(query[5])
     eps = _wide_ep_collected_eps(db, gated, distribution, table, site, tp)
     lo = max((e for e in eps if e < ep), default=None)

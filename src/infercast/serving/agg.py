@@ -37,14 +37,13 @@ Steady state, per step (a *fluid* model: averages, not individual requests):
   random (clients drift apart after the first wave), so besides its own chunk it carries the
   chunks that arrived in the same step, ``chunk_load`` more on average for Poisson arrivals
   (``1 + chunk_load`` in all, as many as the token budget left by the decodes holds). TPOT is the
-  average step and does not change. Dev silicon rows (TensorRT-LLM and vLLM, the mixed
-  backends): TTFT median APE 27.8% -> 27.5%, TPOT unchanged; vLLM rows at concurrency 17-64
-  17.9% -> 17.2%, 65-256 25.8% -> 25.3%;
+  average step and does not change (see docs/modelling-log.md, 'Same-step arrivals in the first
+  chunk's step');
 * with attention data parallelism and a backend that holds prefills until every rank has one
   (TensorRT-LLM's balance rule, :attr:`SchedulerParams.adp_balance_timeout_steps`), a new request
   also waits :func:`adp_balance_wait_steps` steps: in TTFT and, as for the wait above, among the
-  ``W`` requests not decoding. Dev rows, TensorRT-LLM with attention DP: TTFT geometric-mean ratio
-  0.38 -> 0.81;
+  ``W`` requests not decoding (see docs/modelling-log.md, 'TensorRT-LLM attention-DP balance
+  hold');
 * a scheduler that takes new requests off its queue only every ``I`` decode steps
   (:attr:`SchedulerParams.recv_interval`, SGLang's ``--scheduler-recv-interval``) makes a new
   request wait ``I / 2`` steps on average instead of one (:func:`recv_poll_steps`; in TTFT and in
@@ -71,26 +70,12 @@ work independently with the probability the fluid model gives (a binomial count 
 the first wave contributes its simulated requests with weight ``1 / requests_per_client``, as in
 the mean. TPOT percentiles are the steady state's, as the mean is.
 
-Tried and not kept (dev fullspec rows, TTFT median APE 16.92%): the wait for the step in progress
-taken length-biased (an arrival lands in a long mixed or prefill step more often than its share of
-steps; ``E[S^2] / 2E[S]`` in place of, added to, or as a floor under ``WAIT_STEPS`` steps):
-16.95-16.97%; a front-end cost per input token (tokenisation) added to ``arrival_delay_ms``, 0.01 /
-0.02 ms per token for every engine: 19.3 / 21.9% (the h100 TensorRT-LLM 1.0.0rc3 and vLLM 0.12 rows whose
-excess grows with the prompt are not the rule). vLLM keeps 3 us per prompt token
-(:data:`infercast.serving.backends.VLLM_FRONT_END_PER_PROMPT_TOKEN_MS`), folded into the front end
+vLLM's per-prompt-token front end
+(:data:`infercast.serving.backends.VLLM_FRONT_END_PER_PROMPT_TOKEN_MS`) is folded into the front end
 with the open streams' time (:meth:`~infercast.serving.backends.SchedulerParams.for_streams`).
-Also tried and not kept (all rows 16.56%, 894 within 15%): a chunked prompt's chunk count averaged
-over a random-length benchmark's prompts (InferenceX: uniform on ``[0.8 isl, isl]``), so that an
-8192-token prompt at an 8192-token budget takes one step plus the rare overflow, not two half
-chunks as the nominal length does: 16.78% (886), TPOT 7.61% -> 7.59%; with vLLM's per-token front end
-re-swept to 4 / 5 us, 16.68 / 16.60% (897 / 893). Llama-3.1-70B's 8k rows gain (TensorRT-LLM and
-vLLM, +16 rows), MiniMax-M2.5's lose (vLLM b200 / h200 116 -> 103, 16 -> 12).
-Also measured and not kept (all rows 16.61%, 894 within 15%): prefill slower than the kernel
-tables, as sustained-load clocks or older kernels would make it. Context attention x1.5 / x2 / x3
-on the SGLang rows: 903 / 886 / 894 within 15%; on the h100 / h200 rows x1.5 and x2: 899 / 903 and
-892 / 884; the context steps' token-wise ops (GEMM, MoE, norms, collectives) x1.1 / x1.2 on the
-SGLang rows: 889 / 889, on every row: 877 / 790 (TPOT 7.60% -> 7.70 / 7.99%). Where the prefill is
-under-predicted it is so by model, engine build and cluster, not by kernel family.
+Variants tried and rejected (not modelled): see docs/modelling-log.md, 'Length-biased step wait and
+per-input-token front end', 'Chunk count over random prompt lengths' and 'Prefill slower than the
+kernel tables'.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Values are the engines' documented defaults for the versions in the pack:
 * ``max_batch_size``: sequences per step (trtllm 2048, vLLM ``max_num_seqs`` 1024 (v1 engine on
   H100-class GPUs, 256 elsewhere), SGLang ``max_running_requests`` bounded by the KV pool -> 4096 here).
 * ``step_overhead_ms``: host-side scheduling / launch cost per iteration not in the kernel
-  tables. A starting point; the serving model calibrates it on the dev rows.
+  tables. A starting point; the scheduler's fitted values are in :data:`SCHEDULERS`.
 """
 
 from __future__ import annotations
@@ -189,45 +189,16 @@ def mean_length_ratio(range_ratio: float) -> float:
     return (1.0 + r) / 2.0
 
 
-#: ``step_overhead_ms``, ``seq_overhead_ms``, ``arrival_delay_ms`` and ``requests_per_client`` are
-#: calibrated on the dev silicon rows (``python -m benchmarks.calibrate_serving``); the rest are
-#: engine defaults. vLLM's per-sequence 10 us: agg TPOT median APE 8.9% (0) -> 8.4% (5 us) ->
-#: 8.0% (10 us) -> 8.1% (15) -> 8.2% (20) -> 8.6% (30), TTFT unchanged (21.4-21.5%); the same
-#: cost made TensorRT-LLM (C++ runtime) worse (9.2% -> 9.9% at 10 us) and, added to every step
-#: before SGLang's overlap was modelled, SGLang worse (13.8% -> 14.5% at 20 us + 1 ms); hidden
-#: behind the GPU step it pays (:data:`SGLANG_SEQ_OVERHEAD_MS`). SGLang's overlap scheduler hides
-#: its 2 ms host time behind the GPU step (``overlap``), leaving 0.5 ms that does not overlap; it is
-#: off for hybrid linear-attention models (:func:`scheduler_params`). Dev rows, SGLang TPOT median
-#: APE (within 20%): 2 ms added to every step 14.7% (63.1%) -> overlap, residual 0 / 0.25 / 0.5 /
-#: 0.75 ms: 13.2 / 12.4 / 13.0 / 13.0% (65.9 / 69.6 / 69.8 / 69.6%); host 1.5 / 3 ms at 0.5:
-#: 13.3 / 13.4%; all rows 10.2% -> 9.8% (within 20%: 73.5% -> 75.2%), disagg 25.0% -> 20.0%. DeepSeek
-#: rows implied ~0 ms of host time per step with the old additive model, Qwen3.5 (Gated DeltaNet)
-#: rows 2-3 ms: the overlap scheduler explains both.
-#: Measured and not kept (dev rows, all-row TTFT median APE 28.0% at the time): a benchmark capped
-#: in duration (requests per client = min(10, cap / request latency); cap 300 / 900 s: 29.8 / 28.9%);
-#: a length-biased wait for the step in progress (E[T^2] / 2E[T] over decode-only and prefill steps
-#: instead of one average step: 28.5%; plus half a step: 27.9%, within noise); SGLang without
-#: lock-step (SGLang agg TTFT 34.5% -> 55.8%; the better of the two per row would give
-#: 23.9%, but nothing in a row tells which regime its harness ran); vLLM requests_per_client 7 with
-#: a 30 ms front end (vLLM TTFT 21.3% -> 19.6%; TensorRT-LLM's optimum on the same grid stays at
-#: 10 / 100 ms, and one benchmark length per backend would be a fit to harnesses, not engines).
-#: Also measured and not kept (all-row TTFT 26.42%): one more step of wait before a TensorRT-LLM
-#: request's first chunk (its overlap scheduler admits new work one iteration late): TensorRT-LLM
-#: TTFT 30.4% -> 31.7%, TPOT 9.8% -> 9.9%; SGLang's lock-step waves desynchronised by output
-#: lengths spread +-10% over 4 or 8 client lanes (each lane keeps its length, so lanes drift
-#: apart wave by wave, as random lengths de-phase real clients; every wave simulated): SGLang
-#: TTFT 35.8% -> 43.5% / 46.4%, TPOT 11.3% -> 11.3% / 11.4%. Bounds on what per-group constants
-#: could do (fitted on the same rows, so optimistic): the best TTFT shift per (backend, version)
-#: gives 22.0%, per (backend, system, model) 18.6%, the best TTFT scale per (backend, system,
-#: model) 18.8%; the TTFT error varies within a model's rows, with concurrency and lengths.
-#: Also measured and not kept (all-row TTFT 18.76%): TensorRT-LLM's overlap scheduler returning a
-#: step's tokens after it launches the next step ("one extra decoding step", TensorRT-LLM docs,
-#: Overlap Scheduler) as a lag on every response of the steady state: one average step,
-#: TensorRT-LLM TTFT 19.6% -> 18.9% (all rows 18.5%), half a step 18.8%; with the first wave's
-#: lag played out exactly (the next step there is another long prefill step) 19.6%, the b200
-#: InferenceX rows 12.4% -> 17.5%. The lag is the host time of launching the next step, which
-#: the rows do not pin down (as host time per sequence: 0.1 / 0.2 ms -> 19.2 / 18.9%, and 0.2 ms
-#: per sequence would leave TensorRT-LLM host-bound where its TPOT fits without it).
+#: ``step_overhead_ms``, ``seq_overhead_ms``, ``arrival_delay_ms``, ``overlap_residual_ms`` and
+#: ``requests_per_client`` are fits to the development silicon rows (``python -m
+#: benchmarks.calibrate_serving``); the rest are engine defaults. vLLM pays 10 us of host time per
+#: sequence per step (a fit to the vLLM rows' TPOT); TensorRT-LLM's C++ runtime pays none. SGLang's
+#: overlap scheduler hides its 2 ms host time per step behind the GPU step (``overlap``), leaving
+#: 0.5 ms that does not overlap (both fits to the SGLang rows' TPOT); it is off for hybrid
+#: linear-attention models (:func:`scheduler_params`). See docs/modelling-log.md, 'Host time per
+#: sequence (vLLM)' and 'SGLang overlap scheduler'; benchmark and scheduler variants tried and
+#: rejected: 'Benchmark length and step wait', 'TensorRT-LLM admission lag and SGLang lane
+#: desynchronisation', 'TensorRT-LLM overlap-scheduler response lag'.
 def _sizes(*parts) -> tuple[int, ...]:
     return tuple(sorted({int(x) for part in parts for x in part}))
 
@@ -240,9 +211,8 @@ def _sizes(*parts) -> tuple[int, ...]:
 #: defaults, model_runner ``get_batch_sizes_to_capture``); decode batches are padded. TensorRT-LLM:
 #: ``CudaGraphConfig.enable_padding`` is False by default, so a batch size outside its list runs
 #: without a graph rather than padded: no padding here (the host cost of such eager steps is not
-#: modelled). Measured and not kept: the InferenceX TensorRT-LLM recipes set ``enable_padding: true``;
-#: padding their rows' decode steps to 1, 2, 4, 8..128 by 8, 256, 512, 1024 moved the dev rows' TPOT
-#: median APE 8.59% -> 8.61%.
+#: modelled). The InferenceX TensorRT-LLM recipes set ``enable_padding: true``; that is not
+#: modelled (see docs/modelling-log.md, 'TensorRT-LLM CUDA-graph padding').
 CUDA_GRAPH_SIZES = {
     "vllm": _sizes([1, 2, 4], range(8, 256, 8), range(256, 513, 16)),
     "sglang": _sizes([1, 2, 4, 8], range(16, 161, 8)),
@@ -257,36 +227,24 @@ SGLANG_GRAPH_LARGE_GPU_BYTES = 80 * 2**30
 #: all set ``attention_dp_config: {enable_balance: true, timeout_iters: 60, batching_wait_iters:
 #: 0}``; the mechanism is TensorRT-LLM tech blog 10 ("ADP Balance Strategy"). The library default
 #: leaves it off; the recipes are what attention-DP deployments run. SGLang and vLLM have no such
-#: hold. Dev rows, TensorRT-LLM agg with attention DP (35): TTFT median APE 57.7% -> 38.4%,
-#: geometric-mean ratio 0.38 -> 0.81; all rows TTFT 26.84% -> 26.49%, TPOT unchanged (9.05%).
+#: hold. See docs/modelling-log.md, 'TensorRT-LLM attention-DP balance hold'.
 TRTLLM_ADP_TIMEOUT_STEPS = 60
 
 #: SGLang's per-sequence host time per step (``seq_overhead_ms``): its Python scheduler builds the
 #: batch and processes every request's output each iteration (``process_batch_result``, the
 #: detokenizer hand-off), work that grows with the running batch. Under the overlap scheduler it is
-#: hidden while the GPU step is longer; it surfaces at large batches of short steps, which is where
-#: SGLang's TPOT was under-predicted (geometric-mean ratio 0.88 at concurrency 128-255, 0.72 at
-#: 256-511). Dev rows, SGLang TPOT median APE (within 20%) at 0 / 10 / 20 / 30 / 40 / 50 / 60 us:
-#: 11.2 (71.8%) / 11.0 / 10.8 / 10.7 / 10.5 (74.5%) / 10.5 / 10.9% (sweep without seven b300 rows;
-#: all SGLang rows at 40 us: 10.6%, 74.5%); TTFT unchanged (35.8%). The
-#: gain is at high concurrency and on the hybrid linear-attention rows that run without overlap
-#: (Qwen3.5 B200 TPOT 10.0% -> 8.9%); DeepSeek rows, whose GPU steps are long, do not move.
+#: hidden while the GPU step is longer; it surfaces at large batches of short steps. 40 us is a fit
+#: to the SGLang development rows' TPOT (see docs/modelling-log.md, 'SGLang per-sequence host time').
 SGLANG_SEQ_OVERHEAD_MS = 0.040
 
 #: vLLM's front end: 10 ms per request plus 0.7 ms per open stream (``arrival_delay_ms``,
-#: ``front_end_per_stream_ms``) and 3 us per prompt token (:data:`VLLM_FRONT_END_PER_PROMPT_TOKEN_MS`,
-#: which moved the base from 15 ms, as first calibrated below, to 10). The vLLM dev rows' TTFT
-#: residual against the model grows with concurrency (median measured - predicted at 4 / 16 / 64 / 128 / 256 / 512 clients: -10 / +5 /
-#: +31 / +66 / +138 / +407 ms with a flat 40 ms front end), while vLLM 0.15-0.19 rows at low
-#: concurrency imply 10-20 ms. Both the benchmark client (``vllm bench serve``: one asyncio loop for
-#: all streams) and vLLM's API server (its output processor detokenises and sends every stream's
-#: tokens in the API-server process) do per-stream work on one core, which is where a new request
-#: waits. Disaggregated deployments sit behind their router (Dynamo's), so they take the base only (vLLM
-#: disagg dev rows, 5: TTFT median APE 55.2% with the per-stream term, 38.0% without). Dev rows, vLLM TTFT median
-#: APE (within 20%) at (base ms, ms per stream): (40, 0) 18.9% (53.1%); (40, 0.3) 17.1%; (30, 0.5)
-#: 15.3%; (20, 0.7) 14.9% (60.2%); (15, 0.6) 14.3% (61.0%); (15, 0.7) 13.9% (60.5%); (10, 0.7)
-#: 14.6%; (10, 0.9) 14.9%; (5, 0.8) 17.7%; (0, 0.9) 20.8%; TPOT unchanged. TensorRT-LLM's own
-#: per-stream term: :data:`TRTLLM_FRONT_END_PER_STREAM_MS`.
+#: ``front_end_per_stream_ms``) and 3 us per prompt token (:data:`VLLM_FRONT_END_PER_PROMPT_TOKEN_MS`).
+#: Both the benchmark client (``vllm bench serve``: one asyncio loop for all streams) and vLLM's API
+#: server (its output processor detokenises and sends every stream's tokens in the API-server
+#: process) do per-stream work on one core, which is where a new request waits. Disaggregated
+#: deployments sit behind their router (Dynamo's), so they take the base only. Both values are fits
+#: to the vLLM development rows' TTFT (see docs/modelling-log.md, 'vLLM front end'). TensorRT-LLM's
+#: own per-stream term: :data:`TRTLLM_FRONT_END_PER_STREAM_MS`.
 VLLM_FRONT_END_MS = 10.0
 VLLM_FRONT_END_PER_STREAM_MS = 0.7
 
@@ -294,126 +252,32 @@ VLLM_FRONT_END_PER_STREAM_MS = 0.7
 #: first step, on the TTFT's path and growing with the prompt -- the API server tokenises the
 #: prompt's text (the InferenceX client sends text made of random token ids), and the engine core
 #: builds the request from its token ids (with prefix caching, vLLM V1's default, it hashes every
-#: KV block of the prompt). The vLLM dev rows' TTFT residual grew with the prompt: at <= 8 clients
-#: the median measured - predicted was +4 ms at 1k and +23 ms at 8k tokens (InferenceX rows; the
-#: signed error of all vLLM rows -3.9% at 1k, -9.0% at 8k). Dev rows, all-row TTFT median APE (within
-#: 15%), from 16.92% (873) at (15 ms base, 0 us): at 15 ms and 1.5 / 2 / 2.5 / 3 us: 16.77 / 16.72 /
-#: 16.74 / 16.79% (885 / 888 / 886 / 892); at 10 ms and 2.5 / 3 / 3.5 / 4 us: 16.62 / 16.56 / 16.58 /
-#: 16.63% (889 / 894 / 901 / 898); at 12 ms and 2.5 / 3 us: 16.68 / 16.69%; at 5 ms and 3 / 4 us:
-#: 17.26 / 16.80%. At (10 ms, 3 us) vLLM's TTFT median APE goes 12.2% -> 11.5%, its signed error
-#: -3.9 -> -2.1% at 1k and -9.0 -> -4.5% at 8k; TPOT unchanged. The other engines tokenise too, but
-#: their rows do not ask for it: at the same 3 us TensorRT-LLM's rows within 15% go 329 -> 315 (its
-#: 8k rows' TTFT is over-predicted at low concurrency already, -25 ms median) and SGLang's 159 -> 162,
-#: while SGLang's best fit is 20 us, which no tokeniser costs (:data:`SGLANG_FRONT_END_MS`). A disaggregated deployment's
-#: router tokenises (:func:`infercast.serving.disagg.solve_disagg` takes the base only).
+#: KV block of the prompt). The value is a fit, jointly with the 10 ms base, to the development
+#: rows' TTFT. The other engines tokenise too, but no such term is applied to them (their rows do
+#: not ask for it). A disaggregated deployment's router tokenises
+#: (:func:`infercast.serving.disagg.solve_disagg` takes the base only). See docs/modelling-log.md,
+#: 'vLLM per-prompt-token front end'.
 VLLM_FRONT_END_PER_PROMPT_TOKEN_MS = 0.003
 
 #: TensorRT-LLM's front end per open stream, 0.6 ms, when ``trtllm-serve`` runs without
 #: post-processing workers (its default: the API server's own event loop detokenises and streams
 #: every open stream's tokens, as vLLM's API server does; with workers,
-#: :data:`TRTLLM_POSTPROCESS_FRONT_END_MS` and no per-stream term). Dev rows, all-row TTFT median
-#: APE (within 20%) at 0 / 0.3 / 0.45 / 0.5 / 0.6 / 0.7 / 0.8 ms per stream: 17.56% (54.7%) / 17.32
-#: / 17.12 / 17.01 / 16.92% (56.0%) / 17.10 / 17.30%; TensorRT-LLM 18.4% -> 17.3%, TPOT unchanged.
-#: The gain is the AIC gap-analysis harness's rows (TensorRT-LLM 1.0.0rc3, h100; 261 rows: 23.5%
-#: -> 18.5%, at 65-128 clients 24.6% -> 14.6%), whose TTFT excess grew with concurrency; on the
-#: other TensorRT-LLM rows it is neutral (485 rows: 16.4% -> 16.7%, within 15% 227 -> 226).
-#: Applied to every TensorRT-LLM row the term was worse in earlier sessions (30.2% -> 30.6% at
-#: 0.3 ms, with the post-processing rows' 100 ms base).
+#: :data:`TRTLLM_POSTPROCESS_FRONT_END_MS` and no per-stream term). A fit to the development rows'
+#: TTFT (see docs/modelling-log.md, 'TensorRT-LLM per-stream front end').
 TRTLLM_FRONT_END_PER_STREAM_MS = 0.6
 
-#: Measured and not kept (dev fullspec rows, all rows 16.61%, 894 within 15%; each term added to the
-#: predicted TTFT of the aggregated rows, without its small feedback on the clients' cycle):
-#:
-#: * the front end's per-stream load taken as the output it streams (concurrency / TPOT, tokens per
-#:   ms) instead of the open streams, in place of each engine's per-stream term: at 2 / 5 / 10 / 20 /
-#:   40 ms per 1,000 tokens/s streamed, TensorRT-LLM's rows give 883 / 881 / 889 / 896 / 879 rows,
-#:   vLLM's 791 / 810 / 847 / 820 / 735, SGLang's 866 / 871 / 875 / 868 / 894. The open streams fit
-#:   better: the benchmark client and API server pay per stream, not per token.
-#: * a prefill cost growing with the tensor-parallel size, for the excess that grows with TP at low
-#:   concurrency in some groups (<= 8 clients, 1k prompts, median measured - predicted at TP 1 / 2 / 4
-#:   / 8: TensorRT-LLM gpt-oss-120b H200 +3 / +12 / +38 / +43 ms, Llama-3.1-70B B200 -23 / -18 / -4 /
-#:   +6; vLLM Llama-3.1-70B B200 -3 / +13 / +26 / +38) but not in others (vLLM gpt-oss-120b on every
-#:   GPU, vLLM Llama-3.1-70B H200, TensorRT-LLM gpt-oss-120b B200: flat within 12 ms): 3 / 5 /
-#:   8 / 12 ms per doubling of TP on every row, 892 / 897 / 881 / 848 rows; on TensorRT-LLM's rows
-#:   alone 904 / 908 / 899 / 891. No mechanism of that size was found: the prefill all-reduces of
-#:   those rows are tens of microseconds each in the tables, and the excess would need ten times that.
-#: * the first token held back by a stream interval (``--stream-interval`` 10-30 in the InferenceX
-#:   SGLang recipes, ``stream_interval`` in TensorRT-LLM's): both engines send a request's first token
-#:   at once (SGLang when it has one output token, TensorRT-LLM at its first decoding iteration), and
-#:   the InferenceX client times the first chunk even when its text is empty; the AIC harness's
-#:   SGLang rows, run at the default interval of 1, fit the same 120 ms front end as the recipes'.
-#: * a bound, not a candidate (``python -m benchmarks.fidelity_bounds``): each row's predicted TTFT
-#:   split into its three parts (front end, wait for the step in progress, own prefill; the 1,892
-#:   rows whose prediction states them, 889 of them within 15%) and each part scaled by 0.70-2.00 in
-#:   steps of 0.05. One scale per part for every row: at best 911 (front end x1.15, wait x1.05,
-#:   prefill x0.95). One triple per engine, nine scales fitted on the scored rows: SGLang 161 -> 198
-#:   of 490 (prefill x1.6, which its TPOT would not bear: see :data:`SGLANG_FRONT_END_MS`),
-#:   TensorRT-LLM 322 -> 340 of 728, vLLM 406 -> 412 of 674; 950, so 955 of all 1,924 rows. No
-#:   re-weighting of the modelled parts reaches 962: the remaining error lies between groups of rows
-#:   that the parts do not separate. SGLang's prefill x1.6 played out in full (every SGLang step
-#:   that carries prefill costs 1.2 / 1.4 / 1.6 / 2.0 times its context part, so the decodes wait
-#:   for it too): all rows 896 / 906 / 916 / 921 within 15%, TPOT 7.71 / 7.69 / 7.79 / 8.07% (SGLang's
-#:   8.42% -> 8.66 / 8.73 / 9.36 / 11.30%). At x1.6 the rows gained are Qwen3.5's on B200 0.5.9 (3 ->
-#:   12 of 83) and H200, its B200 nightlies' and GLM-5's (B200 6 -> 12 of 22); lost, B300 Qwen3.5
-#:   0.5.10.post1 (12 -> 8 of 31), DeepSeek-R1 (B200 0.5.9 20 -> 17 of 42, H200 9 -> 7 of 13) and
-#:   -V3 (26 -> 24 of 37), whose TPOT says their prefill steps are not slower (B300 Qwen3.5 0.5.9 7.0 -> 16.2%, H200
-#:   DeepSeek-R1 7.8 -> 14.0%): the (model, cluster) offset of :data:`SGLANG_FRONT_END_MS` again.
+#: Front-end and prefill terms tried and rejected (not modelled): see docs/modelling-log.md,
+#: 'Front-end load per streamed token', 'Prefill cost per TP doubling', 'Stream interval' and
+#: 'TTFT parts bound and SGLang prefill scale'.
 
 #: SGLang's front end: 120 ms per request plus 1.5 ms per open stream. SGLang's tokenizer manager
 #: (one asyncio process) receives every stream's detokenised output and writes its chunks to the
 #: client, and the benchmark client handles every stream on one loop, as with vLLM's API server.
-#: Its rows did not ask for the per-stream term while most ran SGLang's lock-step waves (SGLang TTFT
-#: 35.8% -> 36.0 / 36.9% at (120, 0.3) / (100, 0.8)); run as the steady state (InferenceX's random
-#: lengths, :func:`infercast.validate.recipes.random_lengths`) they do. Dev rows, SGLang TTFT median
-#: APE (within 20%) at (base ms, ms per stream): (120, 0) 28.3% (34.3%); (120, 0.7) 26.3%; (120,
-#: 1.2) 26.1%; (120, 1.5) 25.2% (39.9%); (120, 1.8) 25.3%; (120, 2.0) 25.4%; (120, 3.0) 26.1%;
-#: (100, 1.5) 27.3%; (140, 1.5) 25.4%; (100, 1.0) 28.2%; (160, 0.5) 26.0%; (200, 0) 25.3%; TPOT
-#: unchanged. By group at (120, 1.5): H200 DeepSeek-R1 / -V3 21.3 / 20.0% -> 10.8 / 10.4%, B200
-#: Qwen3.5 31.1% -> 25.2%, B200 DeepSeek-R1 34.8% -> 31.5%; worse B300 Qwen3.5 18.3% -> 26.8%. All
-#: rows TTFT 18.76% -> 18.12%. Re-swept later (all rows TTFT 16.92%, 873 within 15%): a base of
-#: 150 / 160 / 180 / 200 / 240 ms gives 16.79 / 16.79 / 16.72 / 16.79 / 17.23% (878 / 885 / 890 /
-#: 873 / 871 within 15%). Every gain is the Qwen3.5 rows' on B200 and H200 (within 15%: B200 20 ->
-#: 36 / 44 / 60 / 58 / 64 of 118, H200 1 -> 1 / 6 / 6 / 10 / 16 of 19), while every other SGLang
-#: group loses rows (B200 DeepSeek-R1 23 -> 15 / 15 / 12 / 9 / 7 of 67, DeepSeek-V3 17 -> 13 / 12 /
-#: 10 / 8 / 6 of 53, B300 Qwen3.5 16 -> 16 / 13 / 13 / 11 / 8 of 43, H100 Qwen3-32B 25 -> 23 / 22 /
-#: 22 / 20 / 19 of 35): a cost of that model's requests, not the front end's, so 120 ms stays.
-#: Such a cost, measured and not kept either: for Qwen3.5 on the SGLang builds without the hybrid
-#: overlap (:func:`sglang_hybrid_overlap`), 60 ms + 10 us per prompt token before the scheduler
-#: (``arrival_delay_ms``) gives all rows 15.80% (929 within 15%; those rows 25 -> 81 of 144), TPOT
-#: unchanged; the same cost as host time of every prefill step, on the GPU's path, 15.80% (924) with
-#: TPOT 7.61% -> 7.94% (those rows 7.1 -> 11.0%), so it is not GPU-serial. Its cause is not found: it
-#: would be a constant of one (engine, model, version) triple, and the 0.5.10.post1 B300 rows of the
-#: same model are over-predicted (+12% median) without it.
-#: Where it shows, it is not the model's: the InferenceX runs of one SGLang 0.5.9 image
-#: (``v0.5.9-cu130-amd64``) of Qwen3.5 on B200 (2026-03-24) and B300 (2026-04-03), same layouts, lengths
-#: and clients, measure TTFT 100-130 ms apart (TP 8, 1k, c4: 305 vs 172 ms; c16: 441 vs 335; 8k, c8:
-#: 519 vs 420) with the same TPOT (8.3 vs 7.9 ms, 12.2 vs 11.1, 10.4 vs 10.1), and the B300 runs fit
-#: without any such cost (median -1 to -3%).
-#: The same holds for GLM-5: its B300 recipe reuses the B200 one as is (``glm5_fp8_b300.sh``), and
-#: the same nightly measures 116-160 ms more TTFT on B200 than on B300 (TP 8, 1k, c32 / c128: 369 vs
-#: 210, 535 vs 419 ms; 8k, c8 / c16: 742 vs 618, 940 vs 799) with TPOT within 3% at 8k. DeepSeek-R1
-#: on the same B200 cluster and SGLang build fits with 120 ms (1k rows -4% median), so the offset is
-#: one of (model, cluster), not of the cluster: 100 ms more front end on every B200 SGLang row
-#: takes Qwen3.5 0.5.9 from 3 to 34 rows within 15% and DeepSeek-R1 / -V3 from 20 / 16 to 4 / 6 (all
-#: rows 873 -> 890). Also measured and not kept (all rows 16.92%, 873 within 15%): a front-end cost
-#: per prompt token on SGLang rows, for the long prompts' under-prediction (SGLang 8k rows -31%
-#: median, 1k rows -14%): 10 / 15 / 20 us per token give 882 / 892 / 897 rows; re-swept with the base
-#: (80-120 ms) and per-stream term (1.0-2.0 ms), at best 902 (16.41%, at 100 ms, 1.5 ms, 20 us).
-#: The gains are Qwen3.5's and GLM-5's, the losses H200 DeepSeek-R1, the AIC harness's H100
-#: Qwen3-32B and B300 Qwen3.5 0.5.10; vLLM wants at most 5 us (+9 rows; 10 us: -45) and
-#: TensorRT-LLM none (5 us: -11). SGLang tokenizes with the same fast tokenizer vLLM runs, so
-#: 20 us per token has no mechanism; it is the (model, cluster) offset above in another shape.
-#: Re-measured with vLLM's per-token term (:data:`VLLM_FRONT_END_PER_PROMPT_TOKEN_MS`; all rows
-#: 16.56%, 894): (120 ms, 1.5 ms, 10 us) 903 rows (16.31%), (100, 1.5, 15) 916 (16.10%), (100, 1.5,
-#: 20) 923 (15.89%). SGLang's TTFT error does grow with the prompt in every harness family (+0.06
-#: to +0.07 in log TTFT per doubling of the prompt; 8k rows under-predicted by +0.31 / +0.43 / +0.33
-#: in median log ratio in the database dump / InferenceX / AIC harness, their 1k rows by +0.11 /
-#: +0.23 / -0.02), and the term narrows that gap in each; but only the InferenceX rows gain rows
-#: within 15% (63 -> 91 of 260 at (100, 1.5, 20); 63 -> 89 at (120, 1.5, 15)), while the database
-#: dump's and the AIC harness's hold or lose (57 -> 59 of 172 and 39 -> 38 of 72; at (120, 1.5,
-#: 15) 57 -> 54 and 39 -> 35): it over-predicts their short prompts as much as it helps their
-#: long ones, and the InferenceX gain is mostly the B200 Qwen3.5 rows, whose excess over the paired
-#: B300 runs is the same at 1k and 8k prompts (+99 to +133 ms).
+#: Both values are fits to the SGLang development rows' TTFT. Some (model, cluster) pairs' SGLang
+#: rows measure more TTFT than the same build and model on another cluster; no input of a row
+#: names that offset, so no per-model or per-prompt-token term stands in for it. See
+#: docs/modelling-log.md, 'SGLang front end', 'SGLang front-end base re-swept', 'SGLang Qwen3.5
+#: prompt cost', 'SGLang (model, cluster) TTFT offset' and 'SGLang per-prompt-token front end'.
 SGLANG_FRONT_END_MS = 120.0
 SGLANG_FRONT_END_PER_STREAM_MS = 1.5
 
@@ -434,9 +298,7 @@ SCHEDULERS = {
 
 #: SGLang sizes its chunked-prefill budget by GPU memory (``server_args``: ``chunked_prefill_size``
 #: 2048 below 35 GiB, 8192 below 160 GiB -- "H100, H200, A100, H20" -- and 16384 from 160 GiB --
-#: "B200, MI300"). The dev rows agree: SGLang TTFT median APE 39% with 8192 everywhere, 34% with
-#: 16384 on H200 and the Blackwell parts, and the same 34% (h200 rows 93% -> 75%, TPOT 11.4% ->
-#: 11.35%) with H200 at 8192 as the rule says.
+#: "B200, MI300"). See docs/modelling-log.md, 'SGLang chunked-prefill size by GPU memory'.
 SGLANG_LARGE_GPU_BYTES = 160 * 2**30
 SGLANG_LARGE_GPU_CHUNK = 16384
 SGLANG_SMALL_GPU_BYTES = 35 * 2**30
@@ -445,7 +307,7 @@ SGLANG_SMALL_GPU_CHUNK = 2048
 #: vLLM's online-serving defaults by GPU (``EngineArgs.get_batch_defaults``): ``max_num_batched_tokens``
 #: 8192 and ``max_num_seqs`` 1024 on GPUs with at least 70 GiB that are not A100s ("a larger
 #: ``max_num_batched_tokens`` on A100 reduces throughput", vllm-project/vllm#17885); 2048 and 256
-#: elsewhere (A100, L40S, L4, ...). Every dev silicon row is on a large part, so no row moves.
+#: elsewhere (A100, L40S, L4, ...). See docs/modelling-log.md, 'vLLM batch defaults by GPU'.
 VLLM_LARGE_GPU_BYTES = 70 * 2**30
 VLLM_SMALL_GPU_TOKENS, VLLM_SMALL_GPU_SEQS = 2048, 256
 
@@ -453,13 +315,10 @@ VLLM_SMALL_GPU_TOKENS, VLLM_SMALL_GPU_SEQS = 2048, 256
 #: TensorRT-LLM's front end when ``trtllm-serve`` runs post-processing workers
 #: (``num_postprocess_workers`` > 0: detokenisation and response streaming in worker processes
 #: instead of the API server's own loop, which otherwise also feeds the executor). The default
-#: (:data:`SCHEDULERS`' 100 ms) is what the dev rows of servers without them imply. The public
-#: InferenceX recipes run Llama-3.1-70B with 2 workers and gpt-oss-120b with 4, DeepSeek-R1 with
-#: none; their dev rows (TensorRT-LLM, TTFT median APE at 15 / 25 / 35 / 50 ms for the rows with
-#: workers, the rest at 100 ms): TensorRT-LLM 25.2 / 23.9 / 24.7 / 26.1% (from 30.1% with 100 ms
-#: everywhere); with workers only where the recipes run them: Llama-3.1-70B b200 / h200 34.3 /
-#: 32.8% -> 12.7 / 13.2%, gpt-oss-120b b200 / h200 81.6 / 35.4% -> 11.2 / 20.3%, DeepSeek-R1
-#: unchanged; all TensorRT-LLM rows 30.1% -> 22.1%. (25 ms for every TensorRT-LLM row: 38.3%.)
+#: (:data:`SCHEDULERS`' 100 ms) is the front end of servers without them. The public InferenceX
+#: recipes run Llama-3.1-70B with 2 workers and gpt-oss-120b with 4, DeepSeek-R1 with none. 25 ms is
+#: a fit to the development rows of the TensorRT-LLM servers with workers (see docs/modelling-log.md,
+#: 'TensorRT-LLM post-processing workers').
 TRTLLM_POSTPROCESS_FRONT_END_MS = 25.0
 
 
@@ -471,12 +330,8 @@ def _vllm_small_gpu(system) -> bool:
 #: (Gated DeltaNet: Qwen3-Next, Qwen3.5) keep the overlap scheduler when the radix cache is off
 #: (``--disable-radix-cache``, as the public InferenceX recipes run them): sgl-project/sglang#19169
 #: (2026-02-23) notes that the ``no_buffer`` mamba strategy runs with the overlap scheduler once the
-#: radix cache is off, and the dev rows place the change between the 2026-02-16 nightly and the
-#: 2026-04-02 one. Dev rows, Qwen3.5 on SGLang, TPOT median APE with the overlap off -> on: B300
-#: 0.5.10.post1 22.1% -> 6.0% (31 rows), B200 nightly 2026-04-02 13.7% -> 9.0% (5); kept off, as
-#: they measure: 0.5.9 on B200 / H200 / B300 8.3 / 7.1 / 7.0% (16.9 / 19.1 / 16.2% with it on),
-#: the 2026-02-16 and undated nightlies 3.8 / 3.4% (13.7 / 18.6%). All rows: TPOT 7.81% -> 7.66%
-#: (SGLang 9.2% -> 8.4%), TTFT 18.17% unchanged.
+#: radix cache is off; the development rows' TPOT places the change between the 2026-02-16 nightly
+#: and the 2026-04-02 one. See docs/modelling-log.md, 'SGLang hybrid-model overlap by build'.
 SGLANG_HYBRID_OVERLAP_FROM = (0, 5, 10)
 SGLANG_HYBRID_OVERLAP_NIGHTLY_FROM = "20260223"
 _RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)")

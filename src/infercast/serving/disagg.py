@@ -13,9 +13,8 @@ decode worker's continuous batch (decode-only steps). Solved for the steady stat
 * prefill pool: requests arrive at ``lam = C / cycle`` (Little's law); each attention-DP rank of
   a prefill worker runs batches of at least ``prefill_batch`` prompts (chunked by its token
   budget) and, under load, of the prompts that arrived while the previous batch ran:
-  ``k = ceil(lam x T(k) / ranks)``, a fixed point, up to its token budget (``budget // isl``). Dev
-  disaggregated rows: TTFT median APE 50.4% -> 45.2% (TensorRT-LLM at c >= 256: 118% -> 67%);
-  all rows 29.0% -> 28.9% (a threshold on utilisation instead of the fixed point: 45.2-45.6%);
+  ``k = ceil(lam x T(k) / ranks)``, a fixed point, up to its token budget (``budget // isl``; see
+  docs/modelling-log.md, 'Disaggregated prefill batches grow with the queue');
   utilisation ``rho = lam x service / (workers x dp)``. The queueing wait is the closed loop's,
   not an open queue's: ``C`` clients cycle between the prefill pool and everything else (decode,
   KV transfer, front end: their "think time"), so the queue can never hold more than ``C`` prompts
@@ -24,14 +23,10 @@ decode worker's continuous batch (decode-only steps). Solved for the steady stat
   network (the pool as one queue of per-prompt service ``batch / (k x ranks)``, the rest of a
   prompt's own batch as a pure delay) gives it, with deterministic service halving the queue a
   prompt finds (:data:`DETERMINISTIC_QUEUE_FACTOR`) below saturation, and the bottleneck bound
-  (throughput at most the pool's) at it. Dev disaggregated rows, TTFT median APE 45.6% (open
-  M/D/1) -> 42.0%, TPOT 18.3% -> 18.9%; by prefill utilisation the geometric-mean TTFT ratio at rho
-  0.8-0.95 / >= 0.95 goes 1.57 / 2.94 -> 1.30 / 2.22 (at rho < 0.5 the rows stay at 0.70-0.75).
-  Where the pool saturates in the model the rows measure faster prefill (TTFT 2.2x, TPOT 0.63x at
-  rho >= 0.95): those deployments' prefill workers were configured beyond the backend defaults the
-  model assumes (token budget, batch), which the rows do not record. Without the bound (the
-  deterministic factor alone) the disaggregated TTFT is 40.2%, but throughput would exceed the
-  pool's capacity: not kept;
+  (throughput at most the pool's) at it. Known limit: deployments whose prefill workers were
+  configured beyond the backend defaults the model assumes (token budget, batch; the rows do not
+  record them) prefill faster than modelled where the pool saturates. See docs/modelling-log.md,
+  'Disaggregated prefill queue as a closed loop';
 * the first wave (all clients at once) queues ``C / workers`` prompts per prefill worker; mean
   TTFT mixes it in with weight ``1 / requests_per_client`` as in aggregated serving.
 
@@ -41,9 +36,8 @@ heavy-traffic shape of a queueing wait); a first-wave request is in batch ``j`` 
 ``ceil(C / workers / k)`` batches with equal probability; every request decodes through the same
 decode-only steps, so TPOT has no spread in this model (its percentiles equal the mean).
 
-Tried and not kept: the first token as the decode worker streams it, after the KV transfer (and one
-decode step to pick the request up), with the transfer taken out of TPOT: disaggregated dev rows'
-TTFT median APE 34.5% -> 34.5% (35.3% with the pickup step).
+A variant tried and rejected (the first token as the decode worker streams it): see
+docs/modelling-log.md, 'Disaggregated first token from the decode worker'.
 """
 
 from __future__ import annotations
@@ -65,8 +59,8 @@ from .result import (
 from .sim import check_prompt_fits_budget
 
 #: benchmark length (requests per client) of the disaggregated benchmarks: the first wave's weight
-#: in mean TTFT. Calibrated on the dev disaggregated silicon rows (TTFT median APE 60% / 48% / 47%
-#: and GMR 1.22 / 0.98 / 0.78 for 2 / 3 / 5); their harness differs from the aggregated rows'.
+#: in mean TTFT. A fit to the development disaggregated silicon rows, whose harness differs from the
+#: aggregated rows' (see docs/modelling-log.md, 'Disaggregated benchmark length').
 DISAGG_REQUESTS_PER_CLIENT = 4.0
 #: prefill ranks grow their batches with the queue (module docstring); False keeps them at the
 #: configured batch (the model before that rule, kept switchable for comparison)
@@ -92,8 +86,8 @@ def kv_transfer_ms(kv_bytes_per_token_per_gpu: float, isl: int, prefill_gpus: in
 
 #: share of the queue ahead that a new prompt waits for, relative to exponential service: prefill
 #: batches take a fixed time, and deterministic service halves the mean wait (the M/D/1 to M/M/1
-#: ratio, (1 + cv^2) / 2 with cv = 0). Dev disaggregated rows, TTFT / TPOT median APE: 1.0 ->
-#: 44.4% / 19.0%, 0.5 -> 42.0% / 18.9% (the open M/D/1 queue before: 45.6% / 18.3%).
+#: ratio, (1 + cv^2) / 2 with cv = 0). See docs/modelling-log.md, 'Disaggregated prefill queue as a
+#: closed loop'.
 DETERMINISTIC_QUEUE_FACTOR = 0.5
 
 

@@ -9,10 +9,8 @@ Mapping (facts from the fidelity README):
 * data version: the pack's *current* slot for the backend. The CSV's ``backend_version`` values are
   the versions that were benchmarked (often Dynamo runtime tags); perf tables exist only for some.
   Using the current collected version is a modelling decision, reported in each row's note.
-  Measured and not used: the benchmarked version's own tables wherever the pack collected that
-  version (465 dev rows: vLLM 0.18 / 0.19, SGLang 0.5.6.post2 / 0.5.9; tables that version lacks
-  from the current one): TPOT median APE 8.79% -> 9.44%, TTFT 26.48% -> 26.94% (vLLM TPOT
-  7.0% -> 8.3%, SGLang 10.6% -> 11.8%);
+  The benchmarked version's own tables, where the pack collected that version, were tried and
+  rejected (see docs/modelling-log.md, 'Benchmarked version's tables');
 * agg: ``tp``/``pp`` per replica; the concurrency per replica comes from the benchmark
   concurrency (``_c<N>_``) divided over attention-DP ranks as the row says;
 * a row whose TP (or attention-DP) column is the *product* of the TP and EP sizes its id names
@@ -41,11 +39,8 @@ from .silicon import SiliconRow
 Predictor = Callable[[SiliconRow], tuple[float, float, str]]
 
 #: Acceptance rate of the MTP draft token assumed for the rows that run MTP (see
-#: :meth:`EstimatorCache.nextn_for`). The rows do not say; the API's default (0.8). Dev rows, all
-#: TensorRT-LLM rows, TPOT median APE at 0.6 / 0.7 / 0.8 / 0.9: 9.60 / 9.51 / 9.43 / 9.46%; all
-#: rows 0.7 -> 0.8: TPOT 8.80 -> 8.79%, TTFT 26.41 -> 26.48% (a wash; the default is kept)
-#: (before DeepSeek-V3 rows ran without MTP and NVFP4 experts on the low-latency kernel, the
-#: DeepSeek rows alone preferred 0.7: 22.2 / 21.8 / 24.5 / 27.3%).
+#: :meth:`EstimatorCache.nextn_for`). The rows do not say; the API's default (0.8). See
+#: docs/modelling-log.md, 'MTP acceptance'.
 MTP_ACCEPTANCE = 0.8
 #: models whose TensorRT-LLM rows are predicted without MTP (see :meth:`EstimatorCache.nextn_for`)
 NO_MTP_MODELS = ("DeepSeek-V3",)
@@ -69,19 +64,14 @@ class EstimatorCache:
 
     def nextn_for(self, row: SiliconRow, model: str) -> int:
         """MTP draft tokens assumed for a row. No row says whether MTP was on; TensorRT-LLM's
-        DeepSeek serving recipes enable it, and the dev rows agree: with nextn=1 the TPOT
-        geometric-mean ratio of DeepSeek-V3/R1 TensorRT-LLM rows goes from 1.35/1.75 to 1.01/1.23,
-        while SGLang rows fit without it (1.01/1.02). So: nextn=1 for TensorRT-LLM rows of
-        checkpoints that ship MTP layers, 0 otherwise -- except DeepSeek-V3 rows
-        (:data:`NO_MTP_MODELS`). Where the dev rows hold distinct DeepSeek-V3 and -R1 measurements of
-        one configuration (TensorRT-LLM 1.1.0rc2.post2, b200 and h200, fp8, TP 8 / EP 8, seven
-        pairs: same version, lengths, concurrency and parallelism), V3's TPOT is 1.4-2.0x R1's
-        (13.7 vs 7.1 ms at concurrency 4 on h200): the speed-up MTP gives, on an identical
-        architecture. NVIDIA's TensorRT-LLM recipes that enable MTP are DeepSeek-R1's. (Other rows
-        hold the same measurement under both names; they cannot tell.) Dev rows, with the
-        low-latency NVFP4 experts of :func:`infercast.ops.moe._prefer_low_latency`: TensorRT-LLM
-        DeepSeek-V3 TPOT median APE h200 35.3% -> 9.0%, b200 16.7% -> 22.3% (its rows are mostly
-        the DeepSeek-R1 measurements again), all TensorRT-LLM rows 9.72% -> 9.51%."""
+        DeepSeek serving recipes enable it, and the development rows' TPOT agrees, while SGLang
+        rows fit without it. So: nextn=1 for TensorRT-LLM rows of checkpoints that ship MTP
+        layers, 0 otherwise -- except DeepSeek-V3 rows (:data:`NO_MTP_MODELS`): where the rows
+        hold distinct DeepSeek-V3 and -R1 measurements of one configuration (same version,
+        lengths, concurrency and parallelism), V3's TPOT is the slower by the speed-up MTP gives,
+        on an identical architecture, and NVIDIA's TensorRT-LLM recipes that enable MTP are
+        DeepSeek-R1's. (Other rows hold the same measurement under both names; they cannot tell.)
+        See docs/modelling-log.md, 'MTP on TensorRT-LLM DeepSeek rows'."""
         if row.backend != "trtllm" or row.model.split("/")[-1] in NO_MTP_MODELS:
             return 0
         return 1 if self.ships_mtp(model) else 0
@@ -239,8 +229,7 @@ def _product_layout(row: SiliconRow, w, gpus_per_node: int | None):
     ``tp<T>_ep<E>`` tokens multiply to the TP column (or to the attention-DP column with TP 1),
     the worker is T GPUs -- TP T (attention DP T) with MoE EP E. Rows without tokens whose
     columns have the same signature (width = moe_tp x moe_ep with moe_tp = moe_ep = E, wider
-    than a node) get T = E. On the dev rows this moves the 154 affected rows' TTFT median APE
-    92% -> 42% and TPOT 21.7% -> 19.7%."""
+    than a node) get T = E. See docs/modelling-log.md, 'TP x EP product layouts'."""
     if row.mode != "agg":
         return w
     m = _ID_LAYOUT.search(row.id or "")
@@ -270,7 +259,7 @@ MOE_TP_WITHOUT_EP_MAX = 8
 def gpu_count(row: SiliconRow, moe_model: bool = False) -> int | None:
     """The GPU count an agg row's TP column holds when it is no tensor-parallel degree, else None.
 
-    30 dev rows (DeepSeek-R1 on gb200, TensorRT-LLM nvfp4 and SGLang fp8, one source file) give
+    30 development rows (DeepSeek-R1 on gb200, TensorRT-LLM nvfp4 and SGLang fp8, one source file) give
     ``tp`` 20, 24, 28, 36, 48, 52 or 72 with EP 1 and no attention DP: no backend shards by a
     degree that is not a power of two, and none of those divides the model's 128 heads. They are
     deployments of that many GPUs of a GB200 NVL72 rack whose split the row does not say; the
@@ -282,12 +271,8 @@ def gpu_count(row: SiliconRow, moe_model: bool = False) -> int | None:
     Two more rows of that family give ``tp`` 32 and 64 (``moe_model``: the checkpoint has routed
     experts): a power of two, but tensor parallelism wider than :data:`MOE_TP_WITHOUT_EP_MAX` for an
     MoE model without expert parallelism slices every expert of DeepSeek-R1 below 128 of its 2048
-    columns, a layout nobody serves (the dev rows hold no other such row); read as one TP 32 replica,
-    the c2150 8192x1024 row queues for KV cache (339 s TTFT predicted, 5.8 s measured), and no
-    all-reduce over 64 GPUs is measured at all (the one dev row not predicted before). As GPU
-    counts (the best of 172 / 502 deployments): TTFT 339 s -> 9.8 s, TPOT 103 -> 30.8 ms (measured
-    5.8 s / 43.9 ms); the TP 64 row 1.70 s / 11.6 ms (measured 1.39 s / 10.1 ms). Dev coverage
-    99.95% -> 100%."""
+    columns, a layout nobody serves; read as one TP 32 replica such a row would queue for KV cache,
+    and no all-reduce over 64 GPUs is in the tables. See docs/modelling-log.md, 'GPU-count rows'."""
     w = row.worker
     if row.mode != "agg" or w is None or w.tp < 2 or w.pp > 1 or w.attention_dp > 1:
         return None
@@ -304,10 +289,8 @@ def _square_layout(w, id_match):
     their id, where it has tokens, says ``tp<T>_ep<T>``. The measurements side with T GPUs, TP T,
     EP T: MiniMax-M2.5 8192x1024 on "2 x 2" b200 queues for KV cache (13.5 s TTFT at c256, 70 s at
     c512), which only 2 GPUs explain (they hold 1.6M cached tokens, 256 x 9216 need 2.4M; 4 GPUs
-    would hold them all); on the dev rows this reading
-    moves those rows' TPOT geometric-mean ratio from 0.65-0.94 to 0.9-1.1 and the vLLM TPOT median
-    APE from 8.0% to 7.4% (attention DP T, TP 1 instead: 7.7%). Only taken when the id's tokens,
-    if any, are ``tp<T>_ep<T>``."""
+    would hold them all). See docs/modelling-log.md, 'TP x EP product layouts'. Only taken when the
+    id's tokens, if any, are ``tp<T>_ep<T>``."""
     t = w.tp
     if not (t > 1 and w.attention_dp == t and w.moe_tp == 1 and w.moe_ep == t * t):
         return None
@@ -342,14 +325,11 @@ def _moe_layout(w) -> tuple[int | None, int | None]:
 
 def _kv_quant(row: SiliconRow) -> str | None:
     """No row says whether the KV cache was fp8. TensorRT-LLM serves NVIDIA's quantised (fp8 /
-    nvfp4) checkpoints with their fp8 KV cache by default. For vLLM the dev rows say the same:
-    22 vLLM rows of quantised checkpoints that a bf16 cache would make KV-bound (requests queueing
-    for cache) measure no such queueing (predicted TTFT 6x the measured, e.g. Llama-3.1-70B fp8
-    tp1 on b200, 1024x8192 at c64: 382 ms measured); with an fp8 cache the vLLM rows' TTFT median
-    APE goes 23.9% -> 23.1%, TPOT 12.4% -> 12.5%. SGLang keeps the model dtype
-    (``kv_cache_dtype=auto``) except where its benchmark recipes set fp8 (:data:`SGLANG_FP8_KV_SYSTEMS`). Measured and not kept: a bf16 cache for vLLM fp8 checkpoints that
-    declare no KV quantisation (MiniMax-M2.5, Qwen3-235B-FP8) fits MiniMax-M2.5 h100 8192x1024 better
-    (TTFT 46% -> 25%) but moves all vLLM rows TTFT 20.5% -> 20.7%, TPOT 7.4% -> 7.7%."""
+    nvfp4) checkpoints with their fp8 KV cache by default. For vLLM the development rows say the
+    same: vLLM rows of quantised checkpoints that a bf16 cache would make KV-bound measure no such
+    queueing. SGLang keeps the model dtype (``kv_cache_dtype=auto``) except where its benchmark
+    recipes set fp8 (:data:`SGLANG_FP8_KV_SYSTEMS`). See docs/modelling-log.md, 'fp8 KV cache for
+    quantised checkpoints'."""
     recipe = vllm_recipe(row)
     if recipe is not None:
         return recipe.kv_cache_quant
