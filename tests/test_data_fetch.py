@@ -358,3 +358,21 @@ def test_bad_wheels_are_one_line_errors_and_leave_nothing(capsys, tmp_path, synt
         rc, out, err = fetch(capsys, dest_parent / "pack", whl)
         assert_one_line_error(rc, out, err, str(whl), *needles)
         assert list(dest_parent.iterdir()) == [], whl
+
+
+def test_file_written_into_the_earlier_pack_during_the_fetch_is_kept(wheel, capsys, tmp_path, monkeypatch):
+    dest = tmp_path / "pack"
+    assert fetch(capsys, dest, wheel)[0] == 0
+    real_extract = zipfile.ZipFile.extract
+    mine = dest / PACK_PACKAGE_DIR / "model_configs" / "mine_config.json"
+
+    def extract_and_meddle(self, member, path=None, pwd=None):
+        if not mine.exists():
+            mine.write_text("{}")  # the user writes into the earlier pack while extraction runs
+        return real_extract(self, member, path, pwd)
+
+    monkeypatch.setattr(zipfile.ZipFile, "extract", extract_and_meddle)
+    rc, out, err = fetch(capsys, dest, wheel)
+    assert_one_line_error(rc, out, err, str(dest), "changed during the fetch", "mine_config.json")
+    assert mine.read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pack"]

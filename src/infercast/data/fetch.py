@@ -295,8 +295,13 @@ def fetch_pack(dest: Path | None = None, wheel: Path | None = None) -> FetchResu
 
 def _move_into_place(new: Path, dest: Path, earlier: Path, replacing: bool) -> None:
     """Rename the complete pack ``new`` to ``dest``; an earlier pack there goes to ``earlier``
-    first (same file system) and comes back if the second rename fails."""
+    first (same file system) and comes back if the second rename fails. The earlier pack is
+    checked again here: extraction takes a while, and a file written into it meanwhile is kept."""
     if replacing:
+        problem = _earlier_pack_problem(dest)
+        if problem is not None:
+            raise InvalidInputError(f"data fetch destination {dest} was left untouched",
+                                    f"{problem} (it changed during the fetch); the new pack was discarded")
         dest.rename(earlier)
         try:
             new.rename(dest)
