@@ -1,7 +1,8 @@
 """Bad files: a local model config or a system YAML that is unreadable or holds an impossible
 value ends in a typed error naming the file, the field and the value (CLI: exit 2, one line),
 never a traceback, a NaN or a negative capacity; one broken system YAML does not break
-``infercast systems``.
+``infercast systems``. A pack without its model configs, a corrupt Parquet table or a damaged
+pack YAML names the file (or where it looked), the cause and the fix.
 
 Everything runs on small files written here next to the synthetic pack of :mod:`synthpack`.
 """
@@ -377,3 +378,59 @@ def test_models_command_survives_an_unreadable_config(synth, capsys, tmp_path):
     assert rows[sp.MODEL_ID]["supported"] is True and "error" not in rows[sp.MODEL_ID]
     rc, out, _ = run_cli(capsys, ["models", "--systems-path", str(sysdir)])
     assert rc == 0 and "unreadable" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. a pack without its model configs; damaged table and YAML files
+# ---------------------------------------------------------------------------------------------
+def test_systems_copy_without_model_configs_says_where_it_looked(synth, capsys, tmp_path):
+    """A copy of systems/ alone: the model ids are unknown, not "none" (was: an empty table, exit 0,
+    and "available: none")."""
+    sysdir = _systems_dir(tmp_path, synth, {sp.SYSTEM: _system_yaml(synth)})
+    (sysdir.parent / "model_configs").unlink()
+    expected = str(sysdir.resolve().parent / "model_configs")
+    for argv in (["models", "--systems-path", str(sysdir)], ["models", "--systems-path", str(sysdir), "--json"],
+                 estimate_argv(sysdir)):
+        assert_one_line_error(*run_cli(capsys, argv), "model configs not found", f"no directory {expected}",
+                              "beside systems/")
+    # a local config still estimates without the pack's model configs
+    local = _write_config(tmp_path, "local", _base_config(synth))
+    rc, out, err = run_cli(capsys, estimate_argv(sysdir, local))
+    assert rc == 0 and json.loads(out)["ttft_ms"] > 0, err
+    # an empty model_configs/ says so too
+    sysdir = _systems_dir(tmp_path / "empty", synth, {sp.SYSTEM: _system_yaml(synth)})
+    (sysdir.parent / "model_configs").unlink()
+    (sysdir.parent / "model_configs").mkdir()
+    assert_one_line_error(*run_cli(capsys, ["models", "--systems-path", str(sysdir)]), "model configs not found",
+                          f"{sysdir.resolve().parent / 'model_configs'} holds no *_config.json files")
+
+
+FIX = ("reinstall the data pack", "infercast data fetch", "--systems-path")
+
+
+def test_corrupt_parquet_names_file_cause_and_fix(capsys, tmp_path):
+    # was: "perf table ... is unreadable: ArrowInvalid"
+    pack = sp.make_pack(tmp_path / "p", corrupt_table="gemm_perf")
+    path = pack.systems_dir / "data" / sp.SYSTEM / "gemm" / "trtllm" / sp.TRTLLM_CURRENT / "gemm_perf.parquet"
+    line = assert_one_line_error(*run_cli(capsys, estimate_argv(pack.systems_dir)), str(path.resolve()),
+                                 "is unreadable (ArrowInvalid: Parquet magic bytes not found", *FIX)
+    assert "file is corrupted" in line  # pyarrow's own words, kept on the one line
+
+
+@pytest.mark.parametrize(("which", "body", "needle"), [
+    ("query_versions.yaml", b"defaults: {trtllm: [1,\n", "while parsing"),
+    ("query_versions.yaml", b"- a list\n", "holds a list, not a mapping"),
+    ("query_versions.yaml", b"defaults: \xff\n", "not UTF-8 text"),
+    ("reuse.yaml", b"reuse: [{table: gemm_perf\n", "while parsing"),
+], ids=["qv-syntax", "qv-list", "qv-non-utf8", "reuse-syntax"])
+def test_damaged_pack_yaml_names_file_cause_and_fix(capsys, tmp_path, which, body, needle):
+    # was: a multi-line "cannot parse" message, or a traceback (non-UTF-8, a list)
+    pack = sp.make_pack(tmp_path / "p")
+    if which == "reuse.yaml":
+        path = pack.systems_dir / "data" / sp.SYSTEM / "gemm" / "trtllm" / sp.TRTLLM_NEXT / "reuse.yaml"
+        argv = estimate_argv(pack.systems_dir, sp.MODEL_ID, sp.SYSTEM, "--backend-version", sp.TRTLLM_NEXT)
+    else:
+        path = pack.systems_dir / "query_versions.yaml"
+        argv = estimate_argv(pack.systems_dir)
+    path.write_bytes(body)
+    assert_one_line_error(*run_cli(capsys, argv), f"cannot read pack file {path.resolve()}", needle, *FIX)

@@ -309,10 +309,14 @@ def cmd_models(a) -> int:
 
 
 def cmd_data_fetch(a) -> int:
-    from ..data.pack import fetch_pack
+    from ..data.fetch import fetch_pack
+    from ..data.pack import cache_dir
 
-    path = fetch_pack(Path(a.dest) if a.dest else None)
-    print(f"pack data extracted to {path}")
+    r = fetch_pack(Path(a.dest) if a.dest else None, Path(a.wheel) if a.wheel else None)
+    print(f"pack data from {r.wheel} ({r.files} files) {'replaced the earlier pack' if r.replaced else 'extracted'} "
+          f"in {r.dest}")
+    if r.dest != cache_dir().expanduser().resolve():
+        print(f"read it with --systems-path {r.systems_dir}")
     return 0
 
 
@@ -405,8 +409,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("data", help="manage the perf-data pack")
     dsub = d.add_subparsers(dest="data_command", required=True)
-    f = dsub.add_parser("fetch", help="download the aiconfigurator-core wheel with pip and extract only its data into the user cache")
-    f.add_argument("--dest", help="target directory (default: the user cache)")
+    f = dsub.add_parser("fetch", help="download the aiconfigurator-core wheel with pip and extract only its data into the user cache",
+                        description="Extract only the data of the aiconfigurator-core wheel into a directory. Files are "
+                                    "unpacked beside it and moved into place when complete: a non-empty directory "
+                                    "that is not an earlier infercast pack is refused, an earlier pack is replaced.")
+    f.add_argument("--dest", metavar="DIR", help="target directory: new, empty, or an earlier pack this command wrote (default: the user cache)")
+    f.add_argument("--wheel", metavar="FILE", help="use this local aiconfigurator-core .whl file (the version infercast reads) instead of "
+                                                   "`pip download` (e.g. behind a proxy or offline)")
     f.set_defaults(func=cmd_data_fetch)
 
     v = sub.add_parser("validate", help="predict measured silicon rows and report the error")

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import DataFileError, UnknownModelError
+from ..errors import DataFileError, DataPackNotFoundError, UnknownModelError
 from .pack import Pack
 
 ORG_RENAMES = {"zhipuai": "zai-org"}
@@ -66,14 +66,24 @@ def _sanitize(obj):
 
 
 def pack_model_ids(pack: Pack) -> dict[str, Path]:
-    """HF id -> config path for every config in the pack."""
+    """HF id -> config path for every config in the pack.
+
+    Raises :class:`DataPackNotFoundError` when the pack has no ``model_configs/`` beside its
+    ``systems/`` directory (e.g. ``--systems-path`` names a copy of ``systems/`` alone) or that
+    directory holds no ``*_config.json``: the pack's model ids are then unknown, not "none".
+    """
+    where = pack.model_configs_expected
+    fix = (f"a pack keeps model_configs/ beside systems/ ({pack.origin} gave {pack.systems_dir}); "
+           "copy it there, or pass --model a local config.json path")
     if pack.model_configs_dir is None:
-        return {}
+        raise DataPackNotFoundError(f"model configs not found: no directory {where}", fix)
     out = {}
     for p in sorted(pack.model_configs_dir.glob("*_config.json")):
         if p.name.endswith("_hf_quant_config.json"):
             continue
         out[p.name.removesuffix("_config.json").replace("--", "/")] = p
+    if not out:
+        raise DataPackNotFoundError(f"model configs not found: {where} holds no *_config.json files", fix)
     return out
 
 

@@ -7,17 +7,16 @@ Search order (first hit wins):
 3. the installed ``aiconfigurator-core`` distribution, located through
    :mod:`importlib.metadata` (its files are read, the package is never imported);
 4. the user cache filled by ``infercast data fetch`` (for platforms where that wheel
-   does not install).
+   does not install; see :mod:`infercast.data.fetch`).
+
+``model_configs/`` is looked for beside the ``systems/`` directory found; without it only local
+config paths can be estimated (:func:`infercast.data.model_configs.pack_model_ids` says where it
+looked).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
@@ -42,6 +41,20 @@ class Pack:
     @property
     def data_root(self) -> Path:
         return self.systems_dir / "data"
+
+    @property
+    def model_configs_expected(self) -> Path:
+        """Where the pack's ``model_configs/`` belongs: beside ``systems/``."""
+        return self.systems_dir.parent / "model_configs"
+
+
+def damaged_file_fix() -> str:
+    """What a user can do about a damaged or missing pack file (one line, no trailing stop)."""
+    return (
+        f"reinstall the data pack (pip install --force-reinstall {PACK_DISTRIBUTION}=={PACK_VERSION}, "
+        "or `infercast data fetch`), or point --systems-path / "
+        f"${ENV_VAR} at an intact pack's systems/ directory"
+    )
 
 
 def cache_dir() -> Path:
@@ -96,34 +109,3 @@ def find_pack(systems_path: str | os.PathLike[str] | None = None) -> Pack:
     )
 
 
-def fetch_pack(dest: Path | None = None) -> Path:
-    """Download the pack wheel with pip (any platform) and extract only its data files.
-
-    Returns the extracted ``systems`` directory. Only ``systems/`` and ``model_configs/`` are
-    extracted; the wheel's code is not.
-    """
-    dest = dest or cache_dir()
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
-            "-d", tmp, f"{PACK_DISTRIBUTION}=={PACK_VERSION}",
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or not wheels:
-            raise DataPackNotFoundError(
-                f"could not download {PACK_DISTRIBUTION}=={PACK_VERSION}",
-                (proc.stderr.strip().splitlines() or ["pip gave no wheel"])[-1],
-            )
-        staging = dest.with_name(dest.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        prefixes = (f"{PACK_PACKAGE_DIR}/systems/", f"{PACK_PACKAGE_DIR}/model_configs/")
-        with zipfile.ZipFile(wheels[0]) as zf:
-            for name in zf.namelist():
-                if name.startswith(prefixes) and not name.endswith("/"):
-                    zf.extract(name, staging)
-        shutil.rmtree(dest, ignore_errors=True)
-        staging.rename(dest)
-    find_pack.cache_clear()
-    return dest / PACK_PACKAGE_DIR / "systems"

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import DataFileError, NotAvailableError
+from .pack import damaged_file_fix
 
 DESCRIPTIVE = ("framework", "version", "device")
 MEASURED = {
@@ -85,6 +86,14 @@ class Table:
 
     def where(self, **eq) -> Table:
         return self.select(self.mask(**eq))
+
+
+def _cause(exc: BaseException, limit: int = 160) -> str:
+    """``Type: message`` of a reader's exception, on one line and at most ``limit`` characters."""
+    text = " ".join(str(exc).split()).rstrip(".")
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _is_lfs_pointer(path: Path) -> bool:
@@ -186,11 +195,11 @@ def read_table(path: Path, stem: str | None = None) -> Table:
     path = Path(path)
     stem = stem or path.name.removesuffix(".parquet").removesuffix("_perf")
     if not path.exists():
-        raise DataFileError(f"perf table {path} does not exist")
+        raise DataFileError(f"perf table {path} does not exist", damaged_file_fix())
     if _is_lfs_pointer(path):
         raise DataFileError(
             f"perf table {path} is a Git LFS pointer, not data",
-            "fetch the real file (git lfs pull) or reinstall the pack",
+            f"fetch the real file (git lfs pull), or {damaged_file_fix()}",
         )
     t0 = time.perf_counter()
     try:
@@ -199,7 +208,7 @@ def read_table(path: Path, stem: str | None = None) -> Table:
         with pq.ParquetFile(path) as pf:
             at = pf.read()
     except Exception as exc:  # pyarrow raises several types for a corrupt file
-        raise DataFileError(f"perf table {path} is unreadable", type(exc).__name__) from exc
+        raise DataFileError(f"perf table {path} is unreadable ({_cause(exc)})", damaged_file_fix()) from exc
     keys: dict = {}  # string keys as _Strings until duplicates are merged
     values: dict[str, np.ndarray] = {}
     for name in at.column_names:

@@ -22,7 +22,7 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from ..errors import DataFileError, UnknownBackendError, UnknownVersionError
-from .pack import Pack
+from .pack import Pack, damaged_file_fix
 from .system import SystemSpec, scan_systems
 
 SERVING_BACKENDS = ("trtllm", "vllm", "sglang")
@@ -70,15 +70,32 @@ class VersionInfo:
         )
 
 
+def _read_yaml_mapping(path: Path) -> dict:
+    """A pack YAML file that must hold a mapping (empty file: ``{}``). Any failure is one
+    :class:`DataFileError` line naming the file, the cause and the fix."""
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        cause = f"not UTF-8 text ({exc.reason} at byte {exc.start})"
+    except OSError as exc:
+        cause = exc.strerror or str(exc)
+    except yaml.YAMLError as exc:
+        cause = " ".join(str(exc).split())
+    else:
+        if doc is None:
+            return {}
+        if isinstance(doc, dict):
+            return doc
+        cause = f"holds a {type(doc).__name__}, not a mapping"
+    raise DataFileError(f"cannot read pack file {path}", f"{cause}; {damaged_file_fix()}")
+
+
 @lru_cache(maxsize=8)
 def _query_versions(systems_dir: Path) -> dict:
     path = systems_dir / "query_versions.yaml"
     if not path.exists():
         return {}
-    try:
-        return yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise DataFileError(f"cannot parse {path}", str(exc)) from exc
+    return _read_yaml_mapping(path)
 
 
 @lru_cache(maxsize=256)
@@ -161,12 +178,9 @@ def _reuse_target(data_dir: Path, backend: str, version: str, stem: str) -> str 
     for fam in sorted(p for p in data_dir.iterdir() if p.is_dir()):
         ry = fam / backend / version / "reuse.yaml"
         if ry.exists():
-            try:
-                doc = yaml.safe_load(ry.read_text()) or {}
-            except yaml.YAMLError as exc:
-                raise DataFileError(f"cannot parse {ry}", str(exc)) from exc
+            doc = _read_yaml_mapping(ry)
             for entry in doc.get("reuse") or []:
-                if entry.get("table") in (stem, f"{stem}_perf") and entry.get("from_version") is not None:
+                if isinstance(entry, dict) and entry.get("table") in (stem, f"{stem}_perf") and entry.get("from_version") is not None:
                     return str(entry["from_version"])
     return None
 
