@@ -75,6 +75,8 @@ class StaticResult:
     memory: dict
     versions: dict
     quant: dict
+    gpus: int = 1  # of the replica: tp x attention_dp x pp
+    layout: str = ""  # the layout in words (infercast.report.layout.layout_words)
     notes: list[str] = field(default_factory=list)
     breakdown: list[OpBreakdown] = field(default_factory=list)
 
@@ -186,6 +188,13 @@ class Estimator:
     def gpus_per_rank(self) -> float:
         """GPUs behind one attention-DP rank's requests (the serving models' unit of concurrency)."""
         return self.plan.parallel.gpus / self.plan.parallel.attention_dp
+
+    @property
+    def layout_words(self) -> str:
+        """The layout and its GPU count in words, e.g. "64 GPUs: 8 attention-DP ranks x TP 8; experts EP 8 x TP 8"."""
+        from .report.layout import parallel_words
+
+        return parallel_words(self.plan.parallel, self.spec.moe is not None)
 
     @property
     def version(self) -> str:
@@ -301,6 +310,8 @@ class Estimator:
             },
             versions=self.versions(),
             quant=asdict(self.spec.quant),
+            gpus=self.gpus,
+            layout=self.layout_words,
             notes=notes,
         )
         if not fits:

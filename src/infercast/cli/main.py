@@ -142,6 +142,7 @@ def cmd_serve(a) -> int:
 
     from ..api import serve_agg_replica
     from ..serving.backends import mean_length_ratio, scheduler_params
+    from ..serving.sim import DoesNotFitError
 
     for name in ("concurrency", "isl", "osl"):
         if getattr(a, name) < 1:
@@ -164,11 +165,22 @@ def cmd_serve(a) -> int:
                                     f"in (0, 1]; got {a.random_range_ratio}") from None
     est = _estimator(a)
     params = replace(scheduler_params(a.backend, est.data.system, est.spec), **overrides)
-    res, per_rank = serve_agg_replica(est, a.concurrency, a.isl, a.osl, params)
-    out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend, "backend_version": est.version,
-           "gpus": est.gpus, "concurrency": a.concurrency, "concurrency_per_rank": per_rank, "isl": a.isl, "osl": a.osl,
+    head = {"model": a.model, "system": a.system, "backend": a.backend, "backend_version": est.version,
+            "gpus": est.gpus, "layout": est.layout_words, **_layout(est), "concurrency": a.concurrency,
+            "isl": a.isl, "osl": a.osl}
+    try:
+        res, per_rank = serve_agg_replica(est, a.concurrency, a.isl, a.osl, params)
+    except DoesNotFitError as exc:
+        return _emit(a, _misfit(head, exc), "print_misfit")
+    out = {"fits": True, **res.to_dict(), **head, "concurrency_per_rank": per_rank,
            "scheduler": asdict(params), "notes": est.context_notes(a.isl, a.osl)}
     return _emit(a, out, "print_serving")
+
+
+def _misfit(head: dict, exc: InfercastError) -> dict:
+    """The answer for a configuration that cannot hold one request: ``fits: false`` and why (an
+    answer, exit code 0, as ``estimate`` gives it; not bad input)."""
+    return {"fits": False, "reason": str(exc), **head}
 
 
 def _emit(a, out: dict, printer: str) -> int:
@@ -187,19 +199,25 @@ def cmd_serve_disagg(a) -> int:
 
     from ..api import serve_disagg
     from ..serving.backends import scheduler_params
+    from ..serving.sim import DoesNotFitError
 
     for name in ("concurrency", "isl", "osl", "prefill_workers", "decode_workers", "prefill_batch"):
         if getattr(a, name) < 1:
             raise InvalidInputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     pe, de = _estimator(a, "prefill"), _estimator(a, "decode")
-    res = serve_disagg(pe, de, concurrency=a.concurrency, isl=a.isl, osl=a.osl, prefill_workers=a.prefill_workers,
-                       decode_workers=a.decode_workers, prefill_batch=a.prefill_batch)
     layout = {
-        "prefill": {"workers": a.prefill_workers, "gpus_per_worker": pe.gpus, **_layout(pe)},
-        "decode": {"workers": a.decode_workers, "gpus_per_worker": de.gpus, **_layout(de)},
+        "prefill": {"workers": a.prefill_workers, "gpus_per_worker": pe.gpus, "layout": pe.layout_words, **_layout(pe)},
+        "decode": {"workers": a.decode_workers, "gpus_per_worker": de.gpus, "layout": de.layout_words, **_layout(de)},
     }
-    out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend, "backend_version": pe.version,
-           "gpus": a.prefill_workers * pe.gpus + a.decode_workers * de.gpus, "isl": a.isl, "osl": a.osl, **layout,
+    head = {"model": a.model, "system": a.system, "backend": a.backend, "backend_version": pe.version,
+            "gpus": a.prefill_workers * pe.gpus + a.decode_workers * de.gpus, "concurrency": a.concurrency,
+            "isl": a.isl, "osl": a.osl, **layout}
+    try:
+        res = serve_disagg(pe, de, concurrency=a.concurrency, isl=a.isl, osl=a.osl, prefill_workers=a.prefill_workers,
+                           decode_workers=a.decode_workers, prefill_batch=a.prefill_batch)
+    except DoesNotFitError as exc:
+        return _emit(a, _misfit(head, exc), "print_misfit")
+    out = {"fits": True, **res.to_dict(), **head,
            "scheduler_prefill": asdict(scheduler_params(a.backend, pe.data.system, pe.spec)),
            "scheduler_decode": asdict(scheduler_params(a.backend, de.data.system, de.spec)),
            "notes": pe.context_notes(a.isl, a.osl)}
@@ -227,7 +245,8 @@ def cmd_search(a) -> int:
                                 "or --max-gpus for a budget")
     if mode == "fixed" and a.max_gpus is not None:
         raise InvalidInputError("--mode fixed uses exactly --gpus GPUs: drop --max-gpus")
-    kw = dict(max_gpus=a.max_gpus, concurrencies=conc, ttft_max_ms=a.ttft_ms, tpot_max_ms=a.tpot_ms,
+    targets = _search_targets(a)
+    kw = dict(max_gpus=a.max_gpus, concurrencies=conc, ttft_max_ms=targets["ttft_max_ms"], tpot_max_ms=targets["tpot_max_ms"],
               backend_version=a.backend_version, systems_path=a.systems_path, moe_quant=a.moe_quant,
               gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
               nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel,
@@ -243,6 +262,7 @@ def cmd_search(a) -> int:
             if not a.all:
                 out.pop("candidates")
             out["mode"] = m
+            out["targets"] = targets
             out["top"] = [asdict(c) for c in sorted((c for c in res.candidates if c.meets_targets),
                                                     key=lambda c: -c.tokens_per_s_per_gpu)[:a.top]]
             outs[m] = out
@@ -251,6 +271,28 @@ def cmd_search(a) -> int:
     bests = {m: o["best"] for m, o in outs.items() if o["best"] is not None}
     outs["best_mode"] = max(bests, key=lambda m: bests[m]["tokens_per_s_per_gpu"]) if bests else None
     return _emit(a, outs, "print_search_both")
+
+
+def _search_targets(a) -> dict:
+    """The latency targets of ``search``: ``--ttft-ms`` / ``--tpot-ms``, else the defaults
+    (:data:`infercast.search.run.DEFAULT_TTFT_MS`, ``DEFAULT_TPOT_MS``); ``inf`` means no target.
+    {"ttft_max_ms", "tpot_max_ms" (None: no target), "ttft_from", "tpot_from" ("default",
+    "--ttft-ms" / "--tpot-ms")}."""
+    import math
+
+    from ..search.run import DEFAULT_TPOT_MS, DEFAULT_TTFT_MS
+
+    out = {}
+    for key, flag, given, default in (("ttft", "--ttft-ms", a.ttft_ms, DEFAULT_TTFT_MS),
+                                      ("tpot", "--tpot-ms", a.tpot_ms, DEFAULT_TPOT_MS)):
+        if given is None:
+            out[f"{key}_max_ms"], out[f"{key}_from"] = default, "default"
+            continue
+        if math.isnan(given) or given <= 0:
+            raise InvalidInputError(f"{flag} must be a positive number of milliseconds, or inf for no target; "
+                                    f"got {given:g}")
+        out[f"{key}_max_ms"], out[f"{key}_from"] = (None if math.isinf(given) else given), flag
+    return out
 
 
 def _layout(est) -> dict:
@@ -385,9 +427,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="GPUs at most: per replica (agg, default one node) or in all (disagg, default two nodes)")
     se.add_argument("--gpus", type=int, default=None,
                     help="exactly this many GPUs: agg replicas and disagg splits that use them all (--mode fixed)")
-    se.add_argument("--ttft-ms", type=float, default=None, help="target: mean TTFT at most this (ms)")
-    se.add_argument("--tpot-ms", type=float, default=None, help="target: mean TPOT at most this (ms)")
-    se.add_argument("--concurrency", default=None, help="comma-separated clients per replica (default: 1, 2, 4, ..., 1024)")
+    se.add_argument("--ttft-ms", type=float, default=None,
+                    help="target: mean TTFT at most this (ms; default 2000; inf: no TTFT target)")
+    se.add_argument("--tpot-ms", type=float, default=None,
+                    help="target: mean TPOT at most this (ms; default 30; inf: no TPOT target)")
+    se.add_argument("--concurrency", default=None,
+                    help="comma-separated clients per replica (agg) or of the whole deployment (disagg, fixed); "
+                         "default 1, 2, 4, ..., 1024, up to the most requests a searched deployment runs at once "
+                         "(more is refused: the clients would only queue)")
     se.add_argument("--top", type=int, default=5, help="how many deployments that meet the targets to list (default 5)")
     se.add_argument("--all", action="store_true", help="JSON: include every evaluated candidate")
     se.add_argument("--json", action="store_true")
