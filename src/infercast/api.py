@@ -28,7 +28,7 @@ from .models.plan import (
     with_moe_kernel,
 )
 from .models.spec import ModelSpec, build_spec
-from .ops.base import DatabaseMode, OpDB, broadcast_named, check_positive
+from .ops.base import DatabaseMode, OpDB, broadcast_named, check_positive, shown
 from .ops.moe import MOE_KERNELS, wide_ep_available
 from .serving.backends import backend_defaults
 from .serving.memory import GB, VISION_WEIGHT_BYTES, MemoryBreakdown, memory_breakdown
@@ -391,7 +391,7 @@ def _check(batch, isl, prefix, isl_name: str = "isl"):
     i = check_positive(isl_name, isl, MAX_TOKENS)
     p = np.asarray(prefix, dtype=float)
     if not np.all(np.isfinite(p)) or np.any(p < 0):
-        raise InvalidInputError("prefix must be a finite number >= 0", f"got {p}")
+        raise InvalidInputError("prefix must be a finite number >= 0", f"got {shown(p, p[~(np.isfinite(p) & (p >= 0))])}")
     if np.any(p > MAX_TOKENS):
         raise InvalidInputError("prefix is absurdly large", f"the limit is {MAX_TOKENS}")
     broadcast_named(batch_size=b, **{isl_name: i}, prefix=p)

@@ -17,13 +17,35 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--systems-path", help="a pack's systems/ directory (default: $INFERCAST_SYSTEMS_PATH, then the installed aiconfigurator-core data)")
 
 
+#: how the layout flags combine (every command's description that takes or reports a layout)
+LAYOUT_HELP = (
+    "Layout: --tp is the tensor-parallel size of ONE attention-DP rank, so a replica runs attention on "
+    "tp x attention-dp GPUs and has pp stages of them: GPUs = tp x attention-dp x pp. The MoE experts "
+    "are split over the same tp x attention-dp GPUs as moe-tp x moe-ep (moe-tp x moe-ep = tp x attention-dp). "
+    "Example: --tp 8 --attention-dp 8 --moe-ep 8 is 64 GPUs (8 attention-DP ranks x TP 8; experts EP 8 x TP 8); "
+    "the engines' own \"tp 8 with attention DP\" (8 GPUs) is --tp 1 --attention-dp 8 --moe-ep 8. Every output "
+    "states the GPU count and the layout in words (JSON: gpus, layout)."
+)
+
+#: the rule for a configuration that does not fit (every command's description)
+FITS_HELP = ("A configuration that cannot run (weights or one request exceed the memory) is an answer, "
+             "not bad input: it is reported as does not fit (JSON: fits false, with the reason), exit code 0. "
+             "Bad input: one line on stderr, exit code 2.")
+
+
 def _add_parallel_args(p: argparse.ArgumentParser, prefix: str = "", who: str = "") -> None:
     f = f"--{prefix}-" if prefix else "--"
-    p.add_argument(f"{f}tp", type=int, default=1, help=f"tensor parallel size{who}")
-    p.add_argument(f"{f}pp", type=int, default=1, help=f"pipeline parallel size{who}")
-    p.add_argument(f"{f}attention-dp", type=int, default=1, help=f"attention data-parallel ranks per replica (MoE models){who}")
-    p.add_argument(f"{f}moe-tp", type=int, default=None, help=f"tensor parallel size of the experts (default: tp x attention-dp / moe-ep){who}")
-    p.add_argument(f"{f}moe-ep", type=int, default=None, help=f"expert parallel size (default 1){who}")
+    p.add_argument(f"{f}tp", type=int, default=1,
+                   help=f"tensor parallel size of one attention-DP rank{who} (GPUs = tp x attention-dp x pp; default 1)")
+    p.add_argument(f"{f}pp", type=int, default=1, help=f"pipeline parallel stages{who}, each of tp x attention-dp GPUs (default 1)")
+    p.add_argument(f"{f}attention-dp", type=int, default=1,
+                   help=f"attention data-parallel ranks{who} (MoE models), each of --tp GPUs serving its own requests "
+                        "(default 1; the engines' 'tp N with attention DP' is --tp 1 --attention-dp N)")
+    p.add_argument(f"{f}moe-tp", type=int, default=None,
+                   help=f"tensor parallel size of the experts{who}; moe-tp x moe-ep = tp x attention-dp "
+                        "(default: tp x attention-dp / moe-ep)")
+    p.add_argument(f"{f}moe-ep", type=int, default=None,
+                   help=f"expert parallel size{who}: the experts are spread over moe-ep groups of moe-tp GPUs (default 1)")
 
 
 def _add_model_args(p: argparse.ArgumentParser, parallel: bool = True) -> None:
@@ -364,11 +386,26 @@ def cmd_validate(a) -> int:
     return run_validate(a)
 
 
+def _version() -> str:
+    """The installed distribution's version (the package's own when it runs from a source tree)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("infercast")
+    except PackageNotFoundError:
+        from .. import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="infercast", description="Predict LLM serving performance on GPUs from measured per-operator tables.")
+    p.add_argument("--version", action="version", version=f"infercast {_version()}", help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
 
-    e = sub.add_parser("estimate", help="static estimate: TTFT, TPOT, throughput, memory for one configuration")
+    e = sub.add_parser("estimate", help="static estimate: TTFT, TPOT, throughput, memory for one configuration",
+                       description="Static estimate of one batch: TTFT, TPOT, throughput and memory of one "
+                                   f"configuration. {LAYOUT_HELP} {FITS_HELP}")
     _add_model_args(e)
     e.add_argument("--batch", type=int, default=1, help="concurrent requests in the batch")
     e.add_argument("--isl", type=int, required=True, help="input sequence length (new tokens per request)")
@@ -379,12 +416,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--plan-out", help="write the compiled op plan (JSON) to this file")
     e.set_defaults(func=cmd_estimate)
 
-    sv = sub.add_parser("serve", help="serving model: what a closed-loop benchmark at a concurrency measures (aggregated)")
+    sv = sub.add_parser("serve", help="serving model: what a closed-loop benchmark at a concurrency measures (aggregated)",
+                        description="What a closed-loop benchmark of --concurrency clients measures on one "
+                                    f"aggregated replica. {LAYOUT_HELP} {FITS_HELP}")
     _add_model_args(sv)
     sv.add_argument("--concurrency", type=int, required=True, help="closed-loop clients (over the replica's attention-DP ranks)")
-    sv.add_argument("--isl", type=int, required=True)
-    sv.add_argument("--osl", type=int, required=True)
-    sv.add_argument("--json", action="store_true")
+    sv.add_argument("--isl", type=int, required=True, help="input sequence length (prompt tokens per request)")
+    sv.add_argument("--osl", type=int, required=True, help="output sequence length (tokens generated per request)")
+    sv.add_argument("--json", action="store_true", help="print one JSON object")
     for flag, (_, kind, _, what) in SCHEDULER_FLAGS.items():
         sv.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None,
                         help=f"{what} (default: the backend's, see infercast.serving.backends)")
@@ -402,7 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=cmd_serve)
 
     sd = sub.add_parser("serve-disagg", help="serving model, disaggregated: prefill workers x decode workers under a "
-                                            "closed-loop benchmark")
+                                            "closed-loop benchmark",
+                        description="What a closed-loop benchmark measures on prefill workers x decode workers; "
+                                    "each pool has its own layout flags (--prefill-tp ..., --decode-tp ...). "
+                                    f"{LAYOUT_HELP} {FITS_HELP}")
     _add_model_args(sd, parallel=False)
     sd.add_argument("--prefill-workers", type=int, required=True, help="prefill workers (replicas of the prefill layout)")
     _add_parallel_args(sd, "prefill", " of a prefill worker")
@@ -411,15 +453,19 @@ def build_parser() -> argparse.ArgumentParser:
     sd.add_argument("--decode-workers", type=int, required=True, help="decode workers (replicas of the decode layout)")
     _add_parallel_args(sd, "decode", " of a decode worker")
     sd.add_argument("--concurrency", type=int, required=True, help="closed-loop clients of the whole deployment")
-    sd.add_argument("--isl", type=int, required=True)
-    sd.add_argument("--osl", type=int, required=True)
-    sd.add_argument("--json", action="store_true")
+    sd.add_argument("--isl", type=int, required=True, help="input sequence length (prompt tokens per request)")
+    sd.add_argument("--osl", type=int, required=True, help="output sequence length (tokens generated per request)")
+    sd.add_argument("--json", action="store_true", help="print one JSON object")
     sd.set_defaults(func=cmd_serve_disagg)
 
-    se = sub.add_parser("search", help="search deployments (layouts x concurrency; agg, disagg or a fixed GPU count) under latency targets")
+    se = sub.add_parser("search", help="search deployments (layouts x concurrency; agg, disagg or a fixed GPU count) under latency targets",
+                        description="Search deployments (layouts x concurrency) under latency targets (default: "
+                                    "mean TTFT <= 2000 ms and mean TPOT <= 30 ms; --ttft-ms / --tpot-ms inf for none). "
+                                    f"{LAYOUT_HELP} A search where nothing fits or meets the targets is an answer "
+                                    "(exit code 0; JSON best null with the reason).")
     _add_model_args(se, parallel=False)
-    se.add_argument("--isl", type=int, required=True)
-    se.add_argument("--osl", type=int, required=True)
+    se.add_argument("--isl", type=int, required=True, help="input sequence length (prompt tokens per request)")
+    se.add_argument("--osl", type=int, required=True, help="output sequence length (tokens generated per request)")
     se.add_argument("--mode", choices=("agg", "disagg", "both", "fixed"), default=None,
                     help="aggregated replicas, disaggregated prefill/decode workers, both, or every deployment of "
                          "exactly --gpus GPUs (default agg; fixed with --gpus)")
@@ -437,16 +483,16 @@ def build_parser() -> argparse.ArgumentParser:
                          "(more is refused: the clients would only queue)")
     se.add_argument("--top", type=int, default=5, help="how many deployments that meet the targets to list (default 5)")
     se.add_argument("--all", action="store_true", help="JSON: include every evaluated candidate")
-    se.add_argument("--json", action="store_true")
+    se.add_argument("--json", action="store_true", help="print one JSON object")
     se.set_defaults(func=cmd_search)
 
     s = sub.add_parser("systems", help="list systems, backends and data versions in the pack")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
     _add_data_args(s)
     s.set_defaults(func=cmd_systems)
 
     m = sub.add_parser("models", help="list model ids in the pack and whether their family is supported")
-    m.add_argument("--json", action="store_true")
+    m.add_argument("--json", action="store_true", help="print a JSON list")
     _add_data_args(m)
     m.set_defaults(func=cmd_models)
 
@@ -465,7 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--by", action="append", metavar="ATTR[+ATTR...]",
                    help="break the statistics down by this row attribute, or by a combination joined with + "
                         "(e.g. backend+system); repeatable (default: mode, backend, system, model)")
-    v.add_argument("--database-mode", default="SILICON")
+    v.add_argument("--database-mode", default="SILICON", help="SILICON (default), HYBRID, EMPIRICAL or SOL")
     _add_data_args(v)
     v.set_defaults(func=cmd_validate)
     return p
