@@ -77,6 +77,7 @@ class StaticResult:
     quant: dict
     gpus: int = 1  # of the replica: tp x attention_dp x pp
     layout: str = ""  # the layout in words (infercast.report.layout.layout_words)
+    reason: str | None = None  # why it does not fit (fits is False)
     notes: list[str] = field(default_factory=list)
     breakdown: list[OpBreakdown] = field(default_factory=list)
 
@@ -315,11 +316,12 @@ class Estimator:
             notes=notes,
         )
         if not fits:
-            res.notes.append(
-                f"does not fit: {b} x ({isl + prefix}+{osl}) tokens need {kv_tokens_alloc} KV slots "
+            res.reason = (
+                f"{b} x ({isl + prefix}+{osl}) tokens need {kv_tokens_alloc} KV slots "
                 f"({mem.kv_bytes(kv_tokens_alloc) / GB:.1f} GB); the KV budget holds {mem.kv_capacity_tokens} "
                 f"({mem.kv_budget / GB:.1f} GB of {mem.capacity / GB:.0f} GB after {mem.weights / GB:.1f} GB weights)"
             )
+            res.notes.append(f"does not fit: {res.reason}")
             return res
         ttft = self.prefill_ms(b, isl, prefix)
         tau = self.engine.tokens_per_step

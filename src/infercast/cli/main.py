@@ -292,6 +292,9 @@ def cmd_search(a) -> int:
         return _emit(a, outs[mode], "print_search")
     bests = {m: o["best"] for m, o in outs.items() if o["best"] is not None}
     outs["best_mode"] = max(bests, key=lambda m: bests[m]["tokens_per_s_per_gpu"]) if bests else None
+    if not bests:
+        outs["reason"] = "neither mode has a deployment that meets the targets: " + "; ".join(
+            f"{m}: {outs[m]['reason']}" for m in ("agg", "disagg"))
     return _emit(a, outs, "print_search_both")
 
 
@@ -527,6 +530,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader of a pipe stopped early (| head): nothing more to say
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

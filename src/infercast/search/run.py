@@ -237,8 +237,7 @@ def targets_text(ttft_max_ms: float | None, tpot_max_ms: float | None) -> str:
 
 def _no_best_reason(res: SearchResult) -> str:
     if not res.candidates:
-        return (f"no deployment could serve this workload ({len(res.skipped)} layouts or deployments skipped, "
-                "each with its reason under 'skipped')")
+        return f"no deployment could serve this workload: every one was skipped ({plural(len(res.skipped), 'reason')} under 'skipped')"
     ttft = min(c.ttft_ms for c in res.candidates)
     tpot = min(c.tpot_ms for c in res.candidates)
     return (f"none of the {len(res.candidates)} deployments evaluated meets the targets "
@@ -338,11 +337,17 @@ def search_disagg(
 
 def decode_holders(res: SearchResult, roles: dict, gpus: int, max_workers: int, params) -> list[tuple[str, int]]:
     """(label, requests at once) of the most decode workers of each decode layout that fit in
-    ``gpus`` (at most ``max_workers``): the clients a disaggregated deployment can hold."""
+    ``gpus`` beside the smallest prefill worker (at most ``max_workers``): the clients a
+    disaggregated deployment can hold."""
+    prefill_gpus = min((pe.gpus for pe in roles["prefill"].values()), default=None)
+    if prefill_gpus is None:
+        return []
     out = []
     for dl, de in roles["decode"].items():
-        w = min(max_workers, gpus // de.gpus)
-        out.append((f"{w}x{dl.label} decode workers",
+        w = min(max_workers, (gpus - prefill_gpus) // de.gpus)
+        if w < 1:
+            continue
+        out.append((f"{plural(w, 'decode worker')} of {dl.label}",
                     w * de.plan.parallel.attention_dp * rank_capacity(de, res.isl, res.osl, params)))
     return out
 
