@@ -51,7 +51,8 @@ def _add_parallel_args(p: argparse.ArgumentParser, prefix: str = "", who: str = 
 def _add_model_args(p: argparse.ArgumentParser, parallel: bool = True) -> None:
     p.add_argument("--model", required=True, help="HF id (as in the pack's model_configs/), alias, or a local config path")
     p.add_argument("--system", required=True, help="system name, e.g. h200_sxm (see `infercast systems`)")
-    p.add_argument("--backend", required=True, choices=["trtllm", "vllm", "sglang"])
+    p.add_argument("--backend", required=True, choices=["trtllm", "vllm", "sglang"],
+                   help="serving engine: trtllm (TensorRT-LLM), vllm or sglang")
     p.add_argument("--backend-version", default=None, help="data version or slot alias current/previous/next (default: current)")
     if parallel:
         _add_parallel_args(p)
