@@ -171,3 +171,23 @@ def silicon_csv(tmp_path_factory):
 def test_fuzz_validate(synth, capsys, silicon_csv, flags, as_json, silicon):
     path = str(silicon_csv) if silicon == "good" else silicon
     _run(capsys, ["validate", "--silicon", path, *_synth(synth), *flags, *(["--json"] if as_json else [])])
+
+
+#: layouts of an MoE model (the synthetic pack has none): the real pack
+POW2 = (["1", "2", "4", "8"], INTS[1])
+MOE_FLAGS = {
+    "--tp": POW2, "--attention-dp": POW2, "--moe-tp": POW2, "--moe-ep": POW2, "--pp": (["1", "2"], INTS[1]),
+    "--nextn": (["0", "1"], INTS[1]), "--moe-kernel": (["trtllm", "cutlass", "deepgemm", "triton"], ["junk"]),
+    "--moe-quant": (["fp8_block", "nvfp4", "mxfp4"], ["junk"]), "--kv-memory-fraction": FRACTIONS,
+    "--isl": SHAPES, "--osl": SHAPES,
+}
+
+
+@pytest.mark.real_pack
+@settings(FUZZ, max_examples=20)
+@given(command=st.sampled_from([["estimate", "--batch", "8"], ["serve", "--concurrency", "32"]]),
+       backend=st.sampled_from(["trtllm", "vllm", "sglang"]), model=st.sampled_from(["Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-235B-A22B-FP8"]),
+       flags=st.booleans().flatmap(lambda broken: _flags(MOE_FLAGS, broken, 5)), as_json=st.booleans())
+def test_fuzz_moe_layouts_real_pack(capsys, command, backend, model, flags, as_json):
+    _run(capsys, [*command, "--model", model, "--system", "h200_sxm", "--backend", backend, "--isl", "1000",
+                  "--osl", "100", *flags, *(["--json"] if as_json else [])])
