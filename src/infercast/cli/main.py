@@ -1,4 +1,9 @@
-"""The ``infercast`` command line. Any :class:`InfercastError` -> one line on stderr, exit code 2."""
+"""The ``infercast`` command line. Any :class:`InfercastError` -> one line on stderr, exit code 2.
+
+A configuration that cannot run (weights or one request exceed the memory) is an answer, not bad
+input: every command reports it (``fits: false`` and the ``reason`` in JSON; ``search``: ``best:
+null`` and the ``reason``) with exit code 0. Every command's output states the GPU count and the
+layout in words (:mod:`infercast.report.layout`)."""
 
 from __future__ import annotations
 

@@ -193,7 +193,7 @@ def _fit_concurrencies(res: SearchResult, conc: list[int], given: bool, holders)
     if over and given:
         raise InvalidInputError(
             f"concurrency {over[-1]} is more clients than any deployment searched can run at once",
-            f"the largest, {label}, runs {bound} requests of {res.isl}+{res.osl} tokens (its KV cache and the "
+            f"the largest, {label}, runs {plural(bound, 'request')} of {res.isl}+{res.osl} tokens (its KV cache and the "
             f"backend's max batch size); more clients would only queue: give at most {bound}")
     return [c for c in conc if c <= bound]
 
@@ -327,7 +327,7 @@ def search_disagg(
             counts = _worker_counts(pe.gpus, de.gpus, total, max_workers)
             if not counts:
                 res.skipped[f"P {pl.label} D {dl.label}"] = (
-                    f"one prefill worker ({pe.gpus} GPUs) and one decode worker ({de.gpus}) exceed {total} GPUs")
+                    f"one prefill worker ({plural(pe.gpus, 'GPU')}) and one decode worker ({de.gpus}) exceed {plural(total, 'GPU')}")
             for pw, dw in counts:
                 for c in conc:
                     if not _evaluate_disagg(res, pl, pe, pw, dl, de, dw, c):
