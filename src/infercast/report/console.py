@@ -270,7 +270,8 @@ def print_search_both(d: dict) -> None:
         print_search(d[mode])
     c = new_console()
     if d["best_mode"] is None:
-        c.print("[yellow]neither mode has a deployment that meets the targets[/yellow]")
+        c.print(f"[yellow]{escape(d.get('reason') or 'neither mode has a deployment that meets the targets')}[/yellow]")
     else:
         b = d[d["best_mode"]]["best"]
-        c.print(f"[bold]best overall: {d['best_mode']}, {b['layout']}: {b['tokens_per_s_per_gpu']:.1f} tokens/s/GPU[/bold]")
+        c.print(f"[bold]best overall: {d['best_mode']}, {b['layout']} ({escape(b.get('description') or plural(b['gpus'], 'GPU'))}): "
+                f"{b['tokens_per_s_per_gpu']:.1f} tokens/s/GPU[/bold]")
