@@ -606,7 +606,7 @@ def test_serve_disagg_refuses_a_worker_that_cannot_hold_one_request(synth):
     # the search: with max_gpus 1 no pair of workers fits, and says so
     r = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, max_gpus=1, concurrencies=[1],
                       systems_path=synth.systems_dir)
-    assert not r.candidates and r.skipped == {"P tp1 D tp1": "one prefill worker (1 GPUs) and one decode worker (1) exceed 1 GPUs"}
+    assert not r.candidates and r.skipped == {"P tp1 D tp1": "one prefill worker (1 GPU) and one decode worker (1) exceed 1 GPU"}
 
 
 def test_serve_disagg_errors_name_the_pools_flags(synth, capsys):

@@ -656,7 +656,9 @@ def test_osl1_rows_are_compared_on_ttft_only(tmp_path: Path, monkeypatch: pytest
     assert d["ttft_median_ape"] == pytest.approx(0.15)
     json.dumps(d)
 
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # and its submodules an earlier test imported
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
     written = write_all(results, tmp_path / "out", summary=s)
     table = _results_by_id(written["csv"])
     assert table["m_agg_1024x1_c8_one"]["predicted_tpot_ms"] == "" and table["m_agg_1024x1_c8_one"]["error"] == ""
