@@ -152,6 +152,12 @@ def test_search_refuses_concurrency_no_deployment_holds(synth, capsys):
     rc, out, err = run_cli(capsys, _argv(synth, "search", "--max-gpus", "2", "--json"))
     d = json.loads(out)
     assert d["max_concurrency"] == bound and max(d["concurrencies"]) <= bound
+    # the Python API caps only when asked (validation predicts rows measured beyond the memory model's bound)
+    from infercast.search import search_agg
+
+    r = search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, max_gpus=1, concurrencies=[bound + 1],
+                   systems_path=synth.systems_dir)
+    assert r.max_concurrency == bound and [c.concurrency for c in r.candidates] == [bound + 1]
     for mode in (("--mode", "disagg", "--max-gpus", "2"), ("--gpus", "2")):
         assert_one_line_error(*run_cli(capsys, _argv(synth, "search", *mode, "--concurrency", "100000000")),
                               "concurrency 100000000", "give at most")

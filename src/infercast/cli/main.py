@@ -278,7 +278,7 @@ def cmd_search(a) -> int:
               backend_version=a.backend_version, systems_path=a.systems_path, moe_quant=a.moe_quant,
               gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
               nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel,
-              kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode)
+              kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode, cap_concurrency=True)
     if mode == "fixed":
         kw.pop("max_gpus")
         kw["gpus"] = a.gpus

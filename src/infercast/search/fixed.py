@@ -50,6 +50,7 @@ def search_fixed(
     max_workers: int = 16,
     params=None,
     make_estimator: Callable[[Layout], object] | None = None,
+    cap_concurrency: bool = False,
     **estimator_kw,
 ) -> SearchResult:
     """Aggregated replicas and disaggregated worker splits that use exactly ``gpus`` GPUs, each at
@@ -58,7 +59,7 @@ def search_fixed(
     request latency). At most ``max_workers`` workers of each role. ``params``: the backend's
     scheduler (default: its own). ``make_estimator(layout)`` builds each layout's estimator
     (default: an :class:`~infercast.Estimator` with ``estimator_kw``), so a caller that asks many
-    times can reuse them."""
+    times can reuse them. ``cap_concurrency``: as :func:`~infercast.search.run.search_agg`'s."""
     from ..api import serve_agg_replica
     from ..serving.backends import scheduler_params
 
@@ -80,7 +81,7 @@ def search_fixed(
     holders = [(f"{n // lay.gpus}x{lay.label}", n // lay.gpus * est.plan.parallel.attention_dp
                 * rank_capacity(est, res.isl, res.osl, agg_params)) for lay, est in ests.items() if n % lay.gpus == 0]
     holders += decode_holders(res, roles, n, max_workers, agg_params)
-    conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, holders)
+    conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, holders)
     for lay, est in ests.items():
         if n % lay.gpus:
             continue

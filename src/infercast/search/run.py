@@ -5,7 +5,8 @@ clients would measure; :func:`search_disagg`: prefill and decode layouts with wo
 frontier and one recommendation (:mod:`.pareto`).
 
 Concurrency is the number of clients of one replica (over its attention-DP ranks); by default the
-powers of two from 1 to ``max_concurrency``. A layout whose weights do not fit, or whose model /
+powers of two from 1 to ``DEFAULT_MAX_CONCURRENCY``, and with ``cap_concurrency`` none beyond the
+most requests a searched deployment runs at once (its KV cache, the backend's max batch size). A layout whose weights do not fit, or whose model /
 data cannot be served (no table for a quant mode, a shape out of the data's reach), is skipped
 with the reason, never guessed.
 """
@@ -122,12 +123,16 @@ def search_agg(
     tpot_max_ms: float | None = None,
     backend_version: str | None = None,
     systems_path=None,
+    cap_concurrency: bool = False,
     **estimator_kw,
 ) -> SearchResult:
     """Evaluate every layout of at most ``max_gpus`` GPUs (default: one node) at each concurrency.
 
     ``estimator_kw`` goes to every :class:`~infercast.Estimator` (quant overrides, ``nextn``,
-    ``database_mode``). Targets are on the mean TTFT and mean TPOT, as benchmarks report them."""
+    ``database_mode``). Targets are on the mean TTFT and mean TPOT, as benchmarks report them;
+    None or ``math.inf``: no target (``infercast search`` defaults to :data:`DEFAULT_TTFT_MS` and
+    :data:`DEFAULT_TPOT_MS`). ``cap_concurrency``: evaluate no concurrency beyond the most
+    requests a searched layout runs at once (refuse a given one; :func:`_fit_concurrencies`)."""
     from ..serving.backends import scheduler_params
 
     conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
@@ -137,7 +142,7 @@ def search_agg(
     params = scheduler_params(backend, base.data.system, base.spec)
     ests = _estimators(res, base, model, layouts(base.spec, res.max_gpus, node.nvlink_gpus), backend_version,
                        systems_path, estimator_kw)
-    conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, (
+    conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, (
         (lay.label, est.plan.parallel.attention_dp * rank_capacity(est, res.isl, res.osl, params))
         for lay, est in ests.items()))
     for lay, est in ests.items():
@@ -177,18 +182,22 @@ def rank_capacity(est, isl: int, osl: int, params) -> int:
     return max(0, min(int(params.max_batch_size), kv))
 
 
-def _fit_concurrencies(res: SearchResult, conc: list[int], given: bool, holders) -> list[int]:
-    """The concurrencies worth evaluating: at most the most requests any deployment searched runs
-    at once. ``holders``: (deployment label, requests it runs at once) pairs. A concurrency beyond
-    that bound only queues clients (every deployment's TTFT grows without end): given by the
-    caller, it is refused (:class:`InvalidInputError`, before any serving run); from the default
-    grid, it is left out. When no deployment holds even one request, ``conc`` is kept: each
-    layout is then skipped with its reason."""
+def _fit_concurrencies(res: SearchResult, conc: list[int], given: bool, cap: bool, holders) -> list[int]:
+    """The concurrencies to evaluate. ``holders``: (deployment label, requests it runs at once)
+    pairs; their most is ``res.max_concurrency``. With ``cap``, nothing beyond that bound (a closed
+    loop of more clients only queues them: every deployment's TTFT grows without end): a
+    concurrency the caller gave is refused (:class:`InvalidInputError`, before any serving run),
+    one of the default grid left out. Without ``cap`` (the Python API's default: a validation
+    row measured beyond the memory model's bound is still predicted), ``conc`` as it is. When no
+    deployment holds even one request, ``conc`` is kept: each layout is then skipped with its
+    reason."""
     holders = [(label, n) for label, n in holders if n > 0]
     if not holders:
         return conc
     label, bound = max(holders, key=lambda h: h[1])
     res.max_concurrency = bound
+    if not cap:
+        return conc
     over = [c for c in conc if c > bound]
     if over and given:
         raise InvalidInputError(
@@ -302,6 +311,7 @@ def search_disagg(
     tpot_max_ms: float | None = None,
     backend_version: str | None = None,
     systems_path=None,
+    cap_concurrency: bool = False,
     **estimator_kw,
 ) -> SearchResult:
     """Disaggregated deployments of at most ``max_gpus`` GPUs in all (default: two nodes): a
@@ -309,7 +319,8 @@ def search_disagg(
     GB200 / GB300 NVL72 system -- without pipeline stages) times up
     to ``max_workers`` workers of each, at each concurrency (clients of the whole deployment),
     through :func:`infercast.api.serve_disagg`. A deployment whose decode ranks would run more
-    requests than their KV cache holds (:mod:`infercast.serving.memory`) is skipped."""
+    requests than their KV cache holds (:mod:`infercast.serving.memory`) is skipped.
+    ``cap_concurrency``: as :func:`search_agg`'s, the bound being the most decode workers' requests."""
     from ..serving.backends import scheduler_params
 
     max_workers = _positive("max_workers", max_workers, int, required=True)
@@ -320,7 +331,7 @@ def search_disagg(
     space = layouts(base.spec, min(total, node.nvlink_gpus), node.nvlink_gpus)
     roles = _roles(res, _estimators(res, base, model, space, backend_version, systems_path, estimator_kw,
                                     keep=lambda lay: lay.pp == 1))
-    conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, decode_holders(
+    conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, decode_holders(
         res, roles, total, max_workers, scheduler_params(backend, base.data.system, base.spec)))
     for pl, pe in roles["prefill"].items():
         for dl, de in roles["decode"].items():
