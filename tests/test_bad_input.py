@@ -230,7 +230,7 @@ def test_names_that_are_not_strings_python_api(synth, args, needle):
 @pytest.mark.parametrize("call,needle", [
     (lambda db: db.gemm("fp9", m=[1], n=128, k=128), "unknown GEMM quant mode 'fp9' (available: bfloat16"),
     (lambda db: db.gemm("bfloat16", m="many", n=128, k=128), "m must be numbers"),
-    (lambda db: db.gemm("bfloat16", m=[1], n=128.5, k=128), "n must be whole numbers: got [128.5]"),
+    (lambda db: db.gemm("bfloat16", m=[1], n=128.5, k=128), "n must be whole numbers: got 128.5"),
     (lambda db: db.context_attention(1, 64, heads=8, kv_heads=8, head_dim=128, kv_quant="fp7"),
      "unknown KV-cache dtype 'fp7' (available: bfloat16, fp8)"),
     (lambda db: db.context_attention(1, 64, heads=8, kv_heads=8, head_dim=128, attn_quant="int8"), "unknown attention dtype"),
@@ -511,12 +511,15 @@ def test_serve_disagg_runs_each_pool_with_its_layout(synth, capsys):
     rc, out, err = run_cli(capsys, disagg_argv(synth))
     assert rc == 0, err
     d = json.loads(out)
-    assert d["prefill"] == {"workers": 2, "gpus_per_worker": 1, "tp": 1, "pp": 1, "attention_dp": 1, "moe_tp": 1, "moe_ep": 1}
+    assert d["prefill"] == {"workers": 2, "gpus_per_worker": 1, "layout": "1 GPU: TP 1", "tp": 1, "pp": 1,
+                            "attention_dp": 1, "moe_tp": 1, "moe_ep": 1}
     assert d["decode"]["tp"] == 2 and d["decode"]["gpus_per_worker"] == 2 and d["gpus"] == 4
+    assert d["decode"]["layout"] == "2 GPUs: TP 2" and d["fits"] is True
     assert d["ttft_p50_ms"] <= d["ttft_p90_ms"] <= d["ttft_p99_ms"] and d["tpot_p99_ms"] == d["tpot_ms"]
     assert "ttft_dist" not in d and d["decode_kv_capacity"] > 0
     rc, out, err = run_cli(capsys, [a for a in disagg_argv(synth) if a != "--json"])
-    assert rc == 0 and "prefill: 2 x 1 GPUs" in out and "TTFT ms" in out
+    assert rc == 0 and "prefill: 2 workers x (1 GPU: TP 1)" in out and "decode:  1 worker x (2 GPUs: TP 2)" in out
+    assert "TTFT ms" in out and "4 GPUs" in out
 
 
 @pytest.mark.parametrize(
@@ -603,7 +606,7 @@ def test_serve_disagg_refuses_a_worker_that_cannot_hold_one_request(synth):
     # the search: with max_gpus 1 no pair of workers fits, and says so
     r = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, max_gpus=1, concurrencies=[1],
                       systems_path=synth.systems_dir)
-    assert not r.candidates and r.skipped == {"P tp1 D tp1": "one prefill worker (1 GPUs) and one decode worker (1) exceed 1 GPUs"}
+    assert not r.candidates and r.skipped == {"P tp1 D tp1": "one prefill worker (1 GPU) and one decode worker (1) exceed 1 GPU"}
 
 
 def test_serve_disagg_errors_name_the_pools_flags(synth, capsys):

@@ -120,12 +120,12 @@ def test_search_cli(synth, capsys):
     assert main(_search_argv(synth, "--json", "--all")) == 0
     assert len(json.loads(capsys.readouterr().out)["candidates"]) == 14
     assert main(_search_argv(synth, "--tpot-ms", "1e-9")) == 0
-    assert "no evaluated deployment meets the targets" in capsys.readouterr().out
+    assert "no recommendation: none of the 14 deployments evaluated meets the targets" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("extra,needle", [
     (("--max-gpus", "0"), "max_gpus must be a positive number"),
-    (("--ttft-ms", "-5"), "ttft target must be a positive number"),
+    (("--ttft-ms", "-5"), "--ttft-ms must be a positive number of milliseconds, or inf for no target; got -5"),
     (("--concurrency", "1,x"), "--concurrency must be comma-separated integers"),
     (("--top", "0"), "--top must be >= 1"),
 ])

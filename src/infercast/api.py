@@ -28,7 +28,7 @@ from .models.plan import (
     with_moe_kernel,
 )
 from .models.spec import ModelSpec, build_spec
-from .ops.base import DatabaseMode, OpDB, broadcast_named, check_positive
+from .ops.base import DatabaseMode, OpDB, broadcast_named, check_positive, shown
 from .ops.moe import MOE_KERNELS, wide_ep_available
 from .serving.backends import backend_defaults
 from .serving.memory import GB, VISION_WEIGHT_BYTES, MemoryBreakdown, memory_breakdown
@@ -75,6 +75,9 @@ class StaticResult:
     memory: dict
     versions: dict
     quant: dict
+    gpus: int = 1  # of the replica: tp x attention_dp x pp
+    layout: str = ""  # the layout in words (infercast.report.layout.layout_words)
+    reason: str | None = None  # why it does not fit (fits is False)
     notes: list[str] = field(default_factory=list)
     breakdown: list[OpBreakdown] = field(default_factory=list)
 
@@ -186,6 +189,13 @@ class Estimator:
     def gpus_per_rank(self) -> float:
         """GPUs behind one attention-DP rank's requests (the serving models' unit of concurrency)."""
         return self.plan.parallel.gpus / self.plan.parallel.attention_dp
+
+    @property
+    def layout_words(self) -> str:
+        """The layout and its GPU count in words, e.g. "64 GPUs: 8 attention-DP ranks x TP 8; experts EP 8 x TP 8"."""
+        from .report.layout import parallel_words
+
+        return parallel_words(self.plan.parallel, self.spec.moe is not None)
 
     @property
     def version(self) -> str:
@@ -301,14 +311,17 @@ class Estimator:
             },
             versions=self.versions(),
             quant=asdict(self.spec.quant),
+            gpus=self.gpus,
+            layout=self.layout_words,
             notes=notes,
         )
         if not fits:
-            res.notes.append(
-                f"does not fit: {b} x ({isl + prefix}+{osl}) tokens need {kv_tokens_alloc} KV slots "
+            res.reason = (
+                f"{b} x ({isl + prefix}+{osl}) tokens need {kv_tokens_alloc} KV slots "
                 f"({mem.kv_bytes(kv_tokens_alloc) / GB:.1f} GB); the KV budget holds {mem.kv_capacity_tokens} "
                 f"({mem.kv_budget / GB:.1f} GB of {mem.capacity / GB:.0f} GB after {mem.weights / GB:.1f} GB weights)"
             )
+            res.notes.append(f"does not fit: {res.reason}")
             return res
         ttft = self.prefill_ms(b, isl, prefix)
         tau = self.engine.tokens_per_step
@@ -380,7 +393,7 @@ def _check(batch, isl, prefix, isl_name: str = "isl"):
     i = check_positive(isl_name, isl, MAX_TOKENS)
     p = np.asarray(prefix, dtype=float)
     if not np.all(np.isfinite(p)) or np.any(p < 0):
-        raise InvalidInputError("prefix must be a finite number >= 0", f"got {p}")
+        raise InvalidInputError("prefix must be a finite number >= 0", f"got {shown(p, p[~(np.isfinite(p) & (p >= 0))])}")
     if np.any(p > MAX_TOKENS):
         raise InvalidInputError("prefix is absurdly large", f"the limit is {MAX_TOKENS}")
     broadcast_named(batch_size=b, **{isl_name: i}, prefix=p)

@@ -1,4 +1,9 @@
-"""The ``infercast`` command line. Any :class:`InfercastError` -> one line on stderr, exit code 2."""
+"""The ``infercast`` command line. Any :class:`InfercastError` -> one line on stderr, exit code 2.
+
+A configuration that cannot run (weights or one request exceed the memory) is an answer, not bad
+input: every command reports it (``fits: false`` and the ``reason`` in JSON; ``search``: ``best:
+null`` and the ``reason``) with exit code 0. Every command's output states the GPU count and the
+layout in words (:mod:`infercast.report.layout`)."""
 
 from __future__ import annotations
 
@@ -17,19 +22,42 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--systems-path", help="a pack's systems/ directory (default: $INFERCAST_SYSTEMS_PATH, then the installed aiconfigurator-core data)")
 
 
+#: how the layout flags combine (every command's description that takes or reports a layout)
+LAYOUT_HELP = (
+    "Layout: --tp is the tensor-parallel size of ONE attention-DP rank, so a replica runs attention on "
+    "tp x attention-dp GPUs and has pp stages of them: GPUs = tp x attention-dp x pp. The MoE experts "
+    "are split over the same tp x attention-dp GPUs as moe-tp x moe-ep (moe-tp x moe-ep = tp x attention-dp). "
+    "Example: --tp 8 --attention-dp 8 --moe-ep 8 is 64 GPUs (8 attention-DP ranks x TP 8; experts EP 8 x TP 8); "
+    "the engines' own \"tp 8 with attention DP\" (8 GPUs) is --tp 1 --attention-dp 8 --moe-ep 8. Every output "
+    "states the GPU count and the layout in words (JSON: gpus, layout)."
+)
+
+#: the rule for a configuration that does not fit (every command's description)
+FITS_HELP = ("A configuration that cannot run (weights or one request exceed the memory) is an answer, "
+             "not bad input: it is reported as does not fit (JSON: fits false, with the reason), exit code 0. "
+             "Bad input: one line on stderr, exit code 2.")
+
+
 def _add_parallel_args(p: argparse.ArgumentParser, prefix: str = "", who: str = "") -> None:
     f = f"--{prefix}-" if prefix else "--"
-    p.add_argument(f"{f}tp", type=int, default=1, help=f"tensor parallel size{who}")
-    p.add_argument(f"{f}pp", type=int, default=1, help=f"pipeline parallel size{who}")
-    p.add_argument(f"{f}attention-dp", type=int, default=1, help=f"attention data-parallel ranks per replica (MoE models){who}")
-    p.add_argument(f"{f}moe-tp", type=int, default=None, help=f"tensor parallel size of the experts (default: tp x attention-dp / moe-ep){who}")
-    p.add_argument(f"{f}moe-ep", type=int, default=None, help=f"expert parallel size (default 1){who}")
+    p.add_argument(f"{f}tp", type=int, default=1,
+                   help=f"tensor parallel size of one attention-DP rank{who} (GPUs = tp x attention-dp x pp; default 1)")
+    p.add_argument(f"{f}pp", type=int, default=1, help=f"pipeline parallel stages{who}, each of tp x attention-dp GPUs (default 1)")
+    p.add_argument(f"{f}attention-dp", type=int, default=1,
+                   help=f"attention data-parallel ranks{who} (MoE models), each of --tp GPUs serving its own requests "
+                        "(default 1; the engines' 'tp N with attention DP' is --tp 1 --attention-dp N)")
+    p.add_argument(f"{f}moe-tp", type=int, default=None,
+                   help=f"tensor parallel size of the experts{who}; moe-tp x moe-ep = tp x attention-dp "
+                        "(default: tp x attention-dp / moe-ep)")
+    p.add_argument(f"{f}moe-ep", type=int, default=None,
+                   help=f"expert parallel size{who}: the experts are spread over moe-ep groups of moe-tp GPUs (default 1)")
 
 
 def _add_model_args(p: argparse.ArgumentParser, parallel: bool = True) -> None:
     p.add_argument("--model", required=True, help="HF id (as in the pack's model_configs/), alias, or a local config path")
     p.add_argument("--system", required=True, help="system name, e.g. h200_sxm (see `infercast systems`)")
-    p.add_argument("--backend", required=True, choices=["trtllm", "vllm", "sglang"])
+    p.add_argument("--backend", required=True, choices=["trtllm", "vllm", "sglang"],
+                   help="serving engine: trtllm (TensorRT-LLM), vllm or sglang")
     p.add_argument("--backend-version", default=None, help="data version or slot alias current/previous/next (default: current)")
     if parallel:
         _add_parallel_args(p)
@@ -142,6 +170,7 @@ def cmd_serve(a) -> int:
 
     from ..api import serve_agg_replica
     from ..serving.backends import mean_length_ratio, scheduler_params
+    from ..serving.sim import DoesNotFitError
 
     for name in ("concurrency", "isl", "osl"):
         if getattr(a, name) < 1:
@@ -164,11 +193,22 @@ def cmd_serve(a) -> int:
                                     f"in (0, 1]; got {a.random_range_ratio}") from None
     est = _estimator(a)
     params = replace(scheduler_params(a.backend, est.data.system, est.spec), **overrides)
-    res, per_rank = serve_agg_replica(est, a.concurrency, a.isl, a.osl, params)
-    out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend, "backend_version": est.version,
-           "gpus": est.gpus, "concurrency": a.concurrency, "concurrency_per_rank": per_rank, "isl": a.isl, "osl": a.osl,
+    head = {"model": a.model, "system": a.system, "backend": a.backend, "backend_version": est.version,
+            "gpus": est.gpus, "layout": est.layout_words, **_layout(est), "concurrency": a.concurrency,
+            "isl": a.isl, "osl": a.osl}
+    try:
+        res, per_rank = serve_agg_replica(est, a.concurrency, a.isl, a.osl, params)
+    except DoesNotFitError as exc:
+        return _emit(a, _misfit(head, exc), "print_misfit")
+    out = {"fits": True, **res.to_dict(), **head, "concurrency_per_rank": per_rank,
            "scheduler": asdict(params), "notes": est.context_notes(a.isl, a.osl)}
     return _emit(a, out, "print_serving")
+
+
+def _misfit(head: dict, exc: InfercastError) -> dict:
+    """The answer for a configuration that cannot hold one request: ``fits: false`` and why (an
+    answer, exit code 0, as ``estimate`` gives it; not bad input)."""
+    return {"fits": False, "reason": str(exc), **head}
 
 
 def _emit(a, out: dict, printer: str) -> int:
@@ -187,19 +227,25 @@ def cmd_serve_disagg(a) -> int:
 
     from ..api import serve_disagg
     from ..serving.backends import scheduler_params
+    from ..serving.sim import DoesNotFitError
 
     for name in ("concurrency", "isl", "osl", "prefill_workers", "decode_workers", "prefill_batch"):
         if getattr(a, name) < 1:
             raise InvalidInputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     pe, de = _estimator(a, "prefill"), _estimator(a, "decode")
-    res = serve_disagg(pe, de, concurrency=a.concurrency, isl=a.isl, osl=a.osl, prefill_workers=a.prefill_workers,
-                       decode_workers=a.decode_workers, prefill_batch=a.prefill_batch)
     layout = {
-        "prefill": {"workers": a.prefill_workers, "gpus_per_worker": pe.gpus, **_layout(pe)},
-        "decode": {"workers": a.decode_workers, "gpus_per_worker": de.gpus, **_layout(de)},
+        "prefill": {"workers": a.prefill_workers, "gpus_per_worker": pe.gpus, "layout": pe.layout_words, **_layout(pe)},
+        "decode": {"workers": a.decode_workers, "gpus_per_worker": de.gpus, "layout": de.layout_words, **_layout(de)},
     }
-    out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend, "backend_version": pe.version,
-           "gpus": a.prefill_workers * pe.gpus + a.decode_workers * de.gpus, "isl": a.isl, "osl": a.osl, **layout,
+    head = {"model": a.model, "system": a.system, "backend": a.backend, "backend_version": pe.version,
+            "gpus": a.prefill_workers * pe.gpus + a.decode_workers * de.gpus, "concurrency": a.concurrency,
+            "isl": a.isl, "osl": a.osl, **layout}
+    try:
+        res = serve_disagg(pe, de, concurrency=a.concurrency, isl=a.isl, osl=a.osl, prefill_workers=a.prefill_workers,
+                           decode_workers=a.decode_workers, prefill_batch=a.prefill_batch)
+    except DoesNotFitError as exc:
+        return _emit(a, _misfit(head, exc), "print_misfit")
+    out = {"fits": True, **res.to_dict(), **head,
            "scheduler_prefill": asdict(scheduler_params(a.backend, pe.data.system, pe.spec)),
            "scheduler_decode": asdict(scheduler_params(a.backend, de.data.system, de.spec)),
            "notes": pe.context_notes(a.isl, a.osl)}
@@ -227,11 +273,12 @@ def cmd_search(a) -> int:
                                 "or --max-gpus for a budget")
     if mode == "fixed" and a.max_gpus is not None:
         raise InvalidInputError("--mode fixed uses exactly --gpus GPUs: drop --max-gpus")
-    kw = dict(max_gpus=a.max_gpus, concurrencies=conc, ttft_max_ms=a.ttft_ms, tpot_max_ms=a.tpot_ms,
+    targets = _search_targets(a)
+    kw = dict(max_gpus=a.max_gpus, concurrencies=conc, ttft_max_ms=targets["ttft_max_ms"], tpot_max_ms=targets["tpot_max_ms"],
               backend_version=a.backend_version, systems_path=a.systems_path, moe_quant=a.moe_quant,
               gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
               nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel,
-              kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode)
+              kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode, cap_concurrency=True)
     if mode == "fixed":
         kw.pop("max_gpus")
         kw["gpus"] = a.gpus
@@ -243,6 +290,7 @@ def cmd_search(a) -> int:
             if not a.all:
                 out.pop("candidates")
             out["mode"] = m
+            out["targets"] = targets
             out["top"] = [asdict(c) for c in sorted((c for c in res.candidates if c.meets_targets),
                                                     key=lambda c: -c.tokens_per_s_per_gpu)[:a.top]]
             outs[m] = out
@@ -250,7 +298,32 @@ def cmd_search(a) -> int:
         return _emit(a, outs[mode], "print_search")
     bests = {m: o["best"] for m, o in outs.items() if o["best"] is not None}
     outs["best_mode"] = max(bests, key=lambda m: bests[m]["tokens_per_s_per_gpu"]) if bests else None
+    if not bests:
+        outs["reason"] = "neither mode has a deployment that meets the targets: " + "; ".join(
+            f"{m}: {outs[m]['reason']}" for m in ("agg", "disagg"))
     return _emit(a, outs, "print_search_both")
+
+
+def _search_targets(a) -> dict:
+    """The latency targets of ``search``: ``--ttft-ms`` / ``--tpot-ms``, else the defaults
+    (:data:`infercast.search.run.DEFAULT_TTFT_MS`, ``DEFAULT_TPOT_MS``); ``inf`` means no target.
+    {"ttft_max_ms", "tpot_max_ms" (None: no target), "ttft_from", "tpot_from" ("default",
+    "--ttft-ms" / "--tpot-ms")}."""
+    import math
+
+    from ..search.run import DEFAULT_TPOT_MS, DEFAULT_TTFT_MS
+
+    out = {}
+    for key, flag, given, default in (("ttft", "--ttft-ms", a.ttft_ms, DEFAULT_TTFT_MS),
+                                      ("tpot", "--tpot-ms", a.tpot_ms, DEFAULT_TPOT_MS)):
+        if given is None:
+            out[f"{key}_max_ms"], out[f"{key}_from"] = default, "default"
+            continue
+        if math.isnan(given) or given <= 0:
+            raise InvalidInputError(f"{flag} must be a positive number of milliseconds, or inf for no target; "
+                                    f"got {given:g}")
+        out[f"{key}_max_ms"], out[f"{key}_from"] = (None if math.isinf(given) else given), flag
+    return out
 
 
 def _layout(est) -> dict:
@@ -326,11 +399,26 @@ def cmd_validate(a) -> int:
     return run_validate(a)
 
 
+def _version() -> str:
+    """The installed distribution's version (the package's own when it runs from a source tree)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("infercast")
+    except PackageNotFoundError:
+        from .. import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="infercast", description="Predict LLM serving performance on GPUs from measured per-operator tables.")
+    p.add_argument("--version", action="version", version=f"infercast {_version()}", help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
 
-    e = sub.add_parser("estimate", help="static estimate: TTFT, TPOT, throughput, memory for one configuration")
+    e = sub.add_parser("estimate", help="static estimate: TTFT, TPOT, throughput, memory for one configuration",
+                       description="Static estimate of one batch: TTFT, TPOT, throughput and memory of one "
+                                   f"configuration. {LAYOUT_HELP} {FITS_HELP}")
     _add_model_args(e)
     e.add_argument("--batch", type=int, default=1, help="concurrent requests in the batch")
     e.add_argument("--isl", type=int, required=True, help="input sequence length (new tokens per request)")
@@ -341,12 +429,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--plan-out", help="write the compiled op plan (JSON) to this file")
     e.set_defaults(func=cmd_estimate)
 
-    sv = sub.add_parser("serve", help="serving model: what a closed-loop benchmark at a concurrency measures (aggregated)")
+    sv = sub.add_parser("serve", help="serving model: what a closed-loop benchmark at a concurrency measures (aggregated)",
+                        description="What a closed-loop benchmark of --concurrency clients measures on one "
+                                    f"aggregated replica. {LAYOUT_HELP} {FITS_HELP}")
     _add_model_args(sv)
     sv.add_argument("--concurrency", type=int, required=True, help="closed-loop clients (over the replica's attention-DP ranks)")
-    sv.add_argument("--isl", type=int, required=True)
-    sv.add_argument("--osl", type=int, required=True)
-    sv.add_argument("--json", action="store_true")
+    sv.add_argument("--isl", type=int, required=True, help="input sequence length (prompt tokens per request)")
+    sv.add_argument("--osl", type=int, required=True, help="output sequence length (tokens generated per request)")
+    sv.add_argument("--json", action="store_true", help="print one JSON object")
     for flag, (_, kind, _, what) in SCHEDULER_FLAGS.items():
         sv.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None,
                         help=f"{what} (default: the backend's, see infercast.serving.backends)")
@@ -364,7 +454,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=cmd_serve)
 
     sd = sub.add_parser("serve-disagg", help="serving model, disaggregated: prefill workers x decode workers under a "
-                                            "closed-loop benchmark")
+                                            "closed-loop benchmark",
+                        description="What a closed-loop benchmark measures on prefill workers x decode workers; "
+                                    "each pool has its own layout flags (--prefill-tp ..., --decode-tp ...). "
+                                    f"{LAYOUT_HELP} {FITS_HELP}")
     _add_model_args(sd, parallel=False)
     sd.add_argument("--prefill-workers", type=int, required=True, help="prefill workers (replicas of the prefill layout)")
     _add_parallel_args(sd, "prefill", " of a prefill worker")
@@ -373,15 +466,19 @@ def build_parser() -> argparse.ArgumentParser:
     sd.add_argument("--decode-workers", type=int, required=True, help="decode workers (replicas of the decode layout)")
     _add_parallel_args(sd, "decode", " of a decode worker")
     sd.add_argument("--concurrency", type=int, required=True, help="closed-loop clients of the whole deployment")
-    sd.add_argument("--isl", type=int, required=True)
-    sd.add_argument("--osl", type=int, required=True)
-    sd.add_argument("--json", action="store_true")
+    sd.add_argument("--isl", type=int, required=True, help="input sequence length (prompt tokens per request)")
+    sd.add_argument("--osl", type=int, required=True, help="output sequence length (tokens generated per request)")
+    sd.add_argument("--json", action="store_true", help="print one JSON object")
     sd.set_defaults(func=cmd_serve_disagg)
 
-    se = sub.add_parser("search", help="search deployments (layouts x concurrency; agg, disagg or a fixed GPU count) under latency targets")
+    se = sub.add_parser("search", help="search deployments (layouts x concurrency; agg, disagg or a fixed GPU count) under latency targets",
+                        description="Search deployments (layouts x concurrency) under latency targets (default: "
+                                    "mean TTFT <= 2000 ms and mean TPOT <= 30 ms; --ttft-ms / --tpot-ms inf for none). "
+                                    f"{LAYOUT_HELP} A search where nothing fits or meets the targets is an answer "
+                                    "(exit code 0; JSON best null with the reason).")
     _add_model_args(se, parallel=False)
-    se.add_argument("--isl", type=int, required=True)
-    se.add_argument("--osl", type=int, required=True)
+    se.add_argument("--isl", type=int, required=True, help="input sequence length (prompt tokens per request)")
+    se.add_argument("--osl", type=int, required=True, help="output sequence length (tokens generated per request)")
     se.add_argument("--mode", choices=("agg", "disagg", "both", "fixed"), default=None,
                     help="aggregated replicas, disaggregated prefill/decode workers, both, or every deployment of "
                          "exactly --gpus GPUs (default agg; fixed with --gpus)")
@@ -389,21 +486,26 @@ def build_parser() -> argparse.ArgumentParser:
                     help="GPUs at most: per replica (agg, default one node) or in all (disagg, default two nodes)")
     se.add_argument("--gpus", type=int, default=None,
                     help="exactly this many GPUs: agg replicas and disagg splits that use them all (--mode fixed)")
-    se.add_argument("--ttft-ms", type=float, default=None, help="target: mean TTFT at most this (ms)")
-    se.add_argument("--tpot-ms", type=float, default=None, help="target: mean TPOT at most this (ms)")
-    se.add_argument("--concurrency", default=None, help="comma-separated clients per replica (default: 1, 2, 4, ..., 1024)")
+    se.add_argument("--ttft-ms", type=float, default=None,
+                    help="target: mean TTFT at most this (ms; default 2000; inf: no TTFT target)")
+    se.add_argument("--tpot-ms", type=float, default=None,
+                    help="target: mean TPOT at most this (ms; default 30; inf: no TPOT target)")
+    se.add_argument("--concurrency", default=None,
+                    help="comma-separated clients per replica (agg) or of the whole deployment (disagg, fixed); "
+                         "default 1, 2, 4, ..., 1024, up to the most requests a searched deployment runs at once "
+                         "(more is refused: the clients would only queue)")
     se.add_argument("--top", type=int, default=5, help="how many deployments that meet the targets to list (default 5)")
     se.add_argument("--all", action="store_true", help="JSON: include every evaluated candidate")
-    se.add_argument("--json", action="store_true")
+    se.add_argument("--json", action="store_true", help="print one JSON object")
     se.set_defaults(func=cmd_search)
 
     s = sub.add_parser("systems", help="list systems, backends and data versions in the pack")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
     _add_data_args(s)
     s.set_defaults(func=cmd_systems)
 
     m = sub.add_parser("models", help="list model ids in the pack and whether their family is supported")
-    m.add_argument("--json", action="store_true")
+    m.add_argument("--json", action="store_true", help="print a JSON list")
     _add_data_args(m)
     m.set_defaults(func=cmd_models)
 
@@ -427,7 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--by", action="append", metavar="ATTR[+ATTR...]",
                    help="break the statistics down by this row attribute, or by a combination joined with + "
                         "(e.g. backend+system); repeatable (default: mode, backend, system, model)")
-    v.add_argument("--database-mode", default="SILICON")
+    v.add_argument("--database-mode", default="SILICON", help="SILICON (default), HYBRID, EMPIRICAL or SOL")
     _add_data_args(v)
     v.set_defaults(func=cmd_validate)
 
@@ -447,6 +549,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader of a pipe stopped early (| head): nothing more to say
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -4,33 +4,25 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 
 from ..errors import InvalidInputError
-
-#: the latency targets a search assumes when none are given (the reference's defaults)
-DEFAULT_TTFT_MS = 2000.0
-DEFAULT_TPOT_MS = 30.0
+from ..search.run import DEFAULT_TPOT_MS, DEFAULT_TTFT_MS
 
 
 def _progress(quiet: bool):
     """A rich progress display on stderr (JSON on stdout stays clean); off with ``--quiet``."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=Console(stderr=True), disable=quiet, transient=True)
-
-
-def _targets(a) -> tuple[float | None, float | None]:
-    out = []
-    for name, given, default in (("--ttft-ms", a.ttft_ms, DEFAULT_TTFT_MS), ("--tpot-ms", a.tpot_ms, DEFAULT_TPOT_MS)):
-        v = default if given is None else given
-        if not (v > 0):
-            raise InvalidInputError(f"{name} must be a positive number of ms (inf: no target), got {v}")
-        out.append(None if math.isinf(v) else float(v))
-    return out[0], out[1]
 
 
 def cmd_recommend(a) -> int:
@@ -44,7 +36,10 @@ def cmd_recommend(a) -> int:
             raise InvalidInputError(f"--{name} must be >= 1, got {getattr(a, name)}")
     if a.top < 1:
         raise InvalidInputError(f"--top must be >= 1, got {a.top}")
-    ttft, tpot = _targets(a)
+    from .main import _search_targets
+
+    targets = _search_targets(a)
+    ttft, tpot = targets["ttft_max_ms"], targets["tpot_max_ms"]
     kw = dict(ttft_max_ms=ttft, tpot_max_ms=tpot, backend_version=a.backend_version, systems_path=a.systems_path,
               moe_quant=a.moe_quant, gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant,
               attention_quant=a.attention_quant, nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel,
@@ -55,7 +50,7 @@ def cmd_recommend(a) -> int:
         task = prog.add_task("searching", total=len(modes))
         for m in modes:
             fn = search_agg if m == "agg" else search_disagg
-            results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, max_gpus=a.max_gpus, **kw)
+            results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, max_gpus=a.max_gpus, cap_concurrency=True, **kw)
             prog.advance(task)
     recs = recommend_deployment(results, rate=a.rate, clients=a.clients, top=a.top)
     first = next(iter(results.values()))

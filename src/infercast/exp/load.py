@@ -10,7 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from ..errors import ConfigFileError
-from .schema import ExpFile, Experiment
+from .schema import Experiment, ExpFile
 
 
 def _walk(node, path: tuple):

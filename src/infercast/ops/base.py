@@ -280,14 +280,21 @@ def as_numbers(name: str, arr) -> np.ndarray:
         raise InvalidInputError(f"{name} must be numbers", f"got {arr!r}") from None
 
 
+def shown(a: np.ndarray, picked: np.ndarray | None = None) -> str:
+    """The offending values of ``a`` (``picked``, default all) for an error message: a plain number
+    when ``a`` is a scalar ("0", "nan"), else a list of at most three ("[0, -1]")."""
+    vals = [f"{v:g}" for v in np.ravel(a if picked is None else picked)[:3].tolist()]
+    return vals[0] if np.ndim(a) == 0 and vals else "[" + ", ".join(vals) + "]"
+
+
 def check_positive(name: str, arr, upper: float | None = None) -> np.ndarray:
     a = as_numbers(name, arr)
     if a.size == 0:
         raise InvalidInputError(f"{name} is empty")
     if not np.all(np.isfinite(a)):
-        raise InvalidInputError(f"{name} must be finite", f"got {a[~np.isfinite(a)][:3].tolist()}")
+        raise InvalidInputError(f"{name} must be finite", f"got {shown(a, a[~np.isfinite(a)])}")
     if np.any(a <= 0):
-        raise InvalidInputError(f"{name} must be > 0", f"got {a[a <= 0][:3].tolist()}")
+        raise InvalidInputError(f"{name} must be > 0", f"got {shown(a, a[a <= 0])}")
     if upper is not None and np.any(a > upper):
         raise InvalidInputError(f"{name} is absurdly large", f"got {a.max():.0f}, the limit is {upper:.0f}")
     return a

@@ -33,6 +33,7 @@ from .base import (
     as_numbers,
     broadcast_named,
     check_positive,
+    shown,
 )
 from .comm import resolve_collective
 from .gemm import resolve_gemm
@@ -52,7 +53,7 @@ def _whole(name: str, a: np.ndarray) -> np.ndarray:
     a fractional size would be rounded to some collected site silently."""
     frac = a != np.round(a)
     if np.any(frac):
-        raise InvalidInputError(f"{name} must be whole numbers", f"got {a[frac][:3].tolist()}")
+        raise InvalidInputError(f"{name} must be whole numbers", f"got {shown(a, a[frac])}")
     return a
 
 
@@ -126,11 +127,11 @@ class PerfDB:
             _whole(name, check_positive(name, a))
         if np.any(h % kv):  # also catches kv_heads > heads
             raise InvalidInputError("kv_heads must divide heads (grouped-query attention shares each KV head "
-                                    "among a whole group of query heads)", f"heads {h[:3].tolist()}, kv_heads {kv[:3].tolist()}")
+                                    "among a whole group of query heads)", f"heads {shown(h)}, kv_heads {shown(kv)}")
         for name, a, what in (("window", w, "a sliding window in tokens, 0 for full attention"),
                               ("prefix", pre, "cached tokens before the new ones")):
             if not np.all(np.isfinite(a)) or np.any(a < 0):
-                raise InvalidInputError(f"{name} must be a finite number >= 0 ({what})", f"got {a[:3].tolist()}")
+                raise InvalidInputError(f"{name} must be a finite number >= 0 ({what})", f"got {shown(a)}")
         _whole("window", w)
 
         def ev(site, sel):

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from .layout import plural
+
+
+#: columns of a console that writes to a pipe or a file: wide enough that no line and no table
+#: cell is ever wrapped (rich would otherwise assume 80 and fold header cells and model ids)
+UNWRAPPED_WIDTH = 100_000
 
 
 def new_console(min_width: int = 0) -> Console:
-    """A console at least ``min_width`` columns wide (a pipe's default 80 would cut wide tables)."""
+    """A console for stdout. On a terminal: its width, at least ``min_width`` columns (a wide table
+    folds its cells to fit). Not a terminal (a pipe, a file): nothing wraps -- text lines stay
+    whole (``soft_wrap``) and tables take their natural width."""
     c = Console(highlight=False)
+    if not c.is_terminal:
+        return Console(highlight=False, width=UNWRAPPED_WIDTH, soft_wrap=True)
     if c.width < min_width:
         c.width = min_width
     return c
@@ -28,12 +40,10 @@ def _f(x, fmt="{:.2f}") -> str:
 
 def print_static(res, explain: bool = False) -> None:
     c = new_console(min_width=140 if explain else 0)  # --explain: a source column of kernel names
+    per_rank = " per attention-DP rank" if res.attention_dp > 1 else ""
     title = (
-        f"{res.model} on {res.system} · {res.backend} {res.backend_version} · TP{res.tp} PP{res.pp}"
-        + (f" DP{res.attention_dp}" if res.attention_dp > 1 else "")
-        + (f" EP{res.moe_ep} ETP{res.moe_tp}" if res.moe_ep > 1 else "")
-        + " · "
-        f"batch {res.batch_size} · isl {res.isl} osl {res.osl}" + (f" prefix {res.prefix}" if res.prefix else "")
+        f"{res.model} on {res.system} · {res.backend} {res.backend_version} · {res.layout} · "
+        f"batch {res.batch_size}{per_rank} · isl {res.isl} osl {res.osl}" + (f" prefix {res.prefix}" if res.prefix else "")
     )
     c.print(f"[bold]{title}[/bold]")
     q = res.quant
@@ -135,10 +145,9 @@ def print_serving_disagg(d: dict) -> None:
     c = new_console()
 
     def lay(x):
-        return (f"{x['workers']} x {x['gpus_per_worker']} GPUs (tp {x['tp']}, pp {x['pp']}, attention-dp {x['attention_dp']}, "
-                f"moe tp {x['moe_tp']} x ep {x['moe_ep']})")
+        return f"{plural(x['workers'], 'worker')} x ({x['layout']})"
 
-    c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d['backend_version']} · {d['gpus']} GPUs · "
+    c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d['backend_version']} · {plural(d['gpus'], 'GPU')} · "
             f"concurrency {d['concurrency']:.0f} · isl {d['isl']} osl {d['osl']}[/bold]")
     c.print(f"prefill: {lay(d['prefill'])}\ndecode:  {lay(d['decode'])}")
     t = Table(show_header=True, header_style="bold")
@@ -167,9 +176,23 @@ def _print_notes(c, d: dict) -> None:
         c.print(f"[yellow]note: {note}[/yellow]")
 
 
+def print_misfit(d: dict) -> None:
+    """``serve`` / ``serve-disagg`` of a configuration that cannot hold one request: what was
+    asked (model, GPUs, layout) and why it does not fit."""
+    c = new_console()
+    if "prefill" in d:
+        where = (f"{plural(d['gpus'], 'GPU')}: prefill {plural(d['prefill']['workers'], 'worker')} x "
+                 f"({d['prefill']['layout']}), decode {plural(d['decode']['workers'], 'worker')} x ({d['decode']['layout']})")
+    else:
+        where = d["layout"]
+    c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d['backend_version']} · {where} · "
+            f"concurrency {d['concurrency']} · isl {d['isl']} osl {d['osl']}[/bold]")
+    c.print(f"[bold red]does not fit[/bold red]: {escape(d['reason'])}")
+
+
 def print_serving(d: dict) -> None:
     c = new_console()
-    c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d['backend_version']} · {d['gpus']} GPUs · "
+    c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d['backend_version']} · {d['layout']} · "
             f"concurrency {d['concurrency']} · isl {d['isl']} osl {d['osl']}[/bold]")
     t = Table(show_header=True, header_style="bold")
     for col in ("mean TTFT ms", "mean TPOT ms", "request ms", "tok/s/GPU", "tok/s/user", "decode batch", "bound"):
@@ -188,13 +211,23 @@ def print_serving(d: dict) -> None:
 
 def print_search(d: dict) -> None:
     c = new_console(min_width=140)  # ten columns: wider than a default terminal
-    targets = ", ".join(t for t in (f"TTFT <= {d['ttft_max_ms']:g} ms" if d["ttft_max_ms"] else "",
-                                    f"TPOT <= {d['tpot_max_ms']:g} ms" if d["tpot_max_ms"] else "") if t) or "none"
+    t = d.get("targets") or {"ttft_max_ms": d["ttft_max_ms"], "tpot_max_ms": d["tpot_max_ms"]}
+    targets = ", ".join(
+        (f"{name} <= {t[f'{key}_max_ms']:g} ms" if t[f"{key}_max_ms"] is not None else f"no {name} target")
+        + (" (default)" if t.get(f"{key}_from") == "default" else "")
+        for key, name in (("ttft", "TTFT"), ("tpot", "TPOT")))
     mode = d.get("mode", "agg")
-    scope = {"agg": f"up to {d['max_gpus']} GPUs per replica", "fixed": f"exactly {d['max_gpus']} GPUs (agg replicas "
-             "or disaggregated workers)"}.get(mode, f"up to {d['max_gpus']} GPUs in all (disaggregated)")
+    gpus = plural(d["max_gpus"], "GPU")
+    scope = {"agg": f"up to {gpus} per replica", "fixed": f"exactly {gpus} (agg replicas "
+             "or disaggregated workers)"}.get(mode, f"up to {gpus} in all (disaggregated)")
     c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d['backend_version']} · isl {d['isl']} osl {d['osl']} · "
             f"{scope} · targets: {targets}[/bold]")
+
+    conc = d.get("concurrencies")
+    if conc:
+        held = d.get("max_concurrency")
+        c.print(f"concurrencies: {', '.join(map(str, conc))}"
+                + (f" (the most requests a deployment searched runs at once: {held})" if held else ""))
 
     def table(title, rows):
         t = Table(title=title, show_header=True, header_style="bold")
@@ -209,9 +242,9 @@ def print_search(d: dict) -> None:
     if not d["frontier"]:
         why = " (reasons below)" if d.get("skipped") else ""
         if mode == "fixed":
-            c.print(f"[yellow]no deployment of exactly {d['max_gpus']} GPUs could serve this workload{why}[/yellow]")
+            c.print(f"[yellow]no deployment of exactly {gpus} could serve this workload{why}[/yellow]")
         else:
-            c.print(f"[yellow]no layout of up to {d['max_gpus']} GPUs could serve this workload{why}; "
+            c.print(f"[yellow]no layout of up to {gpus} could serve this workload{why}; "
                     f"allow more GPUs with --max-gpus[/yellow]")
     else:
         table("Pareto frontier (tokens/s/user vs tokens/s/GPU)", d["frontier"])
@@ -219,11 +252,12 @@ def print_search(d: dict) -> None:
         table("best deployments that meet the targets (tokens/s/GPU)", d["top"])
     best = d["best"]
     if best is None:
-        c.print("[yellow]no evaluated deployment meets the targets[/yellow]")
+        c.print(f"[yellow]no recommendation: {escape(d.get('reason') or 'no evaluated deployment meets the targets')}[/yellow]")
     else:
         unit = "per replica" if mode == "agg" else "in all"
-        c.print(f"recommended: [bold]{best['layout']}[/bold] ({best['gpus']} GPUs {unit}) at {best['concurrency']} "
-                f"clients {unit}: TTFT {best['ttft_ms']:.1f} ms, TPOT {best['tpot_ms']:.2f} ms, "
+        c.print(f"recommended: [bold]{best['layout']}[/bold] ({escape(best.get('description') or plural(best['gpus'], 'GPU'))}"
+                f"{'' if mode == 'agg' else ' in all'}) at {plural(best['concurrency'], 'client')} {unit}: "
+                f"TTFT {best['ttft_ms']:.1f} ms, TPOT {best['tpot_ms']:.2f} ms, "
                 f"{best['tokens_per_s_per_gpu']:.1f} tokens/s/GPU, {best['tokens_per_s_per_user']:.1f} tokens/s/user")
     if d["skipped"]:
         c.print(f"skipped ({len(d['skipped'])}):")
@@ -236,7 +270,8 @@ def print_search_both(d: dict) -> None:
         print_search(d[mode])
     c = new_console()
     if d["best_mode"] is None:
-        c.print("[yellow]neither mode has a deployment that meets the targets[/yellow]")
+        c.print(f"[yellow]{escape(d.get('reason') or 'neither mode has a deployment that meets the targets')}[/yellow]")
     else:
         b = d[d["best_mode"]]["best"]
-        c.print(f"[bold]best overall: {d['best_mode']}, {b['layout']}: {b['tokens_per_s_per_gpu']:.1f} tokens/s/GPU[/bold]")
+        c.print(f"[bold]best overall: {d['best_mode']}, {b['layout']} ({escape(b.get('description') or plural(b['gpus'], 'GPU'))}): "
+                f"{b['tokens_per_s_per_gpu']:.1f} tokens/s/GPU[/bold]")

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import InfercastError
+from ..report.layout import plural
 from .run import (
     Candidate,
     SearchResult,
@@ -23,9 +24,12 @@ from .run import (
     _evaluate_disagg,
     _fields,
     _finish,
+    _fit_concurrencies,
     _positive,
     _roles,
     _start,
+    decode_holders,
+    rank_capacity,
 )
 from .space import Layout, layouts
 
@@ -46,6 +50,7 @@ def search_fixed(
     max_workers: int = 16,
     params=None,
     make_estimator: Callable[[Layout], object] | None = None,
+    cap_concurrency: bool = False,
     **estimator_kw,
 ) -> SearchResult:
     """Aggregated replicas and disaggregated worker splits that use exactly ``gpus`` GPUs, each at
@@ -54,7 +59,7 @@ def search_fixed(
     request latency). At most ``max_workers`` workers of each role. ``params``: the backend's
     scheduler (default: its own). ``make_estimator(layout)`` builds each layout's estimator
     (default: an :class:`~infercast.Estimator` with ``estimator_kw``), so a caller that asks many
-    times can reuse them."""
+    times can reuse them. ``cap_concurrency``: as :func:`~infercast.search.run.search_agg`'s."""
     from ..api import serve_agg_replica
     from ..serving.backends import scheduler_params
 
@@ -72,11 +77,17 @@ def search_fixed(
     ests = _estimators(res, base, model, space, backend_version, systems_path, estimator_kw,
                        keep=lambda lay: n % lay.gpus == 0 or worker(lay), make=make_estimator)
     agg_params = params or scheduler_params(backend, base.data.system, base.spec)
+    roles = _roles(res, {lay: e for lay, e in ests.items() if worker(lay)})
+    holders = [(f"{n // lay.gpus}x{lay.label}", n // lay.gpus * est.plan.parallel.attention_dp
+                * rank_capacity(est, res.isl, res.osl, agg_params)) for lay, est in ests.items() if n % lay.gpus == 0]
+    holders += decode_holders(res, roles, n, max_workers, agg_params)
+    conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, holders)
     for lay, est in ests.items():
         if n % lay.gpus:
             continue
         replicas = n // lay.gpus
         label = lay.label if replicas == 1 else f"{replicas}x{lay.label}"
+        words = est.layout_words if replicas == 1 else f"{plural(n, 'GPU')}: {replicas} replicas x ({est.layout_words})"
         for c in conc:
             per_replica = -(-c // replicas)
             try:
@@ -85,8 +96,7 @@ def search_fixed(
                 res.skipped[f"{label}@c{c}"] = str(exc)
                 continue
             r.tokens_per_s_per_gpu *= c / (per_replica * replicas)  # idle clients' share: replicas hold fewer
-            res.candidates.append(Candidate(*_fields(res, label, est, n, c, r, r.bound)))
-    roles = _roles(res, {lay: e for lay, e in ests.items() if worker(lay)})
+            res.candidates.append(Candidate(*_fields(res, label, est, n, c, r, r.bound, words)))
     for pl, pe in roles["prefill"].items():
         for dl, de in roles["decode"].items():
             for pw in range(1, min(max_workers, (n - de.gpus) // pe.gpus) + 1):

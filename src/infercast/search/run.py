@@ -5,7 +5,8 @@ clients would measure; :func:`search_disagg`: prefill and decode layouts with wo
 frontier and one recommendation (:mod:`.pareto`).
 
 Concurrency is the number of clients of one replica (over its attention-DP ranks); by default the
-powers of two from 1 to ``max_concurrency``. A layout whose weights do not fit, or whose model /
+powers of two from 1 to ``DEFAULT_MAX_CONCURRENCY``, and with ``cap_concurrency`` none beyond the
+most requests a searched deployment runs at once (its KV cache, the backend's max batch size). A layout whose weights do not fit, or whose model /
 data cannot be served (no table for a quant mode, a shape out of the data's reach), is skipped
 with the reason, never guessed.
 """
@@ -16,10 +17,15 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from ..errors import InfercastError, InvalidInputError
+from ..report.layout import plural
 from .pareto import meets, pareto_front, recommend
 from .space import Layout, layouts, powers_of_two
 
 DEFAULT_MAX_CONCURRENCY = 1024
+#: the command line's latency targets when none is given: mean TTFT 2 s and mean TPOT 30 ms, the
+#: defaults deployment tools in the field search under (the Python API's default is no target)
+DEFAULT_TTFT_MS = 2000.0
+DEFAULT_TPOT_MS = 30.0
 
 
 @dataclass
@@ -43,6 +49,7 @@ class Candidate:
     tokens_per_s_per_user: float
     bound: str
     meets_targets: bool = True
+    description: str = ""  # the deployment's GPUs and layout in words
 
 
 @dataclass
@@ -60,6 +67,9 @@ class SearchResult:
     frontier: list[int] = field(default_factory=list)  # indices into candidates
     best: int | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # layout (or layout@concurrency) -> why
+    concurrencies: list[int] = field(default_factory=list)  # the concurrencies evaluated
+    max_concurrency: int | None = None  # the most requests a deployment searched runs at once
+    reason: str | None = None  # why there is no recommendation (best is None)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -114,13 +124,17 @@ def search_agg(
     backend_version: str | None = None,
     systems_path=None,
     scheduler: dict | None = None,
+    cap_concurrency: bool = False,
     **estimator_kw,
 ) -> SearchResult:
     """Evaluate every layout of at most ``max_gpus`` GPUs (default: one node) at each concurrency.
 
     ``estimator_kw`` goes to every :class:`~infercast.Estimator` (quant overrides, ``nextn``,
     ``database_mode``); ``scheduler``: {SchedulerParams field: value} overriding the backend's
-    scheduler defaults. Targets are on the mean TTFT and mean TPOT, as benchmarks report them."""
+    scheduler defaults. Targets are on the mean TTFT and mean TPOT, as benchmarks report them;
+    None or ``math.inf``: no target (``infercast search`` defaults to :data:`DEFAULT_TTFT_MS` and
+    :data:`DEFAULT_TPOT_MS`). ``cap_concurrency``: evaluate no concurrency beyond the most
+    requests a searched layout runs at once (refuse a given one; :func:`_fit_concurrencies`)."""
     from dataclasses import replace
 
     from ..serving.backends import scheduler_params
@@ -130,8 +144,12 @@ def search_agg(
     node = base.data.system.node
     res.max_gpus = node.gpus_per_node if max_gpus is None else _positive("max_gpus", max_gpus, int)
     params = replace(scheduler_params(backend, base.data.system, base.spec), **(scheduler or {}))
-    for lay, est in _estimators(res, base, model, layouts(base.spec, res.max_gpus, node.nvlink_gpus),
-                                backend_version, systems_path, estimator_kw).items():
+    ests = _estimators(res, base, model, layouts(base.spec, res.max_gpus, node.nvlink_gpus), backend_version,
+                       systems_path, estimator_kw)
+    conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, (
+        (lay.label, est.plan.parallel.attention_dp * rank_capacity(est, res.isl, res.osl, params))
+        for lay, est in ests.items()))
+    for lay, est in ests.items():
         _evaluate(res, est, lay, conc, params)
     return _finish(res)
 
@@ -143,12 +161,54 @@ def _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_ma
     from ..api import Estimator
 
     isl, osl = _positive("isl", isl, int, required=True), _positive("osl", osl, int, required=True)
-    ttft_max_ms = _positive("ttft target", ttft_max_ms)
-    tpot_max_ms = _positive("tpot target", tpot_max_ms)
+    # an infinite target is no target
+    ttft_max_ms = None if _is_inf(ttft_max_ms) else _positive("ttft target", ttft_max_ms)
+    tpot_max_ms = None if _is_inf(tpot_max_ms) else _positive("tpot target", tpot_max_ms)
     conc = _concurrencies(concurrencies)
     base = make(Layout()) if make is not None else Estimator(model, system, backend, backend_version,
                                                              systems_path=systems_path, **estimator_kw)
     return conc, base, SearchResult(base.spec.model_id, system, backend, base.version, isl, osl, 0, ttft_max_ms, tpot_max_ms)
+
+
+def _is_inf(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == math.inf
+
+
+def rank_capacity(est, isl: int, osl: int, params) -> int:
+    """Requests one attention-DP rank of ``est``'s layout can run at once: at most the scheduler's
+    ``max_batch_size``, and at most what its KV cache holds of requests of ``isl + osl`` tokens
+    (:mod:`infercast.serving.memory`, with each request's fixed-size state)."""
+    mem = est.memory
+    tokens = (isl + osl) * getattr(params, "kv_length_ratio", 1.0)
+    if mem.state_per_request > 0 and mem.kv_per_token > 0:
+        tokens += mem.state_per_request / mem.kv_per_token
+    kv = int(mem.kv_capacity_tokens // tokens) if mem.kv_capacity_tokens > 0 and tokens > 0 else 0
+    return max(0, min(int(params.max_batch_size), kv))
+
+
+def _fit_concurrencies(res: SearchResult, conc: list[int], given: bool, cap: bool, holders) -> list[int]:
+    """The concurrencies to evaluate. ``holders``: (deployment label, requests it runs at once)
+    pairs; their most is ``res.max_concurrency``. With ``cap``, nothing beyond that bound (a closed
+    loop of more clients only queues them: every deployment's TTFT grows without end): a
+    concurrency the caller gave is refused (:class:`InvalidInputError`, before any serving run),
+    one of the default grid left out. Without ``cap`` (the Python API's default: a validation
+    row measured beyond the memory model's bound is still predicted), ``conc`` as it is. When no
+    deployment holds even one request, ``conc`` is kept: each layout is then skipped with its
+    reason."""
+    holders = [(label, n) for label, n in holders if n > 0]
+    if not holders:
+        return conc
+    label, bound = max(holders, key=lambda h: h[1])
+    res.max_concurrency = bound
+    if not cap:
+        return conc
+    over = [c for c in conc if c > bound]
+    if over and given:
+        raise InvalidInputError(
+            f"concurrency {over[-1]} is more clients than any deployment searched can run at once",
+            f"the largest, {label}, runs {plural(bound, 'request')} of {res.isl}+{res.osl} tokens (its KV cache and the "
+            f"backend's max batch size); more clients would only queue: give at most {bound}")
+    return [c for c in conc if c <= bound]
 
 
 def _estimators(res: SearchResult, base, model, space, backend_version, systems_path, estimator_kw,
@@ -177,15 +237,35 @@ def _finish(res: SearchResult) -> SearchResult:
                                                  [c.tokens_per_s_per_gpu for c in res.candidates])]
     res.best = recommend([c.tokens_per_s_per_gpu for c in res.candidates], [c.gpus for c in res.candidates],
                          [c.ttft_ms for c in res.candidates], [c.meets_targets for c in res.candidates])
+    if res.best is None:
+        res.reason = _no_best_reason(res)
     return res
 
 
-def _fields(res: SearchResult, label: str, est, gpus: int, c: int, r, bound: str) -> tuple:
-    """:class:`Candidate`'s fields, in order, for serving result ``r`` of ``est``'s layout."""
+def targets_text(ttft_max_ms: float | None, tpot_max_ms: float | None) -> str:
+    """E.g. "TTFT <= 2000 ms, TPOT <= 30 ms" ("no latency target" when there is none)."""
+    parts = [f"{name} <= {v:g} ms" for name, v in (("TTFT", ttft_max_ms), ("TPOT", tpot_max_ms)) if v is not None]
+    return ", ".join(parts) or "no latency target"
+
+
+def _no_best_reason(res: SearchResult) -> str:
+    if not res.candidates:
+        return f"no deployment could serve this workload: every one was skipped ({plural(len(res.skipped), 'reason')} under 'skipped')"
+    ttft = min(c.ttft_ms for c in res.candidates)
+    tpot = min(c.tpot_ms for c in res.candidates)
+    return (f"none of the {len(res.candidates)} deployments evaluated meets the targets "
+            f"({targets_text(res.ttft_max_ms, res.tpot_max_ms)}); the lowest TTFT was {ttft:.1f} ms and the "
+            f"lowest TPOT {tpot:.2f} ms: relax the targets (--ttft-ms, --tpot-ms; inf for none) or allow more GPUs")
+
+
+def _fields(res: SearchResult, label: str, est, gpus: int, c: int, r, bound: str, description: str | None = None) -> tuple:
+    """:class:`Candidate`'s fields, in order, for serving result ``r`` of ``est``'s layout
+    (``description``: the deployment in words, default ``est``'s layout)."""
     p = est.plan.parallel
     return (label, p.tp, p.pp, p.attention_dp, p.etp, p.ep, gpus, c, r.ttft_ms, r.tpot_ms, r.ttft_p90_ms, r.tpot_p90_ms,
             r.request_latency_ms, r.tokens_per_s_per_gpu, r.tokens_per_s_per_user, bound,
-            meets(r.ttft_ms, r.tpot_ms, res.ttft_max_ms, res.tpot_max_ms))
+            meets(r.ttft_ms, r.tpot_ms, res.ttft_max_ms, res.tpot_max_ms),
+            est.layout_words if description is None else description)
 
 
 def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params) -> None:
@@ -236,6 +316,7 @@ def search_disagg(
     backend_version: str | None = None,
     systems_path=None,
     scheduler: dict | None = None,
+    cap_concurrency: bool = False,
     **estimator_kw,
 ) -> SearchResult:
     """Disaggregated deployments of at most ``max_gpus`` GPUs in all (default: two nodes): a
@@ -244,7 +325,8 @@ def search_disagg(
     to ``max_workers`` workers of each, at each concurrency (clients of the whole deployment),
     through :func:`infercast.api.serve_disagg`. A deployment whose decode ranks would run more
     requests than their KV cache holds (:mod:`infercast.serving.memory`) is skipped. ``scheduler``:
-    {SchedulerParams field: value} overriding the backend's defaults in both roles."""
+    {SchedulerParams field: value} overriding the backend's defaults in both roles.
+    ``cap_concurrency``: as :func:`search_agg`'s, the bound being the most decode workers' requests."""
     from dataclasses import replace
 
     from ..serving.backends import scheduler_params
@@ -258,17 +340,36 @@ def search_disagg(
     roles = _roles(res, _estimators(res, base, model, space, backend_version, systems_path, estimator_kw,
                                     keep=lambda lay: lay.pp == 1))
     params = replace(scheduler_params(backend, base.data.system, base.spec), **scheduler) if scheduler else None
+    conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, decode_holders(
+        res, roles, total, max_workers, params or scheduler_params(backend, base.data.system, base.spec)))
     for pl, pe in roles["prefill"].items():
         for dl, de in roles["decode"].items():
             counts = _worker_counts(pe.gpus, de.gpus, total, max_workers)
             if not counts:
                 res.skipped[f"P {pl.label} D {dl.label}"] = (
-                    f"one prefill worker ({pe.gpus} GPUs) and one decode worker ({de.gpus}) exceed {total} GPUs")
+                    f"one prefill worker ({plural(pe.gpus, 'GPU')}) and one decode worker ({de.gpus}) exceed {plural(total, 'GPU')}")
             for pw, dw in counts:
                 for c in conc:
                     if not _evaluate_disagg(res, pl, pe, pw, dl, de, dw, c, params):
                         break  # more clients only grow the decode batch
     return _finish(res)
+
+
+def decode_holders(res: SearchResult, roles: dict, gpus: int, max_workers: int, params) -> list[tuple[str, int]]:
+    """(label, requests at once) of the most decode workers of each decode layout that fit in
+    ``gpus`` beside the smallest prefill worker (at most ``max_workers``): the clients a
+    disaggregated deployment can hold."""
+    prefill_gpus = min((pe.gpus for pe in roles["prefill"].values()), default=None)
+    if prefill_gpus is None:
+        return []
+    out = []
+    for dl, de in roles["decode"].items():
+        w = min(max_workers, (gpus - prefill_gpus) // de.gpus)
+        if w < 1:
+            continue
+        out.append((f"{plural(w, 'decode worker')} of {dl.label}",
+                    w * de.plan.parallel.attention_dp * rank_capacity(de, res.isl, res.osl, params)))
+    return out
 
 
 def _roles(res: SearchResult, ests: dict) -> dict[str, dict]:
@@ -305,8 +406,11 @@ def _evaluate_disagg(res: SearchResult, pl: Layout, pe, pw: int, dl: Layout, de,
         res.skipped[f"{label}@c{c}"] = (f"a decode rank would run {r.decode_batch:.0f} requests; its KV "
                                         f"cache holds {r.decode_kv_capacity:.0f} of {res.isl}+{res.osl} tokens")
         return False
+    gpus = pw * pe.gpus + dw * de.gpus
+    words = (f"{plural(gpus, 'GPU')}: {plural(pw, 'prefill worker')} x ({pe.layout_words}) + "
+             f"{plural(dw, 'decode worker')} x ({de.layout_words})")
     res.candidates.append(DisaggCandidate(
-        *_fields(res, label, de, pw * pe.gpus + dw * de.gpus, c, r, f"prefill util {r.prefill_utilisation:.2f}"),
+        *_fields(res, label, de, gpus, c, r, f"prefill util {r.prefill_utilisation:.2f}", words),
         prefill_layout=pl.label, prefill_workers=pw, decode_layout=dl.label, decode_workers=dw,
         prefill_utilisation=r.prefill_utilisation,
     ))
