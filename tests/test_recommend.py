@@ -11,7 +11,7 @@ import pytest
 import synthpack as sp
 from infercast.errors import InvalidInputError
 from infercast.search import search_agg
-from infercast.search.recommend import options, recommend_deployment, requests_per_s
+from infercast.search.sizing import options, recommend_deployment, requests_per_s
 
 
 @dataclass

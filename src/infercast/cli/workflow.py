@@ -27,7 +27,7 @@ def _progress(quiet: bool):
 
 def cmd_recommend(a) -> int:
     from ..search import search_agg, search_disagg
-    from ..search.recommend import recommend_deployment
+    from ..search.sizing import recommend_deployment
 
     if (a.rate is None) == (a.clients is None):
         raise InvalidInputError("give the load: --rate R (requests/s) or --clients N (concurrent clients)")

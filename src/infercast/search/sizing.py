@@ -1,4 +1,4 @@
-"""The fewest GPUs that serve a load within the latency targets: ``infercast recommend``.
+"""Sizing: the fewest GPUs that serve a load within the latency targets (``infercast recommend``).
 
 A load is either a request rate (requests/s arriving at the service) or a number of concurrent
 clients (closed loop). Each searched deployment unit -- an aggregated replica, or a disaggregated
