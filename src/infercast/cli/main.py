@@ -167,7 +167,7 @@ def cmd_serve(a) -> int:
     res, per_rank = serve_agg_replica(est, a.concurrency, a.isl, a.osl, params)
     out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend, "backend_version": est.version,
            "gpus": est.gpus, "concurrency": a.concurrency, "concurrency_per_rank": per_rank, "isl": a.isl, "osl": a.osl,
-           "scheduler": asdict(params), "notes": est.context_notes(a.isl, a.osl)}
+           "scheduler": asdict(params), "notes": est.context_notes(a.isl, a.osl) + res.notes}
     return _emit(a, out, "print_serving")
 
 
@@ -202,7 +202,7 @@ def cmd_serve_disagg(a) -> int:
            "gpus": a.prefill_workers * pe.gpus + a.decode_workers * de.gpus, "isl": a.isl, "osl": a.osl, **layout,
            "scheduler_prefill": asdict(scheduler_params(a.backend, pe.data.system, pe.spec)),
            "scheduler_decode": asdict(scheduler_params(a.backend, de.data.system, de.spec)),
-           "notes": pe.context_notes(a.isl, a.osl)}
+           "notes": pe.context_notes(a.isl, a.osl) + res.notes}
     return _emit(a, out, "print_serving_disagg")
 
 
