@@ -328,38 +328,42 @@ class Estimator:
 
     def beyond_table_notes(self, batch_size: int, isl: int, osl: int, prefix: int = 0) -> list[str]:
         """Notes naming the ops a static estimate answers beyond their measured tables
-        (:mod:`infercast.engine.beyond`): per op the axis, the farthest query, the table's bound,
-        and its share of TTFT (the prefill step) and of TPOT (the mean over the decode steps, as
-        :meth:`decode_ms` averages them). Empty when every op is inside its tables."""
+        (:mod:`infercast.engine.beyond`): per op the axis, the farthest query, the measured bound,
+        and its share of TTFT (the prefill step) and of TPOT (its mean over the decode steps over
+        the mean decode step, the KV lengths and weights :meth:`decode_ms` averages over). Empty
+        when every op is inside its tables."""
         b = float(batch_size)
         ctx = dict(ctx_batch=b, ctx_isl=float(isl), ctx_prefix=float(prefix))
-        records = [(beyond.find(self.engine, **ctx, phase="prefill"), ctx, None, 1.0, "TTFT")]
+        records = [(beyond.find(self.engine, **ctx, phase="prefill"), ctx, None, lambda: self.prefill_ms(b, isl, prefix), "TTFT")]
         if osl > 1:
-            tau = self.engine.tokens_per_step
-            kv, w = decode_samples(isl + prefix, int(round(max((osl - 1) / tau, 1.0))) + 1)
+            out_osl = int(round(max((osl - 1) / self.engine.tokens_per_step, 1.0))) + 1
+            kv, w = decode_samples(isl + prefix, out_osl)
             ends = [beyond.find(self.engine, dec_batch=b, dec_kv=float(k), phase="decode") for k in (kv[0], kv[w > 0][-1])]
-            records.append((ends[0] + ends[1], dict(dec_batch=b, dec_kv=kv), w, 1.0, "TPOT"))
+            records.append((ends[0] + ends[1], dict(dec_batch=b, dec_kv=kv), w,
+                            lambda: self.decode_ms(b, isl + prefix, out_osl), "TPOT"))
         return beyond_notes(self.engine, records)
 
     def serving_beyond_notes(self, *, prefill_batch: float, prefill_isl: float, prefill_prefix: float, ttft_factor: float,
                              decode_batch: float | None, isl: int, osl: int, tpot_ms: float, phases=("prefill", "decode")) -> list[str]:
         """:meth:`beyond_table_notes` for a serving result, at its representative steps: the
         largest prefill step the scheduler forms (``prefill_batch`` prompts, or chunks, of
-        ``prefill_isl`` new tokens after ``prefill_prefix``), whose share of the step is scaled by
-        ``ttft_factor`` (the prefill steps' share of TTFT); the mean decode step of
-        ``decode_batch`` sequences over the output's KV lengths, whose op times are divided by the
-        wall time of one decode step (``tpot_ms`` times the tokens a step yields). The shares are
-        approximate (marked ``~``): a serving benchmark mixes step shapes."""
+        ``prefill_isl`` new tokens after ``prefill_prefix``), an op's share of that step scaled
+        by ``ttft_factor`` (the prefill steps' share of TTFT); the decode steps of
+        ``decode_batch`` sequences over the output's KV lengths, an op's mean time there over the
+        wall time of one decode step (``tpot_ms`` times the tokens a step yields). The shares
+        are approximate (marked ``~``): a serving benchmark mixes step shapes."""
         records = []
-        if "prefill" in phases and prefill_batch > 0:
+        if "prefill" in phases and prefill_batch > 0 and ttft_factor > 0:
             ctx = dict(ctx_batch=float(prefill_batch), ctx_isl=float(prefill_isl), ctx_prefix=float(prefill_prefix))
-            records.append((beyond.find(self.engine, **ctx, phase="prefill"), ctx, None, ttft_factor, "TTFT"))
+            records.append((beyond.find(self.engine, **ctx, phase="prefill"), ctx, None,
+                            lambda: self.engine.prefill_scalar(float(prefill_batch), float(prefill_isl), float(prefill_prefix)) / ttft_factor, "TTFT"))
         if "decode" in phases and decode_batch and osl > 1 and tpot_ms > 0:
             b = max(float(decode_batch), 1.0)
             kv, w = decode_samples(isl, osl)
             ends = [beyond.find(self.engine, dec_batch=b, dec_kv=float(k), phase="decode") for k in (kv[0], kv[w > 0][-1])]
-            records.append((ends[0] + ends[1], dict(dec_batch=b, dec_kv=kv), w, 1.0 / (tpot_ms * self.engine.tokens_per_step), "TPOT"))
-        return beyond_notes(self.engine, records, approx=True, absolute="TPOT")
+            records.append((ends[0] + ends[1], dict(dec_batch=b, dec_kv=kv), w,
+                            lambda: tpot_ms * self.engine.tokens_per_step, "TPOT"))
+        return beyond_notes(self.engine, records, approx=True)
 
     def breakdown(self, batch_size, isl, osl, prefix=0) -> list[OpBreakdown]:
         pre = self.engine.components(ctx_batch=batch_size, ctx_isl=isl, ctx_prefix=prefix)
@@ -390,21 +394,20 @@ def decode_samples(isl: float, osl: int) -> tuple[np.ndarray, np.ndarray]:
     return kv, np.where((j == 0) | (j == DECODE_SAMPLES - 1), 0.5, 1.0)
 
 
-def beyond_notes(engine, records, approx: bool = False, absolute: str | None = None) -> list[str]:
-    """:func:`infercast.engine.beyond.notes` from ``(excursions, step shape, weights, factor,
-    latency)`` records; the op shares are computed only when some op is beyond its table. The
-    record named ``absolute`` turns op times (not shares) into a share by its factor."""
-    if not any(r[0] for r in records):
-        return []
+def beyond_notes(engine, records, approx: bool = False) -> list[str]:
+    """:func:`infercast.engine.beyond.notes` from ``(excursions, step shape, weights, latency
+    denominator, latency name)`` records: an op's share is its (weighted mean) time at the step
+    shape over the denominator (a callable, in ms; evaluated, like the op times, only for a phase
+    where some op is beyond its table)."""
     out = []
-    for exc, shape, w, factor, latency in records:
+    for exc, shape, w, denominator, latency in records:
         if not exc:
             continue
-        shares, total = beyond.op_shares(engine, weights=w, **shape, phase="prefill" if latency == "TTFT" else "decode")
-        if latency == absolute:  # factor converts ms into a share of the latency
-            shares = {k: v * total for k, v in shares.items()}
-        out.append((exc, shares, factor, latency))
-    return beyond.notes(out, [c.name for c in engine.ops], approx=approx)
+        names = {e.op for e in exc}
+        times = beyond.op_times(engine, names, weights=w, **shape, phase="prefill" if latency == "TTFT" else "decode")
+        total = float(denominator())
+        out.append((exc, {k: (v / total if total > 0 else 0.0) for k, v in times.items()}, 1.0, latency))
+    return beyond.notes(out, [c.name for c in engine.ops], approx=approx) if out else []
 
 
 def _nonneg_int(name: str, v) -> int:

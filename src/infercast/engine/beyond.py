@@ -6,7 +6,7 @@ cell the table did not measure (a truncated ``batch x length`` corner, a curve e
 siblings) from the nearest measured cell, also ``held``. Either way the number is not a
 measurement at that shape. :func:`find` lists, for one step shape, every op so answered with the
 axis, the query and the grid's range on that axis (the measured range the compiled table
-covers); :func:`op_shares` gives each op's share of a step or of a mean over steps; :func:`notes`
+covers); :func:`op_times` gives an op's time in a step or its mean over steps; :func:`notes`
 turns both into one line per op for a result's ``notes``.
 
 Axis names follow what the engine queries (:mod:`infercast.engine.compiled`): token-wise ops
@@ -156,17 +156,16 @@ def farthest(excursions: list[Excursion]) -> list[Excursion]:
     return list(best.values())
 
 
-def op_shares(engine, weights=None, **shape) -> tuple[dict[str, float], float]:
-    """Each op's share of the step(s) ``shape`` describes (the arguments of
-    :meth:`~infercast.engine.compiled.CompiledEngine.components`; arrays are several steps,
-    averaged with ``weights``), and the step's (mean) time in ms."""
-    comps = engine.components(**shape)
-    per = {}
+def op_times(engine, names, weights=None, **shape) -> dict[str, float]:
+    """The time (ms, over the op's count) of each op in ``names`` at the step(s) ``shape``
+    describes (the arguments of :meth:`~infercast.engine.compiled.CompiledEngine.components`;
+    arrays are several steps, averaged with ``weights``)."""
+    comps = engine.components(**shape, only=set(names))
+    out = {}
     for name, (v, _) in comps.items():
         v = np.atleast_1d(np.asarray(v, dtype=float))
-        per[name] = float(np.average(v, weights=weights)) if weights is not None else float(v.mean())
-    total = sum(per.values())
-    return {k: (x / total if total > 0 else 0.0) for k, x in per.items()}, total
+        out[name] = float(np.average(v, weights=weights)) if weights is not None else float(v.mean())
+    return out
 
 
 def notes(records: list[tuple[list[Excursion], dict[str, float], float, str]], order: list[str], approx: bool = False) -> list[str]:
