@@ -113,3 +113,15 @@ def test_cli_serve_json_and_console(pack, capsys):
     assert "measured up to 4,095" in _note(json.loads(out)["notes"])
     rc, out, _ = run_cli(capsys, _argv(pack, "serve", "--concurrency", "1"))
     assert rc == 0 and NOTE in " ".join(out.split())
+
+
+def test_token_wise_share_matches_the_breakdown(est):
+    # 16 prompts of 1024 tokens: the GEMMs run at m = 16,384, beyond the table's 4,096
+    res = est.static(16, 1024, 8)
+    rows = {b.op: b for b in res.breakdown}
+    note = _note(res.notes, "gate_up_gemm answered outside")
+    assert "prefill tokens 16,384, measured up to 4,096" in note
+    assert f"({rows['gate_up_gemm'].prefill_ms / res.ttft_ms:.1%} of TTFT)" in note
+    assert rows["gate_up_gemm"].provenance == "held"
+    # decode: 16 tokens per step, inside the table: no decode part
+    assert "decode" not in note

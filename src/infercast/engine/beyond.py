@@ -18,11 +18,13 @@ EMPIRICAL modes, HYBRID fallbacks) are not listed: they have no table to be beyo
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..interp.provenance import Prov
+from .compiled import ANALYTIC_KINDS, ATTENTION_KINDS, STATEFUL_KINDS
 
 COLLECTIVE_KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall")
 #: resolutions with no measured table behind them
@@ -66,8 +68,6 @@ def number(x: float) -> str:
 def axis_names(kind: str, part: int) -> tuple[str, ...]:
     """The names of the curve axes an op of ``kind`` is queried on (``part`` 0: context / the
     token-wise grid, 1: generation)."""
-    from .compiled import ATTENTION_KINDS
-
     if kind in ATTENTION_KINDS:
         return ("batch", "tokens per sequence") if part == 0 else ("batch", "cached tokens")
     if kind in COLLECTIVE_KINDS:
@@ -75,24 +75,41 @@ def axis_names(kind: str, part: int) -> tuple[str, ...]:
     return ("tokens",)
 
 
-def _measured_extent(g, a: int, coords: tuple[float, ...]) -> tuple[float, float] | None:
-    """The range of axis ``a`` over which ``g`` holds measured cells (provenance below ``held``):
-    on a 2-D grid, along the grid lines of the other axis that bracket the query (a truncated
-    ``batch x length`` table measures fewer batches at long lengths); None when no cell there is
-    measured (a grid transferred whole from held donors)."""
+def _extents(g) -> dict:
+    """Per grid, computed once (kept on the grid object): whether any cell is held, and the
+    measured range of each axis (cells with provenance below ``held``): one range for a 1-D grid;
+    on a 2-D grid one per pair of neighbouring grid lines of the other axis (a truncated
+    ``batch x length`` table measures fewer batches at long lengths)."""
+    cache = g.__dict__.get("_beyond_extents")
+    if cache is not None:
+        return cache
     measured = np.asarray(g.prov) < int(Prov.HELD)
-    if measured.ndim == 2:
-        b = 1 - a
-        ax_b = g.axes[b]
-        j = int(np.clip(np.searchsorted(ax_b, coords[b], side="right") - 1, 0, len(ax_b) - 1))
-        lines = sorted({j, min(j + 1, len(ax_b) - 1)})
-        m = np.moveaxis(measured, b, 0)[lines].any(axis=0)
+
+    def rng(axis, m):
+        return (float(axis[m][0]), float(axis[m][-1])) if m.any() else None
+
+    if measured.ndim == 1:
+        per_axis = [[rng(g.axes[0], measured)]]
     else:
-        m = measured
-    if not m.any():
-        return None
-    xs = g.axes[a][m]
-    return float(xs[0]), float(xs[-1])
+        per_axis = []
+        for a in (0, 1):
+            lines = np.moveaxis(measured, 1 - a, 0)  # lines of the other axis
+            n = len(lines)
+            per_axis.append([rng(g.axes[a], lines[j] | lines[min(j + 1, n - 1)]) for j in range(n)])
+    cache = {"held": bool((~measured).any()), "ranges": per_axis, "axes": [a.tolist() for a in g.axes]}
+    g.__dict__["_beyond_extents"] = cache
+    return cache
+
+
+def _measured_extent(ext: dict, a: int, coords: tuple[float, ...]) -> tuple[float, float] | None:
+    """The measured range of axis ``a`` at the query (:func:`_extents`); None when no cell there
+    is measured (a grid transferred whole from held donors)."""
+    ranges = ext["ranges"][a]
+    if len(ranges) == 1:
+        return ranges[0]
+    other = ext["axes"][1 - a]
+    j = min(max(bisect_right(other, coords[1 - a]) - 1, 0), len(other) - 1)
+    return ranges[j]
 
 
 def _check(resolved, coords: tuple[float, ...], names: tuple[str, ...], op: str, phase: str) -> list[Excursion]:
@@ -100,15 +117,32 @@ def _check(resolved, coords: tuple[float, ...], names: tuple[str, ...], op: str,
     if g is None or resolved.how in UNMEASURED_HOW:
         return []
     out = []
+    ext = _extents(g)
     for a, q in enumerate(coords):
-        ext = _measured_extent(g, a, coords)
-        if ext is not None and (q > ext[1] or q < ext[0]):
-            out.append(Excursion(op, phase, names[a], float(q), *ext))
-    if not out and int(g.scalar(*coords)[1]) == int(Prov.HELD):
+        rng = _measured_extent(ext, a, coords)
+        if rng is not None and (q > rng[1] or q < rng[0]):
+            out.append(Excursion(op, phase, names[a], float(q), *rng))
+    if not out and ext["held"] and int(g.scalar(*coords)[1]) == int(Prov.HELD):
         where = " x ".join(f"{n} {number(q)}" for n, q in zip(names, coords))
         how = f"{resolved.source} {resolved.how}" + (f" from {', '.join(str(d) for d in resolved.donors)}" if resolved.donors else "")
         out.append(Excursion(op, phase, where, float("nan"), float("nan"), float("nan"), how))
     return out
+
+
+def _tokenwise_query(engine, c, ctx_batch: float, ctx_isl: float, dec_batch: float, dec_pad: float):
+    """(resolved grid, coordinate) a step asks a token-wise op, or None when the op does not run
+    in it: the same choice of tokens / sequences, draft rows and phase-split grid as
+    :meth:`~infercast.engine.compiled.CompiledEngine.components`."""
+    rows = dec_batch + dec_pad
+    draft = c.op.phase == "decode"
+    if c.op.tokens == "all":
+        n = rows if draft else ctx_batch * ctx_isl + rows * engine.decode_width
+    else:
+        n = rows if draft else ctx_batch + rows
+    if n <= 0:
+        return None
+    context = ctx_batch > 0 and not draft
+    return (c.resolved[1] if c.phase_split and not context else c.resolved[0]), n * c.x_per_token
 
 
 def find(engine, *, ctx_batch: float = 0.0, ctx_isl: float = 1.0, ctx_prefix: float = 0.0, dec_batch: float = 0.0,
@@ -117,30 +151,21 @@ def find(engine, *, ctx_batch: float = 0.0, ctx_isl: float = 1.0, ctx_prefix: fl
     of this shape answers beyond its table, with the same per-op queries as
     :meth:`~infercast.engine.compiled.CompiledEngine.components`; ``phase`` ("prefill" /
     "decode") selects the ops as there and labels the excursions."""
-    from .compiled import ANALYTIC_KINDS, ATTENTION_KINDS, STATEFUL_KINDS
-
-    rows = dec_batch + dec_pad
-    tokens = ctx_batch * ctx_isl + rows * engine.decode_width
-    seqs = ctx_batch + rows
     out: list[Excursion] = []
     for c in engine.ops:
         if c.op.phase not in ("both", phase) or c.op.kind in ANALYTIC_KINDS:
             continue
-        draft = c.op.phase == "decode"
         if c.op.kind in ATTENTION_KINDS:
-            if ctx_batch > 0 and not draft:
+            if ctx_batch > 0 and c.op.phase != "decode":
                 length = ctx_isl if c.op.kind in STATEFUL_KINDS else ctx_isl + ctx_prefix
                 out += _check(c.resolved[0], (ctx_batch, length), axis_names(c.op.kind, 0), c.name, phase)
             if dec_batch > 0:
                 step = max(dec_kv - 1.0, 1.0)
                 out += _check(c.resolved[1], (dec_batch, step), axis_names(c.op.kind, 1), c.name, phase)
             continue
-        n = (rows if draft else tokens) if c.op.tokens == "all" else (rows if draft else seqs)
-        if n <= 0:
-            continue
-        context = ctx_batch > 0 and not draft
-        r = c.resolved[1] if c.phase_split and not context else c.resolved[0]
-        out += _check(r, (n * c.x_per_token,), axis_names(c.op.kind, 0), c.name, phase)
+        q = _tokenwise_query(engine, c, ctx_batch, ctx_isl, dec_batch, dec_pad)
+        if q is not None:
+            out += _check(q[0], (q[1],), axis_names(c.op.kind, 0), c.name, phase)
     return out
 
 
@@ -159,12 +184,26 @@ def farthest(excursions: list[Excursion]) -> list[Excursion]:
 def op_times(engine, names, weights=None, **shape) -> dict[str, float]:
     """The time (ms, over the op's count) of each op in ``names`` at the step(s) ``shape``
     describes (the arguments of :meth:`~infercast.engine.compiled.CompiledEngine.components`;
-    arrays are several steps, averaged with ``weights``)."""
-    comps = engine.components(**shape, only=set(names))
+    ``dec_kv`` may be an array of several decode steps, averaged with ``weights``). Token-wise ops
+    do not depend on the KV length: one scalar lookup each (as
+    :meth:`~infercast.engine.compiled.CompiledEngine.tokenwise_scalar` sums them); attention ops
+    through ``components``."""
+    names = set(names)
     out = {}
-    for name, (v, _) in comps.items():
-        v = np.atleast_1d(np.asarray(v, dtype=float))
-        out[name] = float(np.average(v, weights=weights)) if weights is not None else float(v.mean())
+    attention = set()
+    for c in engine.ops:
+        if c.name not in names:
+            continue
+        if c.op.kind in ATTENTION_KINDS:
+            attention.add(c.name)
+            continue
+        q = _tokenwise_query(engine, c, float(shape.get("ctx_batch", 0.0)), float(shape.get("ctx_isl", 1.0)),
+                             float(shape.get("dec_batch", 0.0)), float(shape.get("dec_pad", 0.0)))
+        out[c.name] = q[0].grid.scalar(q[1], refuse=True)[0] * c.op.count if q is not None else 0.0
+    if attention:
+        for name, (v, _) in engine.components(**shape, only=attention).items():
+            v = np.atleast_1d(np.asarray(v, dtype=float))
+            out[name] = float(np.average(v, weights=weights)) if weights is not None else float(v.mean())
     return out
 
 
