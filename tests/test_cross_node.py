@@ -179,3 +179,14 @@ def test_estimator_tp_across_two_nodes(pack):
         assert r.grid.scalar(x, refuse=True)[0] == pytest.approx(float(want), rel=1e-12)
     rows = {b.op: b for b in est.static(4, 16, 8).breakdown}
     assert all(rows[c.name].provenance == "analytic" and rows[c.name].source["how"] == "hierarchical" for c in ars)
+
+
+def test_cross_node_collective_beyond_its_stages_is_noted(pack):
+    # the hierarchical grid spans the NCCL table's message sizes (up to 2^26 elements); a query
+    # beyond them holds the edge, and the note says so
+    from infercast.engine import beyond
+
+    r = comm.resolve_collective(_db(pack), "all_reduce", 16)
+    (e,) = beyond._check(r, (2.0**27,), ("message elements",), "x_allreduce", "prefill")
+    assert e.above and e.hi == 2.0**26 and "message elements 134,217,728, measured up to 67,108,864" in e.text()
+    assert beyond._check(r, (2.0**20,), ("message elements",), "x_allreduce", "prefill") == []

@@ -77,13 +77,16 @@ def axis_names(kind: str, part: int) -> tuple[str, ...]:
 
 def _extents(g) -> dict:
     """Per grid, computed once (kept on the grid object): whether any cell is held, and the
-    measured range of each axis (cells with provenance below ``held``): one range for a 1-D grid;
+    measured range of each axis (cells with provenance below ``held``, or ``analytic``): one range for a 1-D grid;
     on a 2-D grid one per pair of neighbouring grid lines of the other axis (a truncated
     ``batch x length`` table measures fewer batches at long lengths)."""
     cache = g.__dict__.get("_beyond_extents")
     if cache is not None:
         return cache
-    measured = np.asarray(g.prov) < int(Prov.HELD)
+    prov = np.asarray(g.prov)
+    # analytic cells are a composition of measured stages (a collective across nodes,
+    # ops.comm._cross_node) at the stages' measured sizes: inside what was measured
+    measured = (prov < int(Prov.HELD)) | (prov == int(Prov.ANALYTIC))
 
     def rng(axis, m):
         return (float(axis[m][0]), float(axis[m][-1])) if m.any() else None
