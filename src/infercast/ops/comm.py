@@ -249,7 +249,7 @@ def _cross_node(db: OpDB, op: str, group: int, nt, tried: list[str]) -> Resolved
     bw, lat, tier = sol.inter_node_link(system)
     key = "inter_rack_bw" if tier == "inter-rack" and system.node.inter_rack_bw else "inter_node_bw"
     parts = " + ".join(f"{sop} over {d} GPUs ({r.source}, {r.how})" for sop, r in stages) or "no intra-node stage"
-    inter_what = "the 1/N of the buffer bound for other nodes" if op == "alltoall" else f"ring {op} of 1/{d} of the message"
+    inter_what = f"the {nodes - 1}/{nodes} of the buffer bound for other nodes" if op == "alltoall" else f"ring {op} of 1/{d} of the message"
     note = (f"{op} over {group} GPUs spans {nodes} nodes of {d}: hierarchical, intra-node {parts}"
             f"{' in parallel with' if op == 'alltoall' else ' +'} inter-node {inter_what} at {bw / 1e9:g} GB/s per GPU "
             f"({key}) and {lat * 1e6:g} us (analytic, {tier}); no table measured {op} over more than {domain} GPUs")
