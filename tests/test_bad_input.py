@@ -558,7 +558,10 @@ def test_serve_notes_a_request_longer_than_the_context_window(synth, capsys):
         return a
 
     rc, out, _ = run_cli(capsys, argv(4090))
-    assert rc == 0 and json.loads(out)["notes"] == ["isl+prefix+osl=4098 exceeds the model's max_position_embeddings 4096"]
+    notes = json.loads(out)["notes"]
+    assert rc == 0 and notes[0] == "isl+prefix+osl=4098 exceeds the model's max_position_embeddings 4096"
+    # the rest: ops answered beyond the synthetic tables at this length (tests/test_held_notes.py)
+    assert all("answered outside its measured table" in n for n in notes[1:])
     rc, out, _ = run_cli(capsys, argv(128))
     assert rc == 0 and json.loads(out)["notes"] == []
     rc, out, _ = run_cli(capsys, [x for x in argv(4090) if x != "--json"])

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 
 from .data.database import PerfData
 from .data.model_configs import resolve_model
+from .engine import beyond
 from .engine.compiled import CompiledEngine, remember
 from .errors import InvalidInputError
 from .interp.provenance import Prov
@@ -332,9 +334,49 @@ class Estimator:
         # batch_size is per attention-DP rank: the replica serves attention_dp x batch requests
         res.tokens_per_s_per_gpu = b * self.plan.parallel.attention_dp * osl / (total / 1e3) / self.gpus
         res.tokens_per_s_per_user = 1e3 / tpot if tpot > 0 else None
+        res.notes.extend(self.beyond_table_notes(b, isl, osl, prefix))
         if breakdown:
             res.breakdown = self.breakdown(b, isl, osl, prefix)
         return res
+
+    def beyond_table_notes(self, batch_size: int, isl: int, osl: int, prefix: int = 0) -> list[str]:
+        """Notes naming the ops a static estimate answers beyond their measured tables
+        (:mod:`infercast.engine.beyond`): per op the axis, the farthest query, the measured bound,
+        and its share of TTFT (the prefill step) and of TPOT (its mean over the decode steps over
+        the mean decode step, the KV lengths and weights :meth:`decode_ms` averages over). Empty
+        when every op is inside its tables."""
+        b = float(batch_size)
+        ctx = dict(ctx_batch=b, ctx_isl=float(isl), ctx_prefix=float(prefix))
+        records = [(beyond.find(self.engine, **ctx, phase="prefill"), ctx, None, lambda: self.prefill_ms(b, isl, prefix), "TTFT")]
+        if osl > 1:
+            out_osl = int(round(max((osl - 1) / self.engine.tokens_per_step, 1.0))) + 1
+            kv, w = decode_samples(isl + prefix, out_osl)
+            ends = [beyond.find(self.engine, dec_batch=b, dec_kv=float(k), phase="decode") for k in (kv[0], kv[w > 0][-1])]
+            records.append((ends[0] + ends[1], dict(dec_batch=b, dec_kv=kv), w,
+                            lambda: self.decode_ms(b, isl + prefix, out_osl), "TPOT"))
+        return beyond_notes(self.engine, records)
+
+    def serving_beyond_notes(self, *, prefill_batch: float, prefill_isl: float, prefill_prefix: float, ttft_factor: float,
+                             decode_batch: float | None, isl: int, osl: int, tpot_ms: float, phases=("prefill", "decode")) -> list[str]:
+        """:meth:`beyond_table_notes` for a serving result, at its representative steps: the
+        largest prefill step the scheduler forms (``prefill_batch`` prompts, or chunks, of
+        ``prefill_isl`` new tokens after ``prefill_prefix``), an op's share of that step scaled
+        by ``ttft_factor`` (the prefill steps' share of TTFT); the decode steps of
+        ``decode_batch`` sequences over the output's KV lengths, an op's mean time there over the
+        wall time of one decode step (``tpot_ms`` times the tokens a step yields). The shares
+        are approximate (marked ``~``): a serving benchmark mixes step shapes."""
+        records = []
+        if "prefill" in phases and prefill_batch > 0 and ttft_factor > 0:
+            ctx = dict(ctx_batch=float(prefill_batch), ctx_isl=float(prefill_isl), ctx_prefix=float(prefill_prefix))
+            records.append((beyond.find(self.engine, **ctx, phase="prefill"), ctx, None,
+                            lambda: self.engine.prefill_scalar(float(prefill_batch), float(prefill_isl), float(prefill_prefix)) / ttft_factor, "TTFT"))
+        if "decode" in phases and decode_batch and osl > 1 and tpot_ms > 0:
+            b = max(float(decode_batch), 1.0)
+            kv, w = decode_samples(isl, osl)
+            ends = [beyond.find(self.engine, dec_batch=b, dec_kv=float(k), phase="decode") for k in (kv[0], kv[w > 0][-1])]
+            records.append((ends[0] + ends[1], dict(dec_batch=b, dec_kv=kv), w,
+                            lambda: tpot_ms * self.engine.tokens_per_step, "TPOT"))
+        return beyond_notes(self.engine, records, approx=True)
 
     def breakdown(self, batch_size, isl, osl, prefix=0) -> list[OpBreakdown]:
         pre = self.engine.components(ctx_batch=batch_size, ctx_isl=isl, ctx_prefix=prefix)
@@ -351,6 +393,34 @@ class Estimator:
 
     def versions(self) -> dict:
         return {"data_version": self.data.version, "slots": self.data.versions.slots(), "tables": self.data.provenance()}
+
+
+def decode_samples(isl: float, osl: int) -> tuple[np.ndarray, np.ndarray]:
+    """The KV lengths and weights :meth:`Estimator.decode_ms` averages the decode steps of an
+    output of ``osl`` tokens after ``isl`` over (one batch size): every step up to
+    :data:`DECODE_SAMPLES`, else that many evenly spaced (trapezoid weights)."""
+    steps = max(float(osl) - 1.0, 1.0)
+    j = np.arange(DECODE_SAMPLES, dtype=float)
+    if steps <= DECODE_SAMPLES:
+        return float(isl) + 1.0 + j, (j < steps).astype(float)
+    kv = float(isl) + 1.0 + j / (DECODE_SAMPLES - 1) * (steps - 1.0)
+    return kv, np.where((j == 0) | (j == DECODE_SAMPLES - 1), 0.5, 1.0)
+
+
+def beyond_notes(engine, records, approx: bool = False) -> list[str]:
+    """:func:`infercast.engine.beyond.notes` from ``(excursions, step shape, weights, latency
+    denominator, latency name)`` records: an op's share is its (weighted mean) time at the step
+    shape over the denominator (a callable, in ms; evaluated, like the op times, only for a phase
+    where some op is beyond its table)."""
+    out = []
+    for exc, shape, w, denominator, latency in records:
+        if not exc:
+            continue
+        names = {e.op for e in exc}
+        times = beyond.op_times(engine, names, weights=w, **shape, phase="prefill" if latency == "TTFT" else "decode")
+        total = float(denominator())
+        out.append((exc, {k: (v / total if total > 0 else 0.0) for k, v in times.items()}, 1.0, latency))
+    return beyond.notes(out, [c.name for c in engine.ops], approx=approx) if out else []
 
 
 def _nonneg_int(name: str, v) -> int:
@@ -417,8 +487,36 @@ def serve_agg(est: Estimator, clients_per_rank: int, isl: int, osl: int, params=
         raise DoesNotFitError(f"a replica cannot serve one request: {weights_misfit}",
                               "use more GPUs per replica or a smaller quant")
     p = params or scheduler_params(est.data.backend, est.data.system, est.spec)
-    return serve(est.engine, clients, isl, osl, p, est.memory.capacity_for(clients),
-                 est.gpus_per_rank, ranks=est.plan.parallel.attention_dp)
+    res = serve(est.engine, clients, isl, osl, p, est.memory.capacity_for(clients),
+                est.gpus_per_rank, ranks=est.plan.parallel.attention_dp)
+    batch, chunk, prefix = _largest_prefill_step(p, isl, clients)
+    res.notes = est.serving_beyond_notes(prefill_batch=batch, prefill_isl=chunk, prefill_prefix=prefix,
+                                         ttft_factor=_prefill_share_of_ttft(res), decode_batch=res.decode_batch,
+                                         isl=isl, osl=osl, tpot_ms=res.tpot_ms)
+    return res
+
+
+def _largest_prefill_step(params, isl: int, prompts: float) -> tuple[float, float, float]:
+    """(prompts, new tokens each, cached prefix) of the largest prefill step a scheduler with
+    ``params`` forms for prompts of ``isl`` tokens, at most ``prompts`` at once: as many whole
+    prompts as the token budget holds, or, for a prompt longer than the budget (chunked prefill),
+    its last chunk."""
+    budget = float(params.max_num_tokens)
+    if isl <= budget:
+        return float(max(1, min(int(prompts), int(budget // isl)))), float(isl), 0.0
+    if not params.chunked:
+        return 1.0, float(isl), 0.0
+    chunk = isl / math.ceil(isl / budget)
+    return 1.0, chunk, isl - chunk
+
+
+def _prefill_share_of_ttft(res) -> float:
+    """The share of a serving result's mean TTFT spent in the steps that prefill the request
+    (:data:`~infercast.serving.result.TTFT_PARTS`), 1 when the parts are not known."""
+    parts = res.ttft_parts
+    if not parts or not res.ttft_ms:
+        return 1.0
+    return parts["prefill"] / res.ttft_ms
 
 
 def serve_agg_replica(est: Estimator, concurrency: int, isl: int, osl: int, params=None):
@@ -507,4 +605,11 @@ def serve_disagg(
     )
     res.decode_kv_capacity = decode.memory.capacity_for(res.decode_batch) / (isl + osl)
     res.prefill_kv_capacity = prefill.memory.capacity_for(res.prefill_batch) / isl
+    batch, chunk, prefix = _largest_prefill_step(pp, isl, res.prefill_batch)
+    res.notes = (prefill.serving_beyond_notes(prefill_batch=batch, prefill_isl=chunk, prefill_prefix=prefix,
+                                              ttft_factor=_prefill_share_of_ttft(res), decode_batch=None, isl=isl, osl=osl,
+                                              tpot_ms=res.tpot_ms, phases=("prefill",))
+                 + decode.serving_beyond_notes(prefill_batch=0, prefill_isl=isl, prefill_prefix=0, ttft_factor=0.0,
+                                               decode_batch=res.decode_batch, isl=isl, osl=osl, tpot_ms=res.tpot_ms,
+                                               phases=("decode",)))
     return res

@@ -201,7 +201,7 @@ def cmd_serve(a) -> int:
     except DoesNotFitError as exc:
         return _emit(a, _misfit(head, exc), "print_misfit")
     out = {"fits": True, **res.to_dict(), **head, "concurrency_per_rank": per_rank,
-           "scheduler": asdict(params), "notes": est.context_notes(a.isl, a.osl)}
+           "scheduler": asdict(params), "notes": est.context_notes(a.isl, a.osl) + res.notes}
     return _emit(a, out, "print_serving")
 
 
@@ -248,7 +248,7 @@ def cmd_serve_disagg(a) -> int:
     out = {"fits": True, **res.to_dict(), **head,
            "scheduler_prefill": asdict(scheduler_params(a.backend, pe.data.system, pe.spec)),
            "scheduler_decode": asdict(scheduler_params(a.backend, de.data.system, de.spec)),
-           "notes": pe.context_notes(a.isl, a.osl)}
+           "notes": pe.context_notes(a.isl, a.osl) + res.notes}
     return _emit(a, out, "print_serving_disagg")
 
 

@@ -233,10 +233,12 @@ class CompiledEngine:
         dec_kv=1.0,
         dec_pad=0.0,
         phase: str | None = None,
+        only: set[str] | None = None,
     ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Per-op latency (ms, summed over the op's count) and provenance for one step shape.
         ``dec_pad``: padding rows of a CUDA graph captured for a larger decode batch — the
-        token-wise ops run on ``dec_batch + dec_pad`` decoding rows, attention on ``dec_batch``."""
+        token-wise ops run on ``dec_batch + dec_pad`` decoding rows, attention on ``dec_batch``.
+        ``only``: the names of the ops to evaluate (default: all)."""
         ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv, dec_pad = np.broadcast_arrays(
             *(np.asarray(a, dtype=float) for a in (ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv, dec_pad))
         )
@@ -246,7 +248,7 @@ class CompiledEngine:
         zero = np.zeros_like(ctx_batch)
         out = {}
         for c in self.ops:
-            if phase is not None and c.op.phase not in ("both", phase):
+            if phase is not None and c.op.phase not in ("both", phase) or only is not None and c.name not in only:
                 continue
             draft = c.op.phase == "decode"  # MTP draft passes: one token per decoding sequence
             if c.op.kind in ATTENTION_KINDS:

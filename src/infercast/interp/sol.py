@@ -3,7 +3,8 @@
 Every function returns ``(total, math, mem)``; ``total = max(math, mem) + constant latency``.
 Math time = FLOPs / tensor-core peak of the compute dtype; memory time = bytes moved /
 (HBM bandwidth x empirical efficiency). Comm times use the per-GPU link bandwidth of the group's
-tier (intra-node / intra-rack / inter-rack) and the system's P2P latency.
+tier (intra-node / intra-rack / inter-rack) and the system's P2P latency; a group that spans
+several NVLink domains runs the hierarchical schedule (:func:`hierarchical_collective`).
 """
 
 from __future__ import annotations
@@ -98,21 +99,135 @@ _COMM_FACTOR = {
 }
 
 
+def _ring(op: str, message_bytes, group: int, bw: float, lat: float):
+    """One ring collective over ``group`` GPUs on links of ``bw`` bytes/s per GPU: ``(total, mem)``
+    in ms, one link latency (the ring's steps pipeline behind it)."""
+    mem = message_bytes * _COMM_FACTOR[op](group) / bw * 1e3
+    return mem + lat * 1e3, mem
+
+
+def spans_nodes(system: SystemSpec, group: int) -> bool:
+    """Whether a collective over ``group`` GPUs leaves the NVLink domain (the node; the rack on
+    rack-scale systems, :attr:`~infercast.data.system.NodeSpec.nvlink_gpus`)."""
+    return group > system.node.nvlink_gpus
+
+
+def node_split(system: SystemSpec, group: int) -> tuple[int, int] | None:
+    """``(gpus per node, nodes)`` of a group that spans nodes in whole NVLink domains; None when
+    the group fits in one domain or does not divide into whole domains."""
+    d = system.node.nvlink_gpus
+    if group <= d or group % d:
+        return None
+    return d, group // d
+
+
+def inter_node_link(system: SystemSpec) -> tuple[float, float, str]:
+    """``(bytes/s per GPU, latency s, tier)`` of the link between NVLink domains: the rack-to-rack
+    network on rack-scale systems (``inter_rack_bw``, else ``inter_node_bw``; plus
+    ``inter_rack_latency``), the node-to-node network (``inter_node_bw``) elsewhere."""
+    n = system.node
+    if n.gpus_per_rack:
+        return (n.inter_rack_bw or n.inter_node_bw), n.p2p_latency_s + (n.inter_rack_latency_s or 0.0), "inter-rack"
+    return n.inter_node_bw, n.p2p_latency_s, "inter-node"
+
+
+def inter_node_stage(system: SystemSpec, op: str, message_bytes, group: int):
+    """The inter-node stage of :func:`hierarchical_collective` for a message of ``message_bytes``
+    (full size) over ``group`` GPUs split into ``N`` nodes of ``d``: ``(total, mem)`` in ms.
+
+    * all_reduce / all_gather / reduce_scatter: ``d`` concurrent rings over the ``N`` nodes, one
+      per local rank, each on its own GPU's share of the network (``inter_node_bw`` is per GPU);
+      each ring carries ``1/d`` of the message: ``factor(N) * message / d / bw + latency`` with the
+      ring factors of :data:`_COMM_FACTOR`.
+    * alltoall: every rank's buffer is split evenly over the ``N * d`` ranks; the share bound for
+      the other nodes, ``(N - 1) / N * message``, leaves through the rank's own network link:
+      ``(N - 1) / N * message / bw + latency``.
+    """
+    split = node_split(system, group)
+    if split is None:
+        raise InvalidConfigError(f"a collective over {group} GPUs does not split into whole nodes of "
+                                 f"{system.node.nvlink_gpus} GPUs on {system.name}")
+    d, nodes = split
+    bw, lat, _ = inter_node_link(system)
+    if op == "alltoall":
+        mem = message_bytes * (nodes - 1) / nodes / bw * 1e3
+        return mem + lat * 1e3, mem
+    return _ring(op, message_bytes / d, nodes, bw, lat)
+
+
+def hierarchical_collective(system: SystemSpec, op: str, message_bytes, group: int):
+    """Speed of light of a collective over ``group`` GPUs that spans ``N`` NVLink domains of ``d``
+    GPUs (``group = N * d``), as the hierarchical schedule runs it: ``(total, math, mem)`` in ms.
+
+    Stages (the two-level decomposition of Thakur, Rabenseifner & Gropp, "Optimization of
+    collective communication operations in MPICH", IJHPCA 2005: all-reduce = reduce-scatter +
+    all-gather, each level a ring; NCCL's hierarchical / tree algorithms follow the same split
+    between NVLink and the network):
+
+    * all_reduce: intra-node reduce-scatter of the message over ``d`` GPUs, inter-node all-reduce
+      of the ``1/d`` each GPU holds over the ``N`` nodes (:func:`inter_node_stage`), intra-node
+      all-gather of the message;
+    * all_gather: inter-node all-gather (each GPU ends with ``1/d`` of the message), then
+      intra-node all-gather of the message;
+    * reduce_scatter: intra-node reduce-scatter of the message, then inter-node reduce-scatter
+      of the ``1/d`` share;
+    * alltoall: the intra-node part (an all-to-all over ``d`` GPUs of the ``1/N`` of the buffer
+      that stays in the node) and the inter-node part run at once on separate links (NVLink and
+      the network): the slower of the two.
+
+    Intra-node stages use ``intra_node_bw`` (the rack's NVLink, ``inter_node_bw``, when the domain
+    is a rack); each stage pays one link latency. A group that does not split into whole domains
+    raises :class:`~infercast.errors.InvalidConfigError`.
+    """
+    one = isinstance(message_bytes, float)
+    mb = message_bytes if one else np.asarray(message_bytes, dtype=float)
+    split = node_split(system, group)
+    if split is None:
+        raise InvalidConfigError(f"a collective over {group} GPUs does not split into whole nodes of "
+                                 f"{system.node.nvlink_gpus} GPUs on {system.name}")
+    d, nodes = split
+    n = system.node
+    intra_bw = n.intra_node_bw if d <= n.gpus_per_node else n.inter_node_bw
+    lat = n.p2p_latency_s
+    inter_t, inter_m = inter_node_stage(system, op, mb, group)
+    if d == 1:
+        intra = [(0.0, 0.0)]
+    elif op == "all_reduce":
+        intra = [_ring("reduce_scatter", mb, d, intra_bw, lat), _ring("all_gather", mb, d, intra_bw, lat)]
+    elif op == "all_gather":
+        intra = [_ring("all_gather", mb, d, intra_bw, lat)]
+    elif op == "reduce_scatter":
+        intra = [_ring("reduce_scatter", mb, d, intra_bw, lat)]
+    else:
+        intra = [_ring("alltoall", mb / nodes, d, intra_bw, lat)]
+    if op == "alltoall":
+        total = np.maximum(inter_t, intra[0][0]) if not one else max(inter_t, intra[0][0])
+        mem = np.maximum(inter_m, intra[0][1]) if not one else max(inter_m, intra[0][1])
+    else:
+        total = inter_t + sum(t for t, _ in intra)
+        mem = inter_m + sum(m for _, m in intra)
+    return total, 0.0 if one else np.zeros_like(mem), mem
+
+
 def collective(system: SystemSpec, op: str, message_bytes, group: int):
-    """Ring-collective time over ``group`` GPUs for a message of ``message_bytes`` (full size)."""
+    """Collective time over ``group`` GPUs for a message of ``message_bytes`` (full size): a ring
+    over the group's bandwidth tier, or, for a group that spans several NVLink domains in whole
+    domains, the hierarchical schedule (:func:`hierarchical_collective`). A group that spans
+    domains unevenly is a ring over the slowest link (the inter-node network)."""
     one = isinstance(message_bytes, float)  # one message (a grid's scalar path): plain floats
     message_bytes = message_bytes if one else np.asarray(message_bytes, dtype=float)
     if group <= 1:
         z = 0.0 if one else np.zeros_like(message_bytes)
         return z, z, z
+    if op not in _COMM_FACTOR:
+        raise InvalidConfigError(f"unknown collective {op!r}", available=_COMM_FACTOR)
+    if node_split(system, group) is not None:
+        return hierarchical_collective(system, op, message_bytes, group)
     bw, tier = system.node.bandwidth_for_group(group)
     lat = system.node.p2p_latency_s
     if tier == "inter-rack" and system.node.inter_rack_latency_s:
         lat += system.node.inter_rack_latency_s
-    if op not in _COMM_FACTOR:
-        raise InvalidConfigError(f"unknown collective {op!r}", available=_COMM_FACTOR)
-    mem = message_bytes * _COMM_FACTOR[op](group) / bw * 1e3
-    total = mem + lat * 1e3  # one link latency: the ring's steps pipeline behind it
+    total, mem = _ring(op, message_bytes, group, bw, lat)
     return total, 0.0 if one else np.zeros_like(mem), mem
 
 

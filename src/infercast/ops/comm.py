@@ -7,6 +7,20 @@ nearest measured one (:data:`GROUP_GATE`): from the backend's own all-reduce ker
 kernel spans the group (:data:`RACK_ALLREDUCE_BACKENDS`), else from NCCL. ``message_size`` in both tables is an element count (16-bit elements here), the curve
 axis. P2P (pipeline stage boundaries) has no table in the pack: the engine evaluates it analytically
 from the link bandwidth and the system's P2P latency.
+
+**Groups that span nodes** (more GPUs than one NVLink domain, ``NodeSpec.nvlink_gpus``: the node,
+or the rack on GB200 / GB300 NVL72) never borrow an intra-node curve (:func:`_cross_node`). In
+order: the tables' rows measured over exactly that group; a curve measured over more GPUs than
+one domain (a multi-node NCCL measurement) transferred through utilisation within
+:data:`GROUP_GATE`; else the hierarchical schedule of :func:`infercast.interp.sol.hierarchical_collective`:
+its intra-node stages (reduce-scatter / all-gather / all-to-all over the domain's GPUs) from the
+NCCL table measured at that size, its inter-node stage analytic from the system YAML's
+``inter_node_bw`` (``inter_rack_bw`` between racks) and ``p2p_latency``
+(:func:`infercast.interp.sol.inter_node_stage`; provenance ``analytic``). The pack (0.12.0) has
+no NCCL or custom all-reduce rows over more GPUs than one node (num_gpus 2, 4, 8; GB200 / GB300 2,
+4; GB300's 8 and 16 are within its rack), so the hierarchical schedule is what answers there. A
+group that does not split into whole domains (12 GPUs on 8-GPU nodes) is refused in SILICON
+mode (:class:`~infercast.errors.NotAvailableError`).
 """
 
 from __future__ import annotations
@@ -80,6 +94,8 @@ def resolve_collective(db: OpDB, op: str, group: int) -> Resolved:
             loc = db.data.served.get("nccl") or db.data.served.get("oneccl")
             return Resolved(_curve(nt, m, sol_q), "nccl", loc.served_by if loc else None, "NCCL")
         tried.append(f"nccl {op} has num_gpus {nt.unique('num_gpus')}")
+    if sol.spans_nodes(db.system, group):
+        return _cross_node(db, op, group, nt, tried)
     if nt is not None:
         donor = _group_donor(nt, op, group)
         if donor is not None:
@@ -165,3 +181,77 @@ def _group_donor(table, op: str, group: int) -> int | None:
     """:func:`_donor_size` over the group sizes ``table`` measured for ``op``."""
     m = table.mask(op_name=op)
     return _donor_size(table.keys["num_gpus"][m], group) if m.any() else None
+
+
+def _nccl_rows(nt, op: str, group: int) -> np.ndarray:
+    m = nt.mask(op_name=op, num_gpus=group)
+    if nt.has("nccl_dtype"):
+        m &= nt.keys["nccl_dtype"] == "half"
+    return m
+
+
+def _cross_node(db: OpDB, op: str, group: int, nt, tried: list[str]) -> Resolved:
+    """``op`` over a ``group`` that spans NVLink domains and that no table measured at exactly
+    that size (module docstring): a multi-node NCCL curve within :data:`GROUP_GATE`, else the
+    hierarchical schedule; SILICON raises :class:`NotAvailableError` naming what is missing when
+    neither applies, HYBRID / EMPIRICAL answer empirically from the hierarchical speed of light."""
+    system = db.system
+    domain = system.node.nvlink_gpus
+    sol_q = _sol_fn(db, op, group)
+    loc = db.data.served.get("nccl") or db.data.served.get("oneccl")
+    version = loc.served_by if loc else None
+    if nt is not None:  # a multi-node measurement: only a curve that itself spans domains is a donor
+        m = nt.mask(op_name=op)
+        sizes = [g for g in nt.keys["num_gpus"][m] if int(g) > domain] if m.any() else []
+        donor = _donor_size(sizes, group) if sizes else None
+        if donor is not None:
+            g = _group_transfer(db, nt, _nccl_rows(nt, op, donor), op, donor, sol_q)
+            return Resolved(g, "nccl", version, "NCCL", "group-transfer", (f"num_gpus={donor}",),
+                            (f"{op} over {group} GPUs across nodes from the measured {donor}-GPU multi-node curve "
+                             "through utilisation",))
+    split = sol.node_split(system, group)
+    measured = ", ".join(tried) or "no comm tables"
+    if split is None:
+        if db.mode is DatabaseMode.SILICON:
+            raise NotAvailableError(
+                f"no measured {op} over {group} GPUs on {system.name}, and {group} GPUs do not split into whole nodes "
+                f"of {domain} GPUs for the hierarchical (intra-node + inter-node) model", measured)
+        return empirical_resolved("comm", sol_q, (MSG_AXIS,), None)
+    d, nodes = split
+    stage_ops = {"all_reduce": ("reduce_scatter", "all_gather"), "all_gather": ("all_gather",),
+                 "reduce_scatter": ("reduce_scatter",), "alltoall": ("alltoall",)}[op]
+    # the intra-node stages' message: the whole message, or (all-to-all) the 1/N that stays in the node
+    shrink = float(nodes) if op == "alltoall" else 1.0
+    stages = []
+    if d > 1:
+        for sop in stage_ops:
+            try:
+                stages.append((sop, resolve_collective(db, sop, d)))
+            except NotAvailableError as exc:
+                raise NotAvailableError(
+                    f"no {op} over {group} GPUs on {system.name}: the hierarchical model ({nodes} nodes x {d} GPUs) "
+                    f"needs a measured intra-node {sop} over {d} GPUs", f"{exc.what}" + (f": {exc.why}" if exc.why else ""),
+                    exc.available) from None
+    if stages:
+        axis = np.unique(np.concatenate([r.grid.axes[0] * shrink for _, r in stages]))
+    else:
+        axis = MSG_AXIS
+    inter = sol.inter_node_stage(system, op, axis * ELEMENT_BYTES, group)[0]
+    intra = [r.grid(axis / shrink)[0] for _, r in stages]
+    if op == "alltoall":
+        values = np.maximum(inter, intra[0]) if intra else inter
+    else:
+        values = inter + sum(intra) if intra else inter
+    prov = np.full(len(axis), int(Prov.ANALYTIC), np.int8)
+    g = Grid((axis,), values, prov, sol_q, (f"num_gpus={d}",))
+    bw, lat, tier = sol.inter_node_link(system)
+    key = "inter_rack_bw" if tier == "inter-rack" and system.node.inter_rack_bw else "inter_node_bw"
+    parts = " + ".join(f"{sop} over {d} GPUs ({r.source}, {r.how})" for sop, r in stages) or "no intra-node stage"
+    inter_what = f"the {nodes - 1}/{nodes} of the buffer bound for other nodes" if op == "alltoall" else f"ring {op} of 1/{d} of the message"
+    note = (f"{op} over {group} GPUs spans {nodes} nodes of {d}: hierarchical, intra-node {parts}"
+            f"{' in parallel with' if op == 'alltoall' else ' +'} inter-node {inter_what} at {bw / 1e9:g} GB/s per GPU "
+            f"({key}) and {lat * 1e6:g} us (analytic, {tier}); no table measured {op} over more than {domain} GPUs")
+    src = stages[0][1] if stages else None
+    return Resolved(g, src.source if src else "analytic", src.version if src else version,
+                    (src.kernel or "NCCL") + " + network (analytic)" if src else "network (analytic)",
+                    "hierarchical", (f"num_gpus={d}",), (note,))

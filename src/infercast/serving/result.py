@@ -174,6 +174,8 @@ class ServingMetrics:
     tpot_p99_ms: float | None = field(default=None, kw_only=True)
     # mean TTFT split by where the time goes (TTFT_PARTS; the parts sum to ttft_ms), or None
     ttft_parts: dict[str, float] | None = field(default=None, kw_only=True)
+    #: what the caller should know about the numbers (e.g. ops answered beyond their tables)
+    notes: list[str] = field(default_factory=list, kw_only=True)
     ttft_dist: Distribution | None = field(default=None, kw_only=True, repr=False)  # per request
     tpot_dist: Distribution | None = field(default=None, kw_only=True, repr=False)
 
