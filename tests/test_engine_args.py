@@ -123,3 +123,46 @@ def test_round_trip_trtllm(tmp_path):
                            "batch_wait_iters": 5, "batch_wait_max_tokens_ratio": 0.5}
     assert s.estimator_kw == {"kv_memory_fraction": 0.75, "kv_cache_quant": "fp8", "nextn": 1, "moe_kernel": "deepgemm"}
     assert s.ignored == []
+
+
+# ---- through the CLI -----------------------------------------------------------------------------
+
+def test_cli_engine_cmd_fills_the_flags(synth, capsys):
+    import json
+
+    from cli_helpers import assert_one_line_error, run_cli
+
+    import synthpack as sp
+
+    base = ["--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--systems-path", str(synth.systems_dir)]
+    cmd = f"trtllm-serve {sp.MODEL_ID} --tp_size 2 --max_batch_size 8 --max_seq_len 4096"
+    rc, out, err = run_cli(capsys, ["serve", *base, "--backend", "trtllm", "--concurrency", "4", "--isl", "128",
+                                    "--osl", "8", "--engine-cmd", cmd, "--json"])
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["tp"] == 2 and d["scheduler"]["max_batch_size"] == 8
+    assert any("read --max_batch_size, --tp_size" in n for n in d["notes"]), d["notes"]
+    assert any("ignored: --max_seq_len" in n for n in d["notes"])
+    # a flag that disagrees with the configuration, and a configuration for another engine
+    assert_one_line_error(*run_cli(capsys, ["estimate", *base, "--backend", "trtllm", "--isl", "8", "--osl", "2",
+                                            "--tp", "4", "--engine-cmd", cmd]), "--tp 4 conflicts", "sets 2")
+    assert_one_line_error(*run_cli(capsys, ["estimate", *base, "--backend", "trtllm", "--isl", "8", "--osl", "2",
+                                            "--engine-cmd", "vllm serve m --max-num-seqs 4"]),
+                          "configures vllm", "--backend is trtllm")
+
+
+def test_cli_trtllm_options_file(synth, capsys, tmp_path):
+    import json
+
+    from cli_helpers import run_cli
+
+    import synthpack as sp
+
+    f = tmp_path / "extra.yaml"
+    f.write_text("max_batch_size: 16\nmax_num_tokens: 2048\nkv_cache_config:\n  free_gpu_memory_fraction: 0.5\n")
+    rc, out, err = run_cli(capsys, ["serve", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm",
+                                    "--systems-path", str(synth.systems_dir), "--tp", "2", "--concurrency", "4",
+                                    "--isl", "128", "--osl", "8", "--engine-args", str(f), "--json"])
+    assert rc == 0, err
+    d = json.loads(out)
+    assert (d["scheduler"]["max_batch_size"], d["scheduler"]["max_num_tokens"], d["tp"]) == (16, 2048, 2)

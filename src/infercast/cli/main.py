@@ -76,6 +76,9 @@ def _add_model_args(p: argparse.ArgumentParser, parallel: bool = True) -> None:
     p.add_argument("--attention-quant", default=None, help="override the attention compute dtype (bfloat16, fp8)")
     p.add_argument("--database-mode", default="SILICON", help="SILICON (default), HYBRID, EMPIRICAL or SOL")
     _add_data_args(p)
+    from .engine_config import add_engine_args
+
+    add_engine_args(p)
 
 
 def _estimator(a, prefix: str = ""):
@@ -110,6 +113,7 @@ def _estimator(a, prefix: str = ""):
 def cmd_estimate(a) -> int:
     est = _estimator(a)
     res = est.static(a.batch, a.isl, a.osl, a.prefix)
+    res.notes = list(res.notes) + getattr(a, "engine_notes", [])
     if a.plan_out:
         try:
             Path(a.plan_out).write_text(est.plan.to_json())
@@ -175,7 +179,8 @@ def cmd_serve(a) -> int:
     for name in ("concurrency", "isl", "osl"):
         if getattr(a, name) < 1:
             raise InvalidInputError(f"--{name} must be >= 1, got {getattr(a, name)}")
-    overrides = _scheduler_overrides(a)
+    # the engine configuration's scheduler settings, under the flags given
+    overrides = {**getattr(a, "engine_scheduler", {}), **_scheduler_overrides(a)}
     if a.prefill_scheduling is not None:
         # mixed: prefill chunks ride in decode steps (vLLM / TensorRT-LLM, SGLang --enable-mixed-chunk);
         # prefill-first: waiting prompts are prefilled in their own steps before decoding resumes
@@ -201,7 +206,8 @@ def cmd_serve(a) -> int:
     except DoesNotFitError as exc:
         return _emit(a, _misfit(head, exc), "print_misfit")
     out = {"fits": True, **res.to_dict(), **head, "concurrency_per_rank": per_rank,
-           "scheduler": asdict(params), "notes": est.context_notes(a.isl, a.osl) + res.notes}
+           "scheduler": asdict(params),
+           "notes": est.context_notes(a.isl, a.osl) + res.notes + getattr(a, "engine_notes", [])}
     return _emit(a, out, "print_serving")
 
 
@@ -543,6 +549,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
     try:
+        if hasattr(a, "engine_args"):
+            from .engine_config import apply_engine_config
+
+            apply_engine_config(a)
         return int(a.func(a) or 0)
     except InfercastError as exc:
         print(f"infercast: error: {exc}", file=sys.stderr)

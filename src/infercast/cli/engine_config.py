@@ -1,0 +1,76 @@
+"""``--engine-args FILE`` / ``--engine-cmd "..."``: an engine's own configuration as the input of
+``estimate``, ``serve`` and ``recommend`` (read by :mod:`infercast.serving.engine_args`).
+
+The configuration's settings fill in what the command line leaves at its defaults: the layout,
+the KV-cache dtype, MTP draft tokens, the MoE kernel family, the KV memory fraction and (``serve``)
+the scheduler settings. A flag given on the command line with another value than the
+configuration's is a conflict, refused with both values named; the configuration's backend must
+be ``--backend``'s. The flags read and the flags infercast does not model are stated in the
+result's notes.
+"""
+
+from __future__ import annotations
+
+from ..errors import InvalidInputError
+
+#: infercast flag (argparse dest) -> its default: a dest still at its default takes the engine's value
+_LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "attention_dp": 1, "moe_tp": None, "moe_ep": None}
+_ESTIMATOR_DEFAULTS = {"kv_cache_quant": None, "nextn": 0, "moe_kernel": None, "kv_memory_fraction": None}
+_FLAG = {"kv_cache_quant": "--kv-cache-quant", "nextn": "--nextn", "moe_kernel": "--moe-kernel",
+         "kv_memory_fraction": "--kv-memory-fraction", "tp": "--tp", "pp": "--pp", "attention_dp": "--attention-dp",
+         "moe_tp": "--moe-tp", "moe_ep": "--moe-ep"}
+
+
+def add_engine_args(p) -> None:
+    """Add ``--engine-args`` / ``--engine-cmd`` to a command's parser."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--engine-args", metavar="FILE", default=None,
+                   help="the engine's own configuration: a TensorRT-LLM extra-options YAML, or a file holding a "
+                        "`vllm serve ...`, `python -m sglang.launch_server ...` or `trtllm-serve ...` command line; "
+                        "its layout, KV dtype, MTP, MoE kernel, memory fraction and scheduler settings fill in "
+                        "what the flags leave at their defaults")
+    g.add_argument("--engine-cmd", metavar="CMD", default=None,
+                   help="the same, as one command line in quotes (e.g. \"vllm serve MODEL --tensor-parallel-size 2 "
+                        "--max-num-seqs 256\")")
+
+
+def apply_engine_config(a) -> None:
+    """Fold ``a.engine_args`` / ``a.engine_cmd`` into the parsed flags ``a`` (in place); sets
+    ``a.engine_scheduler`` (SchedulerParams overrides) and ``a.engine_notes``."""
+    from ..serving.engine_args import parse_engine_cmd, parse_engine_file
+
+    a.engine_scheduler, a.engine_notes = {}, []
+    if getattr(a, "engine_args", None) is None and getattr(a, "engine_cmd", None) is None:
+        return
+    s = parse_engine_file(a.engine_args) if a.engine_args is not None else parse_engine_cmd(a.engine_cmd)
+    source = f"--engine-args {a.engine_args}" if a.engine_args is not None else "--engine-cmd"
+    if s.backend != a.backend:
+        raise InvalidInputError(f"{source} configures {s.backend}, but --backend is {a.backend}",
+                                "give the engine's configuration for the backend being estimated")
+    layout = dict(s.layout)
+    if layout.pop("enable_attention_dp", False):
+        # an options file without its command line: the TP the flags give is the attention-DP ranks
+        layout.update(tp=1, attention_dp=a.tp)
+    if hasattr(a, "tp"):
+        for dest, value in layout.items():
+            _fill(a, dest, value, _LAYOUT_DEFAULTS[dest], source)
+    elif layout:
+        a.engine_notes.append(f"{source}: its layout is not used here (this command searches layouts)")
+    for dest, value in s.estimator_kw.items():
+        if value is not None:
+            _fill(a, dest, value, _ESTIMATOR_DEFAULTS[dest], source)
+    a.engine_scheduler = dict(s.scheduler)
+    read = ", ".join(s.read) or "nothing infercast models"
+    a.engine_notes.append(f"engine configuration ({s.backend}, {source}): read {read}")
+    a.engine_notes += [f"engine configuration: {n}" for n in s.notes]
+    if s.model and s.model != a.model:
+        a.engine_notes.append(f"engine configuration names model {s.model}; estimated: {a.model}")
+
+
+def _fill(a, dest: str, value, default, source: str) -> None:
+    given = getattr(a, dest)
+    if given == default:
+        setattr(a, dest, value)
+    elif given != value:
+        raise InvalidInputError(f"{_FLAG[dest]} {given} conflicts with {source}, which sets {value}",
+                                "drop the flag or change the configuration")
