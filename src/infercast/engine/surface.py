@@ -611,9 +611,10 @@ class Surface:
         owns the integers above its lower cut up to its upper end)."""
         g = self._gen
         total = 0.0
+        ey = g.ends[1]
         for j, t in enumerate(g.tiles[bisect_left(g.bx, b)]):
-            a = max(s0, t.y[0] + (1.0 if j else 0.0))
-            c = min(s1, t.y[-1])
+            a = max(s0, ey[j] + (1.0 if j else 0.0))
+            c = min(s1, ey[j + 1])
             if a > c:
                 continue
             if t is None:
@@ -826,6 +827,7 @@ class Surface:
         return {
             "format": FORMAT_NAME, "version": FORMAT_VERSION, "identity": self.identity, "provenance": self.provenance,
             "decode_width": self.decode_width, "attention_ops": list(self.attention_ops), "tolerance": self.tol,
+            "curves": list(self.curves), "sheets": list(self.sheets),
             "tiles": {name: [list(t.ends[0]), list(t.ends[1])] for name, t in self.sheets.items()},
         }
 
