@@ -110,6 +110,7 @@ class Curve:
         xs = np.asarray(self.x)
         slope = (np.asarray(self.right) - np.asarray(self.left)) / np.diff(xs)
         self._np = (xs, np.asarray(self.at), np.asarray(self.left), slope)
+        self._ar = np.arange(len(xs), dtype=float)
         self._slope = slope.tolist()
 
     @property
@@ -128,11 +129,14 @@ class Curve:
         return self.left[i] + self._slope[i] * (q - x[i])
 
     def eval(self, q: np.ndarray) -> np.ndarray:
+        """Vectorised form: the knot index from ``np.interp`` (a fractional position), then the
+        stored value on a knot and the interval's line elsewhere."""
         xs, at, left, slope = self._np
-        i = np.clip(np.searchsorted(xs, q, side="right") - 1, 0, len(xs) - 1)
-        ii = np.minimum(i, len(xs) - 2)
-        v = left[ii] + slope[ii] * (q - xs[ii])
-        return np.where(xs[i] == q, at[i], v)
+        q = np.asarray(q, dtype=float)
+        pos = np.interp(q, xs, self._ar)
+        k = pos.astype(np.intp)
+        ii = np.minimum(k, len(xs) - 2)
+        return np.where(pos == k, at[k], left[ii] + slope[ii] * (q - xs[ii]))
 
 
 def _interp_curve(x, at, left, right, q):
@@ -197,7 +201,14 @@ class Sheet:
             raise ValueError(f"scales must be linear or log, got {self.sx}, {self.sy}")
         self._lx = [math.log(a) for a in self.x] if self.sx == LOG else None
         self._ly = [math.log(a) for a in self.y] if self.sy == LOG else None
+        self._nx2, self._ny2 = len(self.x) - 2, len(self.y) - 2
+        cx = self._lx or self.x
+        cy = self._ly or self.y
+        self._wx = [1.0 / (b - a) for a, b in zip(cx, cx[1:])]
+        self._wy = [1.0 / (b - a) for a, b in zip(cy, cy[1:])]
         self._np = (np.asarray(self.x), np.asarray(self.y), V)
+        self._flat = V.ravel()
+        self._cx, self._cy = np.asarray(cx), np.asarray(cy)
 
     @property
     def hi(self) -> tuple[float, float]:
@@ -220,18 +231,31 @@ class Sheet:
         return j, (math.log(q) - ly[j]) / (ly[j + 1] - ly[j])
 
     def __call__(self, qx: float, qy: float) -> float:
-        i, ti = self.locate_x(qx)
-        j, tj = self.locate_y(qy)
-        r0, r1 = self.v[i], self.v[i + 1]
-        if self.sx == LINEAR:
+        x, y, V = self.x, self.y, self.v
+        i = bisect_right(x, qx) - 1
+        if i > self._nx2:
+            i = self._nx2
+        j = bisect_right(y, qy) - 1
+        if j > self._ny2:
+            j = self._ny2
+        if self._lx is None:
+            ti = (qx - x[i]) * self._wx[i]
+        else:
+            ti = (math.log(qx) - self._lx[i]) * self._wx[i]
+        if self._ly is None:
+            tj = (qy - y[j]) * self._wy[j]
+        else:
+            tj = (math.log(qy) - self._ly[j]) * self._wy[j]
+        r0, r1 = V[i], V[i + 1]
+        if self._lx is None:
             a = r0[j] + (r1[j] - r0[j]) * ti
             b = r0[j + 1] + (r1[j + 1] - r0[j + 1]) * ti
         else:
             a = _geo(r0[j], r1[j], ti)
             b = _geo(r0[j + 1], r1[j + 1], ti)
-        if self.sy == LINEAR:
+        if self._ly is None or tj == 0.0 or a <= 0.0 or b <= 0.0:
             return a + (b - a) * tj
-        return _geo(a, b, tj)
+        return a * (b / a) ** tj
 
     def prefix_sums(self) -> None:
         """Running sums along ``y`` (whole-number knots, linear) per x knot: ``P[i][k]`` is the sum
@@ -260,8 +284,21 @@ class Sheet:
         return np.where(s < ys[0], 0.0, c)
 
     def eval(self, qx: np.ndarray, qy: np.ndarray) -> np.ndarray:
-        xs, ys, V = self._np
-        return _interp_sheet(xs, ys, V, self.sx, self.sy, np.asarray(qx, float), np.asarray(qy, float))
+        """Vectorised form (fractional knot positions from ``np.interp``, in each axis's scale)."""
+        qx, qy = np.asarray(qx, float), np.asarray(qy, float)
+        nx, ny = len(self.x), len(self.y)
+        px = np.interp(qx if self._lx is None else np.log(qx), self._cx, np.arange(nx, dtype=float))
+        py = np.interp(qy if self._ly is None else np.log(qy), self._cy, np.arange(ny, dtype=float))
+        i = np.minimum(px.astype(np.intp), nx - 2)
+        j = np.minimum(py.astype(np.intp), ny - 2)
+        ti, tj = px - i, py - j
+        F = self._flat
+        k = i * ny + j
+        v00, v10, v01, v11 = F[k], F[k + ny], F[k + 1], F[k + ny + 1]
+        sx = LOG if self._lx is not None else LINEAR
+        a = _blend(v00, v10, ti, sx)
+        b = _blend(v01, v11, ti, sx)
+        return _blend(a, b, tj, LOG if self._ly is not None else LINEAR)
 
 
 def _geo(a: float, b: float, t: float) -> float:
@@ -376,20 +413,23 @@ class Tiled:
         return have[ix, iy]
 
     def eval(self, qx, qy) -> np.ndarray:
+        """Vectorised form; NaN where the region was left to the op-by-op path."""
         qx, qy = np.broadcast_arrays(np.asarray(qx, float), np.asarray(qy, float))
-        ix = np.searchsorted(np.asarray(self.bx), qx, side="left")
-        iy = np.searchsorted(np.asarray(self.by), qy, side="left")
-        out = np.full(qx.shape, np.nan)
+        ix = sum((qx > c).astype(np.intp) for c in self.bx) if self.bx else np.zeros(qx.shape, np.intp)
+        iy = sum((qy > c).astype(np.intp) for c in self.by) if self.by else np.zeros(qy.shape, np.intp)
+        code = ix * (len(self.by) + 1) + iy
+        out = None
         for i, row in enumerate(self.tiles):
             for j, t in enumerate(row):
-                if t is None:
+                m = code == i * (len(self.by) + 1) + j
+                if t is None or not m.any():
                     continue
-                m = (ix == i) & (iy == j)
-                if m.all():
+                if out is None and m.all():
                     return t.eval(qx, qy)
-                if m.any():
-                    out[m] = t.eval(qx[m], qy[m])
-        return out
+                if out is None:
+                    out = np.full(qx.shape, np.nan)
+                out[m] = t.eval(qx[m], qy[m])
+        return np.full(qx.shape, np.nan) if out is None else out
 
     def size(self) -> int:
         return sum(len(t.x) * len(t.y) for row in self.tiles for t in row if t is not None)
@@ -608,20 +648,32 @@ class Surface:
 
     def _gen_sum(self, b: float, s0: float, s1: float) -> float | None:
         """Sum of ``gen(b, s)`` over the integers ``s0 .. s1`` (closed form, tile by tile: a tile
-        owns the integers above its lower cut up to its upper end)."""
+        owns the integers above its lower cut up to its upper end; within a tile the surface is
+        bilinear, so the sum is the x-blend of the two batch rows' sums)."""
         g = self._gen
-        total = 0.0
         ey = g.ends[1]
+        total = 0.0
         for j, t in enumerate(g.tiles[bisect_left(g.bx, b)]):
-            a = max(s0, ey[j] + (1.0 if j else 0.0))
-            c = min(s1, ey[j + 1])
+            a = s0 if j == 0 or s0 > ey[j] else ey[j] + 1.0
+            c = s1 if s1 < ey[j + 1] else ey[j + 1]
             if a > c:
                 continue
             if t is None:
                 return None
             i, ti = t.locate_x(b)
-            lo = t.cum(i, c) - t.cum(i, a - 1.0)
-            hi = t.cum(i + 1, c) - t.cum(i + 1, a - 1.0)
+            y, P, S, V = t.y, t._P, t._S, t.v
+            k = bisect_right(y, c) - 1
+            m = c - y[k] + 1.0
+            h = m * (m - 1.0) / 2.0
+            lo = P[i][k] + m * V[i][k] + S[i][k] * h
+            hi = P[i + 1][k] + m * V[i + 1][k] + S[i + 1][k] * h
+            a -= 1.0
+            if a >= y[0]:
+                k = bisect_right(y, a) - 1
+                m = a - y[k] + 1.0
+                h = m * (m - 1.0) / 2.0
+                lo -= P[i][k] + m * V[i][k] + S[i][k] * h
+                hi -= P[i + 1][k] + m * V[i + 1][k] + S[i + 1][k] * h
             total += lo + (hi - lo) * ti
         return total
 
@@ -740,15 +792,14 @@ class Surface:
         ok = (b >= 1.0) & (i >= 1.0) & (t <= self._tok_hi) & (b <= self._ax) & (i + p <= self._ay)
         if self._seq is not None:
             ok &= b <= self._seq.x[-1]
-        ok &= self._actx.covered(b, i)
-        if (p > 0).any():
-            for sh in self._per_op + ([self._state] if self._state is not None else []):
-                ok &= sh.covered(b, i) & sh.covered(b, i + p)
         if ok.all():
-            return self._prefill_vec(b, i, p, t)
-        out = np.empty(b.shape)
-        out[ok] = self._prefill_vec(b[ok], i[ok], p[ok], t[ok])
-        out[~ok] = self._fallback_vec("prefill_ms", b[~ok], i[~ok], p[~ok])
+            out = self._prefill_vec(b, i, p, t)
+        else:
+            out = np.full(b.shape, np.nan)
+            out[ok] = self._prefill_vec(b[ok], i[ok], p[ok], t[ok])
+        bad = np.isnan(out)  # outside the domain, or in a region left to the op-by-op path
+        if bad.any():
+            out[bad] = self._fallback_vec("prefill_ms", b[bad], i[bad], p[bad])
         return out
 
     def _prefill_vec(self, b, i, p, t):
@@ -773,12 +824,14 @@ class Surface:
         b, kv = np.broadcast_arrays(np.asarray(batch, float), np.asarray(kv_len, float))
         s = np.maximum(kv - 1.0, 1.0)
         ok = (b >= 1.0) & (b <= self._dec_hi) & (s <= self._gy)
-        ok &= self._gen.covered(b, s)
         if ok.all():
-            return self._dec.eval(b) + self._gen.eval(b, s)
-        out = np.empty(b.shape)
-        out[ok] = self._dec.eval(b[ok]) + self._gen.eval(b[ok], s[ok])
-        out[~ok] = self._fallback_vec("decode_ms", b[~ok], kv[~ok])
+            out = self._dec.eval(b) + self._gen.eval(b, s)
+        else:
+            out = np.full(b.shape, np.nan)
+            out[ok] = self._dec.eval(b[ok]) + self._gen.eval(b[ok], s[ok])
+        bad = np.isnan(out)
+        if bad.any():
+            out[bad] = self._fallback_vec("decode_ms", b[bad], kv[bad])
         return out
 
     def decode_many(self, batch, isl, osl) -> np.ndarray:
