@@ -204,10 +204,10 @@ def test_best_available_falls_back_with_the_reason(synth):
     assert ok.diagnostics()["identity"]["model"] == sp.MODEL_ID
 
 
-def test_export_observations(est):
+def test_observations_are_retained(est):
     m = ForwardPassModel.from_estimator(est)
     m.observe([P, D], [10.0, 2.0])
-    rows = m.export_observations()
+    rows = m.observations()
     assert [r["kind"] for r in rows] == ["prefill", "decode"]
     assert rows[0]["measured_ms"] == 10.0 and rows[0]["prefill_tokens"] == 1000
     assert rows[0]["attention_pairs"] == pytest.approx(1000 * (200 + 500) / 2)

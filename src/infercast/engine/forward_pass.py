@@ -241,6 +241,9 @@ class ForwardPassModel:
         self.surface = surface
         self.options = options or CorrectionOptions()
         self.reason = reason
+        self.table = None
+        self.identity = dict(getattr(surface, "identity", None) or {})
+        self._roofline = None
         self._kind_ema = {k: _Ema() for k in KINDS}
         self._cells: dict = {k: {} for k in KINDS}
         self._obs: list = []  # (kind, features tuple, engine_ms or nan, measured_ms)
@@ -275,7 +278,28 @@ class ForwardPassModel:
         except TypeError as exc:  # a config key Estimator does not take
             return cls(None, options, f"unsupported configuration: {exc}")
 
+    def use_table(self, table, identity: dict | None = None, roofline=None) -> ForwardPassModel:
+        """Answer from a whole-forward table first (:class:`~infercast.engine.fpm_table.FpmTable`):
+        ``identity`` is this model's configuration (default: the surface's), ``roofline`` the
+        ``(identity, kind, point) -> ms`` function a transfer from another layout needs
+        (:func:`sol_roofline`; None: no transfers)."""
+        from .fpm_table import identity_key
+
+        if identity is not None:
+            self.identity = dict(identity)
+        identity_key(self.identity)  # complete enough to look up
+        self.table = table
+        self._roofline = roofline
+        return self
+
     # ---- estimates ---------------------------------------------------------------------------
+    def _from_table(self, it: Iteration, kind: str):
+        from .fpm_table import KIND_AXES
+
+        f = it.features()
+        ans = self.table.lookup(self.identity, kind, {a: f[a] for a in KIND_AXES[kind]}, self._roofline)
+        return ans if ans.ms is not None else None
+
     def _rank_ms(self, r: RankLoad) -> float:
         np_, nd = r.prefill_requests, r.decode_requests
         if r.prefill_tokens > 0:
@@ -301,6 +325,11 @@ class ForwardPassModel:
         kind = it.kind
         if kind == "empty":
             return IterationEstimate(0.0, kind, "empty", 0.0 if self.surface is not None else None, 1.0, 0)
+        if self.table is not None:
+            hit = self._from_table(it, kind)
+            if hit is not None:
+                raw = self.engine_ms(it)[0] if self.surface is not None else None
+                return IterationEstimate(hit.ms, kind, "fpm_table" if hit.how != "transferred" else "fpm_transfer", raw, 1.0, 0)
         if self.surface is None:
             return IterationEstimate(self._regress(kind, it.features()), kind, "regression", None, 1.0, 0)
         raw, arg = self.engine_ms(it)
@@ -310,7 +339,7 @@ class ForwardPassModel:
 
     def estimate_ms(self, iteration) -> float | None:
         """:meth:`estimate`'s milliseconds alone (a single :class:`RankLoad` takes a short path)."""
-        if type(iteration) is RankLoad and self.surface is not None:
+        if type(iteration) is RankLoad and self.surface is not None and self.table is None:
             r = iteration
             if r.prefill_tokens > 0:
                 kind = "mixed" if r.decode_requests > 0 else "prefill"
@@ -330,6 +359,9 @@ class ForwardPassModel:
         sequence of iterations, or a dict of arrays shaped ``(iterations, ranks)`` or
         ``(iterations,)`` keyed by the :class:`RankLoad` field names (the vectorised form)."""
         if isinstance(iterations, dict):
+            if self.table is not None:
+                raise InvalidInputError("the array form does not consult a whole-forward table",
+                                        "pass a sequence of iterations to answer from the table first")
             return self._estimate_arrays(iterations)
         return np.asarray([np.nan if (e := self.estimate_ms(i)) is None else e for i in iterations], dtype=float)
 
@@ -508,11 +540,69 @@ class ForwardPassModel:
             "identity": getattr(self.surface, "identity", None),
         }
 
-    def export_observations(self) -> list[dict]:
+    def observations(self) -> list[dict]:
         """The retained observations: per iteration its kind, features, engine and measured ms,
-        and the iteration itself (the rows of a whole-forward table)."""
+        and the iteration itself."""
         return [{"kind": k, **dict(zip(FEATURE_NAMES, f)), "engine_ms": None if math.isnan(r) else r, "measured_ms": m,
                  "iteration": it.to_dict()} for k, f, r, m, it in self._obs]
+
+    def export_observations(self, identity: dict | None = None):
+        """A whole-forward table (:class:`~infercast.engine.fpm_table.FpmTable`) of the retained
+        observations under ``identity`` (default: the surface's): per kind, one row per
+        power-of-two cell of its axes at the cell's centre, the median of the cell's measured
+        times, each carried to the centre by the engine's own shape (prefill: one request of the
+        tokens; decode: the requests at their mean KV length; mixed and regression-only models:
+        not carried)."""
+        from .fpm_table import KIND_AXES, FpmTable, grid_rows, identity_key
+
+        ident = dict(identity or self.identity)
+        identity_key(ident)
+        ident = {k: ident[k] for k in ("model", "system", "backend", "backend_version", "tp", "pp", "attention_dp",
+                                       "moe_tp", "moe_ep") if k in ident}
+        S = self.surface
+
+        def carry_for(kind):
+            if S is None or kind == "mixed":
+                return None
+            if kind == "prefill":
+                return lambda p, c: S.prefill_ms(1.0, c[0]) / S.prefill_ms(1.0, p[0])
+            return lambda p, c: S.decode_step_ms(c[0], max(c[1] / c[0], 1.0)) / S.decode_step_ms(p[0], max(p[1] / p[0], 1.0))
+
+        rows = []
+        for kind in KINDS:
+            obs = [(tuple(dict(zip(FEATURE_NAMES, f))[a] for a in KIND_AXES[kind]), m, None if math.isnan(r) else r)
+                   for k, f, r, m, _ in self._obs if k == kind]
+            if obs:
+                rows += grid_rows(ident, kind, obs, carry_for(kind))
+        return FpmTable(rows)
+
+
+def sol_roofline(**estimator_kwargs):
+    """A roofline for :meth:`ForwardPassModel.use_table`: the configuration's speed-of-light
+    iteration time (an :class:`~infercast.Estimator` in ``SOL`` database mode, one per identity,
+    kept), at a representative load: prefill one request of ``prefill_tokens``; decode
+    ``decode_requests`` at their mean KV length; mixed one prompt of ``prefill_tokens`` and one
+    decode of ``decode_kv_tokens``."""
+    from ..api import Estimator
+    from .fpm_table import identity_key
+
+    cache: dict = {}
+
+    def roofline(identity: dict, kind: str, point: dict) -> float:
+        key = identity_key(identity)
+        est = cache.get(key)
+        if est is None:
+            est = cache[key] = Estimator(key[0], key[1], key[2], key[3], tp=key[4], pp=key[5], attention_dp=key[6],
+                                         moe_tp=key[7], moe_ep=key[8], database_mode="SOL", **estimator_kwargs)
+        e = est.engine
+        if kind == "prefill":
+            return float(e.prefill_scalar(1.0, point["prefill_tokens"], 0.0))
+        if kind == "decode":
+            n = max(point["decode_requests"], 1.0)
+            return float(e.decode_scalar(n, max(point["decode_kv_tokens"] / n, 1.0)))
+        return float(e.mixed_step_ms([1.0], [point["prefill_tokens"]], [0.0], 1.0, max(point["decode_kv_tokens"], 1.0)))
+
+    return roofline
 
 
 def nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
