@@ -195,3 +195,15 @@ def test_cli_compile_without_out_is_a_one_line_error(synth, capsys):
     with pytest.raises(SystemExit) as e:
         main(["compile", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm"])
     assert e.value.code == 2
+
+
+def test_fractional_batch_and_uncovered_regions_answer_op_by_op(surf, est):
+    # the batch axis is checked at whole numbers only: a fractional batch goes to the op-by-op path
+    assert surf.prefill_ms(2.5, 1000) == est.engine.prefill_scalar(2.5, 1000.0, 0.0)
+    assert surf.decode_step_ms(3.5, 700) == est.engine.decode_scalar(3.5, 700.0)
+    missing = [(i, j) for i, row in enumerate(surf._actx.tiles) for j, t in enumerate(row) if t is None]
+    for i, j in missing:  # a tile left out (too many cells for the tolerance): the op-by-op path
+        ex, ey = surf._actx.ends
+        b, L = float(int((ex[i] + ex[i + 1]) / 2)), float(int((ey[j] + ey[j + 1]) / 2))
+        if b * L <= surf._tok_hi:
+            assert surf.prefill_ms(b, L) == est.engine.prefill_scalar(b, L, 0.0)

@@ -79,7 +79,7 @@ _MAX_ROUNDS = 40
 _EPS = 1e-9
 #: the most cells one tile of a 2-D surface may hold; a tile that needs more to meet the tolerance
 #: is left out and its region answered op by op
-MAX_TILE_CELLS = 6000
+MAX_TILE_CELLS = 20000
 #: default upper ends of the axes (halved where the op-by-op path refuses at the boundary)
 DEFAULT_DOMAIN = {"tokens": 2.0**23, "seqs": 2.0**16, "batch": 2.0**12, "length": 2.0**17, "step": 2.0**18}
 
@@ -335,21 +335,24 @@ def _interp_sheet(xs, ys, V, sx, sy, qx, qy):
 
 
 def build_sheet(fn, xk, yk, hx: float, hy: float, sx: str, sy: str, y_integer: bool = False,
-                tol: float = DEFAULT_TOL, lx: float = 1.0, ly: float = 1.0, max_cells: int = 0) -> Sheet | None:
+                tol: float = DEFAULT_TOL, lx: float = 1.0, ly: float = 1.0, max_cells: int = 0,
+                x_integer: bool = False) -> Sheet | None:
     """Tabulate ``fn(x, y)`` (vectorised, ms) on ``[lx, hx] x [ly, hy]`` from seed knots, refined
-    until edge midpoints / quarter points and cell centres match within ``tol``; ``y_integer``
-    keeps the y knots whole numbers. None when that needs more than ``max_cells`` cells or
-    :data:`_MAX_ROUNDS` rounds (the caller then evaluates that region op by op)."""
+    until edge quarter points and cell centres match within ``tol``. ``x_integer`` /
+    ``y_integer``: the axis's knots are whole numbers and it is checked at whole numbers only (a
+    batch of sequences; between two whole numbers the surface is not checked). None when that
+    needs more than ``max_cells`` cells or :data:`_MAX_ROUNDS` rounds (the caller then evaluates
+    that region op by op)."""
     max_cells = max_cells or MAX_TILE_CELLS
-    x = _seed(xk, lx, hx, integer=False)
+    x = _seed(xk, lx, hx, integer=x_integer)
     y = _seed(yk, ly, hy, integer=y_integer)
     for _ in range(_MAX_ROUNDS):
         V = fn(x[:, None], y[None, :])
         bad_x = np.zeros(len(x) - 1, bool)
         bad_y = np.zeros(len(y) - 1, bool)
         for t in _TEST_T:
-            mx = _mid(x, t, sx)
-            my = _mid(y, t, sy)
+            mx = _test_points(x, t, sx, x_integer)
+            my = _test_points(y, t, sy, False)
             # along x at every y knot
             ex = fn(mx[:, None], y[None, :])
             ax = _interp_sheet(x, y, V, sx, sy, np.broadcast_to(mx[:, None], ex.shape), np.broadcast_to(y[None, :], ex.shape))
@@ -359,19 +362,20 @@ def build_sheet(fn, xk, yk, hx: float, hy: float, sx: str, sy: str, y_integer: b
             ay = _interp_sheet(x, y, V, sx, sy, np.broadcast_to(x[:, None], ey.shape), np.broadcast_to(my[None, :], ey.shape))
             bad_y |= (_rel_err(ay, ey) > tol).any(axis=0)
         # cell centres: split both axes of a cell that misses
-        mx, my = _mid(x, 0.5, sx), _mid(y, 0.5, sy)
+        mx, my = _test_points(x, 0.5, sx, x_integer), _test_points(y, 0.5, sy, False)
         ec = fn(mx[:, None], my[None, :])
         ac = _interp_sheet(x, y, V, sx, sy, np.broadcast_to(mx[:, None], ec.shape), np.broadcast_to(my[None, :], ec.shape))
         cell = _rel_err(ac, ec) > tol
         bad_x |= cell.any(axis=1)
         bad_y |= cell.any(axis=0)
-        bad_x &= np.diff(x) > 1e-6 * x[:-1]
+        bad_x &= np.diff(x) > (1.0 if x_integer else 1e-6 * x[:-1])
         bad_y &= np.diff(y) > (1.0 if y_integer else 1e-6 * y[:-1])
         if not bad_x.any() and not bad_y.any():
             break
         if (len(x) + bad_x.sum()) * (len(y) + bad_y.sum()) > max_cells:
             return None
-        x = np.union1d(x, _mid(x, 0.5, sx)[bad_x])
+        nx = _mid(x, 0.5, sx)[bad_x]
+        x = np.union1d(x, np.round(nx) if x_integer else nx)
         ny = _mid(y, 0.5, sy)[bad_y]
         y = np.union1d(y, np.round(ny) if y_integer else ny)
     else:
@@ -436,7 +440,7 @@ class Tiled:
 
 
 def build_tiled(fn, xk, yk, hx: float, hy: float, sx: str, sy: str, y_integer: bool = False,
-                tol: float = DEFAULT_TOL) -> Tiled:
+                tol: float = DEFAULT_TOL, x_integer: bool = False) -> Tiled:
     """:func:`build_sheet` per tile, the cuts at the seed knots' range (the tables' edges)."""
     def cuts(k, hi):
         k = [v for v in k if np.isfinite(v)]
@@ -452,9 +456,21 @@ def build_tiled(fn, xk, yk, hx: float, hy: float, sx: str, sy: str, y_integer: b
         for j in range(len(ey) - 1):
             kx = [v for v in xk if ex[i] <= v <= ex[i + 1]]
             ky = [v for v in yk if ey[j] <= v <= ey[j + 1]]
-            row.append(build_sheet(fn, kx, ky, ex[i + 1], ey[j + 1], sx, sy, y_integer, tol, ex[i], ey[j]))
+            row.append(build_sheet(fn, kx, ky, ex[i + 1], ey[j + 1], sx, sy, y_integer, tol, ex[i], ey[j],
+                                   x_integer=x_integer))
         tiles.append(row)
     return Tiled(bx, by, tiles, (tuple(ex), tuple(ey)))
+
+
+def _test_points(a: np.ndarray, t: float, scale: str, integer: bool) -> np.ndarray:
+    """Where each interval of ``a`` is checked: at ``t`` of the way (in its scale), or for a
+    whole-number axis the nearest whole number strictly inside (the left knot, where the check
+    is trivially met, when there is none)."""
+    m = _mid(a, t, scale)
+    if not integer:
+        return m
+    r = np.round(m)
+    return np.where((r > a[:-1]) & (r < a[1:]), r, a[:-1])
 
 
 def _mid(a: np.ndarray, t: float, scale: str) -> np.ndarray:
@@ -608,7 +624,7 @@ class Surface:
             while True:  # the batch axis is linear for every attention grid (interp.grid)
                 try:
                     return build_tiled(fn, knots2(ops, phase, 0), knots2(ops, phase, 1), hx, hy, LINEAR, sy,
-                                       y_integer=y_integer, tol=tol)
+                                       y_integer=y_integer, tol=tol, x_integer=True)
                 except InfercastError:
                     hx, hy = _shrink2(fn, hx, hy)
 
@@ -681,7 +697,7 @@ class Surface:
     def prefill_ms(self, batch: float, isl: float, prefix: float = 0.0) -> float:
         """One prefill step: ``batch`` sequences of ``isl`` new tokens after ``prefix`` cached."""
         t = batch * isl
-        if 1.0 <= batch <= self._ax and 1.0 <= isl and t <= self._tok_hi:
+        if 1.0 <= batch <= self._ax and not batch % 1.0 and 1.0 <= isl and t <= self._tok_hi:
             seq = self._seq
             if seq is None or batch <= seq.x[-1]:
                 if prefix <= 0.0:
@@ -722,7 +738,7 @@ class Surface:
     def decode_step_ms(self, batch: float, kv_len: float) -> float:
         """One decode step of ``batch`` sequences at KV length ``kv_len`` (the new token included)."""
         s = kv_len - 1.0 if kv_len > 2.0 else 1.0
-        if 1.0 <= batch <= self._dec_hi and s <= self._gy:
+        if 1.0 <= batch <= self._dec_hi and s <= self._gy and not batch % 1.0:
             g = self._gen(batch, s)
             if g is not None:
                 return self._dec(batch) + g
@@ -736,7 +752,7 @@ class Surface:
         n = osl - 1.0 if osl > 2.0 else 1.0
         s1 = isl + n - 1.0
         if (self._closed and 1.0 <= batch <= self._dec_hi and isl >= 1.0 and s1 <= self._gy
-                and float(isl).is_integer() and float(n).is_integer()):
+                and not batch % 1.0 and not isl % 1.0 and not n % 1.0):
             g = self._gen_sum(batch, isl, s1)
             if g is not None:
                 return self._dec(batch) + g / n
@@ -758,6 +774,7 @@ class Surface:
         seqs = p_batch + d_batch
         s = d_kv - 1.0 if d_kv > 2.0 else 1.0
         if (1.0 <= p_batch and 1.0 <= p_isl and 1.0 <= d_batch <= self._gx and t <= self._tok_hi and s <= self._gy
+                and not p_batch % 1.0 and not d_batch % 1.0
                 and (self._seq is None or seqs <= self._seq.x[-1])
                 and (self._draft is None or d_batch <= self._draft.x[-1])):
             a = self._ctx_att(p_batch, p_isl, p_prefix)
@@ -789,7 +806,7 @@ class Surface:
         """:meth:`prefill_ms` over arrays (broadcast together)."""
         b, i, p = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (batch, isl, prefix)))
         t = b * i
-        ok = (b >= 1.0) & (i >= 1.0) & (t <= self._tok_hi) & (b <= self._ax) & (i + p <= self._ay)
+        ok = (b >= 1.0) & (i >= 1.0) & (t <= self._tok_hi) & (b <= self._ax) & (i + p <= self._ay) & (b == np.round(b))
         if self._seq is not None:
             ok &= b <= self._seq.x[-1]
         if ok.all():
@@ -823,7 +840,7 @@ class Surface:
         """:meth:`decode_step_ms` over arrays (broadcast together)."""
         b, kv = np.broadcast_arrays(np.asarray(batch, float), np.asarray(kv_len, float))
         s = np.maximum(kv - 1.0, 1.0)
-        ok = (b >= 1.0) & (b <= self._dec_hi) & (s <= self._gy)
+        ok = (b >= 1.0) & (b <= self._dec_hi) & (s <= self._gy) & (b == np.round(b))
         if ok.all():
             out = self._dec.eval(b) + self._gen.eval(b, s)
         else:
@@ -840,7 +857,8 @@ class Surface:
         b, i, o = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (batch, isl, osl)))
         n = np.maximum(o - 1.0, 1.0)
         s0, s1 = i, i + n - 1.0
-        ok = ((b >= 1.0) & (b <= self._dec_hi) & (s0 >= 1.0) & (s1 <= self._gy) & (i == np.round(i)) & (n == np.round(n)))
+        ok = ((b >= 1.0) & (b <= self._dec_hi) & (s0 >= 1.0) & (s1 <= self._gy) & (i == np.round(i)) & (n == np.round(n))
+              & (b == np.round(b)))
         ok &= self._gen.covered(b, s1) & self._gen.covered(b, s0)
         if not self._closed or any(t is None for row in self._gen.tiles for t in row):
             ok = np.zeros(b.shape, bool)
