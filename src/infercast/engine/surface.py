@@ -112,6 +112,7 @@ class Curve:
         self._np = (xs, np.asarray(self.at), np.asarray(self.left), slope)
         self._ar = np.arange(len(xs), dtype=float)
         self._slope = slope.tolist()
+        self._py = (self.x, self.at, self.left, self._slope)
 
     @property
     def lo(self) -> float:
@@ -122,11 +123,11 @@ class Curve:
         return self.x[-1]
 
     def __call__(self, q: float) -> float:
-        x = self.x
+        x, at, left, slope = self._py
         i = bisect_right(x, q) - 1
         if x[i] == q:
-            return self.at[i]
-        return self.left[i] + self._slope[i] * (q - x[i])
+            return at[i]
+        return left[i] + slope[i] * (q - x[i])
 
     def eval(self, q: np.ndarray) -> np.ndarray:
         """Vectorised form: the knot index from ``np.interp`` (a fractional position), then the
@@ -208,6 +209,7 @@ class Sheet:
         self._wy = [1.0 / (b - a) for a, b in zip(cy, cy[1:])]
         self._np = (np.asarray(self.x), np.asarray(self.y), V)
         self._flat = V.ravel()
+        self._py = (self.x, self.y, self.v, self._nx2, self._ny2, self._lx, self._wx, self._ly, self._wy)
         self._cx, self._cy = np.asarray(cx), np.asarray(cy)
 
     @property
@@ -231,29 +233,23 @@ class Sheet:
         return j, (math.log(q) - ly[j]) / (ly[j + 1] - ly[j])
 
     def __call__(self, qx: float, qy: float) -> float:
-        x, y, V = self.x, self.y, self.v
+        x, y, V, nx2, ny2, lx, wx, ly, wy = self._py
         i = bisect_right(x, qx) - 1
-        if i > self._nx2:
-            i = self._nx2
+        if i > nx2:
+            i = nx2
         j = bisect_right(y, qy) - 1
-        if j > self._ny2:
-            j = self._ny2
-        if self._lx is None:
-            ti = (qx - x[i]) * self._wx[i]
-        else:
-            ti = (math.log(qx) - self._lx[i]) * self._wx[i]
-        if self._ly is None:
-            tj = (qy - y[j]) * self._wy[j]
-        else:
-            tj = (math.log(qy) - self._ly[j]) * self._wy[j]
+        if j > ny2:
+            j = ny2
+        ti = (qx - x[i]) * wx[i] if lx is None else (math.log(qx) - lx[i]) * wx[i]
+        tj = (qy - y[j]) * wy[j] if ly is None else (math.log(qy) - ly[j]) * wy[j]
         r0, r1 = V[i], V[i + 1]
-        if self._lx is None:
+        if lx is None:
             a = r0[j] + (r1[j] - r0[j]) * ti
             b = r0[j + 1] + (r1[j + 1] - r0[j + 1]) * ti
         else:
             a = _geo(r0[j], r1[j], ti)
             b = _geo(r0[j + 1], r1[j + 1], ti)
-        if self._ly is None or tj == 0.0 or a <= 0.0 or b <= 0.0:
+        if ly is None or tj == 0.0 or a <= 0.0 or b <= 0.0:
             return a + (b - a) * tj
         return a * (b / a) ** tj
 
@@ -406,7 +402,7 @@ class Tiled:
         return self.tiles[bisect_left(self.bx, qx)][bisect_left(self.by, qy)]
 
     def __call__(self, qx: float, qy: float) -> float | None:
-        t = self.tiles[bisect_left(self.bx, qx)][bisect_left(self.by, qy)]
+        t = self.tiles[bisect_left(self.bx, qx) if self.bx else 0][bisect_left(self.by, qy) if self.by else 0]
         return None if t is None else t(qx, qy)
 
     def covered(self, qx, qy) -> np.ndarray:
