@@ -94,6 +94,17 @@ def test_mixed_step_matches_engine(surf, est):
         assert _close(surf.mixed_ms(pb, pi, pp, db, dk), est.engine.mixed_step_ms([pb], [pi], [pp], db, dk))
 
 
+@settings(max_examples=100, deadline=None)
+@given(pb=st.integers(1, 8), pi=st.integers(1, 4096), pp=st.one_of(st.just(0), st.integers(1, 4096)),
+       db=st.integers(1, 256), dk=st.integers(2, 32768))
+def test_mixed_step_matches_op_by_op(surf, est, pb, pi, pp, db, dk):
+    try:
+        exact = est.engine.mixed_step_ms([pb], [pi], [pp], db, dk)
+    except InfercastError:
+        return
+    assert _close(surf.mixed_ms(pb, pi, pp, db, dk), exact)
+
+
 def test_vectorised_forms_match_scalar(surf):
     rng = np.random.default_rng(3)
     b = rng.integers(1, 8, 500).astype(float)
@@ -161,6 +172,7 @@ def test_written_file_evaluates_the_same_with_a_minimal_reader(surf, tmp_path):
 def test_surface_read_back_is_identical_and_refuses_outside(surf, tmp_path):
     path = surf.write(tmp_path / "s.arrow")
     back = Surface.read(path)
+    assert Estimator.from_surface(path).identity == back.identity == surf.identity
     for args in [(1, 1), (4, 1000, 0), (16, 1000, 500)]:
         assert back.prefill_ms(*args) == surf.prefill_ms(*args)
     assert back.decode_ms(8, 1000, 300) == surf.decode_ms(8, 1000, 300)
