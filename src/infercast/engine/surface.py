@@ -316,9 +316,10 @@ def _axis_t(axis, q, scale):
 
 def _blend(a, b, t, scale):
     if scale == LOG:
+        pos = (a > 0) & (b > 0)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             g = a * np.power(b / a, t)
-        return np.where((a > 0) & (b > 0), g, a + (b - a) * t)
+        return g if pos.all() else np.where(pos, g, a + (b - a) * t)
     return a + (b - a) * t
 
 
@@ -415,6 +416,12 @@ class Tiled:
     def eval(self, qx, qy) -> np.ndarray:
         """Vectorised form; NaN where the region was left to the op-by-op path."""
         qx, qy = np.broadcast_arrays(np.asarray(qx, float), np.asarray(qy, float))
+        if qx.size:  # all queries in one tile (the common case): no masks
+            i0, i1 = bisect_left(self.bx, float(qx.min())), bisect_left(self.bx, float(qx.max()))
+            j0, j1 = bisect_left(self.by, float(qy.min())), bisect_left(self.by, float(qy.max()))
+            if i0 == i1 and j0 == j1:
+                t = self.tiles[i0][j0]
+                return np.full(qx.shape, np.nan) if t is None else t.eval(qx, qy)
         ix = sum((qx > c).astype(np.intp) for c in self.bx) if self.bx else np.zeros(qx.shape, np.intp)
         iy = sum((qy > c).astype(np.intp) for c in self.by) if self.by else np.zeros(qy.shape, np.intp)
         code = ix * (len(self.by) + 1) + iy
