@@ -135,3 +135,17 @@ def test_export_observations_builds_a_table_the_model_answers_from(synth):
     c = (cell_centre(3), cell_centre(11))
     assert row["decode_requests"] == c[0] and row["decode_kv_tokens"] == c[1]
     assert row["measured_ms"] == pytest.approx(2.0 * m.surface.decode_step_ms(c[0], c[1] / c[0]), rel=1e-9)
+
+
+def test_sol_roofline_is_the_sol_mode_engine(synth):
+    from infercast.engine.forward_pass import sol_roofline
+
+    est = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", systems_path=synth.systems_dir)
+    sol = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", systems_path=synth.systems_dir, database_mode="SOL")
+    r = sol_roofline(systems_path=synth.systems_dir)
+    ident = est.identity()
+    assert r(ident, "decode", {"decode_requests": 4, "decode_kv_tokens": 4000}) == sol.engine.decode_scalar(4.0, 1000.0)
+    assert r(ident, "prefill", {"prefill_tokens": 1000}) == sol.engine.prefill_scalar(1.0, 1000.0, 0.0)
+    tp2 = r({**ident, "tp": 2}, "prefill", {"prefill_tokens": 1000})  # another layout of a dense model
+    sol2 = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", tp=2, systems_path=synth.systems_dir, database_mode="SOL")
+    assert tp2 == sol2.engine.prefill_scalar(1.0, 1000.0, 0.0)

@@ -592,8 +592,14 @@ def sol_roofline(**estimator_kwargs):
         key = identity_key(identity)
         est = cache.get(key)
         if est is None:
-            est = cache[key] = Estimator(key[0], key[1], key[2], key[3], tp=key[4], pp=key[5], attention_dp=key[6],
-                                         moe_tp=key[7], moe_ep=key[8], database_mode="SOL", **estimator_kwargs)
+            from ..errors import InvalidConfigError
+
+            args = dict(tp=key[4], pp=key[5], attention_dp=key[6], database_mode="SOL", **estimator_kwargs)
+            try:
+                est = Estimator(*key[:4], moe_tp=key[7], moe_ep=key[8], **args)
+            except InvalidConfigError:  # a dense model: its expert layout is whatever the TP gives
+                est = Estimator(*key[:4], **args)
+            cache[key] = est
         e = est.engine
         if kind == "prefill":
             return float(e.prefill_scalar(1.0, point["prefill_tokens"], 0.0))

@@ -39,9 +39,13 @@ How the surfaces are built and why they agree with the op-by-op path:
   ``x_per_token`` elements per token has its knot ``k`` at ``k / x_per_token`` tokens), plus
   powers of two outside the tables' range, where the SOL-ratio edge rules make latency
   nonlinear. Then every interval is checked at its quarter points against the op-by-op path and
-  split at its middle while the relative error exceeds ``tol`` (default 1e-4; 2-D: edge
-  midpoints and cell centres, a split applied to the whole axis). The generation surface keeps
-  integer step knots, so a decode's mean over its KV lengths is a closed-form sum
+  split at its middle while the relative error exceeds ``tol`` (default 2.5e-4; 2-D: edge
+  quarter points and cell centres, a split applied to the whole axis of a tile). A 2-D surface
+  is cut into tiles at the tables' edges (:class:`Tiled`) so refining an extrapolated region
+  adds no knots inside the tables' range; a tile needing more than :data:`MAX_TILE_CELLS` cells
+  is left out and its region answered op by op. The batch axis has whole-number knots and is
+  checked at whole numbers (a fractional batch goes op by op); the generation surface keeps
+  whole-number step knots too, so a decode's mean over its KV lengths is a closed-form sum
   (:meth:`Surface.decode_ms`).
 * The domain of each axis starts at 1 and ends at a configured maximum, lowered (halved) until
   the op-by-op path answers at the boundary without refusing (a climbing edge refuses a query
@@ -63,7 +67,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InfercastError, InvalidInputError, NotAvailableError
+from ..errors import InfercastError, NotAvailableError
 
 LINEAR, LOG = "linear", "log"
 #: the file format written by :meth:`Surface.write` (docs/surface-format.md)
@@ -1001,9 +1005,3 @@ def _shrink2(fn, hx: float, hy: float) -> tuple[float, float]:
     if hy > 2.0:
         return hx, hy / 2.0
     raise NotAvailableError("cannot tabulate an attention surface", "the op-by-op path refuses even its smallest shapes")
-
-
-def check_shape(batch, isl) -> None:
-    """Reject non-positive or non-finite scalars (the surfaces' own inputs)."""
-    if not (batch > 0 and isl > 0 and math.isfinite(batch) and math.isfinite(isl)):
-        raise InvalidInputError("batch and length must be finite numbers > 0", f"got {batch!r}, {isl!r}")
