@@ -112,6 +112,10 @@ def test_vectorised_forms_match_scalar(surf):
     p = np.where(rng.random(500) < 0.3, rng.integers(1, 2000, 500), 0).astype(float)
     np.testing.assert_allclose(surf.prefill_many(b, i, p), [surf.prefill_ms(*x) for x in zip(b, i, p)], rtol=1e-12)
     np.testing.assert_allclose(surf.decode_step_many(b, i), [surf.decode_step_ms(*x) for x in zip(b, i)], rtol=1e-12)
+    n = np.where(rng.random(500) < 0.2, 0, rng.integers(1, 64, 500)).astype(float)
+    kv = rng.integers(2, 9000, 500).astype(float)
+    b0 = np.where(rng.random(500) < 0.2, 0.0, b)
+    np.testing.assert_allclose(surf.mixed_many(b0, i, p, n, kv), [surf.mixed_ms(*x) for x in zip(b0, i, p, n, kv)], rtol=1e-12)
     o = rng.integers(1, 600, 500).astype(float)
     np.testing.assert_allclose(surf.decode_many(b, i, o), [surf.decode_ms(*x) for x in zip(b, i, o)], rtol=1e-10)
 

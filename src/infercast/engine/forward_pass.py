@@ -397,8 +397,8 @@ class ForwardPassModel:
         if only_pre.any():
             ms[only_pre] = S.prefill_many(npq[only_pre], pt[only_pre] / npq[only_pre], pc[only_pre] / npq[only_pre])
         both = pre & dec
-        for idx in zip(*np.nonzero(both)):
-            ms[idx] = S.mixed_ms(npq[idx], pt[idx] / npq[idx], pc[idx] / npq[idx], dr[idx], dk[idx] / ndq[idx])
+        if both.any():
+            ms[both] = S.mixed_many(npq[both], pt[both] / npq[both], pc[both] / npq[both], dr[both], dk[both] / ndq[both])
         raw = ms.max(axis=1)
         fac = np.ones(len(raw))
         for k in range(len(raw)):

@@ -115,6 +115,11 @@ class Curve:
         slope = (np.asarray(self.right) - np.asarray(self.left)) / np.diff(xs)
         self._np = (xs, np.asarray(self.at), np.asarray(self.left), slope)
         self._ar = np.arange(len(xs), dtype=float)
+        self._c = np.asarray(self.left) - slope * xs[:-1]
+        lines_at = np.concatenate([self.left[:1], self.right])  # each knot's value from the line ending there
+        lines_from = np.concatenate([self.left, self.right[-1:]])  # ... and from the line starting there
+        at = np.asarray(self.at)
+        self._jumps = bool(np.any((np.abs(lines_at - at) > 1e-12 * np.abs(at)) | (np.abs(lines_from - at) > 1e-12 * np.abs(at))))
         self._slope = slope.tolist()
         self._py = (self.x, self.at, self.left, self._slope)
 
@@ -135,13 +140,17 @@ class Curve:
 
     def eval(self, q: np.ndarray) -> np.ndarray:
         """Vectorised form: the knot index from ``np.interp`` (a fractional position), then the
-        stored value on a knot and the interval's line elsewhere."""
-        xs, at, left, slope = self._np
+        interval's line ``c + slope * q``; the stored value on a knot where it differs from the
+        lines through it (a jump)."""
+        xs, at, _, slope = self._np
         q = np.asarray(q, dtype=float)
         pos = np.interp(q, xs, self._ar)
         k = pos.astype(np.intp)
         ii = np.minimum(k, len(xs) - 2)
-        return np.where(pos == k, at[k], left[ii] + slope[ii] * (q - xs[ii]))
+        v = self._c[ii] + slope[ii] * q
+        if self._jumps:
+            v = np.where(pos == k, at[k], v)
+        return v
 
 
 def _interp_curve(x, at, left, right, q):
@@ -708,7 +717,12 @@ class Surface:
             seq = self._seq
             if seq is None or batch <= seq.x[-1]:
                 if prefix <= 0.0:
-                    a = self._actx(batch, isl) if isl <= self._ay else None
+                    A = self._actx
+                    a = None
+                    if isl <= self._ay:
+                        tile = A.tiles[bisect_left(A.bx, batch)][bisect_left(A.by, isl)]
+                        if tile is not None:
+                            a = tile(batch, isl)
                     if a is not None:
                         v = self._tok(t) + a
                         return v if seq is None else v + seq(batch)
@@ -842,6 +856,44 @@ class Surface:
         if self._state is not None:
             att = att + self._state.eval(b, i)
         return v + att
+
+    def mixed_many(self, p_batch, p_isl, p_prefix, d_batch, d_kv) -> np.ndarray:
+        """:meth:`mixed_ms` over arrays (broadcast together)."""
+        pb, pi, pp, db, dk = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (p_batch, p_isl, p_prefix, d_batch, d_kv)))
+        out = np.full(pb.shape, np.nan)
+        pre, dec = (pb > 0) & (pi > 0), db > 0
+        m = pre & ~dec
+        if m.any():
+            out[m] = self.prefill_many(pb[m], pi[m], pp[m])
+        m = dec & ~pre
+        if m.any():
+            out[m] = self.decode_step_many(db[m], dk[m])
+        out[~pre & ~dec] = 0.0
+        m = pre & dec
+        if m.any():
+            b, i, p, n, kv = pb[m], pi[m], pp[m], db[m], dk[m]
+            t = b * i + n * self.decode_width
+            s = np.maximum(kv - 1.0, 1.0)
+            ok = ((b >= 1.0) & (i >= 1.0) & (n >= 1.0) & (n <= self._gx) & (t <= self._tok_hi) & (s <= self._gy)
+                  & (b <= self._ax) & (i + p <= self._ay) & (b == np.round(b)) & (n == np.round(n)))
+            if self._seq is not None:
+                ok &= b + n <= self._seq.x[-1]
+            if self._draft is not None:
+                ok &= n <= self._draft.x[-1]
+            v = np.full(b.shape, np.nan)
+            if ok.any():
+                bo, io, po, no = b[ok], i[ok], p[ok], n[ok]
+                w = self._prefill_vec(bo, io, po, t[ok]) + self._gen.eval(no, s[ok])
+                if self._seq is not None:  # _prefill_vec counted seq_ctx(b); the step's sequences are b + n
+                    w = w - self._seq.eval(bo) + self._seq.eval(bo + no)
+                if self._draft is not None:
+                    w = w + self._draft.eval(no)
+                v[ok] = w
+            bad = np.isnan(v)
+            if bad.any():
+                v[bad] = [self.mixed_ms(*x) for x in zip(b[bad], i[bad], p[bad], n[bad], kv[bad])]
+            out[m] = v
+        return out
 
     def decode_step_many(self, batch, kv_len) -> np.ndarray:
         """:meth:`decode_step_ms` over arrays (broadcast together)."""
