@@ -21,8 +21,9 @@ Its per-call API is timed as a black box in a child process of that interpreter,
 shapes, right after infercast's rows (paired in one run): ``EngineHandle.predict_prefill_latency``,
 ``decode_step_latency`` (one decode step), ``predict_decode_latency(bs, isl, osl)`` and
 ``RustForwardPassPerfModel.estimate_forward_pass_time_ms``. Without it the issue's quoted
-reference figures are printed, labelled as quoted. The machine may be shared: rates move with
-its load, and both sides are measured in the same minute for that reason.
+reference figures are printed, labelled as quoted. Every row gives calls per wall second and per
+CPU second of its process: on a shared machine the wall rate moves with the load (both sides are
+measured in the same minute for that reason), the CPU rate counts only the time the code ran.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ from pathlib import Path
 import numpy as np
 
 CONFIG = ("Qwen/Qwen3-32B", "h200_sxm", "vllm", 1)
+#: what each reference row calls
+REF_CALLS = {"prefill": "EngineHandle.predict_prefill_latency(bs, isl, 0)",
+             "decode step": "EngineHandle.decode_step_latency(bs, kv, 2)",
+             "decode_ms": "EngineHandle.predict_decode_latency(bs, isl, osl)",
+             "fpm decode": "RustForwardPassPerfModel.estimate_forward_pass_time_ms (decode)"}
 #: issue #40's figures for the reference 0.12 (quoted, not measured here)
 QUOTED = {"prefill": 181_000, "decode step": 9_300, "decode step (0.13)": 97_000}
 
@@ -49,10 +55,11 @@ h = EngineHandle.compile(model, system, backend, tp_size=tp)
 build = time.perf_counter() - t0
 out = {"build_s": build}
 def rate(name, fn, items):
-    t = time.perf_counter()
+    c, t = time.process_time(), time.perf_counter()
     vals = [fn(*x) for x in items]
-    dt = time.perf_counter() - t
-    out[name] = {"per_s": len(items) / dt, "us": 1e6 * dt / len(items), "sample": vals[:5]}
+    dt, dc = time.perf_counter() - t, time.process_time() - c
+    out[name] = {"per_s": len(items) / dt, "us": 1e6 * dt / len(items), "per_cpu_s": len(items) / max(dc, 1e-9),
+                 "sample": vals[:5]}
 rate("prefill", lambda b, i: h.predict_prefill_latency(b, i, 0), shapes["prefill"])
 rate("decode step", lambda b, kv: h.decode_step_latency(b, kv, 2), shapes["decode"])
 rate("decode_ms", lambda b, i, o: h.predict_decode_latency(b, i, o), shapes["decode_ms"][: max(len(shapes["decode_ms"]) // 20, 100)])
@@ -85,11 +92,13 @@ def _distinct(rng, n, cols):
 
 
 def _rate(fn, items) -> dict:
-    t = time.perf_counter()
+    """Calls per wall second and per CPU second of this process (the machine may be shared:
+    CPU time leaves out the time spent waiting for a core)."""
+    c, t = time.process_time(), time.perf_counter()
     for x in items:
         fn(*x)
-    dt = time.perf_counter() - t
-    return {"per_s": len(items) / dt, "us": 1e6 * dt / len(items)}
+    dt, dc = time.perf_counter() - t, time.process_time() - c
+    return {"per_s": len(items) / dt, "us": 1e6 * dt / len(items), "per_cpu_s": len(items) / max(dc, 1e-9)}
 
 
 def run(n: int, reference: str | None, seed: int = 0) -> dict:
@@ -127,13 +136,14 @@ def run(n: int, reference: str | None, seed: int = 0) -> dict:
     i = rng.integers(1, 16385, big).astype(float)
     for name, fn in (("prefill_many, 1M shapes", lambda: surf.prefill_many(b, i)),
                      ("decode_step_many, 1M shapes", lambda: surf.decode_step_many(b * 8, i))):
-        times = []
+        times, cpu = [], []
         for _ in range(3):
-            t = time.perf_counter()
+            c, t = time.process_time(), time.perf_counter()
             fn()
             times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
         dt = float(np.median(times))
-        ours[name] = {"per_s": big / dt, "us": 1e6 * dt / big}
+        ours[name] = {"per_s": big / dt, "us": 1e6 * dt / big, "per_cpu_s": big / max(float(np.median(cpu)), 1e-9)}
     # agreement with the op-by-op path on the same shapes
     e = est.engine
     errs = {}
@@ -156,25 +166,26 @@ def render(res: dict) -> None:
     print(f"hot path: {res['config']}, {res['shapes']:,} never-repeated shapes per row, one call at a time")
     print(f"Estimator construction {res['estimator_build_s']:.2f} s; surface build {res['surface_build_s']:.2f} s "
           f"({res['surface_numbers']:,} numbers)")
-    rows = [(k, f"{v['per_s']:,.0f}/s", f"{v['us']:.2f} us") for k, v in res["infercast"].items()]
+    rows = [(k, f"{v['per_s']:,.0f}/s", f"{v['per_cpu_s']:,.0f}/s", f"{v['us']:.2f} us") for k, v in res["infercast"].items()]
     ref = res.get("reference")
     if ref and "error" not in ref:
         print(f"reference (aiconfigurator 0.12.0, measured in a child process; its build {ref['build_s']:.1f} s):")
         for k in ("prefill", "decode step", "decode_ms", "fpm decode"):
             v = ref.get(k, {})
-            rows.append((f"reference {k}", f"{v['per_s']:,.0f}/s" if "per_s" in v else v.get("error", "-")[:60],
-                         f"{v['us']:.2f} us" if "us" in v else ""))
+            rows.append((f"reference {REF_CALLS[k]}", f"{v['per_s']:,.0f}/s" if "per_s" in v else v.get("error", "-")[:60],
+                         f"{v['per_cpu_s']:,.0f}/s" if "per_cpu_s" in v else "", f"{v['us']:.2f} us" if "us" in v else ""))
     else:
         if ref:
             print(f"reference failed: {ref['error']}")
         for k, v in QUOTED.items():
-            rows.append((f"reference {k} (QUOTED from issue #40, not measured)", f"{v:,}/s", ""))
+            rows.append((f"reference {k} (QUOTED from issue #40, not measured)", f"{v:,}/s", "", ""))
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
-    print(f"| {'call'.ljust(w0)} | {'rate'.rjust(w1)} | per call |")
-    print(f"|{'-' * (w0 + 2)}|{'-' * (w1 + 2)}|----------|")
-    for a, b, c in rows:
-        print(f"| {a.ljust(w0)} | {b.rjust(w1)} | {c} |")
+    w2 = max(len(r[2]) for r in rows + [("", "", "per CPU second", "")])
+    print(f"| {'call'.ljust(w0)} | {'per wall second'.rjust(w1)} | {'per CPU second'.rjust(w2)} | wall per call |")
+    print(f"|{'-' * (w0 + 2)}|{'-' * (max(w1, 15) + 2)}|{'-' * (w2 + 2)}|---------------|")
+    for a, b, c, d in rows:
+        print(f"| {a.ljust(w0)} | {b.rjust(max(w1, 15))} | {c.rjust(w2)} | {d} |")
     e = res["max_rel_diff_vs_op_by_op"]
     print("largest |surface / op-by-op - 1| on these shapes: " + ", ".join(f"{k} {v:.2e}" for k, v in e.items()))
 
