@@ -223,3 +223,29 @@ def test_fractional_batch_and_uncovered_regions_answer_op_by_op(surf, est):
         b, L = float(int((ex[i] + ex[i + 1]) / 2)), float(int((ey[j] + ey[j + 1]) / 2))
         if b * L <= surf._tok_hi:
             assert surf.prefill_ms(b, L) == est.engine.prefill_scalar(b, L, 0.0)
+
+
+# ---- the real pack -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def real(real_pack_available):
+    est = Estimator("Qwen/Qwen3-32B", "h200_sxm", "vllm", tp=1)
+    return est, est.surface()
+
+
+@pytest.mark.real_pack
+@settings(max_examples=150, deadline=None)
+@given(b=st.integers(1, 256), isl=st.integers(1, 32768), prefix=st.one_of(st.just(0), st.integers(1, 16384)),
+       kv=st.integers(2, 131072))
+def test_real_pack_surfaces_match_op_by_op(real, b, isl, prefix, kv):
+    est, surf = real
+    try:
+        exact = est.engine.prefill_scalar(float(b), float(isl), float(prefix))
+    except InfercastError:
+        exact = None
+    if exact is not None:
+        assert _close(surf.prefill_ms(b, isl, prefix), exact)
+    try:
+        exact = est.engine.decode_scalar(float(b), float(kv))
+    except InfercastError:
+        return
+    assert _close(surf.decode_step_ms(b, kv), exact)
