@@ -391,6 +391,39 @@ class Estimator:
             out.append(OpBreakdown(c.name, c.op.count, float(pv), float(dv), prov.label, src))
         return out
 
+    def surface(self, tol: float | None = None):
+        """The compiled latency surfaces of this configuration
+        (:class:`~infercast.engine.surface.Surface`), built on first use and kept: the simulator
+        hot path (``surface().prefill_ms(...)``, ``decode_step_ms``, ``decode_ms`` in closed form,
+        and their ``*_many`` array forms). It agrees with this Estimator's op-by-op path within
+        its tolerance and answers through that path outside its domain."""
+        from .engine.surface import DEFAULT_TOL, Surface
+
+        tol = DEFAULT_TOL if tol is None else float(tol)
+        cached = getattr(self, "_surface", None)
+        if cached is None or cached.tol != tol:
+            cached = self._surface = Surface.build(self.engine, self.identity(), self.versions(), tol=tol)
+        return cached
+
+    @staticmethod
+    def from_surface(path):
+        """A :class:`~infercast.engine.surface.Surface` read from a file written by
+        ``infercast compile`` (no perf tables needed; queries outside its domain raise)."""
+        from .engine.surface import Surface
+
+        return Surface.read(path)
+
+    def identity(self) -> dict:
+        """What identifies this configuration's predictions (model, system, backend and version,
+        parallel layout, quantisation, speculative decoding, database mode)."""
+        p = self.plan.parallel
+        return {
+            "model": self.spec.model_id, "system": self.data.system.name, "backend": self.data.backend,
+            "backend_version": self.data.version, "tp": p.tp, "pp": p.pp, "attention_dp": p.attention_dp,
+            "moe_tp": p.etp, "moe_ep": p.ep, "quant": asdict(self.spec.quant), "nextn": self.plan.spec_decode.nextn,
+            "database_mode": str(getattr(self.db.mode, "value", self.db.mode)),
+        }
+
     def versions(self) -> dict:
         return {"data_version": self.data.version, "slots": self.data.versions.slots(), "tables": self.data.provenance()}
 

@@ -417,6 +417,29 @@ def _version() -> str:
         return __version__
 
 
+def cmd_compile(a) -> int:
+    """Tabulate the configuration's latency surfaces and write them (docs/surface-format.md)."""
+    from ..engine.surface import DEFAULT_TOL
+
+    if a.tolerance is not None and not (0.0 < a.tolerance < 0.1):
+        raise InvalidInputError(f"--tolerance {a.tolerance} is out of range", "give a relative error in (0, 0.1), e.g. 1e-4")
+    out = Path(a.out)
+    if not out.parent.exists():
+        raise InvalidInputError(f"--out {a.out}: no such directory {out.parent}", "create it first or pick another path")
+    est = _estimator(a)
+    surf = est.surface(a.tolerance if a.tolerance is not None else DEFAULT_TOL)
+    surf.write(out)
+    info = {"out": str(out), "identity": surf.identity, "numbers": surf.size(), "tolerance": surf.tol,
+            "curves": {k: len(c.x) for k, c in surf.curves.items()},
+            "sheets": {k: [list(t.ends[0]), list(t.ends[1])] for k, t in surf.sheets.items()}}
+    if a.json:
+        print(json.dumps(info, indent=1))
+    else:
+        print(f"wrote {out}: {surf.size():,} numbers, {len(surf.curves)} curves, {len(surf.sheets)} sheets, "
+              f"tolerance {surf.tol:g} against the op-by-op path")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="infercast", description="Predict LLM serving performance on GPUs from measured per-operator tables.")
     p.add_argument("--version", action="version", version=f"infercast {_version()}", help="print the version and exit")
@@ -504,6 +527,13 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--all", action="store_true", help="JSON: include every evaluated candidate")
     se.add_argument("--json", action="store_true", help="print one JSON object")
     se.set_defaults(func=cmd_search)
+
+    co = sub.add_parser("compile", help="tabulate one configuration's latency surfaces into a file (Arrow IPC) a simulator can evaluate")
+    _add_model_args(co)
+    co.add_argument("--out", required=True, help="the file to write (Arrow IPC; format in docs/surface-format.md)")
+    co.add_argument("--tolerance", type=float, default=None, help="relative error allowed against the op-by-op path (default 2.5e-4)")
+    co.add_argument("--json", action="store_true", help="print a JSON summary")
+    co.set_defaults(func=cmd_compile)
 
     s = sub.add_parser("systems", help="list systems, backends and data versions in the pack")
     s.add_argument("--json", action="store_true", help="print one JSON object")
