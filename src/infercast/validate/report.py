@@ -20,6 +20,7 @@ from typing import Any
 
 from infercast.errors import DataFileError, InfercastError
 from infercast.validate.metrics import RowResult, summarize
+from infercast.validate.row_checks import INPUT_DATA, input_issues
 from infercast.validate.silicon import SiliconRow
 
 __all__ = [
@@ -88,6 +89,7 @@ def run_validation(
     predictor: Predictor,
     *,
     progress: Callable[[int, int], None] | None = None,
+    check_inputs: bool = True,
 ) -> list[RowResult]:
     """Call ``predictor`` on every row and collect the outcomes, in row order.
 
@@ -97,6 +99,12 @@ def run_validation(
     latency that is not a finite positive number is recorded as an
     ``InvalidPrediction`` error so it shows up in the report instead of skewing the
     statistics. ``progress(done, total)`` is called after each row when given.
+
+    ``check_inputs`` (default): a row with a blocking input-data issue (:mod:`.row_checks`: a
+    missing or unusable length, model, system, backend, concurrency or worker count, or no usable
+    measured latency) is not handed to the predictor; its ``error_kind`` is
+    :data:`~.row_checks.INPUT_DATA` and its ``error`` names each column and the value found. Every
+    row's issues, blocking or not, are in :attr:`RowResult.issues`.
 
     Rows with ``osl`` 1 have no TPOT (one output token, no inter-token gap; see
     :attr:`SiliconRow.tpot_defined`): whatever TPOT the predictor returns (typically 0.0) is
@@ -108,12 +116,19 @@ def run_validation(
     total = len(rows)
     out: list[RowResult] = []
     for i, row in enumerate(rows, 1):
+        issues = input_issues(row) if check_inputs else []
+        blocking = [x for x in issues if x.blocking]
+        if blocking:
+            out.append(RowResult(row, None, None, error=f"{INPUT_DATA}: " + "; ".join(map(str, blocking)),
+                                 error_kind=INPUT_DATA, issues=tuple(issues)))
+            if progress is not None:
+                progress(i, total)
+            continue
         try:
             value = predictor(row)
         except InfercastError as exc:
-            out.append(
-                RowResult(row, None, None, error=f"{type(exc).__name__}: {exc}", error_kind=type(exc).__name__)
-            )
+            out.append(RowResult(row, None, None, error=f"{type(exc).__name__}: {exc}", error_kind=type(exc).__name__,
+                                 issues=tuple(issues)))
         else:
             if not isinstance(value, (tuple, list)) or len(value) not in (2, 3):
                 raise TypeError(
@@ -129,13 +144,10 @@ def run_validation(
                 note = "; ".join(n for n in (note, NO_TPOT_NOTE) if n)
             bad = "; ".join(b for b in (bad_ttft, bad_tpot) if b)
             if bad:
-                out.append(
-                    RowResult(
-                        row, None, None, error=f"InvalidPrediction: {bad}", note=note, error_kind="InvalidPrediction"
-                    )
-                )
+                out.append(RowResult(row, None, None, error=f"InvalidPrediction: {bad}", note=note,
+                                     error_kind="InvalidPrediction", issues=tuple(issues)))
             else:
-                out.append(RowResult(row, ttft, tpot, note=note))
+                out.append(RowResult(row, ttft, tpot, note=note, issues=tuple(issues)))
         if progress is not None:
             progress(i, total)
     return out
