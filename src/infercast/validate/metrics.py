@@ -300,13 +300,16 @@ def _count(counts: dict[str, int]) -> dict[str, int]:
 def unpredicted_counts(results: Sequence[RowResult]) -> dict[str, Any]:
     """Rows not predicted and rows with input-data issues, counted by reason.
 
-    ``{"unpredicted": {"rows": n, "input_data": n1, "prediction_errors": n2, "by_reason": {...}},
+    ``{"unpredicted": {"rows": n, "input_data": n1, "prediction_errors": n2, "by_reason": {...},
+    "example": {...}},
     "input_issues": {"rows": m, "by_reason": {...}}}``. An unpredicted row's reason is, for an
     input-data issue, ``"input data: <column>: <problem>"`` (its blocking issues joined by ``"; "``,
     without the values, so rows with the same issue count together), else its error
-    (``"<ErrorClass>: <message>"``). ``input_issues`` counts each issue of every row, blocking or
+    (``"<ErrorClass>: <message>"``); ``example`` holds, per reason, the first such row's error with
+    its values (e.g. ``"InputData: isl: unparsable number ('abc')"``). ``input_issues`` counts each issue of every row, blocking or
     not (a row with two issues counts under both); most frequent first."""
     unpredicted: dict[str, int] = {}
+    examples: dict[str, str] = {}
     issues: dict[str, int] = {}
     n_input = n_error = n_issue_rows = 0
     for r in results:
@@ -323,8 +326,10 @@ def unpredicted_counts(results: Sequence[RowResult]) -> dict[str, Any]:
             n_error += 1
             reason = r.error or "no prediction"
         unpredicted[reason] = unpredicted.get(reason, 0) + 1
+        examples.setdefault(reason, r.error or reason)
+    by_reason = _count(unpredicted)
     return {
         "unpredicted": {"rows": n_input + n_error, "input_data": n_input, "prediction_errors": n_error,
-                        "by_reason": _count(unpredicted)},
+                        "by_reason": by_reason, "example": {k: examples[k] for k in by_reason}},
         "input_issues": {"rows": n_issue_rows, "by_reason": _count(issues)},
     }
