@@ -637,7 +637,7 @@ def render_console(
             number = n == 0 and i > 0 or (n > 0 and (name in ("rows", "conc") or name.endswith(("meas", "pred", "err"))))
             # whole: the scope column (rich would wrap "backend=sglang" mid-word or cut a model id)
             # and the numbers; ids, models and reasons fold where the width runs out
-            whole = (n == 0 and i == 0) or number or name in ("system", "backend")
+            whole = i == 0 if n == 0 else (number or name in ("system", "backend"))
             widest = max((len(cells[i]) for cells, _ in b), default=0)
             table.add_column(name, justify="right" if number else "left", no_wrap=whole, overflow="fold",
                              min_width=min(widest, 72) if whole else min(widest, 28))
