@@ -198,13 +198,18 @@ class EstimatorCache:
 def release_shared_data() -> None:
     """Forget the perf tables and op curves this process shares between estimators (the
     registry of :meth:`infercast.ops.base.OpDB.shared` and :func:`infercast.data.tables.cached_table`),
-    so that their memory is freed once no estimator holds them. Estimators built later read and
-    build them again, with the same values."""
+    so that their memory is freed once no estimator holds them, and collect the reference cycles
+    that hold them (op curves refer to their tables' database), which would otherwise wait for
+    Python's cyclic collector. Estimators built later read and build them again, with the same
+    values."""
+    import gc
+
     from ..data.tables import cached_table
     from ..ops import base as ops_base
 
     ops_base._SHARED.clear()
     cached_table.cache_clear()
+    gc.collect()
 
 
 FOUR_BIT = ("nvfp4", "int4_wo", "mxfp4", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8")
