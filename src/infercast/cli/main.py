@@ -418,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--by", action="append", metavar="ATTR[+ATTR...]",
                    help="break the statistics down by this row attribute, or by a combination joined with + "
                         "(e.g. backend+system); repeatable (default: mode, backend, system, model)")
-    v.add_argument("--database-mode", default="SILICON",
+    v.add_argument("--database-mode", default="SILICON", metavar="MODE",
                    help="where op latencies come from: SILICON (default; the measured tables, and a row "
                         "whose ops they do not cover is not predicted), HYBRID (the tables, else speed of light "
                         "with the family's learned utilisation), EMPIRICAL (speed of light with learned "
