@@ -582,7 +582,7 @@ def no_prediction(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     import infercast.validate.cli as vcli
 
     calls: list[int] = []
-    monkeypatch.setattr(vcli, "run_validation", lambda rows, predictor: calls.append(len(rows)) or [])
+    monkeypatch.setattr(vcli, "run_grouped", lambda rows, predictor, **kw: calls.append(len(rows)) or [])
     return calls
 
 
