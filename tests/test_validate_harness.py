@@ -297,9 +297,13 @@ def test_error_stats_by_hand() -> None:
 def test_run_and_summarize(rows: list[SiliconRow]) -> None:
     results = run_validation(rows, fake_predictor)
     assert [r.predicted for r in results] == [True, True, True, False, True, False, False]
-    assert results[3].error == "NotAvailableError: disagg row lacks worker counts"
-    assert results[3].error_kind == "NotAvailableError"
-    assert results[5].error.startswith("UnknownSystemError: unknown system ''")
+    # rows the CSV does not specify never reach the predictor: input-data issues naming the columns
+    assert results[3].error == ("InputData: prefill_num_workers and decode_num_workers: missing value "
+                                "(a disaggregated row needs both worker counts)")
+    assert results[3].error_kind == "InputData"
+    assert results[5].error == "InputData: system: missing value (empty cell)"
+    # the NaN TTFT of row 5 is an issue, not a blocking one: the row is scored on its TPOT
+    assert [str(i) for i in results[4].issues] == ["silicon_ttft_ms: NaN ('nan')"]
 
     s = summarize(results)
     assert (s["rows"], s["predicted"]) == (7, 4)
@@ -345,7 +349,8 @@ def test_summarize_compound_groups(rows: list[SiliconRow]) -> None:
     for label, block in combos.items():
         mode, system = label.split(" | ")
         alone = summarize([r for r in results if (r.row.mode or "(none)") == mode and (r.row.system or "(none)") == system], by=())
-        assert {k: block[k] for k in alone if k != "by"} == {k: v for k, v in alone.items() if k != "by"}
+        top_only = ("by", "unpredicted", "input_issues")  # counts of the whole run, not per group
+        assert {k: block[k] for k in alone if k not in top_only} == {k: v for k, v in alone.items() if k not in top_only}
     assert sum(b["rows"] for b in combos.values()) == len(results)
     with pytest.raises(InvalidInputError, match="cannot group validation results by 'colour'"):
         summarize(results, by=("mode+colour",))
@@ -390,7 +395,7 @@ def test_reports_written(rows: list[SiliconRow], tmp_path: Path, monkeypatch: py
     assert first["id"] == "qwen_h100_trtllm_agg_1024x128_c8_a" and first["concurrency"] == "8"
     assert float(first["predicted_ttft_ms"]) == pytest.approx(110.0)
     assert float(first["ttft_ape"]) == pytest.approx(0.1)
-    assert table[3]["predicted_ttft_ms"] == "" and table[3]["error"].startswith("NotAvailableError")
+    assert table[3]["predicted_ttft_ms"] == "" and table[3]["error"].startswith("InputData: prefill_num_workers")
     assert table[4]["measured_ttft_ms"] == "" and table[4]["ttft_ape"] == ""
 
     assert json.loads(written["json"].read_text())["predicted"] == 4
@@ -408,9 +413,10 @@ def test_reports_written(rows: list[SiliconRow], tmp_path: Path, monkeypatch: py
         "## Input data issues",
     ):
         assert heading in md
-    assert "| 2 | NotAvailableError: disagg row lacks worker counts |" in md
-    assert "| 1 | UnknownSystemError: unknown system ''" in md
-    assert "| 2 | NotAvailableError |" in md and "| 1 | UnknownSystemError |" in md
+    assert ("| 2 | InputData: prefill_num_workers and decode_num_workers: missing value (a disaggregated row "
+            "needs both worker counts) |") in md
+    assert "| 1 | InputData: system: missing value (empty cell) |" in md
+    assert "| 3 | InputData |" in md
     assert "| agg | 3/4 | 75.0% | 30.0% |" in md
     assert "Plot not available" in md
     # Worst TTFT row first: row 2 at +50%.
@@ -420,7 +426,7 @@ def test_reports_written(rows: list[SiliconRow], tmp_path: Path, monkeypatch: py
 
     page = written["html"].read_text()
     assert page.startswith("<!DOCTYPE html>") and "<table>" in page and "Unpredictable rows" in page
-    assert "unknown system &#x27;&#x27;" in page
+    assert "system: missing value (empty cell)" in page
 
     console = render_console(summary)
     from rich.console import Console
@@ -530,7 +536,7 @@ def _results_by_id(path: Path) -> dict[str, dict[str, str]]:
         return {r["id"]: r for r in csv.DictReader(fh)}
 
 
-NO_CONCURRENCY = "InvalidInputError: row has no benchmark concurrency"
+NO_CONCURRENCY = "InputData: concurrency: not in silicon_data_source (silicon_concurrency=N), the id (_c<N>_) or the batch columns"
 
 
 def test_validate_row_without_concurrency_is_reported_and_the_run_goes_on(synth, tmp_path, capsys) -> None:
@@ -555,9 +561,9 @@ def test_validate_row_without_concurrency_is_reported_and_the_run_goes_on(synth,
         assert table["synth_agg_128x8_nobatch"]["error"].startswith(NO_CONCURRENCY)
         assert table["synth_agg_128x8_nobatch"]["predicted_ttft_ms"] == ""
         assert table["synth_agg_128x8_c4_ok"]["error"] == "" and float(table["synth_agg_128x8_c4_ok"]["predicted_ttft_ms"]) > 0
-        if not extra:  # the static model rejects every disagg row before looking at it
-            assert table["synth_disagg_128x8_cfg9"]["error"].startswith(NO_CONCURRENCY)
-            assert "row has no benchmark concurrency" in (out / "report.md").read_text()
+        # an input-data issue is found before any model looks at the row (the static model, too)
+        assert table["synth_disagg_128x8_cfg9"]["error"].startswith(NO_CONCURRENCY)
+        assert "concurrency: not in silicon_data_source" in (out / "report.md").read_text()
 
 
 def test_load_ids_not_utf8_is_a_typed_error(sample: Path, tmp_path: Path, capsys) -> None:
@@ -576,7 +582,7 @@ def no_prediction(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     import infercast.validate.cli as vcli
 
     calls: list[int] = []
-    monkeypatch.setattr(vcli, "run_validation", lambda rows, predictor: calls.append(len(rows)) or [])
+    monkeypatch.setattr(vcli, "run_grouped", lambda rows, predictor, **kw: calls.append(len(rows)) or [])
     return calls
 
 

@@ -565,7 +565,16 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--by", action="append", metavar="ATTR[+ATTR...]",
                    help="break the statistics down by this row attribute, or by a combination joined with + "
                         "(e.g. backend+system); repeatable (default: mode, backend, system, model)")
-    v.add_argument("--database-mode", default="SILICON", help="SILICON (default), HYBRID, EMPIRICAL or SOL")
+    v.add_argument("--database-mode", default="SILICON", metavar="MODE",
+                   help="where op latencies come from: SILICON (default; the measured tables, and a row "
+                        "whose ops they do not cover is not predicted), HYBRID (the tables, else speed of light "
+                        "with the family's learned utilisation), EMPIRICAL (speed of light with learned "
+                        "utilisation everywhere) or SOL (speed of light only)")
+    v.add_argument("--worst", type=int, default=10, metavar="N", help="list the N rows with the largest TTFT error (default 10; 0: none)")
+    shown = v.add_mutually_exclusive_group()
+    shown.add_argument("--progress", dest="progress", action="store_const", const="on", default="auto",
+                       help="show progress on stderr (default: a bar on a terminal, once the run takes a few seconds)")
+    shown.add_argument("--quiet", dest="progress", action="store_const", const="off", help="no progress on stderr")
     _add_data_args(v)
     v.set_defaults(func=cmd_validate)
 

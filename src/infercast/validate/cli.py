@@ -7,15 +7,19 @@ import time
 from pathlib import Path
 
 from ..data.pack import find_pack
-from ..errors import DataFileError
+from ..errors import DataFileError, InvalidInputError
 from ..ops.base import DatabaseMode
 from .metrics import DEFAULT_GROUPS, check_groupings, summarize
 from .predict import EstimatorCache, static_predictor
-from .report import prepare_out_dir, render_console, run_validation, write_all
+from .progress import RowProgress
+from .report import WORST_CONSOLE_N, prepare_out_dir, render_console, write_all
+from .runner import run_grouped
 from .silicon import load_ids, load_rows
 
 #: the console width the summary table needs for its numbers to print whole
 CONSOLE_MIN_WIDTH = 150
+#: unscorable rows' reasons named in the one-line error of a run that scored no row
+REASONS_IN_ERROR = 3
 
 
 def default_silicon_csv(systems_path=None) -> Path:
@@ -26,8 +30,8 @@ def default_silicon_csv(systems_path=None) -> Path:
     return path
 
 
-def make_predictor(kind: str, systems_path=None, database_mode="SILICON"):
-    cache = EstimatorCache(systems_path, database_mode)
+def make_predictor(kind: str, systems_path=None, database_mode="SILICON", cache: EstimatorCache | None = None):
+    cache = cache if cache is not None else EstimatorCache(systems_path, database_mode)
     if kind == "static":
         return static_predictor(cache)
     from .serving_predict import serving_predictor
@@ -35,36 +39,76 @@ def make_predictor(kind: str, systems_path=None, database_mode="SILICON"):
     return serving_predictor(cache)
 
 
+def select_rows(csv_path: Path, ids_path: str | None):
+    """The CSV's rows (those listed in ``ids_path`` when given) and how many listed ids the CSV
+    lacks. Raises :class:`InvalidInputError` when there is nothing to validate: a CSV without data
+    rows, an id list without ids, or ids none of which is in the CSV."""
+    ids = load_ids(ids_path) if ids_path else None
+    if ids is not None and not ids:
+        raise InvalidInputError(f"--ids {ids_path} lists no row id", "expected one id per line ('#' starts a comment)")
+    rows = load_rows(csv_path, ids)
+    if not rows:
+        if ids is None:
+            raise InvalidInputError(f"silicon CSV {csv_path} has no data rows", "it holds a header only")
+        example = sorted(ids)[0]
+        raise InvalidInputError(f"none of the {len(ids)} ids in --ids {ids_path} is a row of {csv_path}",
+                                f"e.g. {example!r} is not in its id column")
+    missing = 0 if ids is None else len(ids - {r.id for r in rows})
+    return rows, missing
+
+
+def _nothing_scored(summary: dict, csv_path: Path) -> InvalidInputError:
+    """The error of a run in which no row has both a prediction and a measurement."""
+    un = summary["unpredicted"]
+    reasons = list(un["by_reason"].items())
+    shown = "; ".join(f"{n} x {un['example'][reason]}" for reason, n in reasons[:REASONS_IN_ERROR])
+    if len(reasons) > REASONS_IN_ERROR:
+        shown += f"; {len(reasons) - REASONS_IN_ERROR} more reasons (see --out)"
+    if not reasons:
+        shown = "no predicted row has a usable measured latency"
+    return InvalidInputError(f"no row of {csv_path} could be scored ({summary['predicted']} of {summary['rows']} predicted)",
+                             shown)
+
+
 def run_validate(a) -> int:
     # Flags first, as the other commands check them: an unknown --database-mode or a
     # --systems-path without a pack would otherwise fail every row one by one (each reported as
     # not predictable) and the run would end "0/N rows predicted" with exit code 0.
     database_mode = DatabaseMode.parse(a.database_mode)
-    asked = tuple(getattr(a, "by", None) or ())
-    by = asked or DEFAULT_GROUPS
+    by = tuple(getattr(a, "by", None) or ()) or DEFAULT_GROUPS
     check_groupings(by)
+    worst = getattr(a, "worst", WORST_CONSOLE_N)
+    if worst is None or worst < 0:
+        raise InvalidInputError(f"--worst must be 0 or more, got {worst}", "0 leaves the worst rows out")
     find_pack(a.systems_path)
     csv_path = Path(a.silicon) if a.silicon else default_silicon_csv(a.systems_path)
-    ids = load_ids(a.ids) if a.ids else None
-    rows = load_rows(csv_path, ids)
+    rows, ids_missing = select_rows(csv_path, a.ids)
     if a.out:
         prepare_out_dir(a.out)  # a bad --out fails now, not after every row was predicted
-    predictor = make_predictor("static" if a.static else "serving", a.systems_path, database_mode)
+    model = "static" if a.static else "serving"
+    cache = EstimatorCache(a.systems_path, database_mode)
+    predictor = make_predictor(model, cache=cache)
     t0 = time.perf_counter()
-    results = run_validation(rows, predictor)
+    with RowProgress(getattr(a, "progress", None) or "auto") as bar:
+        results = run_grouped(rows, predictor, release=cache.release, progress=bar.update)
     elapsed = time.perf_counter() - t0
     summary = summarize(results, by)
     summary["seconds"] = round(elapsed, 2)
-    summary["model"] = "static" if a.static else "serving"
+    summary["model"] = model
+    if a.ids:
+        summary["ids_not_in_csv"] = ids_missing
     if a.out:
         write_all(results, a.out, summary=summary, meta={"csv": str(csv_path), "ids": a.ids, "model": summary["model"]})
+    if summary["ttft_n"] == 0 and summary["tpot_n"] == 0:
+        raise _nothing_scored(summary, csv_path)
     if a.json:
         print(json.dumps(summary, indent=1))
     else:
         from ..report.console import new_console
 
-        # eleven columns: at a pipe's or a narrow terminal's default 80 columns rich cuts the
+        # many columns: at a pipe's or a narrow terminal's default 80 columns rich cuts the
         # numbers short ("192…" for 1924 rows); as `search` does, print wider instead
-        new_console(CONSOLE_MIN_WIDTH).print(render_console(summary, asked or ("mode", "backend")))
-        print(f"{summary['predicted']}/{summary['rows']} rows predicted in {elapsed:.1f} s")
+        new_console(CONSOLE_MIN_WIDTH).print(render_console(summary, by, results=results, worst_n=worst))
+        tail = f"; {ids_missing} id(s) of --ids not in the CSV" if ids_missing else ""
+        print(f"{summary['predicted']}/{summary['rows']} rows predicted in {elapsed:.1f} s{tail}")
     return 0

@@ -28,6 +28,7 @@ __all__ = [
     "GROUPABLE",
     "DEFAULT_GROUPS",
     "check_groupings",
+    "unpredicted_counts",
 ]
 
 #: Threshold of the "within" share (APE <= WITHIN counts as a hit).
@@ -64,6 +65,8 @@ class RowResult:
     ``ttft_ms`` / ``tpot_ms`` are ``None`` when the row could not be predicted; then
     ``error`` holds the reason (``"<ErrorClass>: <message>"``) and ``error_kind`` the
     error class name. ``note`` is free text from the predictor (e.g. a fallback it used).
+    ``issues``: the row's input-data issues (:class:`~infercast.validate.row_checks.InputIssue`);
+    a row left unpredicted for them has ``error_kind`` ``"InputData"``.
 
     A row whose TPOT is undefined (``osl`` 1, see :attr:`SiliconRow.tpot_defined`) is
     predicted with a TTFT alone: ``tpot_ms`` is ``None`` (any value given is ignored), its
@@ -76,6 +79,7 @@ class RowResult:
     error: str | None = None
     note: str | None = None
     error_kind: str | None = None
+    issues: tuple = ()
 
     @property
     def predicted(self) -> bool:
@@ -267,7 +271,8 @@ def summarize(
 ) -> dict[str, Any]:
     """Overall statistics plus one breakdown per ``by`` attribute.
 
-    Returns ``{<SUMMARY_KEYS>..., "by": {attr: {value: {<SUMMARY_KEYS>...}}}}``.
+    Returns ``{<SUMMARY_KEYS>..., "unpredicted": ..., "input_issues": ..., "by": {attr: {value:
+    {<SUMMARY_KEYS>...}}}}`` (the two counts: :func:`unpredicted_counts`).
     ``coverage`` = predicted / rows; APE statistics use the predicted rows that
     have a measured value. Group values are strings (``"(none)"`` for missing),
     ordered numerically when they are numbers, else alphabetically. An entry of ``by`` may
@@ -276,6 +281,7 @@ def summarize(
     """
     results = list(records)
     summary = _block(results)
+    summary.update(unpredicted_counts(results))
     groups: dict[str, dict[str, Any]] = {}
     for attr in by:
         keyf = _group_key(attr)
@@ -285,3 +291,45 @@ def summarize(
         groups[attr] = {label: _block(buckets[label]) for label in sorted(buckets, key=_sort_key)}
     summary["by"] = groups
     return summary
+
+
+def _count(counts: dict[str, int]) -> dict[str, int]:
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def unpredicted_counts(results: Sequence[RowResult]) -> dict[str, Any]:
+    """Rows not predicted and rows with input-data issues, counted by reason.
+
+    ``{"unpredicted": {"rows": n, "input_data": n1, "prediction_errors": n2, "by_reason": {...},
+    "example": {...}},
+    "input_issues": {"rows": m, "by_reason": {...}}}``. An unpredicted row's reason is, for an
+    input-data issue, ``"input data: <column>: <problem>"`` (its blocking issues joined by ``"; "``,
+    without the values, so rows with the same issue count together), else its error
+    (``"<ErrorClass>: <message>"``); ``example`` holds, per reason, the first such row's error with
+    its values (e.g. ``"InputData: isl: unparsable number ('abc')"``). ``input_issues`` counts each issue of every row, blocking or
+    not (a row with two issues counts under both); most frequent first."""
+    unpredicted: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    issues: dict[str, int] = {}
+    n_input = n_error = n_issue_rows = 0
+    for r in results:
+        if r.issues:
+            n_issue_rows += 1
+            for i in r.issues:
+                issues[i.reason] = issues.get(i.reason, 0) + 1
+        if r.predicted:
+            continue
+        if r.error_kind == "InputData":
+            n_input += 1
+            reason = "input data: " + "; ".join(i.reason for i in r.issues if i.blocking)
+        else:
+            n_error += 1
+            reason = r.error or "no prediction"
+        unpredicted[reason] = unpredicted.get(reason, 0) + 1
+        examples.setdefault(reason, r.error or reason)
+    by_reason = _count(unpredicted)
+    return {
+        "unpredicted": {"rows": n_input + n_error, "input_data": n_input, "prediction_errors": n_error,
+                        "by_reason": by_reason, "example": {k: examples[k] for k in by_reason}},
+        "input_issues": {"rows": n_issue_rows, "by_reason": _count(issues)},
+    }

@@ -20,6 +20,7 @@ from typing import Any
 
 from infercast.errors import DataFileError, InfercastError
 from infercast.validate.metrics import RowResult, summarize
+from infercast.validate.row_checks import INPUT_DATA, input_issues
 from infercast.validate.silicon import SiliconRow
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "NO_TPOT_NOTE",
     "CSV_COLUMNS",
     "WORST_N",
+    "WORST_CONSOLE_N",
 ]
 
 #: ``predictor(row) -> (ttft_ms, tpot_ms)`` or ``(ttft_ms, tpot_ms, note)``.
@@ -88,6 +90,7 @@ def run_validation(
     predictor: Predictor,
     *,
     progress: Callable[[int, int], None] | None = None,
+    check_inputs: bool = True,
 ) -> list[RowResult]:
     """Call ``predictor`` on every row and collect the outcomes, in row order.
 
@@ -97,6 +100,12 @@ def run_validation(
     latency that is not a finite positive number is recorded as an
     ``InvalidPrediction`` error so it shows up in the report instead of skewing the
     statistics. ``progress(done, total)`` is called after each row when given.
+
+    ``check_inputs`` (default): a row with a blocking input-data issue (:mod:`.row_checks`: a
+    missing or unusable length, model, system, backend, concurrency or worker count, or no usable
+    measured latency) is not handed to the predictor; its ``error_kind`` is
+    :data:`~.row_checks.INPUT_DATA` and its ``error`` names each column and the value found. Every
+    row's issues, blocking or not, are in :attr:`RowResult.issues`.
 
     Rows with ``osl`` 1 have no TPOT (one output token, no inter-token gap; see
     :attr:`SiliconRow.tpot_defined`): whatever TPOT the predictor returns (typically 0.0) is
@@ -108,12 +117,19 @@ def run_validation(
     total = len(rows)
     out: list[RowResult] = []
     for i, row in enumerate(rows, 1):
+        issues = input_issues(row) if check_inputs else []
+        blocking = [x for x in issues if x.blocking]
+        if blocking:
+            out.append(RowResult(row, None, None, error=f"{INPUT_DATA}: " + "; ".join(map(str, blocking)),
+                                 error_kind=INPUT_DATA, issues=tuple(issues)))
+            if progress is not None:
+                progress(i, total)
+            continue
         try:
             value = predictor(row)
         except InfercastError as exc:
-            out.append(
-                RowResult(row, None, None, error=f"{type(exc).__name__}: {exc}", error_kind=type(exc).__name__)
-            )
+            out.append(RowResult(row, None, None, error=f"{type(exc).__name__}: {exc}", error_kind=type(exc).__name__,
+                                 issues=tuple(issues)))
         else:
             if not isinstance(value, (tuple, list)) or len(value) not in (2, 3):
                 raise TypeError(
@@ -129,13 +145,10 @@ def run_validation(
                 note = "; ".join(n for n in (note, NO_TPOT_NOTE) if n)
             bad = "; ".join(b for b in (bad_ttft, bad_tpot) if b)
             if bad:
-                out.append(
-                    RowResult(
-                        row, None, None, error=f"InvalidPrediction: {bad}", note=note, error_kind="InvalidPrediction"
-                    )
-                )
+                out.append(RowResult(row, None, None, error=f"InvalidPrediction: {bad}", note=note,
+                                     error_kind="InvalidPrediction", issues=tuple(issues)))
             else:
-                out.append(RowResult(row, ttft, tpot, note=note))
+                out.append(RowResult(row, ttft, tpot, note=note, issues=tuple(issues)))
         if progress is not None:
             progress(i, total)
     return out
@@ -549,10 +562,45 @@ def plot_error_vs_concurrency(results: Sequence[RowResult], path: str | Path) ->
     return path
 
 
-def render_console(summary: Mapping[str, Any], groups: Sequence[str] = ("mode", "backend")) -> Any:
-    """A rich ``Table`` (overall row, then one row per value of each of ``groups``).
+#: worst rows the console lists (``infercast validate --worst``)
+WORST_CONSOLE_N = 10
+#: reasons the console lists for unpredicted rows and for input-data issues (the rest summed)
+REASONS_CONSOLE_N = 10
 
-    Falls back to a plain string when rich is not importable.
+
+def _console_worst(results: Sequence[RowResult], n: int) -> tuple[list[str], list[list[str]]]:
+    """The ``n`` rows with the largest TTFT APE: who they are, predicted vs measured."""
+    ranked = sorted((r for r in results if r.ttft_ape is not None), key=lambda r: (-r.ttft_ape, r.row.id))[:n]
+    headers = ["id", "model", "system", "backend", "conc", "TTFT meas", "TTFT pred", "TTFT err", "TPOT meas",
+               "TPOT pred", "TPOT err"]
+    body = [[r.row.id, r.row.model, r.row.system, r.row.backend, _num(r.row.concurrency),
+             _ms(r.row.measured_ttft_ms), _ms(r.ttft_ms), _pct(r.ttft_signed, signed=True),
+             _ms(r.row.measured_tpot_ms), _ms(r.scored_tpot_ms), _pct(r.tpot_signed, signed=True)] for r in ranked]
+    return headers, body
+
+
+def _console_reasons(counts: Mapping[str, int], n: int) -> list[list[str]]:
+    items = list(counts.items())
+    body = [[str(c), reason] for reason, c in items[:n]]
+    if len(items) > n:
+        rest = items[n:]
+        body.append([str(sum(c for _, c in rest)), f"... {len(rest)} more reasons (--out writes them all)"])
+    return body
+
+
+def render_console(
+    summary: Mapping[str, Any],
+    groups: Sequence[str] = ("mode", "backend", "system", "model"),
+    *,
+    results: Sequence[RowResult] | None = None,
+    worst_n: int = WORST_CONSOLE_N,
+) -> Any:
+    """The console report: a table of the overall and per-group statistics (one section per
+    entry of ``groups``), then, with ``results``, the ``worst_n`` rows by TTFT APE (id, model,
+    system, backend, measured vs predicted), and from ``summary`` the unpredicted rows and the
+    input-data issues counted by reason (:func:`~infercast.validate.metrics.unpredicted_counts`).
+
+    A rich renderable (a ``Group`` of tables); a plain string when rich is not importable.
     """
     headers = ["scope", *_GROUP_HEADERS]
     body: list[tuple[list[str], bool]] = [(["all", *_group_cells(summary)], True)]
@@ -562,22 +610,49 @@ def render_console(summary: Mapping[str, Any], groups: Sequence[str] = ("mode", 
         for label, block in (by.get(attr) or {}).items():
             body.append(([f"{attr}={label}", *_group_cells(block)], first))
             first = False
+    tables: list[tuple[str, list[str], list[tuple[list[str], bool]]]] = [("fidelity vs measured silicon", headers, body)]
+    if results is not None and worst_n > 0:
+        wh, wb = _console_worst(results, worst_n)
+        if wb:
+            tables.append((f"worst {len(wb)} rows by TTFT APE (ms; err = (predicted - measured) / measured)", wh,
+                           [(r, False) for r in wb]))
+    un = summary.get("unpredicted") or {}
+    if un.get("rows"):
+        title = (f"{un['rows']} rows not predicted ({un.get('input_data', 0)} input-data issues, "
+                 f"{un.get('prediction_errors', 0)} prediction errors), by reason")
+        tables.append((title, ["rows", "reason"], [(r, False) for r in _console_reasons(un["by_reason"], REASONS_CONSOLE_N)]))
+    issues = summary.get("input_issues") or {}
+    if issues.get("rows"):
+        title = f"input-data issues of {issues['rows']} rows, by column"
+        tables.append((title, ["rows", "issue"], [(r, False) for r in _console_reasons(issues["by_reason"], REASONS_CONSOLE_N)]))
     try:
+        from rich.console import Group
         from rich.table import Table
     except ImportError:
-        widths = [max(len(h), *(len(r[i]) for r, _ in body)) for i, h in enumerate(headers)]
-        fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
-        lines = [fmt.format(*headers)]
-        lines += [fmt.format(*r) for r, _ in body]
-        return "\n".join(lines)
-    table = Table(title="fidelity vs measured silicon")
-    for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
-    for i, (cells, new_section) in enumerate(body):
-        if new_section and i > 0:
-            table.add_section()
-        table.add_row(*cells)
-    return table
+        return "\n\n".join(_plain_table(title, h, [r for r, _ in b]) for title, h, b in tables)
+    out = []
+    for n, (title, h, b) in enumerate(tables):
+        table = Table(title=title)
+        for i, name in enumerate(h):
+            number = n == 0 and i > 0 or (n > 0 and (name in ("rows", "conc") or name.endswith(("meas", "pred", "err"))))
+            # whole: the scope column (rich would wrap "backend=sglang" mid-word or cut a model id)
+            # and the numbers; ids, models and reasons fold where the width runs out
+            whole = i == 0 if n == 0 else (number or name in ("system", "backend"))
+            widest = max((len(cells[i]) for cells, _ in b), default=0)
+            table.add_column(name, justify="right" if number else "left", no_wrap=whole, overflow="fold",
+                             min_width=min(widest, 72) if whole else min(widest, 28))
+        for i, (cells, new_section) in enumerate(b):
+            if new_section and i > 0:
+                table.add_section()
+            table.add_row(*cells)
+        out.append(table)
+    return Group(*out)
+
+
+def _plain_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([title, fmt.format(*headers), *(fmt.format(*r) for r in rows)])
 
 
 def prepare_out_dir(out_dir: str | Path) -> Path:

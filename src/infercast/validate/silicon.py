@@ -126,6 +126,15 @@ class SiliconRow:
     concurrency_source: str | None = None
     line: int | None = None
     problems: tuple[str, ...] = ()
+    bad_values: tuple[tuple[str, str, str], ...] = ()
+
+    def bad_value(self, column: str) -> tuple[str, str] | None:
+        """``(problem, raw text)`` of ``column`` when the reader could not use its value (e.g.
+        ``("unparsable number", "abc")``, ``("missing value", "")``), else None."""
+        for col, problem, raw in self.bad_values:
+            if col == column:
+                return problem, raw
+        return None
 
     @property
     def fully_specified(self) -> bool:
@@ -214,12 +223,19 @@ class _RowParser:
         self.rec = rec
         self.line = line
         self.problems: list[str] = []
+        self.bad: list[tuple[str, str, str]] = []  # (column, problem, raw text) of unusable values
+
+    def flag(self, col: str, problem: str, raw: str | None, shown: str | None = None) -> None:
+        """Record that ``col``'s value ``raw`` is unusable: a problem line (``"col: problem"``, with
+        ``shown`` appended when given) and the structured ``(col, problem, raw)``."""
+        self.problems.append(f"{col}: {problem}" + (f" {shown}" if shown else ""))
+        self.bad.append((col, problem, (raw or "").strip()))
 
     def text(self, col: str, *, required: bool = False) -> str | None:
         raw = self.rec.get(col)
         if _is_missing(raw):
             if required:
-                self.problems.append(f"{col}: missing value")
+                self.flag(col, "missing value", raw)
             return None
         assert raw is not None
         return raw.strip()
@@ -232,16 +248,16 @@ class _RowParser:
         raw = self.rec.get(col)
         if _is_missing(raw):
             if required:
-                self.problems.append(f"{col}: missing value")
+                self.flag(col, "missing value", raw)
             return 1 if size else None
         assert raw is not None
         try:
             val = float(raw)
         except ValueError:
-            self.problems.append(f"{col}: unparsable number {raw.strip()!r}")
+            self.flag(col, "unparsable number", raw, repr(raw.strip()))
             return 1 if size else None
         if not math.isfinite(val) or val != int(val) or val < 0:
-            self.problems.append(f"{col}: not a non-negative integer {raw.strip()!r}")
+            self.flag(col, "not a non-negative integer", raw, repr(raw.strip()))
             return 1 if size else None
         ival = int(val)
         if size and ival == 0:
@@ -252,19 +268,19 @@ class _RowParser:
         raw = self.rec.get(col)
         if _is_missing(raw):
             nan = raw is not None and raw.strip().lower() == "nan"
-            self.problems.append(f"{col}: NaN" if nan else f"{col}: missing value")
+            self.flag(col, "NaN" if nan else "missing value", raw)
             return None
         assert raw is not None
         try:
             val = float(raw)
         except ValueError:
-            self.problems.append(f"{col}: unparsable number {raw.strip()!r}")
+            self.flag(col, "unparsable number", raw, repr(raw.strip()))
             return None
         if not math.isfinite(val):
-            self.problems.append(f"{col}: not finite ({raw.strip()})")
+            self.flag(col, "not finite", raw, f"({raw.strip()})")
             return None
         if val <= 0:
-            self.problems.append(f"{col}: non-positive ({raw.strip()})")
+            self.flag(col, "non-positive", raw, f"({raw.strip()})")
             return None
         return val
 
@@ -342,10 +358,10 @@ def _parse_record(rec: Mapping[str, str | None], line: int) -> SiliconRow:
         prefill_workers = p.integer("prefill_num_workers")
         decode_workers = p.integer("decode_num_workers")
         if prefill_workers == 0:
-            p.problems.append("prefill_num_workers: zero; treated as missing")
+            p.flag("prefill_num_workers", "zero; treated as missing", "0")
             prefill_workers = None
         if decode_workers == 0:
-            p.problems.append("decode_num_workers: zero; treated as missing")
+            p.flag("decode_num_workers", "zero; treated as missing", "0")
             decode_workers = None
         if (prefill_workers is None) != (decode_workers is None):
             have = "prefill" if prefill_workers is not None else "decode"
@@ -391,7 +407,7 @@ def _parse_record(rec: Mapping[str, str | None], line: int) -> SiliconRow:
             row = _replace(row, concurrency=derived, concurrency_source="derived")
         else:
             p.problems.append("concurrency: not in silicon_data_source, id or batch columns")
-    return _replace(row, problems=tuple(p.problems))
+    return _replace(row, problems=tuple(p.problems), bad_values=tuple(p.bad))
 
 
 def _replace(row: SiliconRow, **changes: object) -> SiliconRow:
