@@ -140,3 +140,16 @@ def test_gemma4_bf16_parameter_count(real_pack_available):
     # the name's 26 B parameters (language model and vision tower), in bf16
     est = Estimator("google/gemma-4-26B-A4B", "h200_sxm", "vllm", tp=1)
     assert est.memory.weights / 2 == pytest.approx(26e9, rel=0.03)
+
+
+@pytest.mark.real_pack
+def test_gemma4_sliding_shape_without_data_is_refused_in_silicon_mode(real_pack_available):
+    from infercast import Estimator
+    from infercast.errors import NotAvailableError
+
+    # TensorRT-LLM's h200 attention tables hold no 1024-token window (the support matrix has no
+    # Gemma-4 row there either): SILICON refuses, HYBRID answers from the roofline
+    with pytest.raises(NotAvailableError, match="head_dim=256 window=1024"):
+        Estimator("google/gemma-4-26B-A4B", "h200_sxm", "trtllm", tp=1).static(8, 2048, 128)
+    hybrid = Estimator("google/gemma-4-26B-A4B", "h200_sxm", "trtllm", tp=1, database_mode="HYBRID")
+    assert hybrid.static(8, 2048, 128).ttft_ms > 0
