@@ -39,6 +39,8 @@ def test_layer_groups_and_moe_beside_the_dense_mlp():
     # the dense MLP that runs beside the routed experts is costed as their shared expert
     m = spec.moe
     assert (m.experts, m.topk, m.inter, m.shared_inter, m.first_dense_layers) == (8, 2, 16, 48, 0)
+    # without K=V the global layers keep num_key_value_heads (transformers' Gemma-4 attention)
+    assert build_spec(_gemma4(attention_k_eq_v=False)).attention_groups[1] == AttentionGroup(2, "gqa", 4, 2, 32, 32, 0, False)
     dense = build_spec(_gemma4(enable_moe_block=False))
     assert dense.family == "dense" and dense.moe is None and dense.intermediate == 48
 

@@ -61,10 +61,11 @@ _GEMMA_MLP = re.compile(r"layers\.(\d+)\.mlp\*?$")
 
 def gemma4(mc: ModelConfig, cfg: dict, text: dict, arch: str, family: str) -> ModelSpec:
     """Gemma-4 (``gemma4_text``). ``layer_types`` names each layer ``sliding_attention`` (window
-    ``sliding_window``, ``num_key_value_heads`` x ``head_dim``) or ``full_attention``
-    (``num_global_key_value_heads`` x ``global_head_dim``, the whole context; with
-    ``attention_k_eq_v`` no V projection: V is K's projection output, the cache still holds K and
-    V). Query heads are ``num_attention_heads`` on both. Every layer runs a gated (GELU) MLP of
+    ``sliding_window``, ``num_key_value_heads`` x ``head_dim``) or ``full_attention`` (heads of
+    ``global_head_dim``, the whole context; with ``attention_k_eq_v`` the layer has
+    ``num_global_key_value_heads`` KV heads and no V projection: V is K's projection output, the
+    cache still holds K and V; without it ``num_key_value_heads``, as ``transformers``' Gemma-4
+    attention reads the config). Query heads are ``num_attention_heads`` on both. Every layer runs a gated (GELU) MLP of
     ``intermediate_size``; with ``enable_moe_block`` also, beside it, ``num_experts`` routed
     experts of ``moe_intermediate_size`` (top ``top_k_experts``), whose outputs are summed: the
     dense MLP is then costed as the MoE block's shared expert. Per-head q/k RMSNorms, and
@@ -76,7 +77,9 @@ def gemma4(mc: ModelConfig, cfg: dict, text: dict, arch: str, family: str) -> Mo
     lt = _pattern(text, "layer_types", layers, {"sliding_attention", "full_attention"}, where)
     kv = _int_field(text, "num_key_value_heads", where=where, default=heads, default_note="num_attention_heads")
     hd = _int_field(text, "head_dim", where=where, default=hidden // heads, default_note="hidden_size // num_attention_heads")
-    gkv = _int_field(text, "num_global_key_value_heads", where=where, default=kv, default_note="num_key_value_heads")
+    k_eq_v = bool(text.get("attention_k_eq_v"))
+    gkv = _int_field(text, "num_global_key_value_heads", where=where, default=kv,
+                     default_note="num_key_value_heads") if k_eq_v else kv
     ghd = _int_field(text, "global_head_dim", where=where, default=hd, default_note="head_dim")
     n_local = lt.count("sliding_attention")
     groups = []
@@ -84,7 +87,7 @@ def gemma4(mc: ModelConfig, cfg: dict, text: dict, arch: str, family: str) -> Mo
         window = _int_field(text, "sliding_window", where=where)
         groups.append(AttentionGroup(n_local, "gqa", heads, kv, hd, hd, window))
     if layers - n_local:
-        groups.append(AttentionGroup(layers - n_local, "gqa", heads, gkv, ghd, ghd, 0, bool(text.get("attention_k_eq_v"))))
+        groups.append(AttentionGroup(layers - n_local, "gqa", heads, gkv, ghd, ghd, 0, k_eq_v))
     _check_groups(groups, where)
     inter = _int_field(text, "intermediate_size", where=where)
     quant = infer_quant(mc, text, layers)
@@ -115,10 +118,10 @@ def mimo_v2(mc: ModelConfig, cfg: dict, text: dict, arch: str, family: str) -> M
     ``sliding_window_size``, ``swa_num_attention_heads`` x ``swa_num_key_value_heads`` heads of
     ``swa_head_dim`` / ``swa_v_head_dim``) or full attention (0: ``num_attention_heads`` x
     ``num_key_value_heads`` of ``head_dim`` / ``v_head_dim``); 1 = sliding is the reading that
-    gives the model's published layout (hybrid blocks of five sliding-window layers and one
-    global layer, 128-token window: 39 sliding and 9 full layers of 48). ``moe_layer_freq`` marks the
-    MoE layers (``n_routed_experts`` of ``moe_intermediate_size``, top ``num_experts_per_tok``);
-    the others run a dense MLP of ``intermediate_size``. The attention-sink biases are not
+    the serving engines' MiMo-V2 model code takes (vLLM, SGLang), and the model's published
+    layout (blocks of five sliding-window layers and one global layer: 39 sliding, 9 full of 48).
+    ``moe_layer_freq`` marks the MoE layers (``n_routed_experts`` of ``moe_intermediate_size``, top
+    ``num_experts_per_tok``); the others run a dense MLP of ``intermediate_size``. The attention-sink biases are not
     costed (one scalar per head)."""
     where = mc.resolved_id
     c = _common(text, cfg, where)
