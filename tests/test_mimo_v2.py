@@ -82,3 +82,14 @@ def test_mimo_v2_flash_on_the_real_pack(real_pack_available, system, backend, kv
     assert res.fits and res.ttft_ms > 0 and res.tpot_ms > 0
     names = {op.name for op in est.plan.ops}
     assert {"attention_window128_kv8_d192", "attention_full_kv4_d192", "moe_experts", "dense_gate_up_gemm"} <= names
+
+
+def test_notes_say_what_the_layer_groups_approximate():
+    from infercast.models.groups import layer_group_notes
+
+    notes = layer_group_notes(build_spec(_mimo()), 4096)
+    assert notes[0].startswith("4 of 6 layers attend over a 8-token window")
+    assert "window8_kv2_d24 layers costed at head size 24" in notes[1] and "v heads are 16 wide" in notes[1]
+    assert len(notes) == 3
+    # windows from the limit on hold every token: no per-request note
+    assert len(layer_group_notes(build_spec(_mimo(sliding_window_size=4096)), 4096)) == 2

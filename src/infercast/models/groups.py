@@ -59,3 +59,23 @@ class FFNGroup:
     @property
     def label(self) -> str:
         return "ffn_linear" if self.kind == "linear" else f"ffn{self.inter}"
+
+
+def layer_group_notes(spec, window_kv_limit: int) -> list[str]:
+    """What the cost of ``spec``'s layer groups approximates, for a result's notes: sliding-window
+    layers with a window under ``window_kv_limit`` hold their window of each request as
+    per-request memory (an upper bound for shorter requests; not in the disaggregated KV
+    transfer), and attention whose v heads are narrower than its q/k heads runs at the q/k size."""
+    notes = []
+    small = [g for g in spec.attention_groups or () if g.kind == "gqa" and 0 < g.window < window_kv_limit]
+    if small:
+        n = sum(g.count for g in small)
+        windows = "/".join(str(w) for w in sorted({g.window for g in small}))
+        notes.append(f"{n} of {spec.num_layers} layers attend over a {windows}-token window: their KV counts as "
+                     "the full window per request (an upper bound for shorter requests) and is not part of "
+                     "the disaggregated KV transfer")
+    narrow = [g for g in spec.attention_groups or () if g.kind == "gqa" and g.v_head_dim < g.head_dim]
+    for g in narrow:
+        notes.append(f"attention of the {g.label} layers costed at head size {g.head_dim} for q, k and v "
+                     f"(its v heads are {g.v_head_dim} wide; the tables hold one head size)")
+    return notes
