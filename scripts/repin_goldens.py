@@ -323,6 +323,30 @@ MOE_CASES: list[StaticCase] = [
     _s(V3, "gb200", "trtllm", 8, 1, 16, 2048, 256, moe_ep=8),
 ]
 
+# heterogeneous layers (#37): Gemma-4 (sliding / global attention of different shapes, a dense
+# MLP beside the experts), MiMo-V2-Flash (sliding / full attention, v heads narrower than q/k),
+# DeciLM (per-layer attention and FFN widths)
+G4 = "google/gemma-4-26B-A4B"
+G4F = "nvidia/Gemma-4-26B-A4B-NVFP4"
+G31 = "nvidia/Gemma-4-31B-IT-NVFP4"
+MIMO = "XiaomiMiMo/MiMo-V2-Flash"
+DECI = "nvidia/Llama-3_3-Nemotron-Super-49B-v1"
+DENSE_CASES += [
+    _s(G31, "b200_sxm", "vllm", 2, 1, 16, 2048, 256),
+    _s(G31, "b200_sxm", "sglang", 1, 1, 8, 8192, 512),
+    _s(DECI, "h200_sxm", "trtllm", 2, 1, 16, 2048, 256),
+    _s(DECI, "h200_sxm", "vllm", 4, 1, 32, 1024, 1024),
+    _s(DECI, "h100_sxm", "sglang", 2, 2, 8, 4096, 256),
+]
+MOE_CASES += [
+    _s(G4, "h200_sxm", "sglang", 1, 1, 16, 2048, 256),
+    _s(G4, "b200_sxm", "trtllm", 2, 1, 16, 2048, 256, moe_ep=2),
+    _s(G4F, "b200_sxm", "vllm", 1, 1, 32, 4096, 512),
+    _s(MIMO, "h200_sxm", "trtllm", 4, 1, 16, 2048, 256),
+    _s(MIMO, "h200_sxm", "sglang", 1, 1, 8, 2048, 256, attention_dp=4, moe_ep=4),
+    _s(MIMO, "b200_sxm", "vllm", 4, 1, 4, 32768, 512, kv_cache_quant="fp8"),
+]
+
 _DS_PREFILL = Engine(V3, "h200_sxm", "trtllm", 8)
 _DS_DECODE = Engine(V3, "h200_sxm", "trtllm", 1, attention_dp=8, moe_ep=8)
 
@@ -337,6 +361,9 @@ SERVING_CASES: list = [
     AggCase(Engine(V3, "b200_sxm", "trtllm", 1, attention_dp=8, moe_ep=8), 16, 1024, 512),
     DisaggCase(_DS_PREFILL, _DS_DECODE, prefill_workers=2, decode_workers=1, prefill_batch=1,
                concurrency=256, isl=4000, osl=1000),
+    AggCase(Engine(G4, "h200_sxm", "vllm", 1), 64, 2048, 256),
+    AggCase(Engine(MIMO, "h200_sxm", "trtllm", 4), 32, 4000, 500),
+    AggCase(Engine(DECI, "h200_sxm", "sglang", 2), 32, 2048, 512),
 ]
 
 GROUPS: dict[str, list] = {"dense": DENSE_CASES, "moe": MOE_CASES, "serving": SERVING_CASES}

@@ -21,6 +21,7 @@ from .engine.compiled import CompiledEngine, remember
 from .errors import InvalidInputError
 from .interp.provenance import Prov
 from .models.fusions import engine_fusions
+from .models.groups import layer_group_notes
 from .models.plan import (
     MOE_DISTRIBUTION,
     ParallelConfig,
@@ -33,7 +34,7 @@ from .models.spec import ModelSpec, build_spec
 from .ops.base import DatabaseMode, OpDB, broadcast_named, check_positive, shown
 from .ops.moe import MOE_KERNELS, wide_ep_available
 from .serving.backends import backend_defaults
-from .serving.memory import GB, VISION_WEIGHT_BYTES, MemoryBreakdown, memory_breakdown
+from .serving.memory import GB, VISION_WEIGHT_BYTES, WINDOW_KV_COUNTED_FROM, MemoryBreakdown, memory_breakdown
 
 MAX_BATCH = 1_000_000
 MAX_TOKENS = 10_000_000
@@ -266,7 +267,8 @@ class Estimator:
 
     def context_notes(self, isl: int, osl: int, prefix: int = 0) -> list[str]:
         """Notes on what a request of these lengths is taken to be: a vision-language checkpoint
-        serves text (its vision tower takes memory, images are not modelled), and a request
+        serves text (its vision tower takes memory, images are not modelled), what a model's layer
+        groups approximate (:func:`infercast.models.groups.layer_group_notes`), and a request
         longer than the model's context window (the engines refuse such requests unless the
         window is extended, e.g. by RoPE scaling in the config)."""
         notes = []
@@ -275,6 +277,7 @@ class Estimator:
             notes.append(f"vision-language checkpoint served text-only: its vision tower ({p / 1e9:.2f} B parameters, "
                          f"{p * VISION_WEIGHT_BYTES / GB:.2f} GB in bf16, split over TP) counts in memory; image "
                          "inputs and the encoder's time are not modelled")
+        notes.extend(layer_group_notes(self.spec, WINDOW_KV_COUNTED_FROM))
         total = int(isl) + int(prefix) + int(osl)
         if self.spec.max_position and total > self.spec.max_position:
             notes.append(f"isl+prefix+osl={total} exceeds the model's max_position_embeddings {self.spec.max_position}")

@@ -83,7 +83,19 @@ class ParallelConfig:
                 "each GPU must hold whole heads",
                 [f"tp={d}" for d in divs],
             )
-        if spec.mla is None and self.tp > spec.num_kv_heads and self.tp % spec.num_kv_heads:
+        for g in spec.attention_groups or ():
+            if g.kind == "gqa" and g.heads % self.tp:
+                raise InvalidConfigError(f"TP {self.tp} does not divide the {g.heads} attention heads of "
+                                         f"{spec.resolved_id}'s {g.label} layers", "each GPU must hold whole heads")
+            if g.kind == "gqa" and self.tp > g.kv_heads and self.tp % g.kv_heads:
+                raise InvalidConfigError(f"TP {self.tp} is not a multiple of the {g.kv_heads} KV heads of the {g.label} layers",
+                                         "KV heads are replicated only in whole groups")
+            if g.kind == "linear" and spec.hidden % self.tp:
+                raise InvalidConfigError(f"TP {self.tp} does not divide the hidden size {spec.hidden}")
+        for g in spec.ffn_groups or ():
+            if (g.inter if g.kind == "gated" else spec.hidden) % self.tp:
+                raise InvalidConfigError(f"TP {self.tp} does not divide the FFN width of the {g.label} layers")
+        if spec.mla is None and spec.attention_groups is None and self.tp > spec.num_kv_heads and self.tp % spec.num_kv_heads:
             raise InvalidConfigError(
                 f"TP {self.tp} is not a multiple of the {spec.num_kv_heads} KV heads",
                 "KV heads are replicated only in whole groups",
@@ -259,6 +271,8 @@ def _attention_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions) -> li
     """Norm, QKV, RoPE, attention, output projection (+ TP all-reduce) for every layer; without
     the RoPE kernel when the attention op applies it, and with only layer 0's input norm and no
     post-attention norm when the all-reduces apply the norms."""
+    if spec.attention_groups is not None:
+        return _grouped_attention_ops(spec, par, fusions)
     tp, L, h = par.tp, spec.num_layers, spec.hidden
     q, act = spec.quant, 2
     heads = spec.num_heads // tp
@@ -318,6 +332,69 @@ def _attention_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions) -> li
     return ops
 
 
+def _grouped_attention_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions) -> list[PlanOp]:
+    """Attention blocks of a spec with ``attention_groups`` (:mod:`infercast.models.groups`), each
+    group's ops once with its layer count: a GQA group's QKV projection (q at ``head_dim``, k at
+    ``head_dim``, v at ``v_head_dim``, no v with ``k_eq_v``), q/k norms, RoPE, attention over its
+    window and output projection (from ``v_head_dim`` heads); a ``linear`` group one ``hidden x
+    hidden`` GEMM split over TP by rows. Attention runs at the q/k ``head_dim`` (the tables'
+    one head size), so a smaller ``v_head_dim`` is costed at the larger size. Layers of no group
+    have no attention block: no norm and no all-reduce. The input norms and post-attention norms
+    follow :func:`_attention_ops`; with ``sandwich_norms`` every layer also normalises the
+    attention and FFN outputs (two more norms per layer)."""
+    tp, L, h = par.tp, spec.num_layers, spec.hidden
+    q, act = spec.quant, 2
+    n_attn = sum(g.count for g in spec.attention_groups)
+    ops = []
+    if n_attn:
+        ops.append(PlanOp("input_norm", "elementwise", 1 if fusions.allreduce_norm else n_attn,
+                          params={"bytes_per_token": h * act * 3}))
+    for g in spec.attention_groups:
+        if g.kind == "linear":
+            ops.append(PlanOp(f"{g.label}_gemm", "gemm", g.count, params={"n": h, "k": h // tp, "quant": q.attention_gemm}))
+            continue
+        heads, kvh, hd = g.heads // tp, max(1, g.kv_heads // tp), g.head_dim
+        n_qkv = heads * hd + kvh * hd + (0 if g.k_eq_v else kvh * g.v_head_dim)
+        ops.append(PlanOp(f"qkv_gemm_{g.label}", "gemm", g.count,
+                          params={"n": n_qkv, "k": h, "quant": q.attention_gemm, **_fused_input(fusions.norm_quant)}))
+        if spec.qk_norm:
+            ops.append(PlanOp(f"qk_norm_{g.label}", "elementwise", g.count,
+                              params={"bytes_per_token": (heads + kvh) * hd * act * 2}))
+        if not fusions.rope_in_attention:
+            ops.append(PlanOp(f"rope_{g.label}", "elementwise", g.count,
+                              params={"bytes_per_token": (heads + kvh) * hd * act * 2}))
+        ops.append(PlanOp(f"attention_{g.label}", "attention", g.count,
+                          params={"heads": heads, "kv_heads": kvh, "head_dim": hd, "window": g.window,
+                                  "kv_quant": q.kv_cache, "attn_quant": q.attention}))
+        ops.append(PlanOp(f"o_gemm_{g.label}", "gemm", g.count,
+                          params={"n": h, "k": heads * g.v_head_dim, "quant": q.attention_gemm}))
+    if tp > 1 and n_attn:
+        ops.append(PlanOp("attn_allreduce", "allreduce", n_attn, params={"elements_per_token": h, "group": tp}))
+    n_ffn = L if spec.ffn_groups is None else sum(g.count for g in spec.ffn_groups)
+    if not fusions.allreduce_norm and n_ffn:
+        ops.append(PlanOp("post_attn_norm", "elementwise", n_ffn, params={"bytes_per_token": h * act * 4}))
+    if spec.sandwich_norms:
+        ops.append(PlanOp("sandwich_norms", "elementwise", 2 * L, params={"bytes_per_token": h * act * 2}))
+    return ops
+
+
+def _grouped_ffn_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions) -> list[PlanOp]:
+    """Dense FFNs of a spec with ``ffn_groups``: each gated group's MLP split over TP, each
+    ``linear`` group one ``hidden x hidden`` GEMM split by rows; one TP all-reduce per layer that
+    has an FFN."""
+    tp, h = par.tp, spec.hidden
+    ops = []
+    for g in spec.ffn_groups:
+        if g.kind == "linear":
+            ops.append(PlanOp(f"{g.label}_gemm", "gemm", g.count, params={"n": h, "k": h // tp, "quant": spec.quant.gemm}))
+        else:
+            ops += _dense_ffn_ops(f"{g.label}_", g.count, h, g.inter // tp, spec.quant.gemm, fusions)
+    n_ffn = sum(g.count for g in spec.ffn_groups)
+    if tp > 1 and n_ffn:
+        ops.append(PlanOp("ffn_allreduce", "allreduce", n_ffn, params={"elements_per_token": h, "group": tp}))
+    return ops
+
+
 def _fused_input(fused: bool) -> dict:
     """A GEMM's params marking its input as quantised by the op before it (``Fusions.norm_quant``
     / ``act_quant``)."""
@@ -358,6 +435,8 @@ def dense_plan(spec: ModelSpec, par: ParallelConfig, fusions: Fusions | None = N
     fusions = _applied(fusions, spec, par)
     tp, L = par.tp, spec.num_layers
     ops = _attention_ops(spec, par, fusions)
+    if spec.ffn_groups is not None:
+        return Plan(spec, par, tuple(ops + _grouped_ffn_ops(spec, par, fusions) + _ends(spec, par)), fusions=fusions)
     ops += _dense_ffn_ops("", L, spec.hidden, spec.intermediate // tp, spec.quant.gemm, fusions)
     if tp > 1:
         ops.append(PlanOp("ffn_allreduce", "allreduce", L, params={"elements_per_token": spec.hidden, "group": tp}))

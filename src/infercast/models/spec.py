@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, replace
 from ..data.model_configs import ModelConfig
 from ..data.quant import COMPUTE_DTYPE, GEMM_QUANTS, KV_BYTES, KV_QUANTS, WEIGHT_BYTES  # noqa: F401
 from ..errors import InvalidConfigError, InvalidInputError, UnsupportedModelError
+from .groups import AttentionGroup, FFNGroup
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,13 @@ class ModelSpec:
     #: loaded with the language model, so they take memory, but a request is text tokens and never
     #: runs them (:func:`vision_params`)
     vision_params: int = 0
+    #: heterogeneous layers (:mod:`infercast.models.groups`): when set, these replace the uniform
+    #: attention shape above (``num_kv_heads`` / ``head_dim`` then hold the groups' largest, for
+    #: activation sizing) and / or the uniform dense FFN of ``intermediate``
+    attention_groups: tuple[AttentionGroup, ...] | None = None
+    ffn_groups: tuple[FFNGroup, ...] | None = None
+    #: Gemma's extra RMSNorms after the attention and after the FFN (besides the pre-norms)
+    sandwich_norms: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -246,6 +254,10 @@ class ModelSpec:
             d["layer_windows"] = tuple(d["layer_windows"])
         if d.get("gdn"):
             d["gdn"] = GDNSpec(**d["gdn"])
+        if d.get("attention_groups") is not None:
+            d["attention_groups"] = tuple(AttentionGroup(**g) for g in d["attention_groups"])
+        if d.get("ffn_groups") is not None:
+            d["ffn_groups"] = tuple(FFNGroup(**g) for g in d["ffn_groups"])
         return cls(**d)
 
 
@@ -275,6 +287,13 @@ FAMILIES = {
     # attention on three layers in four (:func:`_llama4`)
     "Llama4ForConditionalGeneration": "moe",
     "Llama4ForCausalLM": "moe",
+    # heterogeneous layers (:mod:`infercast.models.families`): Gemma-4 (sliding / global attention
+    # of different shapes; "moe" when its config enables the MoE block), MiMo-V2-Flash (sliding /
+    # full attention of different shapes, MoE), DeciLM / Llama-Nemotron NAS (per-layer attention
+    # and FFN widths)
+    "Gemma4ForConditionalGeneration": "dense",
+    "MiMoV2FlashForCausalLM": "moe",
+    "DeciLMForCausalLM": "dense",
 }
 
 
@@ -361,6 +380,10 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
             supported_architectures(),
         )
     where = mc.resolved_id
+    from .families import READERS  # the readers use this module's helpers
+
+    if arch in READERS:
+        return READERS[arch](mc, cfg, text, arch, family)
     hidden = _int_field(text, "hidden_size", where=where)
     heads = _int_field(text, "num_attention_heads", where=where)
     layers = _int_field(text, "num_hidden_layers", where=where)
@@ -500,7 +523,10 @@ def vision_params(cfg: dict, text_hidden: int, where: str = "") -> int:
     one text-width token (a norm and two matrices, ``hidden x m^2`` wide then ``out_hidden_size`` /
     ``text_hidden_size`` out), and one more merger per ``deepstack_visual_indexes`` entry
     (Qwen3-VL). The layouts of Qwen3-VL / Qwen3.5 and Kimi-K2.5's MoonViT: 0.41-0.58 B parameters
-    for the pack's checkpoints, a few percent of a large model's weights, a fifth of Qwen3-VL-2B's."""
+    for the pack's checkpoints, a few percent of a large model's weights, a fifth of Qwen3-VL-2B's.
+    A tower that pools patches (``pooling_kernel_size``, Gemma-4) has no merger but one projection
+    ``hidden_size x`` text width, and its position table is ``position_embedding_size`` entries
+    (one table counted; its MLP counted as two matrices like the others')."""
     v = cfg.get("vision_config")
     if not isinstance(v, dict) or not v:
         return 0
@@ -513,16 +539,19 @@ def vision_params(cfg: dict, text_hidden: int, where: str = "") -> int:
     frames = _int_field(v, "temporal_patch_size", where=name, default=1)
     channels = _int_field(v, "in_channels", where=name, default=3)
     embed = channels * frames * patch * patch * h + h
-    positions = _int_field(v, "num_position_embeddings", where=name, default=0, minimum=0)
+    positions = _int_field(v, "num_position_embeddings", "position_embedding_size", where=name, default=0, minimum=0)
     if not positions and v.get("init_pos_emb_height") is not None:
         positions = (_int_field(v, "init_pos_emb_height", where=name)
                      * _int_field(v, "init_pos_emb_width", where=name, default=1))
     kernel = v.get("merge_kernel_size")
+    out = _int_field(v, "out_hidden_size", "text_hidden_size", where=name, default=text_hidden)
+    if v.get("pooling_kernel_size") is not None and v.get("spatial_merge_size") is None and not kernel:
+        # Gemma-4: patches average-pooled (no weights), then one projection to the text width
+        return layers * block + embed + positions * h + h * out
     if isinstance(kernel, list) and kernel:
         merge = math.prod(_int_field({"merge_kernel_size": k}, "merge_kernel_size", where=name) for k in kernel)
     else:
         merge = _int_field(v, "spatial_merge_size", where=name, default=2) ** 2
-    out = _int_field(v, "out_hidden_size", "text_hidden_size", where=name, default=text_hidden)
     wide = h * merge
     merger = 2 * wide + wide * wide + wide + wide * out + out
     mergers = 1 + len(v.get("deepstack_visual_indexes") or ())

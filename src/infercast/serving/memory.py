@@ -53,8 +53,25 @@ class MemoryBreakdown:
         return asdict(self)
 
 
+def _group_attention_weights(spec: ModelSpec, tp: int, wb: float) -> float:
+    """Attention weights of a spec with ``attention_groups``, averaged per layer (layers without
+    attention count 0): q / k / v (none with ``k_eq_v``) and output projections per GQA group,
+    one ``hidden x hidden / tp`` matrix per linear group."""
+    h, total = spec.hidden, 0.0
+    for g in spec.attention_groups:
+        if g.kind == "linear":
+            total += g.count * h * (h // tp) * wb
+            continue
+        heads, kvh = g.heads // tp, max(1, g.kv_heads // tp)
+        qkv = heads * g.head_dim + kvh * g.head_dim + (0 if g.k_eq_v else kvh * g.v_head_dim)
+        total += g.count * (h * qkv + heads * g.v_head_dim * h) * wb
+    return total / spec.num_layers
+
+
 def _attention_weights(spec: ModelSpec, tp: int, wb: float) -> float:
     h = spec.hidden
+    if spec.attention_groups is not None:
+        return _group_attention_weights(spec, tp, wb)
     if spec.mla is not None:
         m = spec.mla
         heads = spec.num_heads // tp
@@ -91,7 +108,10 @@ def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig, extra_layers: int
     stage = math.ceil(L / pp) / L  # share of the layers on one stage
     attn = _attention_weights(spec, tp, WEIGHT_BYTES[spec.quant.attention_gemm]) + 2 * h * 2.0  # + norms
     m = spec.moe
-    if m is None:
+    if m is None and spec.ffn_groups is not None:
+        ffn_total = sum(g.count * (3 * h * (g.inter // tp) if g.kind == "gated" else h * (h // tp)) * wb
+                        for g in spec.ffn_groups)
+    elif m is None:
         ffn_total = L * 3 * h * (spec.intermediate // tp) * wb
     else:
         mb = WEIGHT_BYTES[spec.quant.moe or spec.quant.gemm]
@@ -122,8 +142,10 @@ WINDOW_KV_COUNTED_FROM = 4096
 def kv_bytes_per_token(spec: ModelSpec, par: ParallelConfig, extra_layers: int = 0) -> float:
     """KV-cache bytes per token on one GPU: K and V per KV head for GQA, the compressed latent
     (``kv_lora_rank + qk_rope_head_dim``, replicated on every TP rank) for MLA."""
-    layers = math.ceil(spec.num_layers / par.pp) + extra_layers
     kvb = KV_BYTES[spec.quant.kv_cache]
+    if spec.attention_groups is not None:
+        return _group_kv_bytes(spec, par, kvb, windowed=False)
+    layers = math.ceil(spec.num_layers / par.pp) + extra_layers
     if spec.mla is not None:
         # latent cache; DSA models also keep one indexer key per token and layer
         return layers * (spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim + spec.index_head_dim) * kvb
@@ -135,8 +157,39 @@ def kv_bytes_per_token(spec: ModelSpec, par: ParallelConfig, extra_layers: int =
             sum(1 for w in windows if w == 0 or w >= WINDOW_KV_COUNTED_FROM) / par.pp)
 
 
+def _group_kv_bytes(spec: ModelSpec, par: ParallelConfig, kvb: float, windowed: bool) -> float:
+    """Per-token KV bytes on one GPU of the GQA groups whose window is below
+    :data:`WINDOW_KV_COUNTED_FROM` (``windowed``) or not: K at ``head_dim`` and V at
+    ``v_head_dim`` per KV head per GPU, for the share of the layers on one pipeline stage
+    (``ceil(n / pp)`` of the ``n`` layers so counted)."""
+    per, n = 0.0, 0
+    for g in spec.attention_groups:
+        small = 0 < g.window < WINDOW_KV_COUNTED_FROM
+        if g.kind != "gqa" or small != windowed:
+            continue
+        per += g.count * max(1, g.kv_heads // par.tp) * (g.head_dim + g.v_head_dim) * kvb
+        n += g.count
+    return per * math.ceil(n / par.pp) / n if n else 0.0
+
+
+def _group_window_state(spec: ModelSpec, par: ParallelConfig) -> float:
+    """Sliding-window KV of a spec with ``attention_groups`` held per request: each layer with a
+    window below :data:`WINDOW_KV_COUNTED_FROM` keeps up to its window of a request's tokens,
+    counted as a fixed ``window`` tokens per request (an upper bound for shorter requests)."""
+    kvb = KV_BYTES[spec.quant.kv_cache]
+    total, n = 0.0, 0
+    for g in spec.attention_groups:
+        if g.kind == "gqa" and 0 < g.window < WINDOW_KV_COUNTED_FROM:
+            total += g.count * g.window * max(1, g.kv_heads // par.tp) * (g.head_dim + g.v_head_dim) * kvb
+            n += g.count
+    return total * math.ceil(n / par.pp) / n if n else 0.0
+
+
 def state_bytes_per_request(spec: ModelSpec, par: ParallelConfig) -> float:
-    """Fixed-size per-request cache (linear-attention state), on one GPU."""
+    """Fixed-size per-request cache on one GPU: linear-attention state, and the sliding-window KV
+    of layer groups (:func:`_group_window_state`)."""
+    if spec.attention_groups is not None:
+        return _group_window_state(spec, par)
     if spec.gdn is None:
         return 0.0
     from ..ops.gdn import gdn_state_bytes
