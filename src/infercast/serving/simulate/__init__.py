@@ -1,0 +1,15 @@
+"""Request-level simulation of a deployment: arrivals or closed-loop clients, routing across
+replicas, continuous batching with prefix caching and preemption, timed step by step by a step
+timer (docs/simulate.md). Modules: :mod:`.load` (workloads, traces), :mod:`.prefix_cache`,
+:mod:`.router`, :mod:`.scheduler` (one scheduler's batching), :mod:`.loop` (the event loop),
+:mod:`.stats` (results), :mod:`.timer` (step timers), :mod:`.deploy` (wiring)."""
+
+from .deploy import simulate, simulate_estimator
+from .load import Workload, arrival_times, read_trace, sample_lengths, uniform_lengths
+from .scheduler import UnitConfig
+from .stats import SimResult, write_out
+from .timer import EngineStepTimer, LinearStepTimer, StepTimer
+
+__all__ = ["simulate", "simulate_estimator", "Workload", "arrival_times", "read_trace", "sample_lengths",
+           "uniform_lengths", "UnitConfig", "SimResult", "write_out", "EngineStepTimer", "LinearStepTimer",
+           "StepTimer"]

@@ -1,0 +1,145 @@
+"""The discrete-event loop: sends, routing, front-end delay, scheduler segments.
+
+Events, in time order (at equal times: sends, then arrivals at a scheduler, then segment ends):
+
+* *send*: a request leaves its client (open loop: at its send time; closed loop: at time 0 for
+  each client's first request, then the moment the client's previous request completes). The
+  router (:mod:`.router`) picks a scheduler; the request reaches it after the front end's time
+  (``front_end(open streams of that replica, prompt tokens)`` ms: HTTP, tokenisation, the API
+  server's per-stream work, :meth:`~infercast.serving.backends.SchedulerParams.front_end_ms`).
+* *arrival*: the request joins the scheduler's queue. An idle scheduler starts a step at once; a
+  scheduler in a run of decode steps ends the run with the step in progress, so the request is
+  considered at the next step boundary.
+* *segment end*: the scheduler commits its segment (:meth:`.scheduler.Unit.commit`), completes
+  requests, and plans the next one.
+
+Nothing steps token by token: time jumps from event to event.
+"""
+
+from __future__ import annotations
+
+import heapq
+import sys
+import time
+
+from .scheduler import Request
+
+SEND, ARRIVE, SEGMENT = 0, 1, 2
+
+
+def run(units, router, workload, front_end, replica_of=None, progress: bool = False) -> list[Request]:
+    """Play ``workload`` (:class:`.load.Workload`) on ``units`` (:class:`.scheduler.Unit`);
+    ``replica_of[i]``: the replica whose front end unit ``i`` sits behind (default: its own).
+    Returns the requests with their times filled in."""
+    n = len(workload)
+    replica_of = list(range(len(units))) if replica_of is None else list(replica_of)
+    n_rep = max(replica_of) + 1
+    rep_streams = [0] * n_rep
+    hashes = workload.hashes
+    isl, osl = workload.isl.tolist(), workload.osl.tolist()
+    reqs: list[Request] = []
+    heap: list = []
+    seq = 0
+
+    def push(t, kind, obj):
+        nonlocal seq
+        seq += 1
+        heapq.heappush(heap, (t, kind, seq, obj))
+
+    def new_request(i: int, t: float, client: int = -1) -> Request:
+        r = Request(i, t, isl[i], osl[i], tuple(hashes[i]) if hashes is not None else (), client)
+        reqs.append(r)
+        return r
+
+    if workload.sent_ms is None:
+        clients = min(workload.clients, n)
+        for c in range(clients):
+            push(0.0, SEND, new_request(c, 0.0, c))
+        issued = clients
+    else:
+        sent = workload.sent_ms.tolist()
+        for i in range(n):
+            push(sent[i], SEND, new_request(i, sent[i]))
+        issued = n
+
+    bar = _Progress(n) if progress else None
+    finished = 0
+    events = 0
+    while heap:
+        t, kind, _, obj = heapq.heappop(heap)
+        events += 1
+        if kind == SEGMENT:
+            u, version = obj
+            if version != u.version:
+                continue
+            for r in u.commit():
+                u.outstanding -= 1
+                rep_streams[replica_of[u.index]] -= 1
+                finished += 1
+                if r.client >= 0 and issued < n:
+                    push(r.finish, SEND, new_request(issued, r.finish, r.client))
+                    issued += 1
+            end = u.plan()
+            if end is not None:
+                u.version += 1
+                push(end, SEGMENT, (u, u.version))
+            if bar is not None and events % 4096 == 0:
+                bar.update(finished)
+        elif kind == SEND:
+            r = obj
+            i = router.route(r.hashes)
+            u = units[i]
+            rep = replica_of[i]
+            rep_streams[rep] += 1
+            u.outstanding += 1
+            r.unit = i
+            delay = front_end(rep_streams[rep], r.isl)
+            r.arrival = t + delay
+            if delay > 0:
+                push(r.arrival, ARRIVE, r)
+            else:
+                _arrive(u, r, t, push)
+        else:
+            _arrive(units[obj.unit], obj, t, push)
+    if bar is not None:
+        bar.close(finished)
+    return reqs
+
+
+def _arrive(u, r, t, push) -> None:
+    u.enqueue(r)
+    if u.seg is None:
+        u.now = max(u.now, t)
+        end = u.plan()
+        if end is not None:
+            u.version += 1
+            push(end, SEGMENT, (u, u.version))
+        return
+    end = u.truncate(t)
+    if end is not None:
+        u.version += 1
+        push(end, SEGMENT, (u, u.version))
+
+
+class _Progress:
+    """Completed requests on stderr (rich), refreshed at most a few times a second."""
+
+    def __init__(self, total: int):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        self.p = Progress("simulating", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=Console(file=sys.stderr), transient=True)
+        self.p.start()
+        self.task = self.p.add_task("requests", total=total)
+        self.last = 0.0
+
+    def update(self, done: int) -> None:
+        now = time.perf_counter()
+        if now - self.last > 0.2:
+            self.last = now
+            self.p.update(self.task, completed=done)
+
+    def close(self, done: int) -> None:
+        self.p.update(self.task, completed=done)
+        self.p.stop()
