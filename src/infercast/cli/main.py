@@ -322,6 +322,75 @@ def cmd_validate(a) -> int:
     return run_validate(a)
 
 
+def cmd_simulate(a) -> int:
+    """``infercast simulate``: a request-level simulation of ``--replicas`` replicas under a load."""
+    import math
+    from dataclasses import replace
+
+    from ..serving.backends import scheduler_params
+    from ..serving.simulate import read_trace, simulate_estimator, write_out
+    from ..serving.simulate.load import synthetic
+
+    loads = [x for x in ("request_rate", "concurrency", "trace") if getattr(a, x) is not None]
+    if len(loads) != 1:
+        raise InvalidInputError("give exactly one load: --request-rate R, --concurrency C or --trace FILE",
+                                f"got {', '.join('--' + x.replace('_', '-') for x in loads) or 'none'}")
+    for name in ("replicas", "num_requests", "concurrency", "isl", "osl", "step_quantum"):
+        v = getattr(a, name)
+        if v is not None and v < 1:
+            raise InvalidInputError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    for name in ("ttft_ms", "tpot_ms", "duration_s"):
+        v = getattr(a, name)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise InvalidInputError(f"--{name.replace('_', '-')} must be a positive number, got {v}")
+    if a.block_tokens is not None and a.block_tokens < 1:
+        raise InvalidInputError(f"--block-tokens must be >= 1, got {a.block_tokens}")
+    if a.trace is not None:
+        w = read_trace(a.trace, a.time_scale, a.block_tokens)
+        if a.num_requests is not None and a.num_requests < len(w):
+            w = type(w)(w.isl[:a.num_requests], w.osl[:a.num_requests], w.sent_ms[:a.num_requests],
+                        hashes=None if w.hashes is None else w.hashes[:a.num_requests], block_tokens=w.block_tokens,
+                        description=w.description + f", first {a.num_requests} replayed")
+    else:
+        lengths = read_trace(a.lengths_from) if a.lengths_from else None
+        ratio = 1.0 if a.random_range_ratio is None else a.random_range_ratio
+        if a.num_requests is not None:
+            n = a.num_requests
+        elif a.request_rate is not None:
+            if not (a.request_rate > 0 and math.isfinite(a.request_rate)):
+                raise InvalidInputError("--request-rate must be a positive number of requests per second",
+                                        f"got {a.request_rate}")
+            n = int(round(a.request_rate * (a.duration_s or 600.0)))
+        else:
+            n = 10 * a.concurrency
+        w = synthetic(n, isl=a.isl, osl=a.osl, range_ratio=ratio, lengths_from=lengths, rate=a.request_rate,
+                      burstiness=a.burstiness, clients=a.concurrency or 0, seed=a.seed)
+    est = _estimator(a)
+    params = replace(scheduler_params(a.backend, est.data.system, est.spec), **_scheduler_overrides(a))
+    per_unit = (a.concurrency or 1) / (a.replicas * est.plan.parallel.attention_dp)
+    res, _ = simulate_estimator(est, params, w, replicas=a.replicas, router=a.router, prefix_cache=not a.no_prefix_cache,
+                                warmup=a.warmup, cooldown=a.cooldown, ttft_ms=a.ttft_ms, tpot_ms=a.tpot_ms,
+                                progress=sys.stderr.isatty() and len(w) >= 20000, quantum=a.step_quantum,
+                                expected_running=max(1.0, per_unit))
+    res.notes.insert(0, w.description)
+    if a.out:
+        write_out(res, a.out)
+    if a.plot:
+        from ..serving.simulate.report import plot_cdf
+
+        plot_cdf(res, a.plot)
+    if a.json:
+        out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend,
+               "backend_version": est.version, "replicas": a.replicas, "gpus": a.replicas * est.gpus, "router": a.router}
+        print(json.dumps(out, indent=1, default=float))
+        return 0
+    from ..serving.simulate.report import print_result
+
+    print_result(res, f"{a.model} on {a.replicas} x {est.gpus} {a.system} GPUs ({a.backend} {est.version}), "
+                      f"{a.router} routing")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="infercast", description="Predict LLM serving performance on GPUs from measured per-operator tables.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -421,6 +490,44 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--database-mode", default="SILICON")
     _add_data_args(v)
     v.set_defaults(func=cmd_validate)
+    sm = sub.add_parser("simulate", help="request-level simulation of replicas under a load: request rate, closed-loop "
+                                         "clients or a trace; prefix caching, routing, goodput")
+    _add_model_args(sm)
+    sm.add_argument("--replicas", type=int, default=1, help="replicas of the layout (default 1)")
+    sm.add_argument("--request-rate", type=float, default=None, metavar="R", help="open loop: requests per second")
+    sm.add_argument("--burstiness", type=float, default=1.0,
+                    help="shape of the gamma inter-arrival times (1: Poisson; < 1 burstier)")
+    sm.add_argument("--concurrency", type=int, default=None, metavar="C", help="closed loop: C clients in all")
+    sm.add_argument("--trace", default=None, metavar="FILE",
+                    help="replay a trace: Mooncake JSONL, Azure LLM-inference CSV, or infercast CSV/JSONL")
+    sm.add_argument("--time-scale", type=float, default=1.0,
+                    help="multiply the trace's times by this (0.5: twice as fast; default 1)")
+    sm.add_argument("--block-tokens", type=int, default=None,
+                    help="tokens per prefix-hash block of the trace (default 512, as Mooncake's traces)")
+    sm.add_argument("--num-requests", type=int, default=None,
+                    help="requests to send (default: rate x duration, 10 per client, or the whole trace)")
+    sm.add_argument("--duration-s", type=float, default=None, help="open loop: seconds of arrivals (default 600)")
+    sm.add_argument("--isl", type=int, default=None, help="input length (synthetic load)")
+    sm.add_argument("--osl", type=int, default=None, help="output length (synthetic load)")
+    sm.add_argument("--random-range-ratio", type=float, default=None, metavar="R",
+                    help="draw each length uniformly from [R x L, L] as benchmark clients do (default: fixed)")
+    sm.add_argument("--lengths-from", default=None, metavar="TRACE", help="draw (input, output) lengths from a trace")
+    sm.add_argument("--router", choices=("round-robin", "least-outstanding", "prefix-aware"), default="round-robin")
+    sm.add_argument("--no-prefix-cache", action="store_true", help="turn the prefix cache off")
+    sm.add_argument("--ttft-ms", type=float, default=None, help="goodput target: TTFT at most this (ms)")
+    sm.add_argument("--tpot-ms", type=float, default=None, help="goodput target: TPOT at most this (ms)")
+    sm.add_argument("--warmup", type=float, default=0.1, help="share of the run left out at the start (default 0.1)")
+    sm.add_argument("--cooldown", type=float, default=0.1, help="share of the run left out at the end (default 0.1)")
+    sm.add_argument("--seed", type=int, default=0)
+    sm.add_argument("--step-quantum", type=int, default=16,
+                    help="round prefill chunk lengths to this many tokens when timing a step (default 16; 1: exact)")
+    sm.add_argument("--out", default=None, help="per-request results: .csv, or .json with the summary")
+    sm.add_argument("--plot", default=None, metavar="PNG", help="latency CDFs as a PNG")
+    sm.add_argument("--json", action="store_true")
+    for flag, (_, kind, _, what) in SCHEDULER_FLAGS.items():
+        sm.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None,
+                        help=f"{what} (default: the backend's, see infercast.serving.backends)")
+    sm.set_defaults(func=cmd_simulate)
     return p
 
 

@@ -234,3 +234,29 @@ def read_trace(path, time_scale: float = 1.0, block_tokens: int | None = None) -
                     hashes=hashes if any(hashes) else None, block_tokens=bt,
                     description=f"{kind} trace {path.name}: {len(rows)} requests over {sent[-1] / 1e3:.1f} s"
                                 + (f" (time scale {time_scale:g})" if time_scale != 1 else ""))
+
+
+def synthetic(n: int, *, isl: int | None = None, osl: int | None = None, range_ratio: float = 1.0,
+              lengths_from: Workload | None = None, rate: float | None = None, burstiness: float = 1.0,
+              clients: int = 0, seed: int = 0) -> Workload:
+    """``n`` requests of lengths fixed (``isl``, ``osl``), uniform on ``[range_ratio x L, L]``, or
+    drawn from ``lengths_from``; sent at ``rate`` requests/s (gamma gaps of shape ``burstiness``)
+    or by ``clients`` closed-loop clients."""
+    if n < 1:
+        raise InvalidInputError("the load has no requests", f"--num-requests / --duration-s give {n}")
+    rng = np.random.default_rng(seed)
+    if lengths_from is not None:
+        i, o = sample_lengths(lengths_from, n, rng)
+        how = f"lengths drawn from {lengths_from.description.split(':')[0]}"
+    else:
+        if isl is None or osl is None:
+            raise InvalidInputError("synthetic load needs --isl and --osl (or --lengths-from TRACE)")
+        i, o = uniform_lengths(isl, range_ratio, n, rng), uniform_lengths(osl, range_ratio, n, rng)
+        how = f"isl {isl}, osl {osl}" + (f", uniform on [{range_ratio:g} L, L]" if range_ratio < 1 else "")
+    if rate is not None:
+        sent = arrival_times(n, rate, burstiness, rng)
+        kind = "Poisson" if burstiness == 1 else f"gamma (burstiness {burstiness:g})"
+        return Workload(i, o, sent_ms=sent, description=f"{n} requests, {kind} arrivals at {rate:g} req/s, {how}")
+    if clients < 1:
+        raise InvalidInputError("--concurrency must be >= 1", f"got {clients}")
+    return Workload(i, o, clients=clients, description=f"{n} requests from {clients} closed-loop clients, {how}")

@@ -39,7 +39,8 @@ class SimResult:
     output_tokens_per_s: float
     goodput_rps: float | None
     slo: dict
-    prefix_hit_rate: float | None
+    prefix_hit_rate: float | None  # share of looked-up prompt tokens found; None with the cache off
+    prefix_lookup_tokens: int
     kv_use: dict  # mean / max share of the KV capacity, over the window
     queue: dict  # mean / max requests waiting (all schedulers), over the window
     steps: int
@@ -114,7 +115,7 @@ def summarise(reqs, units, *, warmup: float = 0.1, cooldown: float = 0.1, ttft_m
     return SimResult(
         requests=len(reqs), measured=int(meas.sum()), window_ms=(w0, w1), duration_ms=end, latency=lat,
         throughput_rps=thr, output_tokens_per_s=tok, goodput_rps=goodput,
-        slo={"ttft_ms": ttft_ms, "tpot_ms": tpot_ms}, prefix_hit_rate=hit_rate, kv_use=kv, queue=qlen,
+        slo={"ttft_ms": ttft_ms, "tpot_ms": tpot_ms}, prefix_hit_rate=hit_rate, prefix_lookup_tokens=int(lookups), kv_use=kv, queue=qlen,
         steps=sum(u.steps for u in units), preemptions=sum(u.preemptions for u in units), notes=notes,
         series=series, per_request=per)
 
