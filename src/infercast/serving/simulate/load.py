@@ -186,6 +186,8 @@ def read_trace(path, time_scale: float = 1.0, block_tokens: int | None = None) -
         text = path.read_text()
     except OSError as exc:
         raise DataFileError(f"cannot read trace {path}", exc.strerror or str(exc)) from None
+    if not text.strip():
+        raise DataFileError(f"trace {path} has no requests", "the file is empty")
     rows: list[tuple[float, int, int, tuple]] = []
     kind = ""
     first = text.lstrip()[:1]

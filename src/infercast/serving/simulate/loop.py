@@ -7,7 +7,8 @@ Events, in time order (at equal times: sends, then arrivals at a scheduler, then
   router (:mod:`.router`) picks a scheduler; the request reaches it after the front end's time
   (``front_end(open streams of that replica, prompt tokens)`` ms: HTTP, tokenisation, the API
   server's per-stream work, :meth:`~infercast.serving.backends.SchedulerParams.front_end_ms`).
-* *arrival*: the request joins the scheduler's queue. An idle scheduler starts a step at once; a
+* *arrival*: the request joins the scheduler's queue. An idle scheduler starts a step at once
+  (with every request arriving at the same instant); a
   scheduler in a run of decode steps ends the run with the step in progress, so the request is
   considered at the next step boundary.
 * *segment end*: the scheduler commits its segment (:meth:`.scheduler.Unit.commit`), completes
@@ -109,11 +110,11 @@ def run(units, router, workload, front_end, replica_of=None, progress: bool = Fa
 def _arrive(u, r, t, push) -> None:
     u.enqueue(r)
     if u.seg is None:
+        # an idle scheduler wakes at ``t``, after every arrival of the same instant (a segment
+        # event with nothing to commit), so that requests arriving together start together
         u.now = max(u.now, t)
-        end = u.plan()
-        if end is not None:
-            u.version += 1
-            push(end, SEGMENT, (u, u.version))
+        u.version += 1
+        push(u.now, SEGMENT, (u, u.version))
         return
     end = u.truncate(t)
     if end is not None:
