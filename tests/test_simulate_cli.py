@@ -1,0 +1,77 @@
+"""``infercast simulate`` on the synthetic pack: it runs, agrees with itself, and refuses bad
+input with one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import synthpack as sp
+from cli_helpers import assert_one_line_error, run_cli
+
+
+def argv(synth, *extra):
+    return ["simulate", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm",
+            "--systems-path", str(synth.systems_dir), *extra]
+
+
+def test_closed_loop_json(synth, capsys):
+    rc, out, err = run_cli(capsys, argv(synth, "--concurrency", "4", "--isl", "128", "--osl", "8", "--json",
+                                        "--warmup", "0", "--cooldown", "0"))
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["requests"] == 40 and d["measured"] == 40
+    assert d["latency"]["ttft_ms"]["mean"] > 0 and d["latency"]["tpot_ms"]["mean"] > 0
+    assert d["prefix_hit_rate"] == 0.0 and d["prefix_lookup_tokens"] == 0
+
+
+def test_open_loop_writes_out_and_plot(synth, capsys, tmp_path):
+    out_csv, png = tmp_path / "r.csv", tmp_path / "cdf.png"
+    rc, out, err = run_cli(capsys, argv(synth, "--request-rate", "5", "--duration-s", "20", "--isl", "128", "--osl",
+                                        "8", "--random-range-ratio", "0.5", "--replicas", "2", "--router",
+                                        "least-outstanding", "--ttft-ms", "1000", "--out", str(out_csv),
+                                        "--plot", str(png)))
+    assert rc == 0, err
+    assert "TTFT (ms)" in out and "goodput" in out and "warm-up" in out
+    lines = out_csv.read_text().splitlines()
+    assert len(lines) == 101 and lines[0].startswith("idx,replica,sent_ms")
+    assert png.stat().st_size > 0
+
+
+def test_trace_replay_with_prefix_cache(synth, capsys, tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(json.dumps({"timestamp": 200 * i, "input_length": 128, "output_length": 4,
+                                     "hash_ids": [7, 8, 100 + i]}) + "\n" for i in range(6)))
+    common = ("--trace", str(p), "--block-tokens", "32", "--json", "--warmup", "0", "--cooldown", "0")
+    rc, out, err = run_cli(capsys, argv(synth, *common))
+    assert rc == 0, err
+    on = json.loads(out)
+    assert on["prefix_hit_rate"] == pytest.approx(5 * 64 / (6 * 96))
+    rc, out, _ = run_cli(capsys, argv(synth, *common, "--no-prefix-cache"))
+    off = json.loads(out)
+    assert off["prefix_hit_rate"] is None
+    assert on["latency"]["ttft_ms"]["mean"] < off["latency"]["ttft_ms"]["mean"]
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (("--isl", "8", "--osl", "8"), "give exactly one load"),
+    (("--concurrency", "2", "--request-rate", "1", "--isl", "8", "--osl", "8"), "give exactly one load"),
+    (("--concurrency", "0", "--isl", "8", "--osl", "8"), "--concurrency must be >= 1"),
+    (("--concurrency", "2"), "synthetic load needs --isl and --osl"),
+    (("--request-rate", "-1", "--isl", "8", "--osl", "8"), "--request-rate must be a positive number"),
+    (("--request-rate", "1", "--burstiness", "0", "--isl", "8", "--osl", "8"), "--burstiness must be a positive"),
+    (("--concurrency", "2", "--isl", "8", "--osl", "8", "--random-range-ratio", "2"), "--random-range-ratio"),
+    (("--concurrency", "2", "--isl", "8", "--osl", "8", "--warmup", "0.7", "--cooldown", "0.5"), "leave nothing"),
+    (("--concurrency", "2", "--isl", "8", "--osl", "8", "--ttft-ms", "0"), "--ttft-ms must be a positive number"),
+    (("--trace", "/nonexistent/t.jsonl"), "cannot read trace"),
+    (("--trace", "x.jsonl", "--time-scale", "0"), "--time-scale must be a positive number"),
+    (("--concurrency", "2", "--isl", "8", "--osl", "8", "--out", "r.txt"), "unknown file type"),
+])
+def test_bad_input(synth, capsys, extra, needle):
+    assert_one_line_error(*run_cli(capsys, argv(synth, *extra)), needle)
+
+
+def test_router_choice_is_checked(synth, capsys):
+    rc, _, err = run_cli(capsys, argv(synth, "--concurrency", "2", "--isl", "8", "--osl", "8", "--router", "random"))
+    assert rc == 2 and "invalid choice" in err
