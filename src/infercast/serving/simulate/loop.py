@@ -6,7 +6,12 @@ Events, in time order (at equal times: sends, then arrivals at a scheduler, then
   each client's first request, then the moment the client's previous request completes). The
   router (:mod:`.router`) picks a scheduler; the request reaches it after the front end's time
   (``front_end(open streams of that replica, prompt tokens)`` ms: HTTP, tokenisation, the API
-  server's per-stream work, :meth:`~infercast.serving.backends.SchedulerParams.front_end_ms`).
+  server's per-stream work, :meth:`~infercast.serving.backends.SchedulerParams.front_end_ms`), fixed
+  or spread uniformly around it (``front_end_spread``). The spread matters beyond percentiles:
+  closed-loop clients of fixed lengths that complete in the same step send their next requests
+  together, and with a fixed front end they stay phase-locked in waves for the whole benchmark;
+  a front end whose time varies from request to request (as real HTTP handling, tokenisation and
+  event loops do) spreads them over steps and the waves dissolve.
 * *arrival*: the request joins the scheduler's queue. An idle scheduler starts a step at once
   (with every request arriving at the same instant); a
   scheduler in a run of decode steps ends the run with the step in progress, so the request is
@@ -28,10 +33,21 @@ from .scheduler import Request
 SEND, ARRIVE, SEGMENT = 0, 1, 2
 
 
-def run(units, router, workload, front_end, replica_of=None, progress: bool = False) -> list[Request]:
+def run(units, router, workload, front_end, replica_of=None, progress: bool = False, front_end_spread: float = 0.0,
+        seed: int = 0) -> list[Request]:
     """Play ``workload`` (:class:`.load.Workload`) on ``units`` (:class:`.scheduler.Unit`);
     ``replica_of[i]``: the replica whose front end unit ``i`` sits behind (default: its own).
+    ``front_end_spread`` ``s``: each request's front-end time is drawn uniformly from
+    ``[(1 - s) m, (1 + s) m]`` around the modelled ``m`` (0: every request takes ``m``).
     Returns the requests with their times filled in."""
+    if not 0.0 <= front_end_spread <= 1.0:
+        from ...errors import InvalidInputError
+
+        raise InvalidInputError("--front-end-spread is a share of the front-end time, in [0, 1]", f"got {front_end_spread}")
+    import random
+
+    rnd = random.Random(seed)
+    spread = float(front_end_spread)
     n = len(workload)
     replica_of = list(range(len(units))) if replica_of is None else list(replica_of)
     n_rep = max(replica_of) + 1
@@ -95,6 +111,8 @@ def run(units, router, workload, front_end, replica_of=None, progress: bool = Fa
             u.outstanding += 1
             r.unit = i
             delay = front_end(rep_streams[rep], r.isl)
+            if spread > 0 and delay > 0:
+                delay *= 1.0 + spread * (2.0 * rnd.random() - 1.0)
             r.arrival = t + delay
             if delay > 0:
                 push(r.arrival, ARRIVE, r)
