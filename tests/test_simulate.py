@@ -291,3 +291,39 @@ def test_bad_traces(tmp_path, text, needle):
 def test_missing_trace(tmp_path):
     with pytest.raises(DataFileError, match="cannot read trace"):
         read_trace(tmp_path / "nope.jsonl")
+
+
+class _ConstEngine:
+    """A compiled-engine stand-in for :func:`infercast.serving.sim.simulate`: every step ``t`` ms."""
+
+    tokens_per_step = 1.0
+    decode_width = 1.0
+
+    def __init__(self, t):
+        self.t = t
+
+    def mixed_step_ms(self, *args):
+        return self.t
+
+    def step_ms(self, **shape):
+        return np.full(np.shape(shape.get("dec_kv", 1.0)), self.t)
+
+
+@pytest.mark.parametrize("clients,isl,osl,budget", [(8, 3000, 20, 8192), (5, 700, 9, 2048), (16, 100, 50, 8192)])
+def test_closed_loop_agrees_with_the_cohort_simulation(clients, isl, osl, budget):
+    """The closed-loop benchmark played by :func:`infercast.serving.sim.simulate` (cohorts, the
+    first wave of ``serve``) and by this simulator, on the same constant-step engine and
+    scheduler: the same mean TTFT, TPOT and duration."""
+    from dataclasses import replace
+
+    from infercast.serving.backends import SCHEDULERS
+    from infercast.serving.sim import simulate as cohort_sim
+
+    params = replace(SCHEDULERS["trtllm"], max_num_tokens=budget, arrival_delay_ms=7.0, front_end_per_stream_ms=0.0,
+                     adp_balance_timeout_steps=0)
+    ref = cohort_sim(_ConstEngine(10.0), clients, isl, osl, params, 1e9, 1, requests_per_client=3)
+    w = Workload(np.full(3 * clients, isl), np.full(3 * clients, osl), clients=clients)
+    res = run(LinearStepTimer(10.0), w, UnitConfig.from_params(params, 1e9), front_end=lambda s, t: 7.0)
+    assert res.latency["ttft_ms"]["mean"] == pytest.approx(ref.ttft_ms, rel=1e-9)
+    assert res.latency["tpot_ms"]["mean"] == pytest.approx(ref.tpot_ms, rel=1e-9)
+    assert res.steps == ref.steps
