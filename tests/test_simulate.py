@@ -327,3 +327,31 @@ def test_closed_loop_agrees_with_the_cohort_simulation(clients, isl, osl, budget
     assert res.latency["ttft_ms"]["mean"] == pytest.approx(ref.ttft_ms, rel=1e-9)
     assert res.latency["tpot_ms"]["mean"] == pytest.approx(ref.tpot_ms, rel=1e-9)
     assert res.steps == ref.steps
+
+
+def test_disaggregated_one_client_exact():
+    """One client, prefill worker steps of 20 ms, decode steps of 5 ms, a 3 ms KV transfer: TTFT
+    is the prefill step; the output's osl - 1 tokens take the transfer, then one decode step each
+    (the decode worker picks the request up at once: it is idle)."""
+    from infercast.serving.simulate import simulate_disagg
+
+    isl, osl = 200, 11
+    w = Workload(np.full(4, isl), np.full(4, osl), clients=1)
+    res = simulate_disagg(LinearStepTimer(20.0), cfg(), LinearStepTimer(5.0), cfg(), w, prefill_units=2, decode_units=1,
+                          transfer_ms=lambda r: 3.0, warmup=0.0, cooldown=0.0)
+    assert res.latency["ttft_ms"]["p99"] == pytest.approx(20.0)
+    assert res.latency["tpot_ms"]["mean"] == pytest.approx((3.0 + 5.0 * (osl - 1)) / (osl - 1))
+    assert res.latency["e2e_ms"]["mean"] == pytest.approx(20.0 + 3.0 + 5.0 * (osl - 1))
+
+
+def test_disaggregated_prefill_pool_queues_and_decode_batches():
+    """Four requests at once on one prefill worker that takes one prompt per step (a budget of
+    one prompt, no chunking): TTFTs are 1, 2, 3, 4 prefill steps; each then decodes its five
+    tokens in five 2 ms steps (the previous one finishes as the next arrives)."""
+    from infercast.serving.simulate import simulate_disagg
+
+    w = Workload(np.full(4, 100), np.full(4, 6), sent_ms=np.zeros(4))
+    res = simulate_disagg(LinearStepTimer(10.0), cfg(max_num_tokens=100, chunked=False), LinearStepTimer(2.0), cfg(), w,
+                          prefill_units=1, decode_units=1, transfer_ms=lambda r: 0.0, warmup=0.0, cooldown=0.0)
+    assert sorted(res.per_request["ttft_ms"].tolist()) == pytest.approx([10.0, 20.0, 30.0, 40.0])
+    assert res.per_request["finish_ms"].tolist() == pytest.approx([20.0, 30.0, 40.0, 50.0])

@@ -75,3 +75,14 @@ def test_bad_input(synth, capsys, extra, needle):
 def test_router_choice_is_checked(synth, capsys):
     rc, _, err = run_cli(capsys, argv(synth, "--concurrency", "2", "--isl", "8", "--osl", "8", "--router", "random"))
     assert rc == 2 and "invalid choice" in err
+
+
+def test_disaggregated(synth, capsys):
+    rc, out, err = run_cli(capsys, argv(synth, "--concurrency", "4", "--isl", "128", "--osl", "8", "--prefill-workers",
+                                        "2", "--decode-workers", "1", "--decode-tp", "2", "--json"))
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["disaggregated"] and d["gpus"] == 4
+    assert d["latency"]["tpot_ms"]["mean"] > 0
+    assert_one_line_error(*run_cli(capsys, argv(synth, "--concurrency", "4", "--isl", "128", "--osl", "8",
+                                                "--prefill-workers", "2")), "needs --prefill-workers and --decode-workers")

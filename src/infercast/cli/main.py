@@ -365,13 +365,34 @@ def cmd_simulate(a) -> int:
             n = 10 * a.concurrency
         w = synthetic(n, isl=a.isl, osl=a.osl, range_ratio=ratio, lengths_from=lengths, rate=a.request_rate,
                       burstiness=a.burstiness, clients=a.concurrency or 0, seed=a.seed)
-    est = _estimator(a)
-    params = replace(scheduler_params(a.backend, est.data.system, est.spec), **_scheduler_overrides(a))
-    per_unit = (a.concurrency or 1) / (a.replicas * est.plan.parallel.attention_dp)
-    res, _ = simulate_estimator(est, params, w, replicas=a.replicas, router=a.router, prefix_cache=not a.no_prefix_cache,
-                                warmup=a.warmup, cooldown=a.cooldown, ttft_ms=a.ttft_ms, tpot_ms=a.tpot_ms,
-                                progress=sys.stderr.isatty() and len(w) >= 20000, quantum=a.step_quantum,
-                                expected_running=max(1.0, per_unit))
+    overrides = _scheduler_overrides(a)
+    progress = sys.stderr.isatty() and len(w) >= 20000
+    if a.prefill_workers is not None or a.decode_workers is not None:
+        from ..serving.simulate import simulate_estimator_disagg
+
+        if not (a.prefill_workers and a.decode_workers and a.prefill_workers >= 1 and a.decode_workers >= 1):
+            raise InvalidInputError("a disaggregated simulation needs --prefill-workers and --decode-workers, both >= 1",
+                                    f"got {a.prefill_workers} and {a.decode_workers}")
+        pe, de = _estimator(a, "prefill"), _estimator(a, "decode")
+        pp = replace(scheduler_params(a.backend, pe.data.system, pe.spec), **overrides)
+        pd = replace(scheduler_params(a.backend, de.data.system, de.spec), **overrides)
+        per_unit = (a.concurrency or 1) / (a.decode_workers * de.plan.parallel.attention_dp)
+        res = simulate_estimator_disagg(pe, de, pp, pd, w, prefill_workers=a.prefill_workers,
+                                        decode_workers=a.decode_workers, router=a.router,
+                                        prefix_cache=not a.no_prefix_cache, warmup=a.warmup, cooldown=a.cooldown,
+                                        ttft_ms=a.ttft_ms, tpot_ms=a.tpot_ms, progress=progress, quantum=a.step_quantum,
+                                        expected_running=max(1.0, per_unit))
+        est, gpus = pe, a.prefill_workers * pe.gpus + a.decode_workers * de.gpus
+        where = f"{a.prefill_workers} prefill x {pe.gpus} + {a.decode_workers} decode x {de.gpus}"
+    else:
+        est = _estimator(a)
+        params = replace(scheduler_params(a.backend, est.data.system, est.spec), **overrides)
+        per_unit = (a.concurrency or 1) / (a.replicas * est.plan.parallel.attention_dp)
+        res, _ = simulate_estimator(est, params, w, replicas=a.replicas, router=a.router,
+                                    prefix_cache=not a.no_prefix_cache, warmup=a.warmup, cooldown=a.cooldown,
+                                    ttft_ms=a.ttft_ms, tpot_ms=a.tpot_ms, progress=progress, quantum=a.step_quantum,
+                                    expected_running=max(1.0, per_unit))
+        gpus, where = a.replicas * est.gpus, f"{a.replicas} x {est.gpus}"
     res.notes.insert(0, w.description)
     if a.out:
         write_out(res, a.out)
@@ -381,12 +402,13 @@ def cmd_simulate(a) -> int:
         plot_cdf(res, a.plot)
     if a.json:
         out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend,
-               "backend_version": est.version, "replicas": a.replicas, "gpus": a.replicas * est.gpus, "router": a.router}
+               "backend_version": est.version, "replicas": a.replicas, "gpus": gpus, "router": a.router,
+               "disaggregated": a.prefill_workers is not None}
         print(json.dumps(out, indent=1, default=float))
         return 0
     from ..serving.simulate.report import print_result
 
-    print_result(res, f"{a.model} on {a.replicas} x {est.gpus} {a.system} GPUs ({a.backend} {est.version}), "
+    print_result(res, f"{a.model} on {where} {a.system} GPUs ({a.backend} {est.version}), "
                       f"{a.router} routing")
     return 0
 
@@ -494,6 +516,11 @@ def build_parser() -> argparse.ArgumentParser:
                                          "clients or a trace; prefix caching, routing, goodput")
     _add_model_args(sm)
     sm.add_argument("--replicas", type=int, default=1, help="replicas of the layout (default 1)")
+    sm.add_argument("--prefill-workers", type=int, default=None,
+                    help="disaggregated: prefill workers of the --prefill-* layout (with --decode-workers)")
+    sm.add_argument("--decode-workers", type=int, default=None, help="disaggregated: decode workers of the --decode-* layout")
+    _add_parallel_args(sm, "prefill", " (disaggregated prefill worker)")
+    _add_parallel_args(sm, "decode", " (disaggregated decode worker)")
     sm.add_argument("--request-rate", type=float, default=None, metavar="R", help="open loop: requests per second")
     sm.add_argument("--burstiness", type=float, default=1.0,
                     help="shape of the gamma inter-arrival times (1: Poisson; < 1 burstier)")

@@ -4,12 +4,12 @@ timer (docs/simulate.md). Modules: :mod:`.load` (workloads, traces), :mod:`.pref
 :mod:`.router`, :mod:`.scheduler` (one scheduler's batching), :mod:`.loop` (the event loop),
 :mod:`.stats` (results), :mod:`.timer` (step timers), :mod:`.deploy` (wiring)."""
 
-from .deploy import simulate, simulate_estimator
+from .deploy import simulate, simulate_disagg, simulate_estimator, simulate_estimator_disagg
 from .load import Workload, arrival_times, read_trace, sample_lengths, uniform_lengths
 from .scheduler import UnitConfig
 from .stats import SimResult, write_out
 from .timer import EngineStepTimer, LinearStepTimer, StepTimer
 
-__all__ = ["simulate", "simulate_estimator", "Workload", "arrival_times", "read_trace", "sample_lengths",
+__all__ = ["simulate", "simulate_estimator", "simulate_disagg", "simulate_estimator_disagg", "Workload", "arrival_times", "read_trace", "sample_lengths",
            "uniform_lengths", "UnitConfig", "SimResult", "write_out", "EngineStepTimer", "LinearStepTimer",
            "StepTimer"]

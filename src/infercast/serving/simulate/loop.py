@@ -1,6 +1,7 @@
 """The discrete-event loop: sends, routing, front-end delay, scheduler segments.
 
-Events, in time order (at equal times: sends, then arrivals at a scheduler, then segment ends):
+Events, in time order (at equal times: sends, arrivals at a scheduler, KV hand-offs, then segment
+ends):
 
 * *send*: a request leaves its client (open loop: at its send time; closed loop: at time 0 for
   each client's first request, then the moment the client's previous request completes). The
@@ -16,6 +17,8 @@ Events, in time order (at equal times: sends, then arrivals at a scheduler, then
   (with every request arriving at the same instant); a
   scheduler in a run of decode steps ends the run with the step in progress, so the request is
   considered at the next step boundary.
+* *hand-off* (disaggregated): a request prefilled by a prefill worker reaches a decode worker
+  with its KV cache, after the transfer time, and waits there for admission to the decodes.
 * *segment end*: the scheduler commits its segment (:meth:`.scheduler.Unit.commit`), completes
   requests, and plans the next one.
 
@@ -30,15 +33,19 @@ import time
 
 from .scheduler import Request
 
-SEND, ARRIVE, SEGMENT = 0, 1, 2
+SEND, ARRIVE, HANDOFF, SEGMENT = 0, 1, 2, 3
 
 
 def run(units, router, workload, front_end, replica_of=None, progress: bool = False, front_end_spread: float = 0.0,
-        seed: int = 0) -> list[Request]:
+        seed: int = 0, decode_units=None, decode_router=None, transfer_ms=None) -> list[Request]:
     """Play ``workload`` (:class:`.load.Workload`) on ``units`` (:class:`.scheduler.Unit`);
     ``replica_of[i]``: the replica whose front end unit ``i`` sits behind (default: its own).
     ``front_end_spread`` ``s``: each request's front-end time is drawn uniformly from
     ``[(1 - s) m, (1 + s) m]`` around the modelled ``m`` (0: every request takes ``m``).
+    Disaggregated (``decode_units`` given): ``units`` are the prefill workers' schedulers
+    (``prefill_only``); a request leaves its prefill worker with its first token and reaches the
+    decode worker that ``decode_router`` picks ``transfer_ms(request)`` ms later (its KV cache's
+    move), to decode there.
     Returns the requests with their times filled in."""
     if not 0.0 <= front_end_spread <= 1.0:
         from ...errors import InvalidInputError
@@ -50,6 +57,7 @@ def run(units, router, workload, front_end, replica_of=None, progress: bool = Fa
     spread = float(front_end_spread)
     n = len(workload)
     replica_of = list(range(len(units))) if replica_of is None else list(replica_of)
+    decode_units = decode_units or []
     n_rep = max(replica_of) + 1
     rep_streams = [0] * n_rep
     hashes = workload.hashes
@@ -91,7 +99,13 @@ def run(units, router, workload, front_end, replica_of=None, progress: bool = Fa
                 continue
             for r in u.commit():
                 u.outstanding -= 1
-                rep_streams[replica_of[u.index]] -= 1
+                if u.prefill_only:  # disaggregated: the KV cache moves to a decode worker
+                    r.prefill_unit = u.index
+                    r.handoff = r.finish + transfer_ms(r)
+                    r.finish = -1.0
+                    push(r.handoff, HANDOFF, r)
+                    continue
+                rep_streams[r.rep] -= 1
                 finished += 1
                 if r.client >= 0 and issued < n:
                     push(r.finish, SEND, new_request(issued, r.finish, r.client))
@@ -106,27 +120,35 @@ def run(units, router, workload, front_end, replica_of=None, progress: bool = Fa
             r = obj
             i = router.route(r.hashes)
             u = units[i]
-            rep = replica_of[i]
+            rep = r.rep = replica_of[i]
             rep_streams[rep] += 1
             u.outstanding += 1
-            r.unit = i
             delay = front_end(rep_streams[rep], r.isl)
             if spread > 0 and delay > 0:
                 delay *= 1.0 + spread * (2.0 * rnd.random() - 1.0)
             r.arrival = t + delay
             if delay > 0:
-                push(r.arrival, ARRIVE, r)
+                push(r.arrival, ARRIVE, (u, r))
             else:
-                _arrive(u, r, t, push)
-        else:
-            _arrive(units[obj.unit], obj, t, push)
+                u.enqueue(r)
+                _wake(u, t, push)
+        elif kind == ARRIVE:
+            u, r = obj
+            u.enqueue(r)
+            _wake(u, t, push)
+        else:  # HANDOFF: the request's KV cache reaches a decode worker
+            r = obj
+            u = decode_units[decode_router.route(())]
+            u.outstanding += 1
+            u.enqueue_decode(r)
+            _wake(u, t, push)
     if bar is not None:
         bar.close(finished)
     return reqs
 
 
-def _arrive(u, r, t, push) -> None:
-    u.enqueue(r)
+def _wake(u, t, push) -> None:
+    """A request joined ``u``'s queue at ``t``."""
     if u.seg is None:
         # an idle scheduler wakes at ``t``, after every arrival of the same instant (a segment
         # event with nothing to commit), so that requests arriving together start together

@@ -26,6 +26,10 @@ KV read, to well under 0.1% over a run), so a run of any length costs two timer 
 closed-form sums. An arrival cuts the run at the end of the step in progress. Decoding requests share one counter of generated tokens (``done``),
 so a step costs the same however many requests decode.
 
+Disaggregated serving: a prefill worker's scheduler (``prefill_only``) lets a request go when its
+prompt is done (its first token); the request then arrives at a decode worker's scheduler with its
+KV cache (:meth:`Unit.enqueue_decode`), is admitted when KV room and a slot allow, and decodes.
+
 Not modelled here (said by :func:`not_modelled`): the attention-DP balance hold, context batching
 delays and a queue polled every few steps (``adp_balance_timeout_steps``, ``batch_wait_iters``,
 ``recv_interval`` of :class:`~infercast.serving.backends.SchedulerParams`).
@@ -78,7 +82,8 @@ class Request:
     it had, then generates the rest)."""
 
     __slots__ = ("idx", "sent", "arrival", "isl", "osl", "hashes", "prompt", "target", "done_prefill", "cached",
-                 "start", "first", "finish", "entry", "priv", "unit", "preemptions", "inc", "nblocks", "client")
+                 "start", "first", "finish", "entry", "priv", "unit", "preemptions", "inc", "nblocks", "client",
+                 "remote", "prefill_unit", "handoff", "rep")
 
     def __init__(self, idx: int, sent: float, isl: int, osl: int, hashes=(), client: int = -1):
         self.idx = idx
@@ -101,13 +106,19 @@ class Request:
         self.inc = 0
         self.nblocks = 0
         self.client = client
+        self.remote = False  # its prompt was prefilled elsewhere (disaggregated): it arrives to decode
+        self.prefill_unit = -1
+        self.handoff = -1.0  # when its KV reached the decode worker
+        self.rep = -1  # the replica whose front end it went through
 
 
 class Unit:
     """One scheduler. ``now``: the next step boundary (the end of the last committed step)."""
 
-    def __init__(self, index: int, cfg: UnitConfig, timer, block_tokens: int, prefix_cache: bool = True):
+    def __init__(self, index: int, cfg: UnitConfig, timer, block_tokens: int, prefix_cache: bool = True,
+                 prefill_only: bool = False):
         self.index = index
+        self.prefill_only = prefill_only  # a disaggregated prefill worker: requests leave at their first token
         self.cfg = cfg
         self.timer = timer
         self.tau = float(timer.tokens_per_step)
@@ -202,14 +213,27 @@ class Unit:
                 break
             groups.append((r, chunk))
             room -= chunk
-        if not self.waiting or room <= 0:
+        if not self.waiting:
             return groups
         growth = self.n_dec * self.tau if (cfg.mixed and not cfg.kv_reserve_full) else 0.0
         waiting = self.waiting
         cache = self.cache
         bt = self.bt
-        while waiting and room > 0 and self.running() < cfg.max_batch_size:
+        while waiting and self.running() < cfg.max_batch_size:
             r = waiting[0]
+            if r.remote:  # prefilled elsewhere: joins the decodes with its KV, no prefill work here
+                need = r.prompt + (r.target if cfg.kv_reserve_full else 1)
+                if need > cap - self.kv_used() - growth:
+                    break
+                waiting.popleft()
+                self.cache.evict_to(cap - self.kv_used() - need)
+                r.priv = need if cfg.kv_reserve_full else r.prompt
+                self.priv += r.priv
+                r.start = self.now
+                self._start_decode(r)
+                continue
+            if room <= 0:
+                break
             rem_full = r.prompt
             if not cfg.chunked and rem_full > room:
                 break
@@ -329,18 +353,23 @@ class Unit:
                     self.prefilling.remove(r)
                     if r.first < 0:
                         r.first = end
-                    if r.target <= 1:
+                    if r.target <= 1 or self.prefill_only:
                         self._complete(r, end, out)
                     else:
-                        r.entry = self.done
-                        self.decoding[r] = None
-                        self.n_dec += 1
-                        self.kv_a += r.prompt + 1.0 - r.entry
-                        self.entry_sum += r.entry
-                        self._seq += 1
-                        heapq.heappush(self.heap, (r.entry + r.target - 1.0, self._seq, r, r.inc))
+                        self._start_decode(r)
         self.series.append((self.now, self.kv_used(), len(self.waiting), self.running()))
         return out
+
+    def _start_decode(self, r: Request) -> None:
+        """``r`` has its first token: it decodes from the next step (``entry``: the shared token
+        count now, so it has generated ``1 + done - entry`` tokens)."""
+        r.entry = self.done
+        self.decoding[r] = None
+        self.n_dec += 1
+        self.kv_a += r.prompt + 1.0 - r.entry
+        self.entry_sum += r.entry
+        self._seq += 1
+        heapq.heappush(self.heap, (r.entry + r.target - 1.0, self._seq, r, r.inc))
 
     def _finish_decodes(self, t: float, out: list) -> None:
         h = self.heap
@@ -364,10 +393,24 @@ class Unit:
             raise InvalidConfigError(
                 f"a prompt of {r.isl} tokens does not fit the step budget of {self.cfg.max_num_tokens} tokens, and the "
                 "scheduler runs without chunked prefill", "raise --max-num-tokens or use a backend with chunked prefill")
-        need = r.isl + r.osl if self.cfg.kv_reserve_full else r.isl + 1
+        if self.prefill_only:
+            r.target = 1  # leaves with its first token; the decode worker holds the output's KV
+        need = r.isl + r.target if self.cfg.kv_reserve_full else r.isl + 1
         if need > self.cfg.kv_capacity_tokens:
             raise InvalidConfigError(
                 f"request {r.idx} needs {need} KV tokens, more than a replica's cache holds "
                 f"({int(self.cfg.kv_capacity_tokens)})", "use more GPUs per replica, or shorter requests")
+        r.unit = self.index
+        self.waiting.append(r)
+
+    def enqueue_decode(self, r: Request) -> None:
+        """A request prefilled by another worker arrives with its KV cache to decode here."""
+        need = r.isl + r.osl if self.cfg.kv_reserve_full else r.isl + 1
+        if need > self.cfg.kv_capacity_tokens:
+            raise InvalidConfigError(
+                f"request {r.idx} needs {need} KV tokens, more than a decode worker's cache holds "
+                f"({int(self.cfg.kv_capacity_tokens)})", "use more GPUs per decode worker, or shorter requests")
+        r.remote = True
+        r.prompt, r.target = r.isl, r.osl
         r.unit = self.index
         self.waiting.append(r)

@@ -67,7 +67,8 @@ def _summary(x: np.ndarray) -> dict:
 
 
 def summarise(reqs, units, *, warmup: float = 0.1, cooldown: float = 0.1, ttft_ms: float | None = None,
-              tpot_ms: float | None = None, notes=(), series_points: int = 200) -> SimResult:
+              tpot_ms: float | None = None, notes=(), series_points: int = 200, kv_units=None) -> SimResult:
+    """``kv_units``: the schedulers whose KV use and queues the series show (default all)."""
     for name, v in (("--warmup", warmup), ("--cooldown", cooldown)):
         if not 0.0 <= v < 1.0:
             raise InvalidInputError(f"{name} is a share of the run to leave out, in [0, 1)", f"got {v}")
@@ -101,7 +102,7 @@ def summarise(reqs, units, *, warmup: float = 0.1, cooldown: float = 0.1, ttft_m
     hits = sum(u.cache.hit_tokens for u in units)
     enabled = any(u.cache.enabled for u in units)
     hit_rate = (hits / lookups if lookups else 0.0) if enabled else None
-    kv, qlen, series = _series(units, w0, w1, end, series_points)
+    kv, qlen, series = _series(kv_units or units, w0, w1, end, series_points)
     notes = list(notes)
     notes.append(f"statistics leave out warm-up (first {warmup:.0%} of the run) and cool-down (last {cooldown:.0%}): "
                  f"latencies of the {int(meas.sum())} requests sent in [{w0 / 1e3:.1f}, {w1 / 1e3:.1f}] s, throughput "
