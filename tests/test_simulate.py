@@ -355,3 +355,17 @@ def test_disaggregated_prefill_pool_queues_and_decode_batches():
                           prefill_units=1, decode_units=1, transfer_ms=lambda r: 0.0, warmup=0.0, cooldown=0.0)
     assert sorted(res.per_request["ttft_ms"].tolist()) == pytest.approx([10.0, 20.0, 30.0, 40.0])
     assert res.per_request["finish_ms"].tolist() == pytest.approx([20.0, 30.0, 40.0, 50.0])
+
+
+def test_rate_schedule():
+    from infercast.serving.simulate.load import parse_rate_schedule, scheduled_arrival_times
+
+    sched = parse_rate_schedule("0:5,100:0,200:20")
+    t = scheduled_arrival_times(sched, 300.0, 1.0, np.random.default_rng(2)) / 1e3
+    assert np.all(np.diff(t) >= 0) and t[-1] < 300.0
+    assert ((t >= 100) & (t < 200)).sum() == 0
+    assert (t < 100).sum() == pytest.approx(500, rel=0.12)
+    assert (t >= 200).sum() == pytest.approx(2000, rel=0.06)
+    for bad in ("5", "10:5", "0:5,0:6", "0:-1", "0:0"):
+        with pytest.raises(InvalidInputError, match="--rate-schedule"):
+            parse_rate_schedule(bad)

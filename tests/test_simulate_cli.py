@@ -86,3 +86,12 @@ def test_disaggregated(synth, capsys):
     assert d["latency"]["tpot_ms"]["mean"] > 0
     assert_one_line_error(*run_cli(capsys, argv(synth, "--concurrency", "4", "--isl", "128", "--osl", "8",
                                                 "--prefill-workers", "2")), "needs --prefill-workers and --decode-workers")
+
+
+def test_rate_schedule_load(synth, capsys):
+    rc, out, err = run_cli(capsys, argv(synth, "--rate-schedule", "0:2,10:6", "--duration-s", "20", "--isl", "64",
+                                        "--osl", "4", "--json", "--warmup", "0", "--cooldown", "0"))
+    assert rc == 0, err
+    assert 50 <= json.loads(out)["requests"] <= 110
+    assert_one_line_error(*run_cli(capsys, argv(synth, "--rate-schedule", "1:2", "--isl", "8", "--osl", "8")),
+                          "times must start at 0")

@@ -331,9 +331,10 @@ def cmd_simulate(a) -> int:
     from ..serving.simulate import read_trace, simulate_estimator, write_out
     from ..serving.simulate.load import synthetic
 
-    loads = [x for x in ("request_rate", "concurrency", "trace") if getattr(a, x) is not None]
+    loads = [x for x in ("request_rate", "rate_schedule", "concurrency", "trace") if getattr(a, x) is not None]
     if len(loads) != 1:
-        raise InvalidInputError("give exactly one load: --request-rate R, --concurrency C or --trace FILE",
+        raise InvalidInputError("give exactly one load: --request-rate R, --rate-schedule T:R,..., --concurrency C or "
+                                "--trace FILE",
                                 f"got {', '.join('--' + x.replace('_', '-') for x in loads) or 'none'}")
     for name in ("replicas", "num_requests", "concurrency", "isl", "osl", "step_quantum"):
         v = getattr(a, name)
@@ -354,7 +355,20 @@ def cmd_simulate(a) -> int:
     else:
         lengths = read_trace(a.lengths_from) if a.lengths_from else None
         ratio = 1.0 if a.random_range_ratio is None else a.random_range_ratio
-        if a.num_requests is not None:
+        sent, load = None, ""
+        if a.rate_schedule is not None:
+            from ..serving.simulate.load import parse_rate_schedule, scheduled_arrival_times
+
+            import numpy as np
+
+            sched = parse_rate_schedule(a.rate_schedule)
+            sent = scheduled_arrival_times(sched, a.duration_s or 600.0, a.burstiness, np.random.default_rng(a.seed + 1))
+            if a.num_requests is not None:
+                sent = sent[:a.num_requests]
+            load = f"arrivals at the rate schedule {a.rate_schedule} (req/s from each second) over {a.duration_s or 600:g} s"
+        if sent is not None:
+            n = len(sent)
+        elif a.num_requests is not None:
             n = a.num_requests
         elif a.request_rate is not None:
             if not (a.request_rate > 0 and math.isfinite(a.request_rate)):
@@ -364,7 +378,7 @@ def cmd_simulate(a) -> int:
         else:
             n = 10 * a.concurrency
         w = synthetic(n, isl=a.isl, osl=a.osl, range_ratio=ratio, lengths_from=lengths, rate=a.request_rate,
-                      burstiness=a.burstiness, clients=a.concurrency or 0, seed=a.seed)
+                      burstiness=a.burstiness, clients=a.concurrency or 0, seed=a.seed, sent_ms=sent, load=load)
     overrides = _scheduler_overrides(a)
     progress = sys.stderr.isatty() and len(w) >= 20000
     if a.prefill_workers is not None or a.decode_workers is not None:
@@ -522,6 +536,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_parallel_args(sm, "prefill", " (disaggregated prefill worker)")
     _add_parallel_args(sm, "decode", " (disaggregated decode worker)")
     sm.add_argument("--request-rate", type=float, default=None, metavar="R", help="open loop: requests per second")
+    sm.add_argument("--rate-schedule", default=None, metavar="T:R,...",
+                    help="open loop at a rate that changes over time: from each T seconds, R requests/s "
+                         "(e.g. 0:5,600:10,1200:5); with --duration-s")
     sm.add_argument("--burstiness", type=float, default=1.0,
                     help="shape of the gamma inter-arrival times (1: Poisson; < 1 burstier)")
     sm.add_argument("--concurrency", type=int, default=None, metavar="C", help="closed loop: C clients in all")

@@ -93,6 +93,48 @@ def arrival_times(n: int, rate: float, burstiness: float = 1.0, rng=None, start_
     return start_ms + np.cumsum(gaps)
 
 
+def parse_rate_schedule(text: str) -> list[tuple[float, float]]:
+    """``"0:5,600:10,1200:5"`` -> ``[(0, 5), (600, 10), (1200, 5)]``: from each time (s), that rate
+    (requests/s) until the next; times strictly increasing from 0, rates >= 0, one of them > 0."""
+    out = []
+    try:
+        for part in str(text).split(","):
+            t, r = part.split(":")
+            out.append((float(t), float(r)))
+    except ValueError:
+        raise InvalidInputError(f"--rate-schedule {text!r} is not a list of TIME_S:RATE pairs",
+                                "e.g. 0:5,600:10,1200:5 (5 req/s, 10 from 600 s, 5 from 1200 s)") from None
+    ts = [t for t, _ in out]
+    if ts[0] != 0 or any(b <= a for a, b in zip(ts, ts[1:])) or not all(np.isfinite(ts)):
+        raise InvalidInputError(f"--rate-schedule {text!r}: times must start at 0 and increase")
+    if any(not (np.isfinite(r) and r >= 0) for _, r in out) or not any(r > 0 for _, r in out):
+        raise InvalidInputError(f"--rate-schedule {text!r}: rates must be >= 0, one of them above 0")
+    return out
+
+
+def scheduled_arrival_times(schedule, duration_s: float, burstiness: float = 1.0, rng=None) -> np.ndarray:
+    """Send times (ms) over ``duration_s`` seconds of a piecewise-constant rate ``schedule``
+    (:func:`parse_rate_schedule`): a unit-rate renewal process of gamma gaps (shape
+    ``burstiness``) mapped through the inverse of the cumulative rate (time rescaling), so each
+    piece has its rate and the process its burstiness."""
+    if not (burstiness > 0 and np.isfinite(burstiness)):
+        raise InvalidInputError("--burstiness must be a positive number (1: Poisson)", f"got {burstiness}")
+    rng = np.random.default_rng(0) if rng is None else rng
+    knots = np.array([t for t, _ in schedule if t < duration_s] + [duration_s], dtype=float)
+    rates = np.array([r for t, r in schedule if t < duration_s], dtype=float)
+    cum = np.concatenate([[0.0], np.cumsum(rates * np.diff(knots))])  # expected requests by each knot
+    total = cum[-1]
+    n_guess = int(total + 10 * np.sqrt(total / burstiness) + 20)
+    pts = np.cumsum(rng.gamma(burstiness, 1.0 / burstiness, size=n_guess))
+    while pts[-1] < total:
+        pts = np.concatenate([pts, pts[-1] + np.cumsum(rng.gamma(burstiness, 1.0 / burstiness, size=n_guess))])
+    pts = pts[pts < total]
+    # invert the piecewise-linear cumulative rate: the piece each point falls in (the last piece
+    # starting at or below it, so a piece of rate 0 is skipped), then the time within that piece
+    idx = np.minimum(np.searchsorted(cum, pts, side="right") - 1, len(rates) - 1)
+    return (knots[idx] + (pts - cum[idx]) / rates[idx]) * 1e3
+
+
 def uniform_lengths(length: int, ratio: float, n: int, rng=None) -> np.ndarray:
     """``n`` integer lengths uniform on ``[floor(ratio x length), length]`` (ratio 1: all equal)."""
     if not 0.0 < ratio <= 1.0:
@@ -240,10 +282,12 @@ def read_trace(path, time_scale: float = 1.0, block_tokens: int | None = None) -
 
 def synthetic(n: int, *, isl: int | None = None, osl: int | None = None, range_ratio: float = 1.0,
               lengths_from: Workload | None = None, rate: float | None = None, burstiness: float = 1.0,
-              clients: int = 0, seed: int = 0) -> Workload:
+              clients: int = 0, seed: int = 0, sent_ms: np.ndarray | None = None, load: str = "") -> Workload:
     """``n`` requests of lengths fixed (``isl``, ``osl``), uniform on ``[range_ratio x L, L]``, or
     drawn from ``lengths_from``; sent at ``rate`` requests/s (gamma gaps of shape ``burstiness``)
-    or by ``clients`` closed-loop clients."""
+    or by ``clients`` closed-loop clients (or at the given ``sent_ms``, described by ``load``)."""
+    if sent_ms is not None:
+        n = len(sent_ms)
     if n < 1:
         raise InvalidInputError("the load has no requests", f"--num-requests / --duration-s give {n}")
     rng = np.random.default_rng(seed)
@@ -255,6 +299,8 @@ def synthetic(n: int, *, isl: int | None = None, osl: int | None = None, range_r
             raise InvalidInputError("synthetic load needs --isl and --osl (or --lengths-from TRACE)")
         i, o = uniform_lengths(isl, range_ratio, n, rng), uniform_lengths(osl, range_ratio, n, rng)
         how = f"isl {isl}, osl {osl}" + (f", uniform on [{range_ratio:g} L, L]" if range_ratio < 1 else "")
+    if sent_ms is not None:
+        return Workload(i, o, sent_ms=np.asarray(sent_ms, float), description=f"{n} requests, {load}, {how}")
     if rate is not None:
         sent = arrival_times(n, rate, burstiness, rng)
         kind = "Poisson" if burstiness == 1 else f"gamma (burstiness {burstiness:g})"
