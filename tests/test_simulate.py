@@ -369,3 +369,25 @@ def test_rate_schedule():
     for bad in ("5", "10:5", "0:5,0:6", "0:-1", "0:0"):
         with pytest.raises(InvalidInputError, match="--rate-schedule"):
             parse_rate_schedule(bad)
+
+
+def test_recv_interval_polls_every_few_decode_steps():
+    """A queue polled every 4 decode steps: a request arriving during the 2nd step of another's
+    decode waits for the poll after the 4th step (not the end of the 2nd), then prefills."""
+    w = Workload([100, 100], [30, 2], sent_ms=np.array([0.0, 25.0]))
+    res = run(LinearStepTimer(10.0), w, cfg(recv_interval=4))
+    # prefill 0-10, decode steps end at 20, 30, 40, 50 (the 4th since the poll after the prefill)
+    assert res.per_request["start_ms"][1] == pytest.approx(50.0)
+    assert res.per_request["ttft_ms"][1] == pytest.approx(60.0 - 25.0)
+    res1 = run(LinearStepTimer(10.0), w, cfg())
+    assert res1.per_request["start_ms"][1] == pytest.approx(30.0)
+
+
+def test_recv_interval_poll_phase_survives_long_runs():
+    """Polls every 4 steps also pass while the inbox is empty: after a 6-step run (steps since
+    the last poll: 2), an arrival waits for the poll 2 steps later."""
+    w = Workload([100, 100, 100], [7, 30, 2], sent_ms=np.array([0.0, 0.0, 85.0]))
+    res = run(LinearStepTimer(10.0), w, cfg(recv_interval=4))
+    # both prefill 0-10; the first finishes after 6 decode steps (70); polls at 50, 90; the third
+    # arrives at 85, in the step 80-90, and is polled at 90
+    assert res.per_request["start_ms"][2] == pytest.approx(90.0)

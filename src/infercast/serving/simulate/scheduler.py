@@ -30,9 +30,13 @@ Disaggregated serving: a prefill worker's scheduler (``prefill_only``) lets a re
 prompt is done (its first token); the request then arrives at a decode worker's scheduler with its
 KV cache (:meth:`Unit.enqueue_decode`), is admitted when KV room and a slot allow, and decodes.
 
-Not modelled here (said by :func:`not_modelled`): the attention-DP balance hold, context batching
-delays and a queue polled every few steps (``adp_balance_timeout_steps``, ``batch_wait_iters``,
-``recv_interval`` of :class:`~infercast.serving.backends.SchedulerParams`).
+A scheduler that polls its queue only every ``recv_interval`` decode steps (SGLang's
+``--scheduler-recv-interval``) keeps new arrivals in an inbox until the next poll (or the step after
+a prefill step, or at once when it is idle).
+
+Not modelled here (said by :func:`not_modelled`): the attention-DP balance hold and context
+batching delays (``adp_balance_timeout_steps``, ``batch_wait_iters`` of
+:class:`~infercast.serving.backends.SchedulerParams`).
 """
 
 from __future__ import annotations
@@ -56,12 +60,14 @@ class UnitConfig:
     kv_capacity_tokens: float
     kv_reserve_full: bool
     min_prefill_chunk: int = 256
+    recv_interval: int = 1  # the queue is polled every this many decode steps, and after a prefill step
 
     @classmethod
     def from_params(cls, params, kv_capacity_tokens: float) -> UnitConfig:
         """The scheduler settings of a :class:`~infercast.serving.backends.SchedulerParams`."""
         return cls(int(params.max_num_tokens), int(params.max_batch_size), bool(params.chunked), bool(params.mixed),
-                   float(kv_capacity_tokens), bool(params.kv_reserve_full), int(params.min_prefill_chunk))
+                   float(kv_capacity_tokens), bool(params.kv_reserve_full), int(params.min_prefill_chunk),
+                   max(1, int(getattr(params, "recv_interval", 1))))
 
 
 def not_modelled(params) -> list[str]:
@@ -71,8 +77,6 @@ def not_modelled(params) -> list[str]:
         out.append(f"attention-DP balance hold ({params.adp_balance_timeout_steps} steps)")
     if getattr(params, "batch_wait_iters", 0) > 0:
         out.append(f"context batching delay ({params.batch_wait_iters} iterations)")
-    if getattr(params, "recv_interval", 1) > 1:
-        out.append(f"queue polled every {params.recv_interval} steps")
     return out
 
 
@@ -127,6 +131,9 @@ class Unit:
         self.bt = int(block_tokens)
         self.now = 0.0
         self.waiting: deque[Request] = deque()
+        self.inbox: list[Request] = []  # arrived, not yet polled (recv_interval > 1)
+        self.since_poll = 0  # decode steps since the queue was last polled
+        self.poll_now = True  # the next step boundary polls (after a prefill step, or idle)
         self.prefilling: list[Request] = []
         self.decoding: dict[Request, None] = {}  # in admission order (preemption takes the last)
         self.heap: list = []  # (finish key, seq, request, incarnation)
@@ -162,6 +169,15 @@ class Unit:
         """Choose the next segment at ``now``; its end time, or None when idle."""
         cfg = self.cfg
         cap = cfg.kv_capacity_tokens
+        interval = cfg.recv_interval
+        if self.poll_now or not self.running() or (self.since_poll > 0 and self.since_poll % interval == 0):
+            # a poll (every ``interval`` decode steps, after a prefill step, or when idle)
+            self.waiting.extend(self.inbox)
+            self.inbox.clear()
+            self.since_poll = 0
+        else:  # polls passed during the last run found the inbox empty
+            self.since_poll %= interval
+        self.poll_now = False
         if self.n_dec and not cfg.kv_reserve_full:
             self._preempt_for(self.n_dec * self.tau)
         groups = self._compose(cap)
@@ -178,6 +194,8 @@ class Unit:
             if not cfg.kv_reserve_full:
                 room = cap - self.kv_used()
                 k = max(1, min(k, int(room // (self.n_dec * self.tau))))
+            if self.inbox:  # stop at the next poll
+                k = max(1, min(k, cfg.recv_interval - self.since_poll))
             kv0 = self._decode_kv()
             a = self.timer.step_ms((), self.n_dec, kv0)
             b = 0.0
@@ -319,6 +337,9 @@ class Unit:
             m += 1
         while m > 1 and span(m - 1) >= el:
             m -= 1
+        interval = self.cfg.recv_interval
+        if interval > 1:  # the arrival is seen at the first poll after the step in progress
+            m += (-(self.since_poll + m)) % interval
         if m >= k:
             return None
         end = self.now + span(m)
@@ -337,6 +358,7 @@ class Unit:
             self.busy_ms += end - self.now
             self.now = end
             self.steps += k
+            self.since_poll += k
             self.done += k * self.tau
             self._finish_decodes(end, out)
         else:
@@ -344,6 +366,7 @@ class Unit:
             self.busy_ms += end - self.now
             self.now = end
             self.steps += 1
+            self.poll_now = True
             if with_dec:
                 self.done += self.tau
                 self._finish_decodes(end, out)
@@ -401,7 +424,10 @@ class Unit:
                 f"request {r.idx} needs {need} KV tokens, more than a replica's cache holds "
                 f"({int(self.cfg.kv_capacity_tokens)})", "use more GPUs per replica, or shorter requests")
         r.unit = self.index
-        self.waiting.append(r)
+        if self.cfg.recv_interval > 1:
+            self.inbox.append(r)
+        else:
+            self.waiting.append(r)
 
     def enqueue_decode(self, r: Request) -> None:
         """A request prefilled by another worker arrives with its KV cache to decode here."""
