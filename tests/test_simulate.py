@@ -391,3 +391,17 @@ def test_recv_interval_poll_phase_survives_long_runs():
     # both prefill 0-10; the first finishes after 6 decode steps (70); polls at 50, 90; the third
     # arrives at 85, in the step 80-90, and is polled at 90
     assert res.per_request["start_ms"][2] == pytest.approx(90.0)
+
+
+def test_context_batching_delay():
+    """A prompt arriving while another decodes is held 3 steps (the delay's limit: its tokens stay
+    below 90% of the budget), then prefilled; an idle engine takes a prompt at once."""
+    w = Workload([100, 100], [30, 2], sent_ms=np.array([0.0, 15.0]))
+    res = run(LinearStepTimer(10.0), w, cfg(batch_wait_iters=3, batch_wait_ratio=0.9))
+    assert res.per_request["start_ms"][0] == 0.0
+    # decode steps end at 20 (the arrival's step), 30, 40, 50: held for the three after it
+    assert res.per_request["start_ms"][1] == pytest.approx(50.0)
+    # enough waiting tokens end the delay at once
+    res = run(LinearStepTimer(10.0), Workload([100, 8000], [30, 2], sent_ms=np.array([0.0, 15.0])),
+              cfg(batch_wait_iters=3, batch_wait_ratio=0.9))
+    assert res.per_request["start_ms"][1] == pytest.approx(20.0)

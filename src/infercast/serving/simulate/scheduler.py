@@ -34,9 +34,13 @@ A scheduler that polls its queue only every ``recv_interval`` decode steps (SGLa
 ``--scheduler-recv-interval``) keeps new arrivals in an inbox until the next poll (or the step after
 a prefill step, or at once when it is idle).
 
-Not modelled here (said by :func:`not_modelled`): the attention-DP balance hold and context
-batching delays (``adp_balance_timeout_steps``, ``batch_wait_iters`` of
-:class:`~infercast.serving.backends.SchedulerParams`).
+A context batching delay (TensorRT-LLM's ``batch_wait_timeout_iters`` and
+``batch_wait_max_tokens_ratio``) holds new prompts while decodes run, until the step's tokens (the
+decodes' plus the waiting prompts') would reach the ratio of the budget or the delay has lasted
+``batch_wait_iters`` steps; an idle engine takes them at once.
+
+Not modelled here (said by :func:`not_modelled`): the attention-DP balance hold
+(``adp_balance_timeout_steps`` of :class:`~infercast.serving.backends.SchedulerParams`).
 """
 
 from __future__ import annotations
@@ -61,13 +65,16 @@ class UnitConfig:
     kv_reserve_full: bool
     min_prefill_chunk: int = 256
     recv_interval: int = 1  # the queue is polled every this many decode steps, and after a prefill step
+    batch_wait_iters: int = 0  # context batching delay: new prompts held up to this many steps ...
+    batch_wait_ratio: float = 0.0  # ... or until the step's tokens would reach this share of the budget
 
     @classmethod
     def from_params(cls, params, kv_capacity_tokens: float) -> UnitConfig:
         """The scheduler settings of a :class:`~infercast.serving.backends.SchedulerParams`."""
         return cls(int(params.max_num_tokens), int(params.max_batch_size), bool(params.chunked), bool(params.mixed),
                    float(kv_capacity_tokens), bool(params.kv_reserve_full), int(params.min_prefill_chunk),
-                   max(1, int(getattr(params, "recv_interval", 1))))
+                   max(1, int(getattr(params, "recv_interval", 1))), int(getattr(params, "batch_wait_iters", 0)),
+                   float(getattr(params, "batch_wait_max_tokens_ratio", 0.0)))
 
 
 def not_modelled(params) -> list[str]:
@@ -75,8 +82,6 @@ def not_modelled(params) -> list[str]:
     out = []
     if getattr(params, "adp_balance_timeout_steps", 0) > 0:
         out.append(f"attention-DP balance hold ({params.adp_balance_timeout_steps} steps)")
-    if getattr(params, "batch_wait_iters", 0) > 0:
-        out.append(f"context batching delay ({params.batch_wait_iters} iterations)")
     return out
 
 
@@ -134,6 +139,8 @@ class Unit:
         self.inbox: list[Request] = []  # arrived, not yet polled (recv_interval > 1)
         self.since_poll = 0  # decode steps since the queue was last polled
         self.poll_now = True  # the next step boundary polls (after a prefill step, or idle)
+        self.held = 0  # steps the waiting prompts have been held by the context batching delay
+        self.hold_active = False  # the segment being run holds them
         self.prefilling: list[Request] = []
         self.decoding: dict[Request, None] = {}  # in admission order (preemption takes the last)
         self.heap: list = []  # (finish key, seq, request, incarnation)
@@ -196,6 +203,8 @@ class Unit:
                 k = max(1, min(k, int(room // (self.n_dec * self.tau))))
             if self.inbox:  # stop at the next poll
                 k = max(1, min(k, cfg.recv_interval - self.since_poll))
+            if self.hold_active:  # stop when the batching delay ends
+                k = max(1, min(k, cfg.batch_wait_iters - self.held))
             kv0 = self._decode_kv()
             a = self.timer.step_ms((), self.n_dec, kv0)
             b = 0.0
@@ -231,9 +240,14 @@ class Unit:
                 break
             groups.append((r, chunk))
             room -= chunk
+        self.hold_active = False
         if not self.waiting:
             return groups
         growth = self.n_dec * self.tau if (cfg.mixed and not cfg.kv_reserve_full) else 0.0
+        self.hold_active = self._holding()
+        if self.hold_active:
+            return groups
+        self.held = 0
         waiting = self.waiting
         cache = self.cache
         bt = self.bt
@@ -283,6 +297,14 @@ class Unit:
             groups.append((r, chunk))
             room -= chunk
         return groups
+
+    def _holding(self) -> bool:
+        """Whether the context batching delay holds the waiting prompts this step."""
+        cfg = self.cfg
+        if cfg.batch_wait_iters <= 0 or self.n_dec == 0 or self.held >= cfg.batch_wait_iters:
+            return False
+        tokens = self.n_dec * self.width + sum(r.prompt - r.done_prefill for r in self.waiting if not r.remote)
+        return tokens < cfg.batch_wait_ratio * cfg.max_num_tokens
 
     def _preempt_for(self, growth: float) -> None:
         """Preempt the latest admitted decodes until the next step's KV growth fits."""
@@ -359,6 +381,7 @@ class Unit:
             self.now = end
             self.steps += k
             self.since_poll += k
+            self.held = self.held + k if self.hold_active else 0
             self.done += k * self.tau
             self._finish_decodes(end, out)
         else:
@@ -367,6 +390,7 @@ class Unit:
             self.now = end
             self.steps += 1
             self.poll_now = True
+            self.held = self.held + 1 if self.hold_active else 0
             if with_dec:
                 self.done += self.tau
                 self._finish_decodes(end, out)
