@@ -14,7 +14,9 @@ estimator, clients per attention-DP rank, the recipe's scheduler parameters):
   every request counted (no warm-up cut: the benchmark client's mean). ``--lengths nominal``
   (default) sends every request at the row's ``isl`` / ``osl``; ``benchmark`` draws them as the
   row's client did (uniform on [0.8 L, L] for the InferenceX rows,
-  :func:`infercast.validate.recipes.random_lengths`).
+  :func:`infercast.validate.recipes.random_lengths`); ``all:R`` draws every row's uniformly on
+  [R L, L] (an experiment: does a small spread de-phase fixed-length clients?). ``--rows``:
+  only the random-length or the fixed-length rows.
 
 Rows whose TP column counts GPUs (serve searches deployments for them) and disagg rows are left
 out. Prints, on the rows both models predict: TTFT and TPOT median APE against the measurement
@@ -67,9 +69,14 @@ def run_simulate(est, per_rank, params, row, lengths: str, spread: float = 0.0, 
     dp = est.plan.parallel.attention_dp
     clients = per_rank * dp
     n = int(round(params.requests_per_client * clients))
+    ratio = None
     if lengths == "benchmark" and random_lengths(row):
+        ratio = BENCHMARK_RANGE_RATIO
+    elif lengths.startswith("all:"):
+        ratio = float(lengths[4:])
+    if ratio is not None:
         rng = np.random.default_rng(seed)
-        isl, osl = uniform_lengths(row.isl, BENCHMARK_RANGE_RATIO, n, rng), uniform_lengths(row.osl, BENCHMARK_RANGE_RATIO, n, rng)
+        isl, osl = uniform_lengths(row.isl, ratio, n, rng), uniform_lengths(row.osl, ratio, n, rng)
     else:
         isl, osl = np.full(n, row.isl), np.full(n, row.osl)
     w = Workload(isl, osl, clients=clients)
@@ -102,7 +109,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-concurrency", type=int, default=None, help="only rows of at most this many clients")
     ap.add_argument("--every", type=int, default=1, help="every K-th row (a documented subset)")
-    ap.add_argument("--lengths", choices=("nominal", "benchmark"), default="nominal")
+    ap.add_argument("--lengths", default="nominal",
+                    help="nominal (every request at the row's lengths), benchmark (drawn as the row's client drew "
+                         "them), or all:R (every row's lengths uniform on [R L, L]: an experiment)")
+    ap.add_argument("--rows", choices=("all", "random", "fixed"), default="all",
+                    help="only the rows whose benchmark drew random lengths, or only the fixed-length ones")
     ap.add_argument("--front-end-spread", type=float, default=0.0,
                     help="each request's front-end time uniform on [(1-s) m, (1+s) m] (default 0: fixed)")
     ap.add_argument("--out", default=None, help="per-row CSV (dev rows only)")
@@ -110,6 +121,8 @@ def main() -> None:
     rows = [r for r in load_rows(default_silicon_csv(), load_ids(FIDELITY / "dev_fullspec_ids.txt")) if r.mode == "agg"]
     if a.max_concurrency:
         rows = [r for r in rows if (r.concurrency or 0) <= a.max_concurrency]
+    if a.rows != "all":
+        rows = [r for r in rows if random_lengths(r) == (a.rows == "random")]
     rows = rows[::max(1, a.every)]
     cache = EstimatorCache()
     out, skipped = [], {}

@@ -42,14 +42,16 @@ def print_result(res, title: str = "") -> None:
 
 
 def plot_cdf(res, path) -> None:
-    """PNG of the measured requests' TTFT and end-to-end latency CDFs."""
+    """PNG of the measured requests' TTFT, TPOT and end-to-end latency CDFs, and the KV-cache use
+    and queued requests over the run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     m = np.asarray(res.per_request["measured"], dtype=bool)
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, grid = plt.subplots(2, 3, figsize=(13, 7.2))
+    axes = grid[0]
     for ax, key, label in zip(axes, ("ttft_ms", "tpot_ms", "e2e_ms"), ("TTFT (ms)", "TPOT (ms)", "end-to-end (ms)")):
         x = np.sort(np.asarray(res.per_request[key], dtype=float)[m])
         x = x[np.isfinite(x)]
@@ -58,6 +60,24 @@ def plot_cdf(res, path) -> None:
         ax.set_xlabel(label)
         ax.set_ylabel("share of requests")
         ax.grid(alpha=0.3)
+    ts = res.series
+    if ts:
+        ax = grid[1][0]
+        ax.plot(ts["t_s"], np.asarray(ts["kv_use"]) * 100)
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("KV cache in use (%)")
+        ax = grid[1][1]
+        ax.plot(ts["t_s"], ts["queued"], label="queued")
+        ax.plot(ts["t_s"], ts["running"], label="running")
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("requests (all schedulers)")
+        ax.legend()
+        w0, w1 = (x / 1e3 for x in res.window_ms)
+        for ax in grid[1][:2]:
+            ax.axvspan(w0, w1, color="0.9", zorder=0)
+            ax.grid(alpha=0.3)
+    grid[1][2].axis("off")
+    grid[1][2].text(0.0, 0.5, "shaded: measurement window\n(warm-up and cool-down outside)", va="center")
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=110)
