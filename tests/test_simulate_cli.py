@@ -95,3 +95,30 @@ def test_rate_schedule_load(synth, capsys):
     assert 50 <= json.loads(out)["requests"] <= 110
     assert_one_line_error(*run_cli(capsys, argv(synth, "--rate-schedule", "1:2", "--isl", "8", "--osl", "8")),
                           "times must start at 0")
+
+
+def test_engine_step_timer_matches_the_compiled_engine(synth):
+    """The engine-backed step timer on the synthetic pack: mixed and prefill steps exactly the
+    engine's ``mixed_step_ms`` plus the scheduler's host time; decode-only steps from the
+    tabulated attention within 0.2% of the engine's padded decode step."""
+    from collections import Counter
+    from dataclasses import replace
+
+    from infercast.api import Estimator
+    from infercast.serving.backends import scheduler_params
+    from infercast.serving.simulate import EngineStepTimer
+
+    est = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", systems_path=synth.systems_dir)
+    # host time per sequence and CUDA-graph padding, so that both parts of the wall time are checked
+    params = replace(scheduler_params("trtllm", est.data.system, est.spec), seq_overhead_ms=0.01,
+                     graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64))
+    timer = EngineStepTimer(est.engine, params)
+    for chunks, n, kv in [([(500.0, 0.0)], 0, 0.0), ([(256.0, 0.0), (256.0, 0.0), (100.0, 300.0)], 7, 7 * 900.0),
+                          ([(64.0, 960.0)], 30, 30 * 2500.0)]:
+        g = Counter(chunks)
+        gpu = est.engine.mixed_step_ms([float(v) for v in g.values()], [k[0] for k in g], [k[1] for k in g], float(n),
+                                       kv / n if n else 1.0)
+        assert timer.step_ms(chunks, n, kv) == pytest.approx(float(params.step_ms(gpu, n + len(chunks))), rel=1e-12)
+    for n, kv_len in [(1, 300.0), (13, 1777.0), (64, 3000.0)]:
+        ref = params.step_ms(est.engine.decode_scalar(float(n), kv_len, params.graph_pad(n)), n)
+        assert timer.step_ms((), n, n * kv_len) == pytest.approx(float(ref), rel=2e-3)
