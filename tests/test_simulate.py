@@ -405,3 +405,20 @@ def test_context_batching_delay():
     res = run(LinearStepTimer(10.0), Workload([100, 8000], [30, 2], sent_ms=np.array([0.0, 15.0])),
               cfg(batch_wait_iters=3, batch_wait_ratio=0.9))
     assert res.per_request["start_ms"][1] == pytest.approx(20.0)
+
+
+def test_kv_never_overflows_under_overload_with_shared_prefixes():
+    """Overload with shared prefixes and on-demand KV: preemptions happen, every request still
+    completes, and the KV in use (pinned prefix blocks included) never exceeds the capacity."""
+    rng = np.random.default_rng(5)
+    n = 1500
+    w = Workload(uniform_lengths(800, 0.2, n, rng), uniform_lengths(400, 0.1, n, rng),
+                 sent_ms=arrival_times(n, 150, 0.5, rng),
+                 hashes=[(i % 7, (i % 7) * 100 + i % 3, 10**6 + i) for i in range(n)], block_tokens=64)
+    for full in (False, True):
+        res = run(LinearStepTimer(5.0, 0.002, 0.05, 1e-5), w, cfg(max_num_tokens=4096, max_batch_size=256,
+                                                                   kv_capacity_tokens=12000, kv_reserve_full=full),
+                  units=3, router="prefix-aware")
+        assert (res.per_request["finish_ms"] > 0).all()
+        assert res.kv_use["max"] <= 1.0 + 1e-12
+        assert (res.preemptions > 0) == (not full)

@@ -49,11 +49,12 @@ class PrefixCache:
                 break
         return n
 
-    def new_blocks(self, hashes, hit: int) -> int:
-        """Blocks of ``hashes`` that admitting it would add (not held at all): the ones after the
-        ``hit`` leading blocks found, less those held anyway (a later block can be held without
-        the one before it only if hashes repeat; counted once)."""
-        return sum(1 for h in hashes[hit:] if h not in self.pinned and h not in self.lru)
+    def unpinned_blocks(self, hashes) -> int:
+        """Blocks of ``hashes`` that no running request holds: admitting it pins them, and each
+        adds a block to the running requests' KV (a cached one moves out of the evictable set, a
+        missing one is allocated)."""
+        pinned = self.pinned
+        return sum(1 for h in set(hashes) if h not in pinned)
 
     def acquire(self, hashes, hit: int) -> None:
         """Pin ``hashes`` for a request admitted with ``hit`` leading blocks found."""

@@ -273,7 +273,7 @@ class Unit:
             if cache.enabled and hashes:
                 hashes = hashes[:min(len(hashes), r.prompt // bt)]
                 hit = cache.match(hashes)
-                new = cache.new_blocks(hashes, hit)
+                new = cache.unpinned_blocks(hashes)
             else:
                 hashes, hit, new = (), 0, 0
             priv = r.prompt - len(hashes) * bt + (r.target if cfg.kv_reserve_full else 0)
