@@ -122,3 +122,17 @@ def test_engine_step_timer_matches_the_compiled_engine(synth):
     for n, kv_len in [(1, 300.0), (13, 1777.0), (64, 3000.0)]:
         ref = params.step_ms(est.engine.decode_scalar(float(n), kv_len, params.graph_pad(n)), n)
         assert timer.step_ms((), n, n * kv_len) == pytest.approx(float(ref), rel=2e-3)
+
+
+def test_lengths_from_trace_and_trace_prefix(synth, capsys, tmp_path):
+    p = tmp_path / "a.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,3\n1,200,5\n")
+    rc, out, err = run_cli(capsys, argv(synth, "--request-rate", "4", "--num-requests", "30", "--lengths-from", str(p),
+                                        "--out", str(tmp_path / "r.csv"), "--warmup", "0", "--cooldown", "0"))
+    assert rc == 0, err
+    lines = (tmp_path / "r.csv").read_text().splitlines()[1:]
+    assert len(lines) == 30
+    assert {(int(x.split(",")[7]), int(x.split(",")[8])) for x in lines} <= {(100, 3), (200, 5)}
+    rc, out, err = run_cli(capsys, argv(synth, "--trace", str(p), "--num-requests", "1", "--json"))
+    assert rc == 0, err
+    assert json.loads(out)["requests"] == 1
