@@ -1,5 +1,5 @@
 """Closed-loop simulation against ``serve``'s analytic model on the dev silicon rows:
-``python -m benchmarks.simulate_vs_serve [--max-concurrency C] [--every K] [--lengths nominal|benchmark] [--out CSV]``.
+``python -m benchmarks.simulate_vs_serve [--max-concurrency C] [--every K] [--lengths benchmark|nominal|all:R] [--rows all|random|fixed] [--front-end-spread S] [--out CSV]``.
 
 For each fully specified *agg* dev row (../shared/fidelity/dev_fullspec_ids.txt; dev ids only)
 both models see the same deployment, built by the validation harness
@@ -11,10 +11,10 @@ estimator, clients per attention-DP rank, the recipe's scheduler parameters):
   itself: ``clients per rank x attention-DP ranks`` closed-loop clients on one replica (one
   scheduler per rank, least-outstanding routing: a client's next request goes where its last
   finished), each sending ``requests_per_client`` requests (the benchmark length serve assumes),
-  every request counted (no warm-up cut: the benchmark client's mean). ``--lengths nominal``
-  (default) sends every request at the row's ``isl`` / ``osl``; ``benchmark`` draws them as the
-  row's client did (uniform on [0.8 L, L] for the InferenceX rows,
-  :func:`infercast.validate.recipes.random_lengths`); ``all:R`` draws every row's uniformly on
+  every request counted (no warm-up cut: the benchmark client's mean). ``--lengths benchmark``
+  (default) draws the lengths as the row's client did (uniform on [0.8 L, L] for the InferenceX rows,
+  :func:`infercast.validate.recipes.random_lengths`; the others at their ``isl`` / ``osl``);
+  ``nominal`` sends every request at the row's ``isl`` / ``osl``; ``all:R`` draws every row's uniformly on
   [R L, L] (an experiment: does a small spread de-phase fixed-length clients?). ``--rows``:
   only the random-length or the fixed-length rows.
 
@@ -109,9 +109,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-concurrency", type=int, default=None, help="only rows of at most this many clients")
     ap.add_argument("--every", type=int, default=1, help="every K-th row (a documented subset)")
-    ap.add_argument("--lengths", default="nominal",
-                    help="nominal (every request at the row's lengths), benchmark (drawn as the row's client drew "
-                         "them), or all:R (every row's lengths uniform on [R L, L]: an experiment)")
+    ap.add_argument("--lengths", default="benchmark",
+                    help="benchmark (default: drawn as the row's client drew them), nominal (every request at the "
+                         "row's lengths), or all:R (every row's lengths uniform on [R L, L]: an experiment)")
     ap.add_argument("--rows", choices=("all", "random", "fixed"), default="all",
                     help="only the rows whose benchmark drew random lengths, or only the fixed-length ones")
     ap.add_argument("--front-end-spread", type=float, default=0.0,
