@@ -26,14 +26,23 @@ def test_closed_loop_json(synth, capsys):
     assert d["prefix_hit_rate"] == 0.0 and d["prefix_lookup_tokens"] == 0
 
 
-def test_open_loop_writes_out_and_plot(synth, capsys, tmp_path):
+def test_open_loop_writes_out_and_plot(synth, tmp_path):
+    """Run as a subprocess: the plot imports matplotlib, which other tests in this session treat
+    as absent (they block its import through sys.modules)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
     out_csv, png = tmp_path / "r.csv", tmp_path / "cdf.png"
-    rc, out, err = run_cli(capsys, argv(synth, "--request-rate", "5", "--duration-s", "20", "--isl", "128", "--osl",
-                                        "8", "--random-range-ratio", "0.5", "--replicas", "2", "--router",
-                                        "least-outstanding", "--ttft-ms", "1000", "--out", str(out_csv),
-                                        "--plot", str(png)))
-    assert rc == 0, err
-    assert "TTFT (ms)" in out and "goodput" in out and "warm-up" in out
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, "-m", "infercast", *argv(
+        synth, "--request-rate", "5", "--duration-s", "20", "--isl", "128", "--osl", "8", "--random-range-ratio", "0.5",
+        "--replicas", "2", "--router", "least-outstanding", "--ttft-ms", "1000", "--out", str(out_csv),
+        "--plot", str(png))], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "TTFT (ms)" in p.stdout and "goodput" in p.stdout and "warm-up" in p.stdout
     lines = out_csv.read_text().splitlines()
     assert len(lines) == 101 and lines[0].startswith("idx,replica,sent_ms")
     assert png.stat().st_size > 0
