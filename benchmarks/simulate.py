@@ -19,12 +19,17 @@ import numpy as np
 
 from infercast.api import Estimator
 from infercast.serving.backends import scheduler_params
-from infercast.serving.simulate import Workload, arrival_times, simulate_estimator, uniform_lengths
+from infercast.serving.simulate import (
+    Workload,
+    arrival_times,
+    simulate_estimator,
+    uniform_lengths,
+)
 
 
 def workload(rate: float, duration_s: float, seed: int = 0) -> Workload:
     rng = np.random.default_rng(seed)
-    n = int(round(rate * duration_s))
+    n = round(rate * duration_s)
     return Workload(isl=uniform_lengths(1024, 0.5, n, rng), osl=uniform_lengths(512, 0.5, n, rng),
                     sent_ms=arrival_times(n, rate, 1.0, rng))
 

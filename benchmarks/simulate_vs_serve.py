@@ -37,8 +37,17 @@ from infercast.errors import InfercastError, UnsupportedModelError
 from infercast.serving.backends import scheduler_params
 from infercast.serving.simulate import Workload, simulate_estimator, uniform_lengths
 from infercast.validate.cli import default_silicon_csv
-from infercast.validate.predict import EstimatorCache, benchmark_concurrency, clients_per_rank, gpu_count
-from infercast.validate.recipes import postprocess_workers, random_lengths, recipe_scheduler
+from infercast.validate.predict import (
+    EstimatorCache,
+    benchmark_concurrency,
+    clients_per_rank,
+    gpu_count,
+)
+from infercast.validate.recipes import (
+    postprocess_workers,
+    random_lengths,
+    recipe_scheduler,
+)
 from infercast.validate.silicon import load_ids, load_rows
 
 #: the fidelity rows' folder: ``shared/fidelity`` beside the checkout (or beside its worktrees' parent)
@@ -68,7 +77,7 @@ def run_serve(est, per_rank, params, row):
 def run_simulate(est, per_rank, params, row, lengths: str, spread: float = 0.0, seed: int = 0):
     dp = est.plan.parallel.attention_dp
     clients = per_rank * dp
-    n = int(round(params.requests_per_client * clients))
+    n = round(params.requests_per_client * clients)
     ratio = None
     if lengths == "benchmark" and random_lengths(row):
         ratio = BENCHMARK_RANGE_RATIO

@@ -24,8 +24,8 @@ from infercast.serving.simulate.scheduler import not_modelled
 
 
 def cfg(**kw) -> UnitConfig:
-    base = dict(max_num_tokens=8192, max_batch_size=1024, chunked=True, mixed=True, kv_capacity_tokens=1e7,
-                kv_reserve_full=True)
+    base = {"max_num_tokens": 8192, "max_batch_size": 1024, "chunked": True, "mixed": True, "kv_capacity_tokens": 1e7,
+            "kv_reserve_full": True}
     base.update(kw)
     return UnitConfig(**base)
 
@@ -358,7 +358,10 @@ def test_disaggregated_prefill_pool_queues_and_decode_batches():
 
 
 def test_rate_schedule():
-    from infercast.serving.simulate.load import parse_rate_schedule, scheduled_arrival_times
+    from infercast.serving.simulate.load import (
+        parse_rate_schedule,
+        scheduled_arrival_times,
+    )
 
     sched = parse_rate_schedule("0:5,100:0,200:20")
     t = scheduled_arrival_times(sched, 300.0, 1.0, np.random.default_rng(2)) / 1e3

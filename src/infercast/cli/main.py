@@ -357,9 +357,12 @@ def cmd_simulate(a) -> int:
         ratio = 1.0 if a.random_range_ratio is None else a.random_range_ratio
         sent, load = None, ""
         if a.rate_schedule is not None:
-            from ..serving.simulate.load import parse_rate_schedule, scheduled_arrival_times
-
             import numpy as np
+
+            from ..serving.simulate.load import (
+                parse_rate_schedule,
+                scheduled_arrival_times,
+            )
 
             sched = parse_rate_schedule(a.rate_schedule)
             sent = scheduled_arrival_times(sched, a.duration_s or 600.0, a.burstiness, np.random.default_rng(a.seed + 1))
@@ -374,7 +377,7 @@ def cmd_simulate(a) -> int:
             if not (a.request_rate > 0 and math.isfinite(a.request_rate)):
                 raise InvalidInputError("--request-rate must be a positive number of requests per second",
                                         f"got {a.request_rate}")
-            n = int(round(a.request_rate * (a.duration_s or 600.0)))
+            n = round(a.request_rate * (a.duration_s or 600.0))
         else:
             n = 10 * a.concurrency
         w = synthetic(n, isl=a.isl, osl=a.osl, range_ratio=ratio, lengths_from=lengths, rate=a.request_rate,

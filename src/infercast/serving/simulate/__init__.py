@@ -4,12 +4,31 @@ timer (docs/simulate.md). Modules: :mod:`.load` (workloads, traces), :mod:`.pref
 :mod:`.router`, :mod:`.scheduler` (one scheduler's batching), :mod:`.loop` (the event loop),
 :mod:`.stats` (results), :mod:`.timer` (step timers), :mod:`.deploy` (wiring)."""
 
-from .deploy import simulate, simulate_disagg, simulate_estimator, simulate_estimator_disagg
+from .deploy import (
+           simulate,
+           simulate_disagg,
+           simulate_estimator,
+           simulate_estimator_disagg,
+)
 from .load import Workload, arrival_times, read_trace, sample_lengths, uniform_lengths
 from .scheduler import UnitConfig
 from .stats import SimResult, write_out
 from .timer import EngineStepTimer, LinearStepTimer, StepTimer
 
-__all__ = ["simulate", "simulate_estimator", "simulate_disagg", "simulate_estimator_disagg", "Workload", "arrival_times", "read_trace", "sample_lengths",
-           "uniform_lengths", "UnitConfig", "SimResult", "write_out", "EngineStepTimer", "LinearStepTimer",
-           "StepTimer"]
+__all__ = [
+           "EngineStepTimer",
+           "LinearStepTimer",
+           "SimResult",
+           "StepTimer",
+           "UnitConfig",
+           "Workload",
+           "arrival_times",
+           "read_trace",
+           "sample_lengths",
+           "simulate",
+           "simulate_disagg",
+           "simulate_estimator",
+           "simulate_estimator_disagg",
+           "uniform_lengths",
+           "write_out",
+]

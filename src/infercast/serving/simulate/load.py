@@ -33,6 +33,7 @@ import csv
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -105,7 +106,7 @@ def parse_rate_schedule(text: str) -> list[tuple[float, float]]:
         raise InvalidInputError(f"--rate-schedule {text!r} is not a list of TIME_S:RATE pairs",
                                 "e.g. 0:5,600:10,1200:5 (5 req/s, 10 from 600 s, 5 from 1200 s)") from None
     ts = [t for t, _ in out]
-    if ts[0] != 0 or any(b <= a for a, b in zip(ts, ts[1:])) or not all(np.isfinite(ts)):
+    if ts[0] != 0 or any(b <= a for a, b in pairwise(ts)) or not all(np.isfinite(ts)):
         raise InvalidInputError(f"--rate-schedule {text!r}: times must start at 0 and increase")
     if any(not (np.isfinite(r) and r >= 0) for _, r in out) or not any(r > 0 for _, r in out):
         raise InvalidInputError(f"--rate-schedule {text!r}: rates must be >= 0, one of them above 0")

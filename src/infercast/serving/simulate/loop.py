@@ -167,7 +167,12 @@ class _Progress:
 
     def __init__(self, total: int):
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TimeElapsedColumn,
+        )
 
         self.p = Progress("simulating", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=Console(file=sys.stderr), transient=True)

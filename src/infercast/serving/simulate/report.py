@@ -22,8 +22,8 @@ def print_result(res, title: str = "") -> None:
         t.add_row(label, *("-" if s[c] is None else f"{s[c]:.2f}" for c in ("mean", "p50", "p90", "p95", "p99")))
     con.print(t)
     lines = [
-        f"requests {res.requests} ({res.measured} measured), simulated {res.duration_ms / 1e3:.1f} s, "
-        f"{res.steps} engine steps, {res.preemptions} preemptions",
+        (f"requests {res.requests} ({res.measured} measured), simulated {res.duration_ms / 1e3:.1f} s, "
+         f"{res.steps} engine steps, {res.preemptions} preemptions"),
         f"throughput {res.throughput_rps:.3f} req/s, {res.output_tokens_per_s:.1f} output tokens/s",
     ]
     if res.goodput_rps is not None:

@@ -50,7 +50,6 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-
 from ...errors import InvalidConfigError
 from .prefix_cache import PrefixCache
 
@@ -90,9 +89,32 @@ class Request:
     tokens of its current incarnation (a preempted request recomputes its prompt plus the tokens
     it had, then generates the rest)."""
 
-    __slots__ = ("idx", "sent", "arrival", "isl", "osl", "hashes", "prompt", "target", "done_prefill", "cached",
-                 "start", "first", "finish", "entry", "priv", "unit", "preemptions", "inc", "nblocks", "client",
-                 "remote", "prefill_unit", "handoff", "rep")
+    __slots__ = (
+        "arrival",
+        "cached",
+        "client",
+        "done_prefill",
+        "entry",
+        "finish",
+        "first",
+        "handoff",
+        "hashes",
+        "idx",
+        "inc",
+        "isl",
+        "nblocks",
+        "osl",
+        "preemptions",
+        "prefill_unit",
+        "priv",
+        "prompt",
+        "remote",
+        "rep",
+        "sent",
+        "start",
+        "target",
+        "unit",
+    )
 
     def __init__(self, idx: int, sent: float, isl: int, osl: int, hashes=(), client: int = -1):
         self.idx = idx
@@ -293,7 +315,7 @@ class Unit:
             r.done_prefill = float(hit_tokens)
             self.prefilling.append(r)
             rem = r.prompt - r.done_prefill
-            chunk = rem if rem <= room else room
+            chunk = min(rem, room)
             groups.append((r, chunk))
             room -= chunk
         return groups

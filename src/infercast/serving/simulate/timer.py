@@ -17,7 +17,8 @@ is a synthetic one whose step times are known by hand (tests, M/D/1 checks).
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
