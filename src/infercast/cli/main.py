@@ -437,6 +437,112 @@ def cmd_compile(a) -> int:
     else:
         print(f"wrote {out}: {surf.size():,} numbers, {len(surf.curves)} curves, {len(surf.sheets)} sheets, "
               f"tolerance {surf.tol:g} against the op-by-op path")
+
+def cmd_simulate(a) -> int:
+    """``infercast simulate``: a request-level simulation of ``--replicas`` replicas under a load."""
+    import math
+    from dataclasses import replace
+
+    from ..serving.backends import scheduler_params
+    from ..serving.simulate import read_trace, simulate_estimator, write_out
+    from ..serving.simulate.load import synthetic
+
+    loads = [x for x in ("request_rate", "rate_schedule", "concurrency", "trace") if getattr(a, x) is not None]
+    if len(loads) != 1:
+        raise InvalidInputError("give exactly one load: --request-rate R, --rate-schedule T:R,..., --concurrency C or "
+                                "--trace FILE",
+                                f"got {', '.join('--' + x.replace('_', '-') for x in loads) or 'none'}")
+    for name in ("replicas", "num_requests", "concurrency", "isl", "osl", "step_quantum"):
+        v = getattr(a, name)
+        if v is not None and v < 1:
+            raise InvalidInputError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    for name in ("ttft_ms", "tpot_ms", "duration_s"):
+        v = getattr(a, name)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise InvalidInputError(f"--{name.replace('_', '-')} must be a positive number, got {v}")
+    if a.block_tokens is not None and a.block_tokens < 1:
+        raise InvalidInputError(f"--block-tokens must be >= 1, got {a.block_tokens}")
+    if a.trace is not None:
+        w = read_trace(a.trace, a.time_scale, a.block_tokens)
+        if a.num_requests is not None and a.num_requests < len(w):
+            w = type(w)(w.isl[:a.num_requests], w.osl[:a.num_requests], w.sent_ms[:a.num_requests],
+                        hashes=None if w.hashes is None else w.hashes[:a.num_requests], block_tokens=w.block_tokens,
+                        description=w.description + f", first {a.num_requests} replayed")
+    else:
+        lengths = read_trace(a.lengths_from) if a.lengths_from else None
+        ratio = 1.0 if a.random_range_ratio is None else a.random_range_ratio
+        sent, load = None, ""
+        if a.rate_schedule is not None:
+            import numpy as np
+
+            from ..serving.simulate.load import (
+                parse_rate_schedule,
+                scheduled_arrival_times,
+            )
+
+            sched = parse_rate_schedule(a.rate_schedule)
+            sent = scheduled_arrival_times(sched, a.duration_s or 600.0, a.burstiness, np.random.default_rng(a.seed + 1))
+            if a.num_requests is not None:
+                sent = sent[:a.num_requests]
+            load = f"arrivals at the rate schedule {a.rate_schedule} (req/s from each second) over {a.duration_s or 600:g} s"
+        if sent is not None:
+            n = len(sent)
+        elif a.num_requests is not None:
+            n = a.num_requests
+        elif a.request_rate is not None:
+            if not (a.request_rate > 0 and math.isfinite(a.request_rate)):
+                raise InvalidInputError("--request-rate must be a positive number of requests per second",
+                                        f"got {a.request_rate}")
+            n = round(a.request_rate * (a.duration_s or 600.0))
+        else:
+            n = 10 * a.concurrency
+        w = synthetic(n, isl=a.isl, osl=a.osl, range_ratio=ratio, lengths_from=lengths, rate=a.request_rate,
+                      burstiness=a.burstiness, clients=a.concurrency or 0, seed=a.seed, sent_ms=sent, load=load)
+    overrides = _scheduler_overrides(a)
+    progress = sys.stderr.isatty() and len(w) >= 20000
+    if a.prefill_workers is not None or a.decode_workers is not None:
+        from ..serving.simulate import simulate_estimator_disagg
+
+        if not (a.prefill_workers and a.decode_workers and a.prefill_workers >= 1 and a.decode_workers >= 1):
+            raise InvalidInputError("a disaggregated simulation needs --prefill-workers and --decode-workers, both >= 1",
+                                    f"got {a.prefill_workers} and {a.decode_workers}")
+        pe, de = _estimator(a, "prefill"), _estimator(a, "decode")
+        pp = replace(scheduler_params(a.backend, pe.data.system, pe.spec), **overrides)
+        pd = replace(scheduler_params(a.backend, de.data.system, de.spec), **overrides)
+        per_unit = (a.concurrency or 1) / (a.decode_workers * de.plan.parallel.attention_dp)
+        res = simulate_estimator_disagg(pe, de, pp, pd, w, prefill_workers=a.prefill_workers,
+                                        decode_workers=a.decode_workers, router=a.router,
+                                        prefix_cache=not a.no_prefix_cache, warmup=a.warmup, cooldown=a.cooldown,
+                                        ttft_ms=a.ttft_ms, tpot_ms=a.tpot_ms, progress=progress, quantum=a.step_quantum,
+                                        expected_running=max(1.0, per_unit))
+        est, gpus = pe, a.prefill_workers * pe.gpus + a.decode_workers * de.gpus
+        where = f"{a.prefill_workers} prefill x {pe.gpus} + {a.decode_workers} decode x {de.gpus}"
+    else:
+        est = _estimator(a)
+        params = replace(scheduler_params(a.backend, est.data.system, est.spec), **overrides)
+        per_unit = (a.concurrency or 1) / (a.replicas * est.plan.parallel.attention_dp)
+        res, _ = simulate_estimator(est, params, w, replicas=a.replicas, router=a.router,
+                                    prefix_cache=not a.no_prefix_cache, warmup=a.warmup, cooldown=a.cooldown,
+                                    ttft_ms=a.ttft_ms, tpot_ms=a.tpot_ms, progress=progress, quantum=a.step_quantum,
+                                    expected_running=max(1.0, per_unit))
+        gpus, where = a.replicas * est.gpus, f"{a.replicas} x {est.gpus}"
+    res.notes.insert(0, w.description)
+    if a.out:
+        write_out(res, a.out)
+    if a.plot:
+        from ..serving.simulate.report import plot_cdf
+
+        plot_cdf(res, a.plot)
+    if a.json:
+        out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend,
+               "backend_version": est.version, "replicas": a.replicas, "gpus": gpus, "router": a.router,
+               "disaggregated": a.prefill_workers is not None}
+        print(json.dumps(out, indent=1, default=float))
+        return 0
+    from ..serving.simulate.report import print_result
+
+    print_result(res, f"{a.model} on {where} {a.system} GPUs ({a.backend} {est.version}), "
+                      f"{a.router} routing")
     return 0
 
 
@@ -581,6 +687,54 @@ def build_parser() -> argparse.ArgumentParser:
     from .workflow import add_parsers
 
     add_parsers(sub, _add_model_args)
+
+    sm = sub.add_parser("simulate", help="request-level simulation of replicas under a load: request rate, closed-loop "
+                                         "clients or a trace; prefix caching, routing, goodput")
+    _add_model_args(sm)
+    sm.add_argument("--replicas", type=int, default=1, help="replicas of the layout (default 1)")
+    sm.add_argument("--prefill-workers", type=int, default=None,
+                    help="disaggregated: prefill workers of the --prefill-* layout (with --decode-workers)")
+    sm.add_argument("--decode-workers", type=int, default=None, help="disaggregated: decode workers of the --decode-* layout")
+    _add_parallel_args(sm, "prefill", " (disaggregated prefill worker)")
+    _add_parallel_args(sm, "decode", " (disaggregated decode worker)")
+    sm.add_argument("--request-rate", type=float, default=None, metavar="R", help="open loop: requests per second")
+    sm.add_argument("--rate-schedule", default=None, metavar="T:R,...",
+                    help="open loop at a rate that changes over time: from each T seconds, R requests/s "
+                         "(e.g. 0:5,600:10,1200:5); with --duration-s")
+    sm.add_argument("--burstiness", type=float, default=1.0,
+                    help="shape of the gamma inter-arrival times (1: Poisson; < 1 burstier)")
+    sm.add_argument("--concurrency", type=int, default=None, metavar="C", help="closed loop: C clients in all")
+    sm.add_argument("--trace", default=None, metavar="FILE",
+                    help="replay a trace: Mooncake JSONL, Azure LLM-inference CSV, or infercast CSV/JSONL")
+    sm.add_argument("--time-scale", type=float, default=1.0,
+                    help="multiply the trace's times by this (0.5: twice as fast; default 1)")
+    sm.add_argument("--block-tokens", type=int, default=None,
+                    help="tokens per prefix-hash block of the trace (default 512, as Mooncake's traces)")
+    sm.add_argument("--num-requests", type=int, default=None,
+                    help="requests to send (default: rate x duration, 10 per client, or the whole trace)")
+    sm.add_argument("--duration-s", type=float, default=None, help="open loop: seconds of arrivals (default 600)")
+    sm.add_argument("--isl", type=int, default=None, help="input length (synthetic load)")
+    sm.add_argument("--osl", type=int, default=None, help="output length (synthetic load)")
+    sm.add_argument("--random-range-ratio", type=float, default=None, metavar="R",
+                    help="draw each length uniformly from [R x L, L] as benchmark clients do (default: fixed)")
+    sm.add_argument("--lengths-from", default=None, metavar="TRACE", help="draw (input, output) lengths from a trace")
+    sm.add_argument("--router", choices=("round-robin", "least-outstanding", "prefix-aware"), default="round-robin",
+                    help="how requests are spread over replicas (default round-robin)")
+    sm.add_argument("--no-prefix-cache", action="store_true", help="turn the prefix cache off")
+    sm.add_argument("--ttft-ms", type=float, default=None, help="goodput target: TTFT at most this (ms)")
+    sm.add_argument("--tpot-ms", type=float, default=None, help="goodput target: TPOT at most this (ms)")
+    sm.add_argument("--warmup", type=float, default=0.1, help="share of the run left out at the start (default 0.1)")
+    sm.add_argument("--cooldown", type=float, default=0.1, help="share of the run left out at the end (default 0.1)")
+    sm.add_argument("--seed", type=int, default=0, help="random seed of arrivals and lengths (default 0)")
+    sm.add_argument("--step-quantum", type=int, default=16,
+                    help="round prefill chunk lengths to this many tokens when timing a step (default 16; 1: exact)")
+    sm.add_argument("--out", default=None, help="per-request results: .csv, or .json with the summary")
+    sm.add_argument("--plot", default=None, metavar="PNG", help="latency CDFs as a PNG")
+    sm.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    for flag, (_, kind, _, what) in SCHEDULER_FLAGS.items():
+        sm.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None,
+                        help=f"{what} (default: the backend's, see infercast.serving.backends)")
+    sm.set_defaults(func=cmd_simulate)
     return p
 
 

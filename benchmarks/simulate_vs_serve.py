@@ -1,0 +1,191 @@
+"""Closed-loop simulation against ``serve``'s analytic model on the dev silicon rows:
+``python -m benchmarks.simulate_vs_serve [--max-concurrency C] [--every K] [--lengths benchmark|nominal|all:R] [--rows all|random|fixed] [--front-end-spread S] [--out CSV]``.
+
+For each fully specified *agg* dev row (../shared/fidelity/dev_fullspec_ids.txt; dev ids only)
+both models see the same deployment, built by the validation harness
+(:mod:`infercast.validate.serving_predict`, :mod:`infercast.validate.recipes`: the row's
+estimator, clients per attention-DP rank, the recipe's scheduler parameters):
+
+* ``serve``: :func:`infercast.api.serve_agg` (first wave simulated, steady state analytic);
+* ``simulate``: :func:`infercast.serving.simulate.simulate_estimator` playing the benchmark
+  itself: ``clients per rank x attention-DP ranks`` closed-loop clients on one replica (one
+  scheduler per rank, least-outstanding routing: a client's next request goes where its last
+  finished), each sending ``requests_per_client`` requests (the benchmark length serve assumes),
+  every request counted (no warm-up cut: the benchmark client's mean). ``--lengths benchmark``
+  (default) draws the lengths as the row's client did (uniform on [0.8 L, L] for the InferenceX rows,
+  :func:`infercast.validate.recipes.random_lengths`; the others at their ``isl`` / ``osl``);
+  ``nominal`` sends every request at the row's ``isl`` / ``osl``; ``all:R`` draws every row's uniformly on
+  [R L, L] (an experiment: does a small spread de-phase fixed-length clients?). ``--rows``:
+  only the random-length or the fixed-length rows.
+
+Rows whose TP column counts GPUs (serve searches deployments for them) and disagg rows are left
+out. Prints, on the rows both models predict: TTFT and TPOT median APE against the measurement
+and the share within 20%, overall and by backend, and the median |simulate / serve - 1|.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import time
+from pathlib import Path
+
+import numpy as np
+
+from infercast.api import serve_agg
+from infercast.errors import InfercastError, UnsupportedModelError
+from infercast.serving.backends import scheduler_params
+from infercast.serving.simulate import Workload, simulate_estimator, uniform_lengths
+from infercast.validate.cli import default_silicon_csv
+from infercast.validate.predict import (
+    EstimatorCache,
+    benchmark_concurrency,
+    clients_per_rank,
+    gpu_count,
+)
+from infercast.validate.recipes import (
+    postprocess_workers,
+    random_lengths,
+    recipe_scheduler,
+)
+from infercast.validate.silicon import load_ids, load_rows
+
+#: the fidelity rows' folder: ``shared/fidelity`` beside the checkout (or beside its worktrees' parent)
+FIDELITY = next((p / "shared" / "fidelity" for p in Path(__file__).resolve().parents
+                 if (p / "shared" / "fidelity").is_dir()), Path("shared") / "fidelity")
+#: the InferenceX client's --random-range-ratio (infercast.validate.recipes)
+BENCHMARK_RANGE_RATIO = 0.8
+
+
+def setup(cache: EstimatorCache, row):
+    """(estimator, clients per rank, scheduler parameters) of an agg row, as serve's predictor
+    builds them."""
+    if gpu_count(row, cache.ships_moe(cache.checkpoint(row)[0])) is not None:
+        raise UnsupportedModelError("tp counts GPUs: serve searches deployments for this row", "left out")
+    benchmark_concurrency(row)
+    est = cache.get(row, row.worker)
+    per_rank = clients_per_rank(row, est)
+    base = scheduler_params(row.backend, est.data.system, est.spec, postprocess_workers(row))
+    return est, per_rank, recipe_scheduler(row, base, per_rank)
+
+
+def run_serve(est, per_rank, params, row):
+    r = serve_agg(est, per_rank, row.isl, row.osl, params)
+    return r.ttft_ms, r.tpot_ms
+
+
+def run_simulate(est, per_rank, params, row, lengths: str, spread: float = 0.0, seed: int = 0):
+    dp = est.plan.parallel.attention_dp
+    clients = per_rank * dp
+    n = round(params.requests_per_client * clients)
+    ratio = None
+    if lengths == "benchmark" and random_lengths(row):
+        ratio = BENCHMARK_RANGE_RATIO
+    elif lengths.startswith("all:"):
+        ratio = float(lengths[4:])
+    if ratio is not None:
+        rng = np.random.default_rng(seed)
+        isl, osl = uniform_lengths(row.isl, ratio, n, rng), uniform_lengths(row.osl, ratio, n, rng)
+    else:
+        isl, osl = np.full(n, row.isl), np.full(n, row.osl)
+    w = Workload(isl, osl, clients=clients)
+    res, _ = simulate_estimator(est, params, w, replicas=1, router="least-outstanding", warmup=0.0, cooldown=0.0,
+                                expected_running=per_rank, front_end_spread=spread, seed=seed)
+    return res.latency["ttft_ms"]["mean"], res.latency["tpot_ms"]["mean"], res.steps
+
+
+def _ape(p, m):
+    return abs(p - m) / m
+
+
+def _block(rs):
+    def med(k):
+        v = [r[k] for r in rs if r[k] is not None]
+        return float(np.median(v)) if v else float("nan")
+
+    def within(k):
+        v = [r[k] for r in rs if r[k] is not None]
+        return float(np.mean(np.asarray(v) <= 0.2)) if v else float("nan")
+
+    return {"rows": len(rs), "serve_ttft": med("serve_ttft_ape"), "sim_ttft": med("sim_ttft_ape"),
+            "serve_tpot": med("serve_tpot_ape"), "sim_tpot": med("sim_tpot_ape"),
+            "serve_ttft_w20": within("serve_ttft_ape"), "sim_ttft_w20": within("sim_ttft_ape"),
+            "serve_tpot_w20": within("serve_tpot_ape"), "sim_tpot_w20": within("sim_tpot_ape"),
+            "ttft_sim_vs_serve": med("ttft_gap"), "tpot_sim_vs_serve": med("tpot_gap")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--max-concurrency", type=int, default=None, help="only rows of at most this many clients")
+    ap.add_argument("--every", type=int, default=1, help="every K-th row (a documented subset)")
+    ap.add_argument("--lengths", default="benchmark",
+                    help="benchmark (default: drawn as the row's client drew them), nominal (every request at the "
+                         "row's lengths), or all:R (every row's lengths uniform on [R L, L]: an experiment)")
+    ap.add_argument("--rows", choices=("all", "random", "fixed"), default="all",
+                    help="only the rows whose benchmark drew random lengths, or only the fixed-length ones")
+    ap.add_argument("--front-end-spread", type=float, default=0.0,
+                    help="each request's front-end time uniform on [(1-s) m, (1+s) m] (default 0: fixed)")
+    ap.add_argument("--out", default=None, help="per-row CSV (dev rows only)")
+    a = ap.parse_args()
+    rows = [r for r in load_rows(default_silicon_csv(), load_ids(FIDELITY / "dev_fullspec_ids.txt")) if r.mode == "agg"]
+    if a.max_concurrency:
+        rows = [r for r in rows if (r.concurrency or 0) <= a.max_concurrency]
+    if a.rows != "all":
+        rows = [r for r in rows if random_lengths(r) == (a.rows == "random")]
+    rows = rows[::max(1, a.every)]
+    cache = EstimatorCache()
+    out, skipped = [], {}
+    t_serve = t_sim = 0.0
+    steps = 0
+    t0 = time.perf_counter()
+    for i, row in enumerate(rows, 1):
+        try:
+            est, per_rank, params = setup(cache, row)
+            c0 = time.process_time()
+            s_ttft, s_tpot = run_serve(est, per_rank, params, row)
+            c1 = time.process_time()
+            m_ttft, m_tpot, k = run_simulate(est, per_rank, params, row, a.lengths, a.front_end_spread)
+            c2 = time.process_time()
+        except InfercastError as exc:
+            skipped[type(exc).__name__] = skipped.get(type(exc).__name__, 0) + 1
+            continue
+        t_serve += c1 - c0
+        t_sim += c2 - c1
+        steps += k
+        mt, mp = row.measured_ttft_ms, row.measured_tpot_ms if row.tpot_defined else None
+        out.append({"id": row.id, "backend": row.backend, "model": row.model, "system": row.system,
+                    "concurrency": row.concurrency, "isl": row.isl, "osl": row.osl,
+                    "measured_ttft": mt, "serve_ttft": s_ttft, "sim_ttft": m_ttft,
+                    "measured_tpot": mp, "serve_tpot": s_tpot, "sim_tpot": m_tpot,
+                    "serve_ttft_ape": _ape(s_ttft, mt) if mt else None, "sim_ttft_ape": _ape(m_ttft, mt) if mt else None,
+                    "serve_tpot_ape": _ape(s_tpot, mp) if mp else None, "sim_tpot_ape": _ape(m_tpot, mp) if mp else None,
+                    "ttft_gap": abs(m_ttft / s_ttft - 1), "tpot_gap": abs(m_tpot / s_tpot - 1) if mp else None,
+                    "ttft_ratio": m_ttft / s_ttft, "tpot_ratio": m_tpot / s_tpot if s_tpot else None})
+        if i % 100 == 0:
+            print(f"  {i}/{len(rows)} rows, {time.perf_counter() - t0:.0f} s", flush=True)
+    if a.out:
+        with open(a.out, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(out[0]))
+            w.writeheader()
+            w.writerows(out)
+    print(f"agg dev fullspec rows: {len(rows)} asked, {len(out)} predicted by both; left out: {skipped}")
+    print(f"lengths: {a.lengths}; front-end spread {a.front_end_spread:g}; CPU s: serve {t_serve:.1f}, simulate {t_sim:.1f} ({steps} engine steps simulated)")
+    head = f"{'scope':<14}{'rows':>6}  {'TTFT medAPE serve/sim':>22}  {'TPOT medAPE serve/sim':>22}  " \
+           f"{'TTFT<=20%':>14}  {'TPOT<=20%':>14}  {'|sim/serve-1| TTFT/TPOT':>24}"
+    print(head)
+
+    def line(label, rs):
+        b = _block(rs)
+        print(f"{label:<14}{b['rows']:>6}  {100 * b['serve_ttft']:>10.1f}/{100 * b['sim_ttft']:<11.1f}"
+              f"  {100 * b['serve_tpot']:>10.1f}/{100 * b['sim_tpot']:<11.1f}"
+              f"  {100 * b['serve_ttft_w20']:>6.1f}/{100 * b['sim_ttft_w20']:<7.1f}"
+              f"  {100 * b['serve_tpot_w20']:>6.1f}/{100 * b['sim_tpot_w20']:<7.1f}"
+              f"  {100 * b['ttft_sim_vs_serve']:>11.1f}/{100 * b['tpot_sim_vs_serve']:<11.1f}")
+
+    line("all", out)
+    for be in sorted({r["backend"] for r in out}):
+        line(be, [r for r in out if r["backend"] == be])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""A deployment to simulate: schedulers, their step timer, router and front end, wired together.
+
+:func:`simulate` takes any step timer (:mod:`.timer`); :func:`simulate_estimator` builds one
+from an :class:`infercast.api.Estimator` (the compiled engine, its KV capacity, the backend's
+:class:`~infercast.serving.backends.SchedulerParams`) for ``replicas`` copies of its layout. With
+attention data parallelism each replica holds ``attention_dp`` schedulers (one per rank, each
+with a rank's KV cache) behind the replica's one front end; the router spreads requests over
+all of them. Ranks are simulated independently: the lock-step of their MoE collectives (a step
+as slow as the slowest rank's) is not modelled, as in :func:`infercast.api.serve_agg_replica`.
+"""
+
+from __future__ import annotations
+
+from .load import Workload
+from .loop import run
+from .router import Router
+from .scheduler import Unit, UnitConfig, not_modelled
+from .stats import SimResult, summarise
+from .timer import EngineStepTimer
+
+
+def simulate(timer, cfg: UnitConfig, workload: Workload, *, units: int = 1, replica_of=None, router: str = "round-robin",
+             prefix_cache: bool = True, front_end=None, warmup: float = 0.1, cooldown: float = 0.1,
+             ttft_ms: float | None = None, tpot_ms: float | None = None, progress: bool = False, notes=(),
+             front_end_spread: float = 0.0, seed: int = 0) -> SimResult:
+    """Simulate ``workload`` on ``units`` identical schedulers of ``cfg`` timed by ``timer``;
+    ``front_end(open streams, prompt tokens)`` -> ms before a request reaches its scheduler
+    (default none), spread by ``front_end_spread`` (:func:`.loop.run`)."""
+    us = [Unit(i, cfg, timer, workload.block_tokens, prefix_cache) for i in range(units)]
+    rt = Router(router, us)
+    fe = front_end or (lambda streams, tokens: 0.0)
+    reqs = run(us, rt, workload, fe, replica_of, progress, front_end_spread, seed)
+    return summarise(reqs, us, warmup=warmup, cooldown=cooldown, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
+                     notes=list(workload.notes) + list(notes))
+
+
+def simulate_estimator(est, params, workload: Workload, *, replicas: int = 1, router: str = "round-robin",
+                       prefix_cache: bool = True, warmup: float = 0.1, cooldown: float = 0.1,
+                       ttft_ms: float | None = None, tpot_ms: float | None = None, progress: bool = False,
+                       quantum: int = 1, expected_running: float = 1.0, front_end_spread: float = 0.0,
+                       seed: int = 0) -> tuple[SimResult, EngineStepTimer]:
+    """:func:`simulate` of ``replicas`` copies of ``est``'s layout under ``params``. Each rank's
+    KV capacity is :meth:`MemoryBreakdown.capacity_for` ``expected_running`` requests (it differs
+    from the whole KV budget only for models with a per-request state, such as linear attention,
+    whose states are not tracked request by request)."""
+    dp = est.plan.parallel.attention_dp
+    timer = EngineStepTimer(est.engine, params, quantum)
+    cap = est.memory.capacity_for(expected_running)
+    cfg = UnitConfig.from_params(params, cap)
+    units = replicas * dp
+    notes = [f"not modelled, run as if off: {x}" for x in not_modelled(params)]
+    if dp > 1:
+        notes.append(f"{dp} attention-DP ranks per replica simulated as independent schedulers behind one front end")
+    res = simulate(timer, cfg, workload, units=units, replica_of=[i // dp for i in range(units)], router=router,
+                   prefix_cache=prefix_cache, front_end=params.front_end_ms, warmup=warmup, cooldown=cooldown,
+                   ttft_ms=ttft_ms, tpot_ms=tpot_ms, progress=progress, notes=notes,
+                   front_end_spread=front_end_spread, seed=seed)
+    return res, timer
+
+
+def simulate_disagg(prefill_timer, prefill_cfg: UnitConfig, decode_timer, decode_cfg: UnitConfig, workload: Workload, *,
+                    prefill_units: int, decode_units: int, transfer_ms, router: str = "least-outstanding",
+                    prefix_cache: bool = True, front_end=None, warmup: float = 0.1, cooldown: float = 0.1,
+                    ttft_ms: float | None = None, tpot_ms: float | None = None, progress: bool = False, notes=(),
+                    front_end_spread: float = 0.0, seed: int = 0) -> SimResult:
+    """Disaggregated serving: ``prefill_units`` prefill schedulers (prefill-only, with the prefix
+    caches; ``router`` picks one) and ``decode_units`` decode schedulers (least outstanding);
+    ``transfer_ms(request)``: its KV cache's move from prefill to decode worker. TTFT is the
+    prefill worker's first token; the transfer and the wait for a decode slot fall in TPOT."""
+    pre = [Unit(i, prefill_cfg, prefill_timer, workload.block_tokens, prefix_cache, prefill_only=True)
+           for i in range(prefill_units)]
+    dec = [Unit(i, decode_cfg, decode_timer, workload.block_tokens, False) for i in range(decode_units)]
+    fe = front_end or (lambda streams, tokens: 0.0)
+    reqs = run(pre, Router(router, pre), workload, fe, None, progress, front_end_spread, seed,
+               decode_units=dec, decode_router=Router("least-outstanding", dec), transfer_ms=transfer_ms)
+    return summarise(reqs, pre + dec, warmup=warmup, cooldown=cooldown, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
+                     notes=list(workload.notes) + list(notes), kv_units=dec)
+
+
+def simulate_estimator_disagg(prefill, decode, params_prefill, params_decode, workload: Workload, *,
+                              prefill_workers: int, decode_workers: int, router: str = "least-outstanding",
+                              prefix_cache: bool = True, warmup: float = 0.1, cooldown: float = 0.1,
+                              ttft_ms: float | None = None, tpot_ms: float | None = None, progress: bool = False,
+                              quantum: int = 1, expected_running: float = 1.0, front_end_spread: float = 0.0,
+                              seed: int = 0) -> SimResult:
+    """:func:`simulate_disagg` of ``prefill_workers`` copies of the ``prefill`` estimator's
+    layout and ``decode_workers`` of ``decode``'s (one scheduler per attention-DP rank). The KV
+    cache moves from every prefill GPU in parallel over the node-to-node network
+    (:func:`infercast.serving.disagg.kv_transfer_ms`, the system's ``inter_node_bw`` and
+    ``p2p_latency``); the front end is the backend's base time only (a disaggregated deployment
+    sits behind its router, as :func:`infercast.api.serve_disagg` assumes)."""
+    from ..disagg import kv_transfer_ms
+
+    node = prefill.data.system.node
+    per_token, gpus = prefill.memory.kv_per_token, prefill.gpus
+
+    def transfer(r):
+        return kv_transfer_ms(per_token, r.isl, gpus, node.inter_node_bw, node.p2p_latency_s)
+
+    pdp, ddp = prefill.plan.parallel.attention_dp, decode.plan.parallel.attention_dp
+    pcfg = UnitConfig.from_params(params_prefill, prefill.memory.capacity_for(1.0))
+    dcfg = UnitConfig.from_params(params_decode, decode.memory.capacity_for(expected_running))
+    notes = [f"not modelled, run as if off: {x}" for x in not_modelled(params_decode)]
+    base = params_prefill.arrival_delay_ms
+    return simulate_disagg(EngineStepTimer(prefill.engine, params_prefill, quantum), pcfg,
+                           EngineStepTimer(decode.engine, params_decode, quantum), dcfg, workload,
+                           prefill_units=prefill_workers * pdp, decode_units=decode_workers * ddp, transfer_ms=transfer,
+                           router=router, prefix_cache=prefix_cache, front_end=lambda streams, tokens: base,
+                           warmup=warmup, cooldown=cooldown, ttft_ms=ttft_ms, tpot_ms=tpot_ms, progress=progress,
+                           notes=notes, front_end_spread=front_end_spread, seed=seed)
