@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.table import Table
 
+from ..search.support import gpus_text
 from .console import _f, _fold, new_console
 
 #: the CSV / table columns of a support row, in order
@@ -37,15 +38,17 @@ def progress_bar(description: str, enabled: bool = True):
         yield update
 
 
-def support_csv(rows) -> str:
-    """``rows`` (:class:`~infercast.search.support.SupportRow`) as CSV text with a header."""
+def support_csv(rows, extra: dict[str, list] | None = None) -> str:
+    """``rows`` (:class:`~infercast.search.support.SupportRow`) as CSV text with a header;
+    ``extra``: further columns, {name: one value per row}."""
+    extra = extra or {}
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(COLUMNS)
-    for r in rows:
+    w.writerow([*COLUMNS, *extra])
+    for i, r in enumerate(rows):
         d = r.to_dict()
         w.writerow(["" if d[c] is None else ("yes" if d[c] is True else "no" if d[c] is False else d[c])
-                    for c in COLUMNS])
+                    for c in COLUMNS] + [vals[i] for vals in extra.values()])
     return buf.getvalue()
 
 
@@ -56,7 +59,7 @@ def print_support(rows) -> None:
     for col in ("model", "system", "backend", "version", "mode", "supported", "layout / reason"):
         t.add_column(col)
     for r in rows:
-        how = f"{r.layout} ({r.gpus} GPUs): TTFT {_f(r.ttft_ms, '{:.1f}')} ms, TPOT {_f(r.tpot_ms, '{:.2f}')} ms" \
+        how = f"{r.layout} ({gpus_text(r.gpus)}): TTFT {_f(r.ttft_ms, '{:.1f}')} ms, TPOT {_f(r.tpot_ms, '{:.2f}')} ms" \
             if r.supported else r.reason
         t.add_row(r.model, r.system, r.backend, r.version, r.mode,
                   "[green]yes[/green]" if r.supported else "[red]no[/red]", how)
@@ -115,6 +118,6 @@ def print_agreement(agreement, by: tuple[str, ...] = (), fail_sample: int = 10) 
                         "the reference's error"):
                 t.add_column(col)
             for m, r in answered[::step][:fail_sample]:
-                t.add_row(m.model, m.system, m.backend, m.version, m.mode, m.status, f"{r.layout} ({r.gpus} GPUs)",
+                t.add_row(m.model, m.system, m.backend, m.version, m.mode, m.status, f"{r.layout} ({gpus_text(r.gpus)})",
                           _f(r.ttft_ms, "{:.1f}"), _f(r.tpot_ms), m.error[:160])
             c.print(_fold(t))

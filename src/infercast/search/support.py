@@ -87,6 +87,11 @@ def reason_group(reason: str, model: str = "", system: str = "", version: str = 
     return re.sub(r"(?<![\w.<])\d+(?:\.\d+)?(?![\w.])", "N", text)
 
 
+def gpus_text(n: int) -> str:
+    """``n`` with its unit: 1 GPU, 8 GPUs."""
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
 def _reason(exc: InfercastError) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -188,7 +193,7 @@ class Prober:
             return out
         if not lays:
             why = next(iter(skipped.values()), "none was generated")
-            out.errors = {m: f"InvalidConfigError: no layout of at most {budget} GPUs shards the model: {why}"
+            out.errors = {m: f"InvalidConfigError: no layout of at most {gpus_text(budget)} shards the model: {why}"
                           for m in MODES}
             return out
         # fewest GPUs first; at a count, wider stages before pipeline stages (stable: TP, then TP
@@ -204,7 +209,7 @@ class Prober:
                 w = 0.0  # let the estimator say what is wrong
             if w >= cap:
                 misfit = (f"does not fit: the weights take {w / GB:.1f} GB per GPU on {lay.label} "
-                          f"({lay.gpus} GPUs), more than the GPU's {cap / GB:.0f} GB")
+                          f"({gpus_text(lay.gpus)}), more than the GPU's {cap / GB:.0f} GB")
                 continue
             try:
                 est = Estimator(model, system, backend, version, lay.tp, lay.pp, attention_dp=lay.attention_dp,
@@ -218,7 +223,7 @@ class Prober:
                 continue
             why = one_request_misfit(est, p.isl + p.osl)
             if why:
-                misfit = f"does not fit: on {lay.label} ({lay.gpus} GPUs) {why}"
+                misfit = f"does not fit: on {lay.label} ({gpus_text(lay.gpus)}) {why}"
                 continue
             tried += 1
             for m in MODES:
@@ -241,7 +246,7 @@ class Prober:
                 break
         if misfit:
             for m in MODES:
-                out.errors.setdefault(m, f"{misfit}; no layout of at most {budget} GPUs holds the model and one request")
+                out.errors.setdefault(m, f"{misfit}; no layout of at most {gpus_text(budget)} holds the model and one request")
         return out
 
 
@@ -375,23 +380,22 @@ class Agreement:
 def compare(prober: Prober, matrix, *, statuses: Iterable[str] | None = None,
             progress: Callable[[int, int, str], None] | None = None) -> Agreement:
     """Probe every matrix row (or those whose status is in ``statuses``) with the row's own GPU
-    budget, visiting rows grouped by (system, backend, version) so tables are read once."""
+    budget, visiting rows grouped by (system, backend, version) so tables are read once; the
+    answer's pairs are in the matrix's order."""
     rows = [m for m in matrix if statuses is None or m.status in set(statuses)]
     order = sorted(range(len(rows)), key=lambda i: (rows[i].system, rows[i].backend, rows[i].version, rows[i].model))
-    agreement = Agreement()
+    answers: list = [None] * len(rows)
     for n, i in enumerate(order):
         m = rows[i]
         if progress:
             progress(n, len(rows), f"{m.system} {m.backend} {m.version} {m.model}")
-        mode = m.mode if m.mode in MODES else None
         got = prober.probe_combo(m.model, m.system, m.backend, m.version, m.total_gpus)
-        if mode is None:
-            reason = f"InvalidInputError: the matrix row's mode {m.mode!r} is neither agg nor disagg"
-            r = SupportRow(m.model, None, m.system, m.backend, m.version, m.mode, False, reason,
-                           reason_group(reason))
+        if m.mode in MODES:
+            answers[i] = got[m.mode]
         else:
-            r = got[mode]
-        agreement.pairs.append((m, r))
+            reason = f"InvalidInputError: the matrix row's mode {m.mode!r} is neither agg nor disagg"
+            answers[i] = SupportRow(m.model, None, m.system, m.backend, m.version, m.mode, False, reason,
+                                    reason_group(reason))
     if progress:
         progress(len(rows), len(rows), "done")
-    return agreement
+    return Agreement(list(zip(rows, answers)))
