@@ -27,10 +27,11 @@ shape at a time; the two agree to rounding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..errors import NotAvailableError
 from ..interp.provenance import Prov
 from ..models.plan import Plan, PlanOp
 from ..ops.attention import prefixed_context, resolve_context_attention, resolve_generation_attention
@@ -98,7 +99,7 @@ class CompiledEngine:
     def __init__(self, plan: Plan, db: OpDB):
         self.plan = plan
         self.db = db
-        self.ops: list[CompiledOp] = [self._compile(op) for op in plan.ops]
+        self.ops: list[CompiledOp] = [self._compile_backfilled(op) for op in plan.ops]
         main = [c for c in self.ops if c.op.phase != "decode"]
         draft = [c for c in self.ops if c.op.phase == "decode"]
         self._grid_ops = [c for c in main if c.op.kind in GRID_KINDS]
@@ -115,16 +116,41 @@ class CompiledEngine:
         self._context_memo: dict = {}
         self._mixed_memo: dict = {}
 
-    def _compile(self, op: PlanOp) -> CompiledOp:
+    def _compile_backfilled(self, op: PlanOp) -> CompiledOp:
+        """``op`` resolved against the engine's data version; when that version has no data for
+        the op's shape (:class:`~infercast.errors.NotAvailableError` in SILICON mode: a table
+        re-collected for a few models, a quant mode or site it lacks), against the older
+        collected versions the backfill rule allows (:meth:`OpDB.backfill_dbs`, newest first),
+        the first that answers winning. The op's own quant mode is asked every time: a missing
+        shape is never answered from another quant by this fallback. Each resolved lookup keeps
+        the version that answered it and says why in its notes; if no version answers, the
+        chosen version's error stands."""
+        try:
+            return self._compile(op)
+        except NotAvailableError as exc:
+            first = exc
+        for donor in self.db.backfill_dbs():
+            try:
+                c = self._compile(op, donor)
+            except NotAvailableError:
+                continue
+            why = (f"{self.db.data.version} has no data for this shape ({first.what}); answered by the older "
+                   f"collected version {donor.data.version}")
+            return replace(c, resolved=tuple(replace(r, notes=(*r.notes, why)) for r in c.resolved))
+        raise first
+
+    def _compile(self, op: PlanOp, db: OpDB | None = None) -> CompiledOp:
+        """``op`` resolved against ``db`` (default the engine's)."""
+        db = self.db if db is None else db
         from ..ops.comm import resolve_collective
         from ..ops.gemm import resolve_gemm
 
         p = op.params
         if op.kind == "gemm":
-            return CompiledOp(op, (resolve_gemm(self.db, p["quant"], int(p["n"]), int(p["k"]),
+            return CompiledOp(op, (resolve_gemm(db, p["quant"], int(p["n"]), int(p["k"]),
                                                 fused_input_quant=p.get("input_quant") == "fused"),))
         if op.kind in ("allreduce", "allgather", "reduce_scatter", "alltoall"):
-            r = resolve_collective(self.db, _collective_name(op.kind), int(p["group"]))
+            r = resolve_collective(db, _collective_name(op.kind), int(p["group"]))
             return CompiledOp(op, (r,), x_per_token=float(p["elements_per_token"]))
         if op.kind == "moe":
             from ..ops.moe import resolve_moe
@@ -133,7 +159,7 @@ class CompiledEngine:
 
             def moe(phase: str):
                 return resolve_moe(
-                    self.db, quant=p["quant"], hidden=int(p["hidden"]), inter=int(p["inter"]), topk=int(p["topk"]),
+                    db, quant=p["quant"], hidden=int(p["hidden"]), inter=int(p["inter"]), topk=int(p["topk"]),
                     experts=int(p["experts"]), moe_tp=int(p["moe_tp"]), moe_ep=int(p["moe_ep"]),
                     distribution=p.get("distribution", "balanced"), gated=bool(p.get("gated", True)), wide_ep=wide_ep,
                     kernel=p.get("kernel"), phase=phase,
@@ -147,7 +173,7 @@ class CompiledEngine:
             from ..ops.moe import resolve_moe_dispatch
 
             def dispatch(phase: str):
-                return resolve_moe_dispatch(self.db, phase=phase, hidden=int(p["hidden"]), topk=int(p["topk"]),
+                return resolve_moe_dispatch(db, phase=phase, hidden=int(p["hidden"]), topk=int(p["topk"]),
                                             experts=int(p["experts"]), ep=int(p["ep"]), quant=p.get("quant", "bfloat16"))
 
             if op.phase != "both":
@@ -156,33 +182,33 @@ class CompiledEngine:
             return CompiledOp(op, (dispatch("context"), dispatch("generation")), phase_split=True)
         if op.kind == "attention":
             args = (int(p["heads"]), int(p["kv_heads"]), int(p["head_dim"]), p["kv_quant"], p["attn_quant"], int(p["window"]))
-            return CompiledOp(op, (resolve_context_attention(self.db, *args), resolve_generation_attention(self.db, *args)))
+            return CompiledOp(op, (resolve_context_attention(db, *args), resolve_generation_attention(db, *args)))
         if op.kind == "mla":
             from ..ops.mla import resolve_mla
 
             kw = {k: p[k] for k in ("hidden", "heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                                     "qk_rope_head_dim", "v_head_dim", "gemm_quant", "kv_quant")}
             kw["model_id"] = p.get("model_id")
-            return CompiledOp(op, (resolve_mla(self.db, "context", **kw), resolve_mla(self.db, "generation", **kw)))
+            return CompiledOp(op, (resolve_mla(db, "context", **kw), resolve_mla(db, "generation", **kw)))
         if op.kind == "dsa":
             from ..ops.dsa import resolve_dsa
 
             kw = {k: p[k] for k in ("hidden", "heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                                     "qk_rope_head_dim", "v_head_dim", "gemm_quant", "kv_quant")}
             kw.update(model_id=p.get("model_id"), tp=int(p.get("tp", 1)))
-            return CompiledOp(op, (resolve_dsa(self.db, "context", **kw), resolve_dsa(self.db, "generation", **kw)))
+            return CompiledOp(op, (resolve_dsa(db, "context", **kw), resolve_dsa(db, "generation", **kw)))
         if op.kind == "gdn":
             from ..ops.gdn import resolve_gdn
 
             kw = {k: p[k] for k in ("d_model", "num_k_heads", "head_k_dim", "num_v_heads", "head_v_dim", "conv_kernel")}
             kw["model_name"] = p.get("model_name")
-            return CompiledOp(op, (resolve_gdn(self.db, "context", **kw), resolve_gdn(self.db, "generation", **kw)))
+            return CompiledOp(op, (resolve_gdn(db, "context", **kw), resolve_gdn(db, "generation", **kw)))
         if op.kind == "elementwise":
-            g = self.db.system.gpu
+            g = db.system.gpu
             return CompiledOp(op, (Resolved(None, "sol", how="analytic", fixed_prov=Prov.ANALYTIC),),
                               x_per_token=float(p["bytes_per_token"]), ms_per_unit=1e3 / g.effective_mem_bw, fixed_ms=g.mem_latency_s * 1e3)
         if op.kind == "p2p":
-            n = self.db.system.node
+            n = db.system.node
             bw = n.inter_node_bw if p.get("inter_node") else n.intra_node_bw
             return CompiledOp(op, (Resolved(None, "analytic", how="analytic", fixed_prov=Prov.ANALYTIC),),
                               x_per_token=float(p["bytes_per_token"]), ms_per_unit=1e3 / bw, fixed_ms=n.p2p_latency_s * 1e3)
