@@ -188,3 +188,12 @@ def test_cli_table(spack, capsys):
 def test_cli_bad_filters(spack, capsys, argv, needles):
     rc, out, err = run_cli(capsys, ["support", "--systems-path", str(spack.systems_dir), *argv])
     assert_one_line_error(rc, out, err, *needles)
+
+
+def test_cli_against_pack_csv_has_the_pack_status(spack, capsys):
+    rc, out, err = run_cli(capsys, ["support", "--systems-path", str(spack.systems_dir), "--against-pack", "--csv",
+                                    "--backend", "vllm", "--quiet"])
+    assert rc == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [(r["mode"], r["supported"], r["pack_status"]) for r in rows] == [
+        ("agg", "no", "PASS"), ("disagg", "no", "HW_INCOMPATIBLE")]
