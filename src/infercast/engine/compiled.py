@@ -134,7 +134,7 @@ class CompiledEngine:
                 c = self._compile(op, donor)
             except NotAvailableError:
                 continue
-            why = (f"{self.db.data.version} has no data for this shape ({first.what}); answered by the older "
+            why = (f"{self.db.data.version} cannot answer this op ({first.what}): answered by the older "
                    f"collected version {donor.data.version}")
             return replace(c, resolved=tuple(replace(r, notes=(*r.notes, why)) for r in c.resolved))
         raise first

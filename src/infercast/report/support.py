@@ -114,10 +114,11 @@ def print_agreement(agreement, by: tuple[str, ...] = (), fail_sample: int = 10) 
             step = max(1, len(answered) // fail_sample)
             t = Table(show_header=True, header_style="bold",
                       title=f"a sample of the {len(answered)} non-PASS rows infercast answers")
-            for col in ("model", "system", "backend", "version", "mode", "matrix", "layout", "TTFT ms", "TPOT ms",
+            for col in ("model", "system / backend / version / mode", "matrix", "infercast: layout, TTFT / TPOT ms",
                         "the reference's error"):
                 t.add_column(col)
             for m, r in answered[::step][:fail_sample]:
-                t.add_row(m.model, m.system, m.backend, m.version, m.mode, m.status, f"{r.layout} ({gpus_text(r.gpus)})",
-                          _f(r.ttft_ms, "{:.1f}"), _f(r.tpot_ms), m.error[:160])
+                err = m.error if len(m.error) <= 100 else m.error[:99] + "…"
+                t.add_row(m.model, f"{m.system} {m.backend} {m.version} {m.mode}", m.status,
+                          f"{r.layout} ({gpus_text(r.gpus)}): {_f(r.ttft_ms, '{:.1f}')} / {_f(r.tpot_ms)}", err)
             c.print(_fold(t))
