@@ -197,3 +197,11 @@ def test_cli_against_pack_csv_has_the_pack_status(spack, capsys):
     rows = list(csv.DictReader(io.StringIO(out)))
     assert [(r["mode"], r["supported"], r["pack_status"]) for r in rows] == [
         ("agg", "no", "PASS"), ("disagg", "no", "HW_INCOMPATIBLE")]
+
+
+def test_cli_against_pack_table(spack, capsys):
+    rc, out, err = run_cli(capsys, ["support", "--systems-path", str(spack.systems_dir), "--against-pack", "--quiet"])
+    assert rc == 0, err
+    assert "PASS rows answered: 2 / 6 (33.3%)" in out
+    assert "FAIL 2 (infercast answers 2)" in out and "HW_INCOMPATIBLE 1 (infercast answers 0)" in out
+    assert "ValueError: no config fits" in out  # the reference's error beside a FAIL row infercast answers

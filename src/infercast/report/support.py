@@ -59,8 +59,8 @@ def print_support(rows) -> None:
     for col in ("model", "system", "backend", "version", "mode", "supported", "layout / reason"):
         t.add_column(col)
     for r in rows:
-        how = f"{r.layout} ({gpus_text(r.gpus)}): TTFT {_f(r.ttft_ms, '{:.1f}')} ms, TPOT {_f(r.tpot_ms, '{:.2f}')} ms" \
-            if r.supported else r.reason
+        how = (f"{r.layout} ({gpus_text(r.gpus)}): TTFT {_f(r.ttft_ms, '{:.1f}')} ms, TPOT {_f(r.tpot_ms)} ms"
+               if r.supported else r.reason)
         t.add_row(r.model, r.system, r.backend, r.version, r.mode,
                   "[green]yes[/green]" if r.supported else "[red]no[/red]", how)
     c.print(_fold(t))
@@ -107,8 +107,8 @@ def print_agreement(agreement, by: tuple[str, ...] = (), fail_sample: int = 10) 
             t.add_row(str(n), str(len(models[reason])), reason)
         c.print(_fold(t))
     if s["other_rows"]:
-        c.print("non-PASS matrix rows: " + ", ".join(
-            f"{st} {n} (infercast answers {s['other_answered'].get(st, 0)})" for st, n in sorted(s["other_rows"].items())))
+        c.print("non-PASS matrix rows: " + ", ".join(f"{st} {n} (infercast answers {s['other_answered'].get(st, 0)})"
+                                                     for st, n in sorted(s["other_rows"].items())))
         answered = [(m, r) for m, r in agreement.others if r.supported]
         if answered and fail_sample:
             step = max(1, len(answered) // fail_sample)

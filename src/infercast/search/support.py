@@ -130,7 +130,7 @@ class Prober:
 
             try:
                 mc = resolve_model(pack, model)
-                cfg = mc.config.get("text_config") or mc.config if isinstance(mc.config, dict) else {}
+                cfg = (mc.config.get("text_config") or mc.config) if isinstance(mc.config, dict) else {}
                 arch = ((mc.config.get("architectures") if isinstance(mc.config, dict) else None)
                         or cfg.get("architectures") or [None])[0]
                 try:
@@ -159,8 +159,8 @@ class Prober:
         names = (model, system, backend, version)
 
         def fail(arch, reason):
-            return {m: SupportRow(model, arch, system, backend, version, m, False, reason, reason_group(reason, model, system, version))
-                    for m in MODES}
+            group = reason_group(reason, model, system, version)
+            return {m: SupportRow(model, arch, system, backend, version, m, False, reason, group) for m in MODES}
 
         try:
             data = PerfData.open(system, backend, version, self.systems_path)
@@ -246,7 +246,8 @@ class Prober:
                 break
         if misfit:
             for m in MODES:
-                out.errors.setdefault(m, f"{misfit}; no layout of at most {gpus_text(budget)} holds the model and one request")
+                out.errors.setdefault(m, f"{misfit}; no layout of at most {gpus_text(budget)} holds the model and "
+                                         "one request")
         return out
 
 
