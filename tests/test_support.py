@@ -205,3 +205,15 @@ def test_cli_against_pack_table(spack, capsys):
     assert "PASS rows answered: 2 / 6 (33.3%)" in out
     assert "FAIL 2 (infercast answers 2)" in out and "HW_INCOMPATIBLE 1 (infercast answers 0)" in out
     assert "ValueError: no config fits" in out  # the reference's error beside a FAIL row infercast answers
+
+
+def test_jobs_give_the_serial_answers_bit_for_bit(spack, agreement):
+    matrix = read_matrix(find_pack(spack.systems_dir))
+    par = compare(Prober(Probe(), systems_path=spack.systems_dir), matrix, jobs=2)
+    assert [r for _, r in par.pairs] == [r for _, r in agreement.pairs]
+    assert [r.ttft_ms for _, r in par.pairs] == [r.ttft_ms for _, r in agreement.pairs]
+
+
+def test_cli_bad_jobs(spack, capsys):
+    rc, out, err = run_cli(capsys, ["support", "--systems-path", str(spack.systems_dir), "--jobs", "0"])
+    assert_one_line_error(rc, out, err, "--jobs must be >= 1")

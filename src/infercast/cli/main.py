@@ -319,7 +319,7 @@ def cmd_support(a) -> int:
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise InvalidInputError(f"--mode {a.mode}: not a serving mode", available=MODES)
-    for name in ("isl", "osl", "concurrency", "max_gpus"):
+    for name in ("isl", "osl", "concurrency", "max_gpus", "jobs"):
         if getattr(a, name) < 1:
             raise InvalidInputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     pack = find_pack(a.systems_path)
@@ -340,7 +340,7 @@ def cmd_support(a) -> int:
             raise InvalidInputError("the pack's support matrix has no row for the filters",
                                     "its systems", sorted({m.system for m in read_matrix(pack)}))
         with progress_bar("support vs the pack's matrix", enabled=not quiet) as progress:
-            agreement = compare(prober, matrix, progress=progress)
+            agreement = compare(prober, matrix, jobs=a.jobs, progress=progress)
         rows = [r for _, r in agreement.pairs]
         status = [m.status for m, _ in agreement.pairs]
         if a.json:
@@ -353,7 +353,7 @@ def cmd_support(a) -> int:
             print_agreement(agreement, by=("architecture", "system", "backend", "version"))
         return 0
     with progress_bar("support", enabled=not quiet) as progress:
-        rows = support_rows(prober, sel, modes, progress=progress)
+        rows = support_rows(prober, sel, modes, jobs=a.jobs, progress=progress)
     if a.json:
         print(json.dumps({"probe": probe.__dict__, "rows": [r.to_dict() for r in rows]}, indent=1))
     elif a.csv:
@@ -472,6 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="GPU budget of the smallest layout that holds the model (default 128, as the pack's matrix)")
     su.add_argument("--against-pack", action="store_true",
                     help="probe the pack's own support_matrix rows (each with its GPU budget) and report agreement")
+    su.add_argument("--jobs", type=int, default=1,
+                    help="local processes to spread the (system, backend) groups over (default 1; same answers)")
     su.add_argument("--csv", action="store_true", help="print CSV")
     su.add_argument("--json", action="store_true", help="print one JSON object")
     su.add_argument("--quiet", action="store_true", help="no progress bar on stderr")

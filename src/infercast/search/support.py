@@ -35,6 +35,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
+from ..data.versions import version_key
 from ..errors import InfercastError, InvalidInputError
 
 MODES = ("agg", "disagg")
@@ -146,11 +147,10 @@ class Prober:
     def probe_combo(self, model: str, system: str, backend: str, version: str,
                     max_gpus: int | None = None) -> dict[str, SupportRow]:
         """{mode: row} for both modes of one combination; ``max_gpus`` overrides the probe's budget."""
-        budget = self.probe.max_gpus if max_gpus is None else max_gpus
-        key = (model, system, backend, version, budget)
+        key = _key(self, model, system, backend, version, max_gpus)
         hit = self._done.get(key)
         if hit is None:
-            hit = self._done[key] = self._probe(model, system, backend, version, budget)
+            hit = self._done[key] = self._probe(model, system, backend, version, key[-1])
         return hit
 
     def _probe(self, model, system, backend, version, budget) -> dict[str, SupportRow]:
@@ -251,6 +251,64 @@ class Prober:
         return out
 
 
+# ---- many combinations ---------------------------------------------------------------------------
+
+
+#: one probe request: (model, system, backend, version, GPU budget or None for the probe's own)
+Request = tuple
+
+
+def _probe_group(probe: Probe, systems_path, requests: list) -> list:
+    """Worker of :func:`probe_many`: [(request, {mode: row})] for one group of requests."""
+    prober = Prober(probe, systems_path)
+    return [(r, prober.probe_combo(*r)) for r in requests]
+
+
+def probe_many(prober: Prober, requests: Iterable[Request], *, jobs: int = 1,
+               progress: Callable[[int, int, str], None] | None = None) -> None:
+    """Probe every request not yet in ``prober``'s memo, visiting them grouped by (system, backend,
+    version) so each table is read once (a version's older ones, which complete its partial
+    tables, come just before it). ``jobs`` > 1 spreads the (system, backend) groups over that many
+    processes (spawned: each reads its own tables); the answers are the serial run's, since a
+    probe depends on its request alone."""
+    if not isinstance(jobs, int) or jobs < 1:
+        raise InvalidInputError(f"--jobs must be a positive integer, got {jobs!r}")
+    todo = sorted({_key(prober, *r) for r in requests} - set(prober._done),
+                  key=lambda r: (r[1], r[2], version_key(r[3]), r[0], r[4]))
+    total = len(todo)
+    if jobs == 1 or total < 2:
+        for n, r in enumerate(todo):
+            if progress:
+                progress(n, total, f"{r[1]} {r[2]} {r[3]} {r[0]}")
+            prober.probe_combo(*r)
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        groups: dict[tuple, list] = defaultdict(list)
+        for r in todo:
+            groups[(r[1], r[2])].append(r)
+        done = 0
+        if progress:
+            progress(0, total, f"{len(groups)} system / backend groups over {jobs} processes")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = [pool.submit(_probe_group, prober.probe, prober.systems_path, g)
+                       for g in sorted(groups.values(), key=len, reverse=True)]
+            for f in as_completed(futures):
+                got = f.result()
+                for r, rows in got:
+                    prober._done[r] = rows
+                done += len(got)
+                if progress:
+                    progress(done, total, f"{got[0][0][1]} {got[0][0][2]}" if got else "")
+    if progress:
+        progress(total, total, "done")
+
+
+def _key(prober: Prober, model, system, backend, version, max_gpus=None) -> tuple:
+    return (model, system, backend, version, prober.probe.max_gpus if max_gpus is None else max_gpus)
+
+
 # ---- enumeration ---------------------------------------------------------------------------------
 
 
@@ -322,18 +380,16 @@ def combos(pack, models=None, systems=None, backends=None, versions=None) -> lis
     return out
 
 
-def support_rows(prober: Prober, combos_: list[Combo], modes: Iterable[str] = MODES,
+def support_rows(prober: Prober, combos_: list[Combo], modes: Iterable[str] = MODES, *, jobs: int = 1,
                  progress: Callable[[int, int, str], None] | None = None) -> list[SupportRow]:
-    """A row per combination and mode, probing each combination once."""
+    """A row per combination and mode, probing each combination once (:func:`probe_many`)."""
     modes = list(modes)
+    probe_many(prober, [(c.model, c.system, c.backend, c.version, None) for c in combos_], jobs=jobs,
+               progress=progress)
     rows: list[SupportRow] = []
-    for i, c in enumerate(combos_):
-        if progress:
-            progress(i, len(combos_), f"{c.system} {c.backend} {c.version} {c.model}")
+    for c in combos_:
         got = prober.probe_combo(c.model, c.system, c.backend, c.version)
         rows.extend(got[m] for m in modes)
-    if progress:
-        progress(len(combos_), len(combos_), "done")
     return rows
 
 
@@ -378,25 +434,20 @@ class Agreement:
         return {k: (v[0], v[1]) for k, v in sorted(acc.items())}
 
 
-def compare(prober: Prober, matrix, *, statuses: Iterable[str] | None = None,
+def compare(prober: Prober, matrix, *, statuses: Iterable[str] | None = None, jobs: int = 1,
             progress: Callable[[int, int, str], None] | None = None) -> Agreement:
     """Probe every matrix row (or those whose status is in ``statuses``) with the row's own GPU
-    budget, visiting rows grouped by (system, backend, version) so tables are read once; the
-    answer's pairs are in the matrix's order."""
+    budget (:func:`probe_many`); the answer's pairs are in the matrix's order."""
     rows = [m for m in matrix if statuses is None or m.status in set(statuses)]
-    order = sorted(range(len(rows)), key=lambda i: (rows[i].system, rows[i].backend, rows[i].version, rows[i].model))
-    answers: list = [None] * len(rows)
-    for n, i in enumerate(order):
-        m = rows[i]
-        if progress:
-            progress(n, len(rows), f"{m.system} {m.backend} {m.version} {m.model}")
+    probe_many(prober, [(m.model, m.system, m.backend, m.version, m.total_gpus) for m in rows], jobs=jobs,
+               progress=progress)
+    answers: list = []
+    for m in rows:
         got = prober.probe_combo(m.model, m.system, m.backend, m.version, m.total_gpus)
         if m.mode in MODES:
-            answers[i] = got[m.mode]
+            answers.append(got[m.mode])
         else:
             reason = f"InvalidInputError: the matrix row's mode {m.mode!r} is neither agg nor disagg"
-            answers[i] = SupportRow(m.model, None, m.system, m.backend, m.version, m.mode, False, reason,
-                                    reason_group(reason))
-    if progress:
-        progress(len(rows), len(rows), "done")
+            answers.append(SupportRow(m.model, None, m.system, m.backend, m.version, m.mode, False, reason,
+                                      reason_group(reason)))
     return Agreement(list(zip(rows, answers)))
