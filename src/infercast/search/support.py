@@ -14,8 +14,9 @@ A combination is *supported* when infercast answers one representative configura
   layout under the same load (:func:`infercast.api.serve_disagg`);
 * lengths ``isl`` = ``osl`` = 256 by default, the pack's own support matrix's lengths.
 
-Otherwise the combination is unsupported and its reason is the typed error infercast raised (its
-class and message), or "does not fit" when no layout of the budget holds the model and one
+Otherwise the combination is unsupported and its reason is the first typed error infercast raised
+(its class and message; on the smallest layout that fits), or "does not fit" when no layout of the
+budget holds the model and one
 request. :func:`reason_group` strips a reason of the row's names and numbers so that reasons
 group across rows.
 
@@ -23,9 +24,10 @@ group across rows.
 (:mod:`infercast.data.support_matrix`), the reference tool's claim of what it answers, using each
 matrix row's GPU budget (its ``--total-gpus``).
 
-Work is shared: the model's spec is built once, and one (model, system, backend, version) is
-probed once for both modes and every caller (:class:`Prober` memoises); callers that sweep many
-combinations should visit them grouped by (system, backend, version) so each table is read once.
+Work is shared: a model's spec is built once, and one (model, system, backend, version, budget)
+is probed once for both modes and every caller (:class:`Prober` memoises); :func:`probe_many`
+visits many combinations grouped by (system, backend, version) so each table is read once, in
+one process or spread over several (``jobs``) with the same answers.
 """
 
 from __future__ import annotations
