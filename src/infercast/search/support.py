@@ -16,9 +16,8 @@ A combination is *supported* when infercast answers one representative configura
 
 Otherwise the combination is unsupported and its reason is the first typed error infercast raised
 (its class and message; on the smallest layout that fits), or "does not fit" when no layout of the
-budget holds the model and one
-request. :func:`reason_group` strips a reason of the row's names and numbers so that reasons
-group across rows.
+budget holds the model and one request. :func:`reason_group` strips a reason of the row's names
+and numbers so that reasons group across rows.
 
 :func:`compare` sets these answers against the pack's own support matrix
 (:mod:`infercast.data.support_matrix`), the reference tool's claim of what it answers, using each
