@@ -217,3 +217,14 @@ def test_jobs_give_the_serial_answers_bit_for_bit(spack, agreement):
 def test_cli_bad_jobs(spack, capsys):
     rc, out, err = run_cli(capsys, ["support", "--systems-path", str(spack.systems_dir), "--jobs", "0"])
     assert_one_line_error(rc, out, err, "--jobs must be >= 1")
+
+
+def test_cli_against_pack_without_a_matrix(synth, capsys):
+    rc, out, err = run_cli(capsys, ["support", "--systems-path", str(synth.systems_dir), "--against-pack"])
+    assert_one_line_error(rc, out, err, "no support_matrix/*.csv")
+
+
+def test_cli_against_pack_filters_select_no_row(spack, capsys):
+    rc, out, err = run_cli(capsys, ["support", "--systems-path", str(spack.systems_dir), "--against-pack",
+                                    "--backend-version", "1.1", "--mode", "agg"])
+    assert_one_line_error(rc, out, err, "no row for the filters", SYSTEM)

@@ -330,15 +330,19 @@ def cmd_support(a) -> int:
     if a.against_pack:
         from ..data.support_matrix import read_matrix
 
+        every = read_matrix(pack)
+        if not every:
+            raise InvalidInputError(f"--against-pack: the pack at {pack.systems_dir} has no support_matrix/*.csv",
+                                    "drop --against-pack to list what infercast answers")
         pairs = {(c.system, c.backend) for c in sel}
         versions = {(c.system, c.backend, c.version) for c in sel}
         models = {c.model for c in sel}
-        matrix = [m for m in read_matrix(pack) if m.mode in modes and (m.system, m.backend) in pairs
+        matrix = [m for m in every if m.mode in modes and (m.system, m.backend) in pairs
                   and (a.model is None or m.model in models)
                   and (a.backend_version is None or (m.system, m.backend, m.version) in versions)]
         if not matrix:
             raise InvalidInputError("the pack's support matrix has no row for the filters",
-                                    "its systems", sorted({m.system for m in read_matrix(pack)}))
+                                    "its rows are of the systems", sorted({m.system for m in every}))
         with progress_bar("support vs the pack's matrix", enabled=not quiet) as progress:
             agreement = compare(prober, matrix, jobs=a.jobs, progress=progress)
         rows = [r for _, r in agreement.pairs]
