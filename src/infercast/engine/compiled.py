@@ -27,6 +27,7 @@ shape at a time; the two agree to rounding.
 
 from __future__ import annotations
 
+from copy import copy
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -130,8 +131,10 @@ class CompiledEngine:
         except NotAvailableError as exc:
             first = exc
         for donor in self.db.backfill_dbs():
+            other = copy(self)  # the same engine reading the donor version's tables
+            other.db = donor
             try:
-                c = self._compile(op, donor)
+                c = other._compile(op)
             except NotAvailableError:
                 continue
             why = (f"{self.db.data.version} cannot answer this op ({first.what}): answered by the older "
@@ -139,18 +142,16 @@ class CompiledEngine:
             return replace(c, resolved=tuple(replace(r, notes=(*r.notes, why)) for r in c.resolved))
         raise first
 
-    def _compile(self, op: PlanOp, db: OpDB | None = None) -> CompiledOp:
-        """``op`` resolved against ``db`` (default the engine's)."""
-        db = self.db if db is None else db
+    def _compile(self, op: PlanOp) -> CompiledOp:
         from ..ops.comm import resolve_collective
         from ..ops.gemm import resolve_gemm
 
         p = op.params
         if op.kind == "gemm":
-            return CompiledOp(op, (resolve_gemm(db, p["quant"], int(p["n"]), int(p["k"]),
+            return CompiledOp(op, (resolve_gemm(self.db, p["quant"], int(p["n"]), int(p["k"]),
                                                 fused_input_quant=p.get("input_quant") == "fused"),))
         if op.kind in ("allreduce", "allgather", "reduce_scatter", "alltoall"):
-            r = resolve_collective(db, _collective_name(op.kind), int(p["group"]))
+            r = resolve_collective(self.db, _collective_name(op.kind), int(p["group"]))
             return CompiledOp(op, (r,), x_per_token=float(p["elements_per_token"]))
         if op.kind == "moe":
             from ..ops.moe import resolve_moe
@@ -159,7 +160,7 @@ class CompiledEngine:
 
             def moe(phase: str):
                 return resolve_moe(
-                    db, quant=p["quant"], hidden=int(p["hidden"]), inter=int(p["inter"]), topk=int(p["topk"]),
+                    self.db, quant=p["quant"], hidden=int(p["hidden"]), inter=int(p["inter"]), topk=int(p["topk"]),
                     experts=int(p["experts"]), moe_tp=int(p["moe_tp"]), moe_ep=int(p["moe_ep"]),
                     distribution=p.get("distribution", "balanced"), gated=bool(p.get("gated", True)), wide_ep=wide_ep,
                     kernel=p.get("kernel"), phase=phase,
@@ -173,7 +174,7 @@ class CompiledEngine:
             from ..ops.moe import resolve_moe_dispatch
 
             def dispatch(phase: str):
-                return resolve_moe_dispatch(db, phase=phase, hidden=int(p["hidden"]), topk=int(p["topk"]),
+                return resolve_moe_dispatch(self.db, phase=phase, hidden=int(p["hidden"]), topk=int(p["topk"]),
                                             experts=int(p["experts"]), ep=int(p["ep"]), quant=p.get("quant", "bfloat16"))
 
             if op.phase != "both":
@@ -182,33 +183,33 @@ class CompiledEngine:
             return CompiledOp(op, (dispatch("context"), dispatch("generation")), phase_split=True)
         if op.kind == "attention":
             args = (int(p["heads"]), int(p["kv_heads"]), int(p["head_dim"]), p["kv_quant"], p["attn_quant"], int(p["window"]))
-            return CompiledOp(op, (resolve_context_attention(db, *args), resolve_generation_attention(db, *args)))
+            return CompiledOp(op, (resolve_context_attention(self.db, *args), resolve_generation_attention(self.db, *args)))
         if op.kind == "mla":
             from ..ops.mla import resolve_mla
 
             kw = {k: p[k] for k in ("hidden", "heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                                     "qk_rope_head_dim", "v_head_dim", "gemm_quant", "kv_quant")}
             kw["model_id"] = p.get("model_id")
-            return CompiledOp(op, (resolve_mla(db, "context", **kw), resolve_mla(db, "generation", **kw)))
+            return CompiledOp(op, (resolve_mla(self.db, "context", **kw), resolve_mla(self.db, "generation", **kw)))
         if op.kind == "dsa":
             from ..ops.dsa import resolve_dsa
 
             kw = {k: p[k] for k in ("hidden", "heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                                     "qk_rope_head_dim", "v_head_dim", "gemm_quant", "kv_quant")}
             kw.update(model_id=p.get("model_id"), tp=int(p.get("tp", 1)))
-            return CompiledOp(op, (resolve_dsa(db, "context", **kw), resolve_dsa(db, "generation", **kw)))
+            return CompiledOp(op, (resolve_dsa(self.db, "context", **kw), resolve_dsa(self.db, "generation", **kw)))
         if op.kind == "gdn":
             from ..ops.gdn import resolve_gdn
 
             kw = {k: p[k] for k in ("d_model", "num_k_heads", "head_k_dim", "num_v_heads", "head_v_dim", "conv_kernel")}
             kw["model_name"] = p.get("model_name")
-            return CompiledOp(op, (resolve_gdn(db, "context", **kw), resolve_gdn(db, "generation", **kw)))
+            return CompiledOp(op, (resolve_gdn(self.db, "context", **kw), resolve_gdn(self.db, "generation", **kw)))
         if op.kind == "elementwise":
-            g = db.system.gpu
+            g = self.db.system.gpu
             return CompiledOp(op, (Resolved(None, "sol", how="analytic", fixed_prov=Prov.ANALYTIC),),
                               x_per_token=float(p["bytes_per_token"]), ms_per_unit=1e3 / g.effective_mem_bw, fixed_ms=g.mem_latency_s * 1e3)
         if op.kind == "p2p":
-            n = db.system.node
+            n = self.db.system.node
             bw = n.inter_node_bw if p.get("inter_node") else n.intra_node_bw
             return CompiledOp(op, (Resolved(None, "analytic", how="analytic", fixed_prov=Prov.ANALYTIC),),
                               x_per_token=float(p["bytes_per_token"]), ms_per_unit=1e3 / bw, fixed_ms=n.p2p_latency_s * 1e3)
