@@ -688,3 +688,52 @@ def make_pack(
         model_configs_dir=models,
         tables=MappingProxyType(written),
     )
+
+
+# --------------------------------------------------------------------------
+# Support matrix (written on request, into a pack of the test's own)
+# --------------------------------------------------------------------------
+#: a model whose architecture infercast does not model
+FOREIGN_MODEL_ID = "synth/foreign-family"
+FOREIGN_ARCH = "SynthForeignForCausalLM"
+#: tiny-llama with DEEP_LAYERS layers: ~22 GB of bf16 weights, more than one synth GPU's 16 GiB
+#: and less than half of two GPUs' (so TP 2 holds it and one 512-token request)
+DEEP_MODEL_ID = "synth/deep-llama"
+DEEP_LAYERS = 20_000
+MATRIX_COLUMNS = ("HuggingFaceID", "Architecture", "System", "Backend", "Version", "Mode", "Status", "ErrMsg",
+                  "Command", "Source")
+
+
+def add_support_models(pack: Pack) -> None:
+    """Write FOREIGN_MODEL_ID and DEEP_MODEL_ID configs into ``pack``'s model_configs/."""
+    foreign = _model_config(False)
+    foreign["architectures"] = [FOREIGN_ARCH]
+    deep = _model_config(False)
+    deep["num_hidden_layers"] = DEEP_LAYERS
+    for mid, cfg in ((FOREIGN_MODEL_ID, foreign), (DEEP_MODEL_ID, deep)):
+        _write_text(pack.model_configs_dir / f"{mid.replace('/', '--')}_config.json", json.dumps(cfg, indent=2) + "\n")
+
+
+def write_support_matrix(pack: Pack, rows: list[dict]) -> Path:
+    """Write ``systems/support_matrix/<SYSTEM>.csv`` (+ index.json) in the pack's format.
+
+    Each row: model, arch, backend, version, mode, status, and optionally ``gpus`` (the command's
+    --total-gpus, default 8) and ``error`` (the exception line, stored as the last line of a
+    traceback whose newlines are the two characters backslash-n, as in the real pack)."""
+    import csv
+
+    d = pack.systems_dir / "support_matrix"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{SYSTEM}.csv"
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(MATRIX_COLUMNS)
+        for r in rows:
+            err = r.get("error")
+            errmsg = f'Traceback (most recent call last):\\n  File "x.py", line 1, in f\\n{err}\\n' if err else ""
+            cmd = (f"aiconfigurator cli default --model-path {r['model']} --total-gpus {r.get('gpus', 8)} "
+                   f"--system {SYSTEM} --backend {r['backend']} --backend-version {r['version']} --isl 256 --osl 256")
+            w.writerow([r["model"], r["arch"], SYSTEM, r["backend"], r["version"], r["mode"], r["status"], errmsg, cmd,
+                        "silicon"])
+    _write_text(d / "index.json", json.dumps({"files": [path.name]}) + "\n")
+    return path

@@ -387,6 +387,65 @@ def cmd_models(a) -> int:
     return 0
 
 
+def cmd_support(a) -> int:
+    from ..data.pack import find_pack
+    from ..report.support import print_agreement, print_support, progress_bar, support_csv
+    from ..search.support import MODES, Probe, Prober, combos, compare, support_rows
+
+    if a.json and a.csv:
+        raise InvalidInputError("--json and --csv both given", "pick one output format")
+    modes = [m.strip() for m in (a.mode or ",".join(MODES)).split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise InvalidInputError(f"--mode {a.mode}: not a serving mode", available=MODES)
+    for name in ("isl", "osl", "concurrency", "max_gpus", "jobs"):
+        if getattr(a, name) < 1:
+            raise InvalidInputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    pack = find_pack(a.systems_path)
+    probe = Probe(isl=a.isl, osl=a.osl, concurrency=a.concurrency, max_gpus=a.max_gpus)
+    prober = Prober(probe, systems_path=a.systems_path)
+    sel = combos(pack, a.model, a.system, a.backend, a.backend_version or ("all" if a.against_pack else None))
+    quiet = a.quiet or not sys.stderr.isatty()
+    if a.against_pack:
+        from ..data.support_matrix import read_matrix
+
+        every = read_matrix(pack)
+        if not every:
+            raise InvalidInputError(f"--against-pack: the pack at {pack.systems_dir} has no support_matrix/*.csv",
+                                    "drop --against-pack to list what infercast answers")
+        pairs = {(c.system, c.backend) for c in sel}
+        versions = {(c.system, c.backend, c.version) for c in sel}
+        models = {c.model for c in sel}
+        matrix = [m for m in every if m.mode in modes and (m.system, m.backend) in pairs
+                  and (a.model is None or m.model in models)
+                  and (a.backend_version is None or (m.system, m.backend, m.version) in versions)]
+        if not matrix:
+            raise InvalidInputError("the pack's support matrix has no row for the filters",
+                                    "its rows are of the systems", sorted({m.system for m in every}))
+        with progress_bar("support vs the pack's matrix", enabled=not quiet) as progress:
+            agreement = compare(prober, matrix, jobs=a.jobs, progress=progress)
+        rows = [r for _, r in agreement.pairs]
+        status = [m.status for m, _ in agreement.pairs]
+        if a.json:
+            print(json.dumps({"probe": probe.__dict__, "summary": agreement.summary(),
+                              "rows": [{**r.to_dict(), "pack_status": st, "pack_error": m.error or None}
+                                       for (m, r), st in zip(agreement.pairs, status)]}, indent=1))
+        elif a.csv:
+            sys.stdout.write(support_csv(rows, extra={"pack_status": status}))
+        else:
+            print_agreement(agreement, by=("architecture", "system", "backend", "version"))
+        return 0
+    with progress_bar("support", enabled=not quiet) as progress:
+        rows = support_rows(prober, sel, modes, jobs=a.jobs, progress=progress)
+    if a.json:
+        print(json.dumps({"probe": probe.__dict__, "rows": [r.to_dict() for r in rows]}, indent=1))
+    elif a.csv:
+        sys.stdout.write(support_csv(rows))
+    else:
+        print_support(rows)
+    return 0
+
+
 def cmd_data_fetch(a) -> int:
     from ..data.fetch import fetch_pack
     from ..data.pack import cache_dir
@@ -650,6 +709,28 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--json", action="store_true", help="print a JSON list")
     _add_data_args(m)
     m.set_defaults(func=cmd_models)
+
+    su = sub.add_parser("support", help="which model x system x backend x version x mode infercast answers, and why not")
+    su.add_argument("--model", default=None, help="model id(s), comma-separated (default: every model_config in the pack)")
+    su.add_argument("--system", default=None, help="system(s), comma-separated (default: every system with data)")
+    su.add_argument("--backend", default=None, help="backend(s): trtllm, vllm, sglang, comma-separated (default: all)")
+    su.add_argument("--backend-version", default=None,
+                    help="data version(s) or slots current/previous/next, comma-separated, or all (default: the slots)")
+    su.add_argument("--mode", default=None, help="agg, disagg or agg,disagg (default: both)")
+    su.add_argument("--isl", type=int, default=256, help="the representative request's input length (default 256)")
+    su.add_argument("--osl", type=int, default=256, help="its output length (default 256)")
+    su.add_argument("--concurrency", type=int, default=8, help="closed-loop clients of the probe (default 8)")
+    su.add_argument("--max-gpus", type=int, default=128,
+                    help="GPU budget of the smallest layout that holds the model (default 128, as the pack's matrix)")
+    su.add_argument("--against-pack", action="store_true",
+                    help="probe the pack's own support_matrix rows (each with its GPU budget) and report agreement")
+    su.add_argument("--jobs", type=int, default=1,
+                    help="local processes to spread the (system, backend) groups over (default 1; same answers)")
+    su.add_argument("--csv", action="store_true", help="print CSV")
+    su.add_argument("--json", action="store_true", help="print one JSON object")
+    su.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    _add_data_args(su)
+    su.set_defaults(func=cmd_support)
 
     d = sub.add_parser("data", help="manage the perf-data pack")
     dsub = d.add_subparsers(dest="data_command", required=True)

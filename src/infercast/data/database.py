@@ -46,6 +46,7 @@ from .versions import (
     find_in_version,
     locate_table,
     version_info,
+    version_key,
 )
 
 #: a composite table this much slower (median over shared grid points) than a dominated
@@ -146,6 +147,12 @@ class PerfData:
         version (raises :class:`~infercast.errors.UnknownBackendError` when it has none here)."""
         info = version_info(self.pack, self.system, backend)
         return PerfData(self.pack, self.system, backend, info, info.resolve(None))
+
+    def older_versions(self) -> list[PerfData]:
+        """This system and backend's data at each collected version older than :attr:`version`,
+        newest first (the backfill rule: never a newer version)."""
+        older = [v for v in self.versions.collected if version_key(v) < version_key(self.version)]
+        return [PerfData(self.pack, self.system, self.backend, self.versions, v) for v in reversed(older)]
 
     def locate(self, stem: str) -> TableLocation | None:
         loc = locate_table(self.system.data_dir, self.backend, self.version, self.versions.collected, stem)

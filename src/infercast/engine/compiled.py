@@ -27,10 +27,12 @@ shape at a time; the two agree to rounding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from copy import copy
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..errors import NotAvailableError
 from ..interp.provenance import Prov
 from ..models.plan import Plan, PlanOp
 from ..ops.attention import prefixed_context, resolve_context_attention, resolve_generation_attention
@@ -98,7 +100,7 @@ class CompiledEngine:
     def __init__(self, plan: Plan, db: OpDB):
         self.plan = plan
         self.db = db
-        self.ops: list[CompiledOp] = [self._compile(op) for op in plan.ops]
+        self.ops: list[CompiledOp] = [self._compile_backfilled(op) for op in plan.ops]
         main = [c for c in self.ops if c.op.phase != "decode"]
         draft = [c for c in self.ops if c.op.phase == "decode"]
         self._grid_ops = [c for c in main if c.op.kind in GRID_KINDS]
@@ -114,6 +116,31 @@ class CompiledEngine:
         self._tokenwise_memo: dict = {}
         self._context_memo: dict = {}
         self._mixed_memo: dict = {}
+
+    def _compile_backfilled(self, op: PlanOp) -> CompiledOp:
+        """``op`` resolved against the engine's data version; when that version has no data for
+        the op's shape (:class:`~infercast.errors.NotAvailableError` in SILICON mode: a table
+        re-collected for a few models, a quant mode or site it lacks), against the older
+        collected versions the backfill rule allows (:meth:`OpDB.backfill_dbs`, newest first),
+        the first that answers winning. The op's own quant mode is asked every time: a missing
+        shape is never answered from another quant by this fallback. Each resolved lookup keeps
+        the version that answered it and says why in its notes; if no version answers, the
+        chosen version's error stands."""
+        try:
+            return self._compile(op)
+        except NotAvailableError as exc:
+            first = exc
+        for donor in self.db.backfill_dbs():
+            other = copy(self)  # the same engine reading the donor version's tables
+            other.db = donor
+            try:
+                c = other._compile(op)
+            except NotAvailableError:
+                continue
+            why = (f"{self.db.data.version} cannot answer this op ({first.what}): answered by the older "
+                   f"collected version {donor.data.version}")
+            return replace(c, resolved=tuple(replace(r, notes=(*r.notes, why)) for r in c.resolved))
+        raise first
 
     def _compile(self, op: PlanOp) -> CompiledOp:
         from ..ops.comm import resolve_collective

@@ -141,6 +141,16 @@ class OpDB:
         loc = self.data.served.get(stem)
         return f"{loc.served_by}" + ("" if loc.how == "direct" else f" ({loc.how})") if loc else None
 
+    def backfill_dbs(self) -> list[OpDB]:
+        """OpDBs of the older collected versions of this system and backend, newest first: the
+        versions :func:`infercast.data.versions.locate_table` backfills a missing table from,
+        here offered for a shape missing from a table the chosen version does hold. SILICON mode
+        only (HYBRID / EMPIRICAL answer a missing shape in their own way); none for a version
+        that is itself a donor's."""
+        if self.mode is not DatabaseMode.SILICON:
+            return []
+        return [OpDB.shared(d, self.mode) for d in self.data.older_versions()]
+
     def memo(self, key, build):
         if key not in self._cache:
             self._cache[key] = build()

@@ -55,7 +55,14 @@ Sources, in order:
 3. Module rows of another GEMM quant with the same compute dtype (``GEMM_TYPE_SUBSTITUTES``:
    per-tensor ``fp8`` -> ``fp8_block``) when the kernel-table path cannot answer (vLLM); noted.
 
-With neither source: SILICON raises :class:`~infercast.errors.NotAvailableError` listing the
+4. Module rows of another KV-cache dtype at the queried heads, shifted by the two dtypes'
+   difference at the queried dtype's nearest collected head count (``kv-shift``, provenance
+   transferred), when the queried dtype's rows hold too few head counts to reach it (vLLM 0.24.0
+   fp8-KV generation rows collected at heads=1 only): MLA caches one latent vector per token for
+   every head, so the time the KV dtype changes does not grow with heads
+   (:func:`_resolve_kv_shift`).
+
+With none of these: SILICON raises :class:`~infercast.errors.NotAvailableError` listing the
 tables looked for; HYBRID / EMPIRICAL give SOL / learned utilisation; SOL mode gives the roofline.
 """
 
@@ -377,6 +384,59 @@ def _resolve_module(db: OpDB, phase: str, lat: _Lattice, heads: int, dims: MLADi
     return r, None
 
 
+def _resolve_kv_shift(db: OpDB, phase: str, lat: _Lattice, kv_lat, heads: int, dims: MLADims, gemm_quant: str,
+                      kv_quant: str):
+    """Module rows of another KV-cache dtype at ``heads``, shifted to ``kv_quant``: (Resolved | None,
+    reason).
+
+    For a KV dtype whose module rows were collected at a few head counts only (vLLM 0.24.0's
+    fp8-KV MLA generation rows on one system hold heads=1 alone), the latency at ``heads`` is the
+    other dtype's at ``heads`` plus the difference the two dtypes show at ``h0``, the collected
+    head count of ``kv_quant`` nearest ``heads`` (log scale) that the other dtype also has,
+    point by point over (batch, length), and never below ``kv_quant``'s own latency at ``h0``
+    (more heads do not run faster). Assumption: the KV dtype changes the time spent reading and
+    writing the cache, which MLA holds as one latent vector per token shared by every head, so
+    that part does not grow with the head count; what grows with heads (projections, per-head
+    attention math) is taken from the other dtype's measured rows. Provenance: transferred, with
+    both donors named."""
+    table = lat.table
+    others = sorted({str(k) for k in table.keys["kv_cache_dtype"].tolist()} - {kv_quant},
+                    key=lambda k: (k != "bfloat16", k))
+    if not others:
+        return None, f"{lat.stem} has no other kv_cache_dtype to shift from"
+    own = sorted({int(s[0]) for s in lat.sites})
+    for other in others:
+        olat, _ = kv_lat(other)
+        if olat is None:
+            continue
+        shared = [h for h in own if h in {int(s[0]) for s in olat.sites}]
+        if not shared:
+            continue
+        r_h, _ = _resolve_module(db, phase, olat, heads, dims, gemm_quant, other)
+        if r_h is None:
+            continue
+        h0 = min(shared, key=lambda h: (abs(np.log2(h) - np.log2(heads)), h))
+        r_own, _ = _resolve_module(db, phase, lat, h0, dims, gemm_quant, kv_quant)
+        r_oth, _ = _resolve_module(db, phase, olat, h0, dims, gemm_quant, other)
+        if r_own is None or r_oth is None:
+            continue
+        g = r_h.grid
+        mesh = np.meshgrid(*g.axes, indexing="ij")
+        v_own, p_own = r_own.grid(*mesh)
+        v_oth, _ = r_oth.grid(*mesh)
+        values = np.maximum(g.values + (v_own - v_oth), v_own)
+        prov = np.maximum(np.maximum(g.prov, p_own), int(Prov.TRANSFERRED)).astype(np.int8)
+        query_sol = mla_sol_fn(db, phase, heads, dims, gemm_quant, kv_quant)
+        grid = Grid(g.axes, values, prov, query_sol, g.sites, scales=g.scales)
+        labels = (f"kv_cache_dtype={other} heads={heads}", f"{kv_quant} - {other} at heads={h0}")
+        note = (f"{lat.stem} has kv_cache_dtype={kv_quant} rows at heads={own} only: {other} rows at heads={heads} "
+                f"plus the {kv_quant} - {other} difference at heads={h0} (the latent KV cache is shared by every "
+                f"head, so its read time does not grow with heads)")
+        return Resolved(grid, lat.stem, db.served_version(lat.stem), lat.kernel or None, "kv-shift", labels,
+                        lat.notes + r_h.notes + (note,)), None
+    return None, f"{lat.stem}: no other kv_cache_dtype has rows at heads={heads} and at a head count {kv_quant} has"
+
+
 def _curve_site_grid(db: OpDB, lat: _Lattice, i: int, sol_for_heads, key, scales):
     """One collected site as a Grid: 2-D curves get their truncated corners held
     (:func:`fill_missing`); a 1-D curve's axis holds only measured points already."""
@@ -588,6 +648,18 @@ def resolve_mla(
         if r is not None:
             return r
         donors = donors or site_donors
+
+    # 4. heads outside this KV dtype's module sites: another KV dtype's rows at these heads,
+    #    shifted by the two dtypes' difference at this dtype's nearest collected head count
+    if lat is not None and db.mode is not DatabaseMode.EMPIRICAL:
+        def kv_lat(kv):
+            return db.memo(("mla-module-lattice", phase, gemm_quant, kv, model_id, dims, attn_quant),
+                           lambda: _module_lattice(db, phase, gemm_quant, kv, model_id, dims, attn_quant))
+
+        r, why = _resolve_kv_shift(db, phase, lat, kv_lat, heads, dims, gemm_quant, kv_quant)
+        if r is not None:
+            return r
+        reasons.append(why)
 
     if db.mode is not DatabaseMode.SILICON:
         if not donors:
