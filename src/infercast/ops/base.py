@@ -168,6 +168,12 @@ class OpDB:
             db = _SHARED[key] = cls(data, mode)
         return db
 
+    @staticmethod
+    def release_shared() -> None:
+        """Forget every :meth:`shared` instance (their memory is freed once no estimator holds
+        them; estimators built later build them again, with the same values)."""
+        _SHARED.clear()
+
 
 #: :meth:`OpDB.shared`'s instances
 _SHARED: dict[tuple, OpDB] = {}

@@ -195,9 +195,9 @@ def release_shared_data() -> None:
     import gc
 
     from ..data.tables import cached_table
-    from ..ops import base as ops_base
+    from ..ops.base import OpDB
 
-    ops_base._SHARED.clear()
+    OpDB.release_shared()
     cached_table.cache_clear()
     gc.collect()
 
