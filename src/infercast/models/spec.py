@@ -5,10 +5,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
 
 from ..data.model_configs import ModelConfig
 from ..data.quant import COMPUTE_DTYPE, GEMM_QUANTS, KV_BYTES, KV_QUANTS, WEIGHT_BYTES  # noqa: F401
 from ..errors import InvalidConfigError, InvalidInputError, UnsupportedModelError
+
+if TYPE_CHECKING:
+    from .nemotron_h import MambaSpec
 
 
 @dataclass(frozen=True)
@@ -230,6 +234,8 @@ class ModelSpec:
     #: loaded with the language model, so they take memory, but a request is text tokens and never
     #: runs them (:func:`vision_params`)
     vision_params: int = 0
+    #: Nemotron-H hybrids: block pattern and Mamba2 shape (:mod:`infercast.models.nemotron_h`)
+    mamba: MambaSpec | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -246,6 +252,10 @@ class ModelSpec:
             d["layer_windows"] = tuple(d["layer_windows"])
         if d.get("gdn"):
             d["gdn"] = GDNSpec(**d["gdn"])
+        if d.get("mamba"):
+            from .nemotron_h import MambaSpec
+
+            d["mamba"] = MambaSpec(**d["mamba"])
         return cls(**d)
 
 
@@ -275,6 +285,8 @@ FAMILIES = {
     # attention on three layers in four (:func:`_llama4`)
     "Llama4ForConditionalGeneration": "moe",
     "Llama4ForCausalLM": "moe",
+    # Mamba2 / attention / MLP / MoE blocks in a pattern (:mod:`infercast.models.nemotron_h`)
+    "NemotronHForCausalLM": "nemotron_h",
 }
 
 
@@ -360,6 +372,10 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
             "supported: dense GQA decoders, GQA + MoE, and DeepSeek-style MLA + MoE",
             supported_architectures(),
         )
+    if family == "nemotron_h":
+        from .nemotron_h import build_nemotron_h_spec
+
+        return build_nemotron_h_spec(mc, arch)
     where = mc.resolved_id
     hidden = _int_field(text, "hidden_size", where=where)
     heads = _int_field(text, "num_attention_heads", where=where)

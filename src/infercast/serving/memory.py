@@ -89,6 +89,10 @@ def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig, extra_layers: int
     wb = WEIGHT_BYTES[spec.quant.gemm]
     L = spec.num_layers
     stage = math.ceil(L / pp) / L  # share of the layers on one stage
+    if spec.mamba is not None:  # Nemotron-H: per block kind (models.nemotron_h)
+        from ..models.nemotron_h import layer_weight_bytes
+
+        return layer_weight_bytes(spec, par, extra_layers) + _ends_weight_bytes(spec, tp, pp)
     attn = _attention_weights(spec, tp, WEIGHT_BYTES[spec.quant.attention_gemm]) + 2 * h * 2.0  # + norms
     m = spec.moe
     if m is None:
@@ -105,10 +109,15 @@ def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig, extra_layers: int
     if extra_layers:  # MTP draft layers: one more decoder layer each, on the last stage
         per_layer = attn + (ffn_total / L if m is None else (experts + shared + router))
         layers += extra_layers * per_layer
+    return layers + _ends_weight_bytes(spec, tp, pp)
+
+
+def _ends_weight_bytes(spec: ModelSpec, tp: int, pp: int) -> float:
+    """Embedding (with a vision tower) and LM head bytes on the most loaded stage's GPU."""
+    h = spec.hidden
     embed = spec.vocab * h * 2.0 / tp + spec.vision_params * VISION_WEIGHT_BYTES / tp
     head = 0.0 if (spec.tie_embeddings and pp == 1) else spec.vocab * h * 2.0 / tp
-    ends = embed + head if pp == 1 else max(embed, head + h * 2.0)
-    return layers + ends
+    return embed + head if pp == 1 else max(embed, head + h * 2.0)
 
 
 #: A sliding-window (or chunked) attention layer keeps at most its window of a request's tokens.
@@ -130,13 +139,19 @@ def kv_bytes_per_token(spec: ModelSpec, par: ParallelConfig, extra_layers: int =
     windows = spec.layer_windows
     if spec.gdn is not None:  # only the full-attention layers keep per-token KV
         layers = math.ceil((spec.num_layers - spec.gdn.linear_layers) / par.pp)
+    if spec.mamba is not None:  # Nemotron-H: the attention blocks (and an MTP layer's) keep per-token KV
+        layers = math.ceil(spec.mamba.attention_layers / par.pp) + extra_layers * spec.mamba.mtp_pattern.count("*")
     return 2.0 * layers * kv_heads_per_gpu(spec, par.tp) * spec.head_dim * kvb if not windows else \
         2.0 * kv_heads_per_gpu(spec, par.tp) * spec.head_dim * kvb * math.ceil(
             sum(1 for w in windows if w == 0 or w >= WINDOW_KV_COUNTED_FROM) / par.pp)
 
 
 def state_bytes_per_request(spec: ModelSpec, par: ParallelConfig) -> float:
-    """Fixed-size per-request cache (linear-attention state), on one GPU."""
+    """Fixed-size per-request cache (linear-attention / Mamba2 state), on one GPU."""
+    if spec.mamba is not None:
+        from ..models.nemotron_h import state_bytes_per_request as mamba_state
+
+        return mamba_state(spec, par)
     if spec.gdn is None:
         return 0.0
     from ..ops.gdn import gdn_state_bytes
