@@ -165,6 +165,9 @@ def activation_bytes(spec: ModelSpec, par: ParallelConfig, be: BackendDefaults) 
     t = be.max_num_tokens
     tp = par.tp
     qkv = (spec.num_heads // tp + 2 * kv_heads_per_gpu(spec, tp)) * spec.head_dim
+    if spec.mamba is not None:  # a Mamba2 block's in_proj output (z, x, B, C, dt) is wider than QKV
+        m = spec.mamba
+        qkv = max(qkv, (2 * m.num_heads * m.head_dim + m.num_heads) // tp + 2 * max(1, m.n_groups // tp) * m.state_size)
     ffn = spec.intermediate // tp if spec.moe is None else max(spec.moe.dense_inter // tp, spec.moe.inter * spec.moe.topk // max(par.etp, 1))
     per_token = (4 * spec.hidden + 2 * ffn + qkv) * 2.0
     logits = be.max_batch_size * (spec.vocab / tp) * 4.0
