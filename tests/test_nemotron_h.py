@@ -72,12 +72,13 @@ def test_ssm_generation_roofline_by_hand(system):
 
 def test_conv_roofline_by_hand(system):
     # channels 4*8 + 2*2*16 = 96, 4 taps
-    ctx = sol.mamba2_conv(system, "context", 2, 8, 4, 8, 2, 16, 4)[0]
+    ctx = sol.mamba2_conv(system, "context", 2, 8, 96, 4)[0]
     assert float(ctx) == pytest.approx(_ms(16 * 2 * 4 * 96, 16 * 2 * 96 * 2 + 96 * 4 * 2), rel=1e-12)
-    gen = sol.mamba2_conv(system, "generation", 3, 1, 4, 8, 2, 16, 4)[0]
+    assert sol.mamba2_conv_channels(4, 8, 2, 16) == 96
+    gen = sol.mamba2_conv(system, "generation", 3, 1, 96, 4)[0]
     assert float(gen) == pytest.approx(_ms(3 * 8 * 96, 3 * 2 * 96 * 2 + 96 * 4 * 2 + 3 * 2 * 3 * 96 * 2), rel=1e-12)
     with pytest.raises(InvalidConfigError):
-        sol.mamba2_conv(system, "verify", 1, 1, 4, 8, 2, 16)
+        sol.mamba2_conv(system, "verify", 1, 1, 96)
 
 
 def test_state_bytes_by_hand():
@@ -127,7 +128,7 @@ def test_conv_without_table_is_a_roofline(synth, system):
     assert r.source == CONV_SOURCE and r.how == "analytic"
     assert any("no mamba2_perf table" in n for n in r.notes)
     v, p = r.grid(np.array([2.0]), np.array([8.0]), refuse=True)
-    assert float(v[0]) == pytest.approx(float(sol.mamba2_conv(system, "context", 2, 8, 4, 8, 2, 16, 4)[0]), rel=1e-12)
+    assert float(v[0]) == pytest.approx(float(sol.mamba2_conv(system, "context", 2, 8, 96, 4)[0]), rel=1e-12)
     assert int(p[0]) == Prov.ANALYTIC
 
 
@@ -156,10 +157,10 @@ def conv_pack(tmp_path_factory):
         for b in CTX_B:
             for s in CTX_S:
                 rows.append(("context", "causal_conv1d_fn", b, s, *site,
-                             float(sol.mamba2_conv(system, "context", b, s, h, p, g, n, k)[0]) / CONV_UTIL))
+                             float(sol.mamba2_conv(system, "context", b, s, h * p + 2 * g * n, k)[0]) / CONV_UTIL))
         for b in GEN_B:
             rows.append(("generation", "causal_conv1d_update", b, 1, *site,
-                         float(sol.mamba2_conv(system, "generation", b, 1, h, p, g, n, k)[0]) / CONV_UTIL))
+                         float(sol.mamba2_conv(system, "generation", b, 1, h * p + 2 * g * n, k)[0]) / CONV_UTIL))
     names = ("phase", "kernel_source", "batch_size", "seq_len", "d_model", "nheads", "head_dim", "n_groups", "d_state",
              "d_conv", "latency")
     cols = {c: [r[i] for r in rows] for i, c in enumerate(names)}
@@ -183,7 +184,7 @@ def test_conv_exact_at_a_collected_site(conv_pack):
     r = resolve_mamba_conv(db, "context", d_model=64, nheads=h, head_dim=p, n_groups=g, d_state=n, conv_kernel=k)
     assert r.source == "mamba2" and r.how == "exact" and r.kernel == "causal_conv1d_fn"
     v, pr = r.grid(np.array([4.0]), np.array([64.0]), refuse=True)
-    assert float(v[0]) == pytest.approx(float(sol.mamba2_conv(db.system, "context", 4, 64, h, p, g, n, k)[0]) / CONV_UTIL, rel=1e-9)
+    assert float(v[0]) == pytest.approx(float(sol.mamba2_conv(db.system, "context", 4, 64, h * p + 2 * g * n, k)[0]) / CONV_UTIL, rel=1e-9)
     assert int(pr[0]) == Prov.EXACT
     gen = resolve_mamba_conv(db, "generation", d_model=64, nheads=h, head_dim=p, n_groups=g, d_state=n, conv_kernel=k)
     a = gen.grid(np.array([8.0, 8.0]), np.array([10.0, 5000.0]), refuse=True)[0]
@@ -191,15 +192,19 @@ def test_conv_exact_at_a_collected_site(conv_pack):
 
 
 def test_conv_transferred_between_sites(conv_pack):
-    """A TP split between the collected head / group counts: same utilisation, so the transfer
-    gives the query's roofline / 0.5."""
+    """A TP split between the collected channel counts (4x8 + 2x1x16 = 64 and 16x8 + 2x4x16 = 256;
+    the query 8x8 + 2x2x16 = 128): same utilisation, so the transfer gives the query's roofline /
+    0.5. d_model does not enter the conv."""
     db = _db(conv_pack)
     r = resolve_mamba_conv(db, "context", d_model=2048, nheads=8, head_dim=8, n_groups=2, d_state=16)
     assert r.how != "exact"
     v, pr = r.grid(np.array([2.0]), np.array([512.0]), refuse=True)
-    assert float(v[0]) == pytest.approx(float(sol.mamba2_conv(db.system, "context", 2, 512, 8, 8, 2, 16, 4)[0]) / CONV_UTIL, rel=1e-6)
+    assert float(v[0]) == pytest.approx(float(sol.mamba2_conv(db.system, "context", 2, 512, 128, 4)[0]) / CONV_UTIL, rel=1e-6)
     assert int(pr[0]) == Prov.TRANSFERRED
-    assert any("d_model 2048 is outside" in note for note in r.notes)
+    assert any("128 conv channels" in note for note in r.notes)
+    # the same channels split another way are the same site
+    same = resolve_mamba_conv(db, "context", d_model=64, nheads=12, head_dim=8, n_groups=1, d_state=16)
+    assert float(same.grid(np.array([2.0]), np.array([512.0]))[0][0]) == pytest.approx(float(v[0]), rel=1e-12)
 
 
 def test_conv_outside_the_gates_raises_in_silicon(conv_pack):

@@ -387,26 +387,27 @@ def _mamba2_phase(phase: str) -> None:
         raise InvalidConfigError(f"unknown Mamba2 phase {phase!r}", available=MAMBA2_PHASES)
 
 
-def mamba2_conv_channels(nheads: int, head_dim: int, n_groups: int, d_state: int) -> float:
+def mamba2_conv_channels(nheads, head_dim, n_groups, d_state):
     """Channels of a Mamba2 layer's causal conv on one GPU: the SSM input ``x``
-    (``nheads x head_dim``) and the ``B`` and ``C`` projections (``n_groups x d_state`` each)."""
-    return float(nheads) * head_dim + 2.0 * n_groups * d_state
+    (``nheads x head_dim``) and the ``B`` and ``C`` projections (``n_groups x d_state`` each).
+    Numbers or arrays (a float for numbers)."""
+    c = np.asarray(nheads, dtype=float) * head_dim + 2.0 * np.asarray(n_groups, dtype=float) * d_state
+    return float(c) if c.ndim == 0 else c
 
 
-def mamba2_conv(system: SystemSpec, phase: str, batch, seq_len, nheads: int, head_dim: int, n_groups: int,
-                d_state: int, conv_kernel: int = 4, act_bytes: float = 2.0, compute_dtype: str = "bfloat16"):
+def mamba2_conv(system: SystemSpec, phase: str, batch, seq_len, channels: float, conv_kernel: int = 4,
+                act_bytes: float = 2.0, compute_dtype: str = "bfloat16"):
     """Depthwise causal conv1d of one Mamba2 layer on one GPU (what ``mamba2_perf`` times:
-    ``causal_conv1d_fn`` in context, ``causal_conv1d_update`` in generation), over
-    ``C = nheads*head_dim + 2*n_groups*d_state`` channels and ``tokens = batch * seq_len``:
+    ``causal_conv1d_fn`` in context, ``causal_conv1d_update`` in generation), over ``channels``
+    (:func:`mamba2_conv_channels`) and ``tokens = batch * seq_len``:
 
-    * FLOPs ``2 * K * C`` per token (``K = conv_kernel`` taps);
-    * bytes: every token's ``C`` inputs read and outputs written (``act_bytes``, bf16), the
-      ``C x K`` weights (bf16) once, and in generation the conv state (the last ``K - 1``
+    * FLOPs ``2 * K * channels`` per token (``K = conv_kernel`` taps);
+    * bytes: every token's inputs read and outputs written (``act_bytes``, bf16), the
+      ``channels x K`` weights (bf16) once, and in generation the conv state (the last ``K - 1``
       inputs of every channel) read and written per request."""
     _mamba2_phase(phase)
     batch, seq_len = np.asarray(batch, dtype=float), np.asarray(seq_len, dtype=float)
-    C = mamba2_conv_channels(nheads, head_dim, n_groups, d_state)
-    K = float(conv_kernel)
+    C, K = float(channels), float(conv_kernel)
     tokens = batch * seq_len
     flops = tokens * 2.0 * K * C
     nbytes = tokens * 2.0 * C * act_bytes + C * K * 2.0

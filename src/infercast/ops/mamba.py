@@ -15,11 +15,13 @@
 The in/out projections, the gated RMSNorm and the residual are not part of either op (the plan
 adds them as GEMMs / elementwise ops). Head and group counts are **per GPU**.
 
-Conv sites are ``(d_model, nheads, head_dim, n_groups, d_state, d_conv)``. ``d_model`` does not
-enter the conv kernel (its channels are ``nheads*head_dim + 2*n_groups*d_state``), so it is
-clamped to the collected range and weighs 0.1 in the donor distance; head / group / state counts
-that were not collected (a TP split of a collected model) are transferred through utilisation
-against :func:`infercast.interp.sol.mamba2_conv` (provenance ``transferred``).
+Conv sites are ``(channels, d_conv)`` with ``channels = nheads*head_dim + 2*n_groups*d_state``:
+the conv is depthwise, the same work for every channel, so how the channels split into heads,
+groups and state does not enter it, nor does ``d_model``. A channel count that was not collected
+(a TP split of a collected model) is transferred through utilisation against
+:func:`infercast.interp.sol.mamba2_conv` (provenance ``transferred``). Two collected models with
+the same channel count (the 0.12.0 pack's Nano and ``MAMBA2_GENERIC_4K``, 6,144) are one site: the
+query's model's rows if it was collected there, else the first model by name.
 
 Where the backend has no ``mamba2_perf`` table (the 0.12.0 pack collects it for TensorRT-LLM
 only; vLLM and SGLang run their own conv kernels, so TensorRT-LLM's timings are not theirs) the
@@ -51,8 +53,9 @@ from .empirical import empirical_resolved
 
 STEM = "mamba2"
 PHASES = ("context", "generation")
-SITE_COLS = ("d_model", "nheads", "head_dim", "n_groups", "d_state", "d_conv")
-SITE_WEIGHTS = (0.1, 1.0, 1.0, 1.0, 1.0, 1.0)
+#: table columns that make a site's channel count, and the site coordinates
+CHANNEL_COLS = ("nheads", "head_dim", "n_groups", "d_state")
+SITE_COLS = ("channels", "d_conv")
 CURVE_COLS = ("batch_size", "seq_len")
 
 #: axes of table-less (roofline) grids: wide enough that a served step stays inside them
@@ -109,10 +112,10 @@ def _phase_fn(fn, phase: str):
     return gen
 
 
-def conv_sol_fn(db: OpDB, phase: str, nheads, head_dim, n_groups, d_state, conv_kernel=4):
+def conv_sol_fn(db: OpDB, phase: str, channels, conv_kernel=4):
     system = db.system
-    args = (int(nheads), int(head_dim), int(n_groups), int(d_state), int(conv_kernel))
-    return _phase_fn(lambda b, s: sol.mamba2_conv(system, phase, b, s, *args)[0], phase)
+    c, k = float(channels), int(conv_kernel)
+    return _phase_fn(lambda b, s: sol.mamba2_conv(system, phase, b, s, c, k)[0], phase)
 
 
 def ssm_sol_fn(db: OpDB, phase: str, nheads, head_dim, d_state, n_groups, chunk=128, state_bytes=4.0):
@@ -153,12 +156,13 @@ class _Lattice:
 
 
 def _lattice(db: OpDB, phase: str, model_name: str | None) -> _Lattice | None:
-    """The conv rows of ``phase``, one model per site; None when the backend has no table."""
+    """The conv rows of ``phase`` by channel count, one model per site; None when the backend
+    has no table."""
     if db.mode is DatabaseMode.SOL or not db.data.has_table(STEM):
         return None
     where = f"{db.backend} {db.data.version} on {db.system.name}"
     table = db.data.table(STEM)
-    for col in SITE_COLS + CURVE_COLS + ("phase",):
+    for col in CHANNEL_COLS + ("d_conv", "phase") + CURVE_COLS:
         if not table.has(col):
             raise NotAvailableError(f"{STEM}_perf for {where} has no column {col!r}", str(table.path), table.keys)
     mask = table.keys["phase"] == phase
@@ -172,18 +176,21 @@ def _lattice(db: OpDB, phase: str, model_name: str | None) -> _Lattice | None:
     kernel = choose_kernel(table, db.backend, mask) or "?"
     if table.has("kernel_source"):
         mask &= table.keys["kernel_source"] == kernel
-    notes = []
+    k = {c: table.keys[c].astype(float) for c in CHANNEL_COLS}
+    channels = sol.mamba2_conv_channels(k["nheads"], k["head_dim"], k["n_groups"], k["d_state"])
+    site_arr = np.stack([channels, table.keys["d_conv"].astype(float)], axis=1)
     models = table.keys["model_name"] if table.has("model_name") else np.full(len(table), "", dtype=str)
-    site_arr = np.stack([table.keys[c].astype(float) for c in SITE_COLS], axis=1)
+    notes = []
     chosen: dict[tuple, str] = {}
-    for site in {tuple(r) for r in site_arr[mask].tolist()}:
+    for site in sorted({tuple(r) for r in site_arr[mask].tolist()}):
         here = sorted(set(models[mask & np.all(site_arr == site, axis=1)].tolist()))
         chosen[site] = model_name if model_name in here else here[0]
         if len(here) > 1:
-            notes.append(f"site {tuple(int(x) for x in site)} collected for {', '.join(here)}: rows of {chosen[site]} used")
+            notes.append(f"{int(site[0])} channels collected for {', '.join(here)}: rows of {chosen[site]} used")
     keep = mask & np.array([chosen.get(tuple(r)) == m for r, m in zip(site_arr.tolist(), models.tolist())])
-    sub = Table(STEM, table.path, {c: table.keys[c][keep] for c in SITE_COLS + CURVE_COLS},
-                {"latency": table.latency[keep]}, int(keep.sum()))
+    keys = {"channels": channels[keep], "d_conv": site_arr[keep, 1]}
+    keys.update({c: table.keys[c][keep] for c in CURVE_COLS})
+    sub = Table(STEM, table.path, keys, {"latency": table.latency[keep]}, int(keep.sum()))
     sites, curves = sites_and_curves(sub, np.ones(len(sub), bool), SITE_COLS, CURVE_COLS)
     if phase == "generation":
         curves = {s: ((ax[0], GEN_STEP.copy()), np.repeat(v[:, :1], len(GEN_STEP), axis=1)) for s, (ax, v) in curves.items()}
@@ -193,12 +200,14 @@ def _lattice(db: OpDB, phase: str, model_name: str | None) -> _Lattice | None:
 def resolve_mamba_conv(db: OpDB, phase: str, *, d_model: int, nheads: int, head_dim: int, n_groups: int,
                        d_state: int, conv_kernel: int = 4, model_name: str | None = None) -> Resolved:
     """The Mamba2 causal conv1d of one layer on one GPU for ``phase``, from ``mamba2_perf``
-    (exact at collected cells, transferred across sites), or the roofline where the backend has
-    no such table (see the module docstring)."""
+    (exact at a collected channel count, transferred between them), or the roofline where the
+    backend has no such table (see the module docstring). ``d_model`` is checked, not used: the
+    conv does not depend on it."""
     _check(phase, d_model=d_model, nheads=nheads, head_dim=head_dim, n_groups=n_groups, d_state=d_state,
            conv_kernel=conv_kernel)
-    H, P, G, N, K = int(nheads), int(head_dim), int(n_groups), int(d_state), int(conv_kernel)
-    query_sol = conv_sol_fn(db, phase, H, P, G, N, K)
+    C = sol.mamba2_conv_channels(int(nheads), int(head_dim), int(n_groups), int(d_state))
+    K = int(conv_kernel)
+    query_sol = conv_sol_fn(db, phase, C, K)
     axes = _axes(phase)
     if db.mode is DatabaseMode.SOL:
         return sol_resolved(axes, query_sol, SCALES)
@@ -209,8 +218,8 @@ def resolve_mamba_conv(db: OpDB, phase: str, *, d_model: int, nheads: int, head_
 
     def site_grid(i: int) -> Grid:
         def build():
-            _, sh, sp, sg, sn, sk = (int(x) for x in lat.sites[i])
-            s = conv_sol_fn(db, phase, sh, sp, sg, sn, sk)
+            sc, sk = lat.sites[i]
+            s = conv_sol_fn(db, phase, sc, int(sk))
             ax, vals = lat.curves[i]
             filled, prov = fill_missing(ax, vals, s)
             return Grid(ax, filled, prov, s, scales=SCALES)
@@ -218,29 +227,20 @@ def resolve_mamba_conv(db: OpDB, phase: str, *, d_model: int, nheads: int, head_
         return db.memo(("mamba2-site", phase, model_name, i), build)
 
     notes = list(lat.notes)
-    d_lo, d_hi = float(lat.sites[:, 0].min()), float(lat.sites[:, 0].max())
-    d_eff = float(np.clip(d_model, d_lo, d_hi))
-    if d_eff != d_model:
-        notes.append(f"d_model {d_model} is outside the collected {int(d_lo)}..{int(d_hi)}: looked up at {int(d_eff)} "
-                     "(d_model does not enter the conv kernel)")
-    query = (d_eff, H, P, G, N, K)
-    choice = None if db.mode is DatabaseMode.EMPIRICAL else choose_sites(query, lat.sites, weights=SITE_WEIGHTS)
+    choice = None if db.mode is DatabaseMode.EMPIRICAL else choose_sites((C, float(K)), lat.sites)
     if choice is None:
         if db.mode is not DatabaseMode.SILICON:
             return empirical_resolved(f"mamba2_conv_{phase}", query_sol, axes,
                                       [site_grid(i) for i in range(len(lat.sites))], SCALES)
         raise NotAvailableError(
-            f"Mamba2 conv {phase} d_model={d_model} heads={H}x{P} groups={G} d_state={N} conv={K} is outside "
-            "the collected sites' gates",
+            f"Mamba2 conv {phase} over {int(C)} channels ({nheads} heads x {head_dim}, {n_groups} groups x {d_state}), "
+            f"conv {K}, is outside the collected sites' gates",
             f"{db.backend} {db.data.version} on {db.system.name}; use --database-mode HYBRID for an empirical estimate",
-            [f"d_model={int(s[0])} heads={int(s[1])}x{int(s[2])} groups={int(s[3])} d_state={int(s[4])}" for s in lat.sites],
+            [f"channels={int(s[0])} conv={int(s[1])}" for s in lat.sites],
         )
-    labels = tuple(
-        f"(d_model={int(lat.sites[i][0])}, heads={int(lat.sites[i][1])}, groups={int(lat.sites[i][3])}, "
-        f"d_state={int(lat.sites[i][4])}) w={w:.2f}"
-        for i, w in zip(choice.indices, choice.weights)
-    )
+    labels = tuple(f"(channels={int(lat.sites[i][0])}) w={w:.2f}" for i, w in zip(choice.indices, choice.weights))
     g = transfer_grid(choice, site_grid, query_sol, labels)
+    notes.insert(0, f"{int(C)} conv channels per GPU")
     if phase == "generation":
         notes.append("per-step cost independent of the cached length (fixed-size conv state)")
     return Resolved(g, STEM, db.served_version(STEM), lat.kernel, choice.how,
