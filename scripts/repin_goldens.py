@@ -195,7 +195,8 @@ class DisaggCase:
 
         pe, de = ests.get_for(self.prefill), ests.get_for(self.decode)
         node = pe.data.system.node
-        transfer = kv_transfer_ms(pe.memory.kv_per_token, self.isl, pe.gpus, node.inter_node_bw, node.p2p_latency_s)
+        transfer = kv_transfer_ms(pe.memory.kv_per_token, self.isl, pe.gpus, node.inter_node_bw, node.p2p_latency_s,
+                                  pe.memory.state_per_request)
         gpus = self.prefill_workers * pe.gpus + self.decode_workers * de.gpus
         r = solve_disagg(pe.engine, de.engine, self.concurrency, self.isl, self.osl, self.prefill_workers,
                          self.decode_workers, de.plan.parallel.attention_dp, self.prefill_batch,

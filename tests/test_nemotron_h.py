@@ -476,3 +476,11 @@ def test_real_serve_and_search_cli(real_pack_available, capsys):
     assert main(["search", "--model", NANO, "--system", "h200_sxm", "--backend", "vllm", "--isl", "1024", "--osl", "128",
                  "--gpus", "2", "--json"]) == 0
     assert capsys.readouterr().out.strip()
+
+
+def test_disagg_transfer_carries_the_state():
+    from infercast.serving.disagg import kv_transfer_ms
+
+    # 1000 tokens x 100 B + 50,000 B of state per GPU over 1e9 B/s, plus 10 us
+    assert kv_transfer_ms(100.0, 1000, 2, 1e9, 1e-5, 50_000.0) == pytest.approx((100_000 + 50_000) / 1e9 * 1e3 + 1e-2, rel=1e-12)
+    assert kv_transfer_ms(100.0, 1000, 2, 1e9, 1e-5) == pytest.approx(100_000 / 1e9 * 1e3 + 1e-2, rel=1e-12)
