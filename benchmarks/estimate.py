@@ -220,7 +220,8 @@ def serving_speed(budget_s: float, seed: int = 0) -> dict:
     node = pe.data.system.node
 
     def disagg(c, i, o):
-        transfer = kv_transfer_ms(pe.memory.kv_per_token, i, pe.gpus, node.inter_node_bw, node.p2p_latency_s)
+        transfer = kv_transfer_ms(pe.memory.kv_per_token, i, pe.gpus, node.inter_node_bw, node.p2p_latency_s,
+                                  pe.memory.state_per_request)
         return solve_disagg(pe.engine, de.engine, float(c), i, o, 2, 2, 1, 1, p, p, transfer, 4 * pe.gpus)
 
     out["solve_disagg, trtllm 2 prefill x 2 decode workers, distinct configs"] = _rate(disagg, cfgs, budget_s)

@@ -4,12 +4,14 @@
     python scripts/repin_goldens.py            # recompute every group and rewrite its file
     python scripts/repin_goldens.py --check    # recompute and report differences, write nothing
 
-Three groups, one file each:
+Four groups, one file each:
 
 * ``dense.json``   static estimates (``Estimator.static``) of dense models;
 * ``moe.json``     static estimates of MoE and MLA models: expert / attention-data parallelism,
                    pipeline stages, MTP speculative decoding, long context, quant overrides,
                    configurations that do not fit;
+* ``hybrid.json``  static estimates of Nemotron-H hybrids (Mamba2 blocks between attention and
+                   MoE / MLP blocks);
 * ``serving.json`` the serving models: ``serving.agg.serve_agg`` (aggregated, closed-loop
                    benchmark) and ``serving.disagg.solve_disagg`` (prefill / decode pools).
 
@@ -193,7 +195,8 @@ class DisaggCase:
 
         pe, de = ests.get_for(self.prefill), ests.get_for(self.decode)
         node = pe.data.system.node
-        transfer = kv_transfer_ms(pe.memory.kv_per_token, self.isl, pe.gpus, node.inter_node_bw, node.p2p_latency_s)
+        transfer = kv_transfer_ms(pe.memory.kv_per_token, self.isl, pe.gpus, node.inter_node_bw, node.p2p_latency_s,
+                                  pe.memory.state_per_request)
         gpus = self.prefill_workers * pe.gpus + self.decode_workers * de.gpus
         r = solve_disagg(pe.engine, de.engine, self.concurrency, self.isl, self.osl, self.prefill_workers,
                          self.decode_workers, de.plan.parallel.attention_dp, self.prefill_batch,
@@ -347,6 +350,27 @@ MOE_CASES += [
     _s(MIMO, "b200_sxm", "vllm", 4, 1, 4, 32768, 512, kv_cache_quant="fp8"),
 ]
 
+NANO = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
+SUPER4 = "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4"
+ULTRA8 = "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-FP8"
+
+#: Nemotron-H hybrids (Mamba2 + attention + MoE / MLP blocks), on systems and backends the pack's
+#: support matrix marks PASS for them
+HYBRID_CASES: list[StaticCase] = [
+    _s(NANO, "b200_sxm", "trtllm", 1, 1, 16, 2048, 256),  # conv from mamba2_perf
+    _s(NANO, "h100_sxm", "vllm", 2, 1, 16, 2048, 256),  # conv roofline (no vLLM table), TP split
+    _s(NANO, "h200_sxm", "sglang", 1, 1, 8, 4096, 512),
+    _s(NANO, "b200_sxm", "trtllm", 1, 1, 16, 2048, 256, database_mode="SOL"),
+    _s(SUPER4, "b200_sxm", "trtllm", 2, 1, 16, 2048, 256),  # LatentMoE, nvfp4, fp8 KV
+    _s(SUPER4, "gb200", "sglang", 1, 1, 32, 1024, 1024),
+    _s(SUPER4, "b200_sxm", "trtllm", 1, 1, 16, 2048, 256, attention_dp=4, moe_ep=4),
+    _s("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8", "h200_sxm", "trtllm", 1, 1, 16, 2048, 256, nextn=1),  # MTP *E
+    _s("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-NVFP4", "b200_sxm", "trtllm", 4, 1, 16, 2048, 256, moe_ep=4),
+    _s(ULTRA8, "h200_sxm", "trtllm", 8, 1, 8, 8192, 512),
+    _s("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16", "gb200", "vllm", 8, 1, 16, 2048, 256),
+    _s("nvidia/Nemotron-H-56B-Base-8K", "h100_sxm", "trtllm", 4, 1, 16, 2048, 256),  # Mamba2 + attention + MLP
+]
+
 _DS_PREFILL = Engine(V3, "h200_sxm", "trtllm", 8)
 _DS_DECODE = Engine(V3, "h200_sxm", "trtllm", 1, attention_dp=8, moe_ep=8)
 
@@ -364,9 +388,11 @@ SERVING_CASES: list = [
     AggCase(Engine(G4, "h200_sxm", "vllm", 1), 64, 2048, 256),
     AggCase(Engine(MIMO, "h200_sxm", "trtllm", 4), 32, 4000, 500),
     AggCase(Engine(DECI, "h200_sxm", "sglang", 2), 32, 2048, 512),
+    AggCase(Engine(NANO, "h200_sxm", "vllm", 1), 32, 2048, 256),
+    AggCase(Engine(SUPER4, "b200_sxm", "sglang", 2), 64, 4000, 500),
 ]
 
-GROUPS: dict[str, list] = {"dense": DENSE_CASES, "moe": MOE_CASES, "serving": SERVING_CASES}
+GROUPS: dict[str, list] = {"dense": DENSE_CASES, "moe": MOE_CASES, "serving": SERVING_CASES, "hybrid": HYBRID_CASES}
 
 
 def golden_path(group: str, directory: Path = GOLDEN_DIR) -> Path:

@@ -1,6 +1,6 @@
 """End-to-end goldens: recompute every pinned case and compare with tests/goldens/*.json.
 
-Three files (``dense``, ``moe``, ``serving``; see ``scripts/repin_goldens.py``). The comparison
+Four files (``dense``, ``moe``, ``serving``, ``hybrid``; see ``scripts/repin_goldens.py``). The comparison
 is one function (``repin_goldens.compare_goldens``, also behind ``repin_goldens.py --check``) used
 by the real test and by the guard tests that prove it catches a 1% change in every file. Re-pin
 with ``python scripts/repin_goldens.py`` and review the files' git diff.
@@ -39,6 +39,7 @@ GUARDED = {
     "dense": ("ttft_ms", "tpot_ms", "tokens_per_s_per_gpu", "memory_gb_per_gpu"),
     "moe": ("ttft_ms", "tpot_ms", "tokens_per_s_per_gpu", "memory_gb_per_gpu"),
     "serving": ("ttft_ms", "tpot_ms"),
+    "hybrid": ("ttft_ms", "tpot_ms", "tokens_per_s_per_gpu", "memory_gb_per_gpu"),
 }
 
 

@@ -632,7 +632,8 @@ def serve_disagg(
     pp = params_prefill or scheduler_params(prefill.data.backend, prefill.data.system, prefill.spec)
     pd = params_decode or scheduler_params(decode.data.backend, decode.data.system, decode.spec)
     node = prefill.data.system.node
-    transfer = kv_transfer_ms(prefill.memory.kv_per_token, isl, prefill.gpus, node.inter_node_bw, node.p2p_latency_s)
+    transfer = kv_transfer_ms(prefill.memory.kv_per_token, isl, prefill.gpus, node.inter_node_bw, node.p2p_latency_s,
+                              prefill.memory.state_per_request)
     gpus = prefill_workers * prefill.gpus + decode_workers * decode.gpus
     res = solve_disagg(
         prefill.engine, decode.engine, float(concurrency), isl, osl, prefill_workers, decode_workers,

@@ -39,10 +39,10 @@ from ..ops.attention import prefixed_context, resolve_context_attention, resolve
 from ..ops.base import OpDB, Resolved
 
 GRID_KINDS = ("gemm", "moe", "allreduce", "allgather", "reduce_scatter", "alltoall", "moe_dispatch")
-ATTENTION_KINDS = ("attention", "mla", "dsa", "gdn")
+ATTENTION_KINDS = ("attention", "mla", "dsa", "gdn", "mamba_conv", "mamba_ssm")
 #: attention-like kinds whose cost does not depend on cached tokens before the new ones (a
 #: linear-attention layer keeps a fixed-size state): a prefix does not enter their context grid
-STATEFUL_KINDS = ("gdn",)
+STATEFUL_KINDS = ("gdn", "mamba_conv", "mamba_ssm")
 ANALYTIC_KINDS = ("elementwise", "p2p")
 #: decode runs of at most this many steps are summed with the scalar grid path (a numpy call costs
 #: more than a few scalar lookups)
@@ -204,6 +204,16 @@ class CompiledEngine:
             kw = {k: p[k] for k in ("d_model", "num_k_heads", "head_k_dim", "num_v_heads", "head_v_dim", "conv_kernel")}
             kw["model_name"] = p.get("model_name")
             return CompiledOp(op, (resolve_gdn(self.db, "context", **kw), resolve_gdn(self.db, "generation", **kw)))
+        if op.kind in ("mamba_conv", "mamba_ssm"):
+            from ..ops.mamba import resolve_mamba_conv, resolve_mamba_ssm
+
+            if op.kind == "mamba_conv":
+                kw = {k: int(p[k]) for k in ("d_model", "nheads", "head_dim", "n_groups", "d_state", "conv_kernel")}
+                kw["model_name"] = p.get("model_name")
+                return CompiledOp(op, (resolve_mamba_conv(self.db, "context", **kw), resolve_mamba_conv(self.db, "generation", **kw)))
+            kw = {k: int(p[k]) for k in ("nheads", "head_dim", "d_state", "n_groups", "chunk")}
+            kw["state_bytes"] = float(p.get("state_bytes", 4.0))
+            return CompiledOp(op, (resolve_mamba_ssm(self.db, "context", **kw), resolve_mamba_ssm(self.db, "generation", **kw)))
         if op.kind == "elementwise":
             g = self.db.system.gpu
             return CompiledOp(op, (Resolved(None, "sol", how="analytic", fixed_prov=Prov.ANALYTIC),),

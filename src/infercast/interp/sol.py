@@ -490,3 +490,81 @@ def gdn(
                   + batch * 2.0 * (K - 1.0) * conv_dim * 2.0 + conv_weights)
     return _finish(system, flops, nbytes, compute_dtype)
 
+
+
+# --- Mamba2 (Nemotron-H) -------------------------------------------------------------------------
+
+MAMBA2_PHASES = ("context", "generation")
+
+
+def _mamba2_phase(phase: str) -> None:
+    if phase not in MAMBA2_PHASES:
+        raise InvalidConfigError(f"unknown Mamba2 phase {phase!r}", available=MAMBA2_PHASES)
+
+
+def mamba2_conv_channels(nheads, head_dim, n_groups, d_state):
+    """Channels of a Mamba2 layer's causal conv on one GPU: the SSM input ``x``
+    (``nheads x head_dim``) and the ``B`` and ``C`` projections (``n_groups x d_state`` each).
+    Numbers or arrays (a float for numbers)."""
+    c = np.asarray(nheads, dtype=float) * head_dim + 2.0 * np.asarray(n_groups, dtype=float) * d_state
+    return float(c) if c.ndim == 0 else c
+
+
+def mamba2_conv(system: SystemSpec, phase: str, batch, seq_len, channels: float, conv_kernel: int = 4,
+                act_bytes: float = 2.0, compute_dtype: str = "bfloat16"):
+    """Depthwise causal conv1d of one Mamba2 layer on one GPU (what ``mamba2_perf`` times:
+    ``causal_conv1d_fn`` in context, ``causal_conv1d_update`` in generation), over ``channels``
+    (:func:`mamba2_conv_channels`) and ``tokens = batch * seq_len``:
+
+    * FLOPs ``2 * K * channels`` per token (``K = conv_kernel`` taps);
+    * bytes: every token's inputs read and outputs written (``act_bytes``, bf16), the
+      ``channels x K`` weights (bf16) once, and in generation the conv state (the last ``K - 1``
+      inputs of every channel) read and written per request."""
+    _mamba2_phase(phase)
+    batch, seq_len = np.asarray(batch, dtype=float), np.asarray(seq_len, dtype=float)
+    C, K = float(channels), float(conv_kernel)
+    tokens = batch * seq_len
+    flops = tokens * 2.0 * K * C
+    nbytes = tokens * 2.0 * C * act_bytes + C * K * 2.0
+    if phase == "generation":
+        nbytes = nbytes + batch * 2.0 * (K - 1.0) * C * act_bytes
+    return _finish(system, flops, nbytes, compute_dtype)
+
+
+def mamba2_ssm(system: SystemSpec, phase: str, batch, seq_len, nheads: int, head_dim: int, d_state: int,
+               n_groups: int, chunk: int = 128, state_bytes: float = 4.0, compute_dtype: str = "bfloat16"):
+    """The selective-state-space core of one Mamba2 layer on one GPU (not in ``mamba2_perf``):
+    ``H = nheads`` heads of ``P = head_dim`` channels, each with a ``P x N`` state
+    (``N = d_state``), ``G = n_groups`` groups sharing ``B`` and ``C``; ``tokens = batch * seq_len``.
+
+    ``"context"``: the chunked state-space-dual scan (chunks of ``Q = chunk`` tokens). FLOPs per
+    token: ``2*G*Q*N`` for the intra-chunk ``C B^T`` scores, ``2*H*Q*P`` to apply them to ``x``,
+    ``2*H*N*P`` for the chunk states (``B^T x``) and ``2*H*N*P`` for their output (``C S``).
+    Bytes: per token ``x`` read and ``y`` written (bf16), ``B`` and ``C`` read (bf16), ``dt`` read
+    (fp32); per chunk the ``H x P x N`` chunk state written and read back (``state_bytes``); per
+    request the final state written (``state_bytes``, fp32 by default: ``mamba_ssm_cache_dtype``).
+
+    ``"generation"``: the recurrent state update (``selective_state_update``), ``seq_len`` tokens
+    per request (normally 1): per token ``6*H*P*N`` FLOPs (decay, ``dt B x`` outer product and
+    add, ``C S``); bytes: the fixed-size state read and written once per request
+    (``2*H*P*N*state_bytes``: the dominant term), ``x`` / ``z`` / ``B`` / ``C`` / ``dt`` in and
+    ``y`` out per token.
+
+    Neither phase depends on tokens cached before the new ones: the state is fixed-size. Math time
+    uses the tensor-core peak of ``compute_dtype`` (the update runs on CUDA cores, but the
+    system files give no CUDA-core peak; it is memory-bound by a wide margin either way)."""
+    _mamba2_phase(phase)
+    batch, seq_len = np.asarray(batch, dtype=float), np.asarray(seq_len, dtype=float)
+    H, P, N, G = float(nheads), float(head_dim), float(d_state), float(n_groups)
+    tokens = batch * seq_len
+    state = H * P * N
+    io_per_token = 2.0 * H * P * 2.0 + 2.0 * G * N * 2.0 + H * 4.0
+    if phase == "context":
+        Q = float(chunk)
+        flops = tokens * (2.0 * G * Q * N + 2.0 * H * Q * P + 4.0 * H * N * P)
+        chunks = batch * np.ceil(seq_len / Q)
+        nbytes = tokens * io_per_token + chunks * 2.0 * state * state_bytes + batch * state * state_bytes
+    else:
+        flops = tokens * 6.0 * state
+        nbytes = tokens * (io_per_token + H * P * 2.0) + batch * 2.0 * state * state_bytes
+    return _finish(system, flops, nbytes, compute_dtype)

@@ -5,11 +5,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
 
 from ..data.model_configs import ModelConfig
 from ..data.quant import COMPUTE_DTYPE, GEMM_QUANTS, KV_BYTES, KV_QUANTS, WEIGHT_BYTES  # noqa: F401
 from ..errors import InvalidConfigError, InvalidInputError, UnsupportedModelError
 from .groups import AttentionGroup, FFNGroup
+
+if TYPE_CHECKING:
+    from .nemotron_h import MambaSpec
 
 
 @dataclass(frozen=True)
@@ -238,6 +242,8 @@ class ModelSpec:
     ffn_groups: tuple[FFNGroup, ...] | None = None
     #: Gemma's extra RMSNorms after the attention and after the FFN (besides the pre-norms)
     sandwich_norms: bool = False
+    #: Nemotron-H hybrids: block pattern and Mamba2 shape (:mod:`infercast.models.nemotron_h`)
+    mamba: MambaSpec | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -258,6 +264,10 @@ class ModelSpec:
             d["attention_groups"] = tuple(AttentionGroup(**g) for g in d["attention_groups"])
         if d.get("ffn_groups") is not None:
             d["ffn_groups"] = tuple(FFNGroup(**g) for g in d["ffn_groups"])
+        if d.get("mamba"):
+            from .nemotron_h import MambaSpec
+
+            d["mamba"] = MambaSpec(**d["mamba"])
         return cls(**d)
 
 
@@ -294,6 +304,8 @@ FAMILIES = {
     "Gemma4ForConditionalGeneration": "dense",
     "MiMoV2FlashForCausalLM": "moe",
     "DeciLMForCausalLM": "dense",
+    # Mamba2 / attention / MLP / MoE blocks in a pattern (:mod:`infercast.models.nemotron_h`)
+    "NemotronHForCausalLM": "nemotron_h",
 }
 
 
@@ -379,6 +391,10 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
             "supported: dense GQA decoders, GQA + MoE, and DeepSeek-style MLA + MoE",
             supported_architectures(),
         )
+    if family == "nemotron_h":
+        from .nemotron_h import build_nemotron_h_spec
+
+        return build_nemotron_h_spec(mc, arch)
     where = mc.resolved_id
     from .families import READERS  # the readers use this module's helpers
 

@@ -78,9 +78,12 @@ class DisaggResult(ServingMetrics):
     prefill_kv_capacity: float | None = None  # prompts of isl tokens one prefill rank's KV cache holds (if known)
 
 
-def kv_transfer_ms(kv_bytes_per_token_per_gpu: float, isl: int, prefill_gpus: int, bandwidth: float, latency_s: float) -> float:
-    """Moving one request's KV cache: every prefill GPU sends its share in parallel."""
-    per_gpu = kv_bytes_per_token_per_gpu * isl
+def kv_transfer_ms(kv_bytes_per_token_per_gpu: float, isl: int, prefill_gpus: int, bandwidth: float, latency_s: float,
+                   state_bytes_per_gpu: float = 0.0) -> float:
+    """Moving one request's KV cache: every prefill GPU sends its share in parallel; a hybrid
+    model's fixed-size recurrent state (``state_bytes_per_gpu``: Gated DeltaNet, Mamba2 SSM + conv)
+    moves with it."""
+    per_gpu = kv_bytes_per_token_per_gpu * isl + state_bytes_per_gpu
     return per_gpu / bandwidth * 1e3 + latency_s * 1e3
 
 

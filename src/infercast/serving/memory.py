@@ -106,6 +106,10 @@ def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig, extra_layers: int
     wb = WEIGHT_BYTES[spec.quant.gemm]
     L = spec.num_layers
     stage = math.ceil(L / pp) / L  # share of the layers on one stage
+    if spec.mamba is not None:  # Nemotron-H: per block kind (models.nemotron_h)
+        from ..models.nemotron_h import layer_weight_bytes
+
+        return layer_weight_bytes(spec, par, extra_layers) + _ends_weight_bytes(spec, tp, pp)
     attn = _attention_weights(spec, tp, WEIGHT_BYTES[spec.quant.attention_gemm]) + 2 * h * 2.0  # + norms
     m = spec.moe
     if m is None and spec.ffn_groups is not None:
@@ -125,10 +129,15 @@ def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig, extra_layers: int
     if extra_layers:  # MTP draft layers: one more decoder layer each, on the last stage
         per_layer = attn + (ffn_total / L if m is None else (experts + shared + router))
         layers += extra_layers * per_layer
+    return layers + _ends_weight_bytes(spec, tp, pp)
+
+
+def _ends_weight_bytes(spec: ModelSpec, tp: int, pp: int) -> float:
+    """Embedding (with a vision tower) and LM head bytes on the most loaded stage's GPU."""
+    h = spec.hidden
     embed = spec.vocab * h * 2.0 / tp + spec.vision_params * VISION_WEIGHT_BYTES / tp
     head = 0.0 if (spec.tie_embeddings and pp == 1) else spec.vocab * h * 2.0 / tp
-    ends = embed + head if pp == 1 else max(embed, head + h * 2.0)
-    return layers + ends
+    return embed + head if pp == 1 else max(embed, head + h * 2.0)
 
 
 #: A sliding-window (or chunked) attention layer keeps at most its window of a request's tokens.
@@ -152,6 +161,8 @@ def kv_bytes_per_token(spec: ModelSpec, par: ParallelConfig, extra_layers: int =
     windows = spec.layer_windows
     if spec.gdn is not None:  # only the full-attention layers keep per-token KV
         layers = math.ceil((spec.num_layers - spec.gdn.linear_layers) / par.pp)
+    if spec.mamba is not None:  # Nemotron-H: the attention blocks (and an MTP layer's) keep per-token KV
+        layers = math.ceil(spec.mamba.attention_layers / par.pp) + extra_layers * spec.mamba.mtp_pattern.count("*")
     return 2.0 * layers * kv_heads_per_gpu(spec, par.tp) * spec.head_dim * kvb if not windows else \
         2.0 * kv_heads_per_gpu(spec, par.tp) * spec.head_dim * kvb * math.ceil(
             sum(1 for w in windows if w == 0 or w >= WINDOW_KV_COUNTED_FROM) / par.pp)
@@ -186,8 +197,12 @@ def _group_window_state(spec: ModelSpec, par: ParallelConfig) -> float:
 
 
 def state_bytes_per_request(spec: ModelSpec, par: ParallelConfig) -> float:
-    """Fixed-size per-request cache on one GPU: linear-attention state, and the sliding-window KV
-    of layer groups (:func:`_group_window_state`)."""
+    """Fixed-size per-request cache on one GPU: linear-attention / Mamba2 state, and the
+    sliding-window KV of layer groups (:func:`_group_window_state`)."""
+    if spec.mamba is not None:
+        from ..models.nemotron_h import state_bytes_per_request as mamba_state
+
+        return mamba_state(spec, par)
     if spec.attention_groups is not None:
         return _group_window_state(spec, par)
     if spec.gdn is None:
@@ -203,6 +218,9 @@ def activation_bytes(spec: ModelSpec, par: ParallelConfig, be: BackendDefaults) 
     t = be.max_num_tokens
     tp = par.tp
     qkv = (spec.num_heads // tp + 2 * kv_heads_per_gpu(spec, tp)) * spec.head_dim
+    if spec.mamba is not None:  # a Mamba2 block's in_proj output (z, x, B, C, dt) is wider than QKV
+        m = spec.mamba
+        qkv = max(qkv, (2 * m.num_heads * m.head_dim + m.num_heads) // tp + 2 * max(1, m.n_groups // tp) * m.state_size)
     ffn = spec.intermediate // tp if spec.moe is None else max(spec.moe.dense_inter // tp, spec.moe.inter * spec.moe.topk // max(par.etp, 1))
     per_token = (4 * spec.hidden + 2 * ffn + qkv) * 2.0
     logits = be.max_batch_size * (spec.vocab / tp) * 4.0
