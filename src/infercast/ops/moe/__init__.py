@@ -10,7 +10,10 @@ Data flow, top to bottom:
 * :mod:`.peers` -- another engine's (or version's) table on the same GPU;
 * :mod:`.wide_ep` -- SGLang's DeepEP wide-EP expert tables;
 * :mod:`.block` -- :func:`resolve_moe`, the expert block's curve (its docstring states the rules);
-* :mod:`.dispatch` -- :func:`resolve_moe_dispatch`, the all-to-all dispatch + combine.
+* :mod:`.a2a_tables` -- the measured all-to-all tables (``moe_a2a``, DeepEP's) as dispatch and
+  combine curves, carried to the query's site and EP;
+* :mod:`.dispatch` -- :func:`resolve_moe_dispatch`, the all-to-all dispatch + combine: which
+  source answers.
 
 Every public name (and the private helpers tests and benchmarks reach for) is re-exported here.
 """
@@ -41,7 +44,8 @@ from .wide_ep import (  # noqa: F401
     wide_ep_available,
 )
 from .block import _score, resolve_moe  # noqa: F401
-from .dispatch import (  # noqa: F401
-    A2A_BACKENDS, A2A_DISPATCH_DTYPE, A2A_DTYPE_BYTES, A2A_TOKENS_AXIS, NCCL_ELEMENT_BYTES, _a2a_from_table,
-    _a2a_sol_fn, resolve_moe_dispatch,
+from .a2a_tables import (  # noqa: F401
+    A2A_DISPATCH_DTYPE, A2A_DTYPE_BYTES, DEEPEP_DEFAULT_SMS, DEEPEP_TABLES, A2AMeasurement, a2a_resolved, a2a_sol_fn,
+    from_deepep, from_moe_a2a,
 )
+from .dispatch import A2A_BACKENDS, A2A_TOKENS_AXIS, DEEPEP_PEER_BACKEND, NCCL_ELEMENT_BYTES, resolve_moe_dispatch  # noqa: F401
