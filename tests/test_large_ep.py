@@ -189,3 +189,28 @@ def test_sglang_wide_ep_plan_at_large_ep(real_pack_available, ep):
     dispatch = next(c for c in e.engine.ops if c.op.kind == "moe_dispatch")
     assert [r.source for r in dispatch.resolved] == ["wideep_deepep_normal", "wideep_deepep_ll"]
     assert all(r.how == "exact" for r in dispatch.resolved)
+
+
+@pytest.mark.real_pack
+@pytest.mark.parametrize("backend", ["trtllm", "vllm"])
+def test_all_to_all_plan_on_engines_without_wide_ep_expert_tables(real_pack_available, backend):
+    """A plan that asks for the all-to-all path (``ParallelConfig.moe_comm``) on TensorRT-LLM or vLLM:
+    dispatch from the DeepEP measurement across hosts, experts from the standard moe table (noted)."""
+    from infercast.api import Estimator
+    from infercast.data.model_configs import resolve_model
+    from infercast.models.fusions import engine_fusions
+    from infercast.models.plan import ParallelConfig, build_plan
+    from infercast.models.spec import build_spec
+
+    data = PerfData.open("h200_sxm", backend)
+    spec = build_spec(resolve_model(data.pack, "deepseek-ai/DeepSeek-V3"))
+    par = ParallelConfig(1, 1, 32, None, 32, moe_comm="alltoall")
+    plan = build_plan(spec, par, None, engine_fusions(backend, spec, par, data.system))
+    e = Estimator.from_plan(plan, "h200_sxm", backend)
+    res = e.static(batch_size=8, isl=1024, osl=128)
+    assert res.ttft_ms > 0 and res.tpot_ms > 0
+    ops = {c.op.kind: c for c in e.engine.ops}
+    assert "allgather" not in ops and "reduce_scatter" not in ops
+    assert ops["moe_dispatch"].resolved[0].source == "wideep_deepep_normal"
+    experts = ops["moe"].resolved[0]
+    assert experts.source == "moe" and any("no wide-EP expert tables" in n for n in experts.notes)
