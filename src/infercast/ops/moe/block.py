@@ -138,7 +138,7 @@ from .query import (DEFAULT_DISTRIBUTION, MXFP4_ALIAS, PHASE_ALIASES, TOKEN_SCAL
                     has_fp4_hardware, moe_sol_fn, quant_candidates)
 from .tables import _get_lattice, _Lattice, _pairs_str, _site_grid, _site_label
 from .transfer import _pair_donor, _tp_trend, choose_donors, consistent_moe_donors, fixed_cost, transfer_sites
-from .wide_ep import WIDE_EP_BACKENDS, WIDE_EP_TABLE, WIDE_EP_TABLES, _resolve_wide_ep
+from .wide_ep import WIDE_EP_TABLE, WIDE_EP_TABLES, _resolve_wide_ep
 
 def _score(lat: _Lattice | None, query: tuple, tp: int, ep: int) -> int:
     if lat is None or len(lat.sites) == 0:
@@ -185,10 +185,10 @@ def resolve_moe(
     ph = PHASE_ALIASES.get(str(phase).lower())
     if ph is None:
         raise InvalidInputError(f"unknown phase {phase!r}", available=sorted(PHASE_ALIASES))
-    if wide_ep and db.backend not in WIDE_EP_BACKENDS:
+    if wide_ep and db.mode is not DatabaseMode.SOL and not any(db.data.has_table(t) for t in WIDE_EP_TABLES.values()):
         # the all-to-all path on an engine whose wide-EP expert kernels the pack does not measure
-        notes.append(f"no wide-EP expert tables for {db.backend} (the pack's are {', '.join(WIDE_EP_BACKENDS)}'s); "
-                     "standard MoE kernels")
+        notes.append(f"no wide-EP expert tables for {db.backend} {db.data.version} on {db.system.name} "
+                     f"({', '.join(WIDE_EP_TABLES.values())}); standard MoE kernels")
         wide_ep = False
     if wide_ep and db.mode is not DatabaseMode.SOL:
         table = WIDE_EP_TABLES[ph]
