@@ -324,6 +324,11 @@ MOE_CASES: list[StaticCase] = [
     _s("Qwen/Qwen3.5-35B-A3B", "h200_sxm", "vllm", 1, 1, 16, 2048, 256),
     # TP 8 across two GB200 trays: TensorRT-LLM's all-reduce from its own 4-GPU curve
     _s(V3, "gb200", "trtllm", 8, 1, 16, 2048, 256, moe_ep=8),
+    # large EP across hosts (SGLang wide EP): DeepEP dispatch + combine from the multi-host rows
+    # (node_num 2 / 4 / 8), experts from the wide-EP expert tables
+    _s(R1, "h100_sxm", "sglang", 1, 1, 8, 2048, 256, attention_dp=16, moe_ep=16),
+    _s(V3, "h200_sxm", "sglang", 1, 1, 8, 2048, 256, attention_dp=32, moe_ep=32),
+    _s(V3, "h200_sxm", "sglang", 1, 1, 8, 2048, 256, attention_dp=64, moe_ep=64),
 ]
 
 # heterogeneous layers (#37): Gemma-4 (sliding / global attention of different shapes, a dense

@@ -27,7 +27,7 @@ from infercast.ops.comm import resolve_collective
 from infercast.interp.grid import Grid
 from infercast.ops.moe import (
     CONSISTENT_UTIL_FACTOR, FIXED_COST_FRACTION, TOKEN_SCALE, WIDE_EP_CONTEXT_TABLE, WIDE_EP_TABLE, _get_lattice, _wide_ep_quant_transfer,
-    choose_donors, consistent_moe_donors, fixed_cost, moe_sol_fn, quant_candidates, resolve_moe, resolve_moe_dispatch,
+    a2a_sol_fn, choose_donors, consistent_moe_donors, fixed_cost, moe_sol_fn, quant_candidates, resolve_moe, resolve_moe_dispatch,
     transfer_sites,
 )
 
@@ -253,17 +253,22 @@ def test_dispatch_is_dispatch_plus_combine(real_pack_available):
 
 
 @pytest.mark.real_pack
-def test_dispatch_nccl_fallback(real_pack_available):
-    db = _db("h200_sxm", "trtllm")  # moe_a2a has ep_size 8 only
+def test_dispatch_ep_transfer_and_nccl_fallback(real_pack_available):
+    db = _db("h200_sxm", "trtllm")  # moe_a2a has ep_size 8 only: EP 4 (same node) through the a2a roofline
     r = resolve_moe_dispatch(db, phase="context", hidden=7168, topk=8, experts=256, ep=4, quant="fp8_block")
+    assert r.source == "moe_a2a" and r.how == "ep-transfer" and r.donors[-1] == "ep=8"
+    assert (r.grid.prov == Prov.TRANSFERRED).all()
+    # no all-to-all table on a100: two NCCL all-to-alls
+    da = _db("a100_sxm", "trtllm")
+    r = resolve_moe_dispatch(da, phase="context", hidden=7168, topk=8, experts=256, ep=4, quant="fp8_block")
     assert r.source == "nccl" and any("NCCL alltoall x2" in n for n in r.notes)
-    nccl = resolve_collective(db, "alltoall", 4).grid
+    nccl = resolve_collective(da, "alltoall", 4).grid
     tokens = np.array([1.0, 8.0, 64.0, 512.0])
     np.testing.assert_allclose(r.grid(tokens)[0], 2.0 * nccl(tokens * 8 * 7168)[0], rtol=1e-12)
     assert np.all(np.diff(r.grid(tokens)[0]) > 0)
-    # SGLang has no moe_a2a table at all: NCCL too
+    # SGLang has no moe_a2a table: its DeepEP tables answer
     rs = resolve_moe_dispatch(_db("h200_sxm", "sglang"), phase="generation", hidden=7168, topk=8, experts=256, ep=8, quant="fp8_block")
-    assert rs.source == "nccl"
+    assert rs.source == "wideep_deepep_ll" and rs.how == "exact"
     assert resolve_moe_dispatch(db, phase="context", hidden=7168, topk=8, experts=256, ep=1, quant="fp8_block") is None
 
 
@@ -571,11 +576,19 @@ def test_synth_dispatch_from_table_and_nccl(moe_pack):
         v, p = r.grid(t)
         np.testing.assert_allclose(v, (_a2a_us("dispatch", t) + _a2a_us("combine", t)) / 1000.0, rtol=1e-12)
         assert (p == Prov.EXACT).all()
-    # ep 4 has no moe_a2a rows: two NCCL all-to-alls of tokens*topk*hidden elements
+    # ep 4 has no moe_a2a rows: the ep 2 curve (same node) through the all-to-all roofline
     r4 = resolve_moe_dispatch(db, phase="context", hidden=h, topk=k, experts=e, ep=4, quant="bfloat16")
-    assert r4.source == "nccl"
-    tok = np.array([2.0, 16.0, 64.0, 1024.0])  # message 2^12 .. 2^21 elements: collected sizes
-    np.testing.assert_allclose(r4.grid(tok)[0], 2.0 * np.asarray(sp.nccl_ms("alltoall", tok * k * h, 4)), rtol=1e-12)
+    assert r4.source == "moe_a2a" and r4.how == "ep-transfer"
+    ratio = a2a_sol_fn(db.system, h, k, 4, 2.0)(t) / a2a_sol_fn(db.system, h, k, A2A_EP, 2.0)(t)
+    np.testing.assert_allclose(r4.grid(t)[0], (_a2a_us("dispatch", t) + _a2a_us("combine", t)) / 1000.0 * ratio, rtol=1e-12)
+    # ep 8: 2 octaves from ep 2, within the gate; ep 16 spans two nodes: never from the
+    # intra-node rows; two NCCL all-to-alls of tokens*topk*hidden elements, priced hierarchically
+    r8 = resolve_moe_dispatch(db, phase="context", hidden=h, topk=k, experts=e, ep=8, quant="bfloat16")
+    assert r8.source == "moe_a2a"
+    r16 = resolve_moe_dispatch(db, phase="context", hidden=h, topk=k, experts=16, ep=16, quant="bfloat16")
+    assert r16.source == "nccl" and r16.how == "hierarchical"
+    tok = np.array([2.0, 16.0, 64.0, 1024.0])
+    np.testing.assert_allclose(r16.grid(tok)[0], 2.0 * resolve_collective(db, "alltoall", 16).grid(tok * k * h)[0], rtol=1e-12)
     with pytest.raises(InvalidInputError):
         resolve_moe_dispatch(db, phase="warmup", hidden=h, topk=k, experts=e, ep=2, quant="bfloat16")
 

@@ -236,9 +236,13 @@ class CompiledEngine:
             v = n_eval * c.x_per_token * c.ms_per_unit + c.fixed_ms
             pr = np.full(n_eval.shape, int(Prov.ANALYTIC), np.int8)
         elif c.phase_split:
-            vc, pc = c.resolved[0].grid(n_eval * c.x_per_token, refuse=True)
-            vg, pg = c.resolved[1].grid(n_eval * c.x_per_token, refuse=True)
-            ctx = np.broadcast_to(np.asarray(context, dtype=bool), np.shape(vc))
+            # each grid is asked only at the steps of its phase (elsewhere at its first point): a
+            # low-latency table that stops at decode sizes must not refuse a prefill step
+            x = n_eval * c.x_per_token
+            ctx = np.broadcast_to(np.asarray(context, dtype=bool), np.shape(x))
+            gc, gg = c.resolved[0].grid, c.resolved[1].grid
+            vc, pc = gc(np.where(ctx, x, gc.axes[0][0]), refuse=True)
+            vg, pg = gg(np.where(ctx, gg.axes[0][0], x), refuse=True)
             v, pr = np.where(ctx, vc, vg), np.where(ctx, pc, pg).astype(np.int8)
         else:
             v, pr = c.resolved[0].grid(n_eval * c.x_per_token, refuse=True)
