@@ -166,3 +166,29 @@ def test_cli_trtllm_options_file(synth, capsys, tmp_path):
     assert rc == 0, err
     d = json.loads(out)
     assert (d["scheduler"]["max_batch_size"], d["scheduler"]["max_num_tokens"], d["tp"]) == (16, 2048, 2)
+
+
+def test_moe_communication_flags():
+    assert parse_engine_cmd("python -m sglang.launch_server --model-path m --tp 8 --dp 8 --enable-dp-attention "
+                            "--ep 8 --moe-a2a-backend deepep").estimator_kw == {"moe_comm": "alltoall"}
+    assert parse_engine_cmd("vllm serve m --data-parallel-size 8 --enable-expert-parallel "
+                            "--all2all-backend deepep_low_latency").estimator_kw == {"moe_comm": "alltoall"}
+    assert parse_engine_cmd("vllm serve m --all2all-backend allgather_reducescatter").estimator_kw == {"moe_comm": "gather"}
+
+
+def test_estimator_moe_comm_choice(real_pack_available):
+    from infercast.api import Estimator
+    from infercast.errors import InvalidConfigError
+
+    if not real_pack_available:
+        pytest.skip("needs the real pack")
+    kw = dict(tp=1, attention_dp=8, moe_ep=8)
+    a2a = Estimator("deepseek-ai/DeepSeek-V3", "h200_sxm", "vllm", moe_comm="alltoall", **kw)
+    gather = Estimator("deepseek-ai/DeepSeek-V3", "h200_sxm", "vllm", moe_comm="gather", **kw)
+    assert a2a.plan.parallel.moe_comm == "alltoall" and gather.plan.parallel.moe_comm == "gather"
+    assert any(o.name == "moe_dispatch" for o in a2a.plan.ops)
+    assert not any(o.name == "moe_dispatch" for o in gather.plan.ops)
+    with pytest.raises(InvalidConfigError, match="needs an MoE model"):
+        Estimator("Qwen/Qwen3-32B-FP8", "h200_sxm", "vllm", moe_comm="alltoall")
+    with pytest.raises(InvalidInputError, match="unknown --moe-comm"):
+        Estimator("deepseek-ai/DeepSeek-V3", "h200_sxm", "vllm", moe_comm="ring", **kw)

@@ -18,11 +18,12 @@ from .data.database import PerfData
 from .data.model_configs import resolve_model
 from .engine import beyond
 from .engine.compiled import CompiledEngine, remember
-from .errors import InvalidInputError
+from .errors import InvalidConfigError, InvalidInputError
 from .interp.provenance import Prov
 from .models.fusions import engine_fusions
 from .models.groups import layer_group_notes
 from .models.plan import (
+    MOE_COMMS,
     MOE_DISTRIBUTION,
     ParallelConfig,
     Plan,
@@ -99,6 +100,12 @@ class Estimator:
     free after weights and activations), vLLM's ``gpu_memory_utilization`` (of all GPU memory, for
     everything), SGLang's ``mem_fraction_static`` (of all GPU memory, for weights + KV); None keeps
     the engine's default.
+
+    ``moe_comm`` is how attention-DP tokens reach the expert-parallel ranks: ``"gather"``
+    (all-gather before the experts, reduce-scatter after: TensorRT-LLM's and vLLM's default) or
+    ``"alltoall"`` (DeepEP-style dispatch / combine: SGLang's ``--moe-a2a-backend deepep``, vLLM's
+    ``--all2all-backend deepep_*``, TensorRT-LLM's wide-EP); None: all-to-all where the backend's
+    wide-EP expert tables cover the shape, else gather.
     """
 
     def __init__(
@@ -123,6 +130,7 @@ class Estimator:
         kv_memory_fraction: float | None = None,
         database_mode: str | DatabaseMode = DatabaseMode.SILICON,
         systems_path: str | Path | None = None,
+        moe_comm: str | None = None,
     ):
         mode = DatabaseMode.parse(database_mode)
         if not (isinstance(model, str) and model.strip() or isinstance(model, os.PathLike)):
@@ -140,7 +148,14 @@ class Estimator:
                              None if moe_tp is None else _int("--moe-tp", moe_tp), None if moe_ep is None else _int("--moe-ep", moe_ep))
         self.db = OpDB.shared(self.data, mode)
         self.data = self.db.data
-        if par.attention_dp > 1 and par.ep > 1 and spec.moe is not None:
+        if moe_comm is not None:
+            if moe_comm not in MOE_COMMS:
+                raise InvalidInputError(f"unknown --moe-comm {moe_comm!r}", "known: " + ", ".join(MOE_COMMS))
+            if moe_comm == "alltoall" and not (spec.moe is not None and par.attention_dp > 1 and par.ep > 1):
+                raise InvalidConfigError("--moe-comm alltoall dispatches attention-DP tokens to expert-parallel ranks",
+                                         "it needs an MoE model with --attention-dp > 1 and --moe-ep > 1")
+            par = replace(par, moe_comm=moe_comm)
+        elif par.attention_dp > 1 and par.ep > 1 and spec.moe is not None:
             par.check(spec)
             m = spec.moe
             if wide_ep_available(self.db, quant=quant.moe or quant.gemm, hidden=spec.hidden, inter=m.inter, topk=m.topk,

@@ -15,9 +15,10 @@ from ..errors import InvalidInputError
 
 #: infercast flag (argparse dest) -> its default: a dest still at its default takes the engine's value
 _LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "attention_dp": 1, "moe_tp": None, "moe_ep": None}
-_ESTIMATOR_DEFAULTS = {"kv_cache_quant": None, "nextn": 0, "moe_kernel": None, "kv_memory_fraction": None}
+_ESTIMATOR_DEFAULTS = {"kv_cache_quant": None, "nextn": 0, "moe_kernel": None, "kv_memory_fraction": None,
+                       "moe_comm": None}
 _FLAG = {"kv_cache_quant": "--kv-cache-quant", "nextn": "--nextn", "moe_kernel": "--moe-kernel",
-         "kv_memory_fraction": "--kv-memory-fraction", "tp": "--tp", "pp": "--pp", "attention_dp": "--attention-dp",
+         "kv_memory_fraction": "--kv-memory-fraction", "moe_comm": "--moe-comm", "tp": "--tp", "pp": "--pp", "attention_dp": "--attention-dp",
          "moe_tp": "--moe-tp", "moe_ep": "--moe-ep"}
 
 

@@ -75,6 +75,11 @@ def _add_model_args(p: argparse.ArgumentParser, parallel: bool = True) -> None:
                         "gpu_memory_utilization, SGLang mem_fraction_static (default: the engine's)")
     p.add_argument("--attention-quant", default=None, help="override the attention compute dtype (bfloat16, fp8)")
     p.add_argument("--database-mode", default="SILICON", help="SILICON (default), HYBRID, EMPIRICAL or SOL")
+    p.add_argument("--moe-comm", choices=("gather", "alltoall"), default=None,
+                   help="how attention-DP tokens reach the expert-parallel ranks: gather (all-gather + "
+                        "reduce-scatter; TensorRT-LLM's and vLLM's default) or alltoall (DeepEP dispatch / combine: "
+                        "SGLang --moe-a2a-backend deepep, vLLM --all2all-backend deepep_*); default: alltoall where "
+                        "the backend's wide-EP tables cover the shape")
     _add_data_args(p)
     from .engine_config import add_engine_args
 
@@ -95,6 +100,7 @@ def _estimator(a, prefix: str = ""):
             nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel,
             gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
             kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode, systems_path=a.systems_path,
+            moe_comm=getattr(a, "moe_comm", None),
         )
     except InfercastError as exc:
         if not prefix:

@@ -1,12 +1,9 @@
 """Deployment search: enumerate parallel layouts, evaluate them with the serving model at each
 concurrency, filter by latency targets, keep the Pareto frontier and recommend one
 (:func:`search_agg`; disaggregated prefill/decode worker splits: :func:`search_disagg`; every
-deployment of a fixed number of GPUs at one concurrency: :func:`search_fixed`)."""
+deployment of a fixed number of GPUs at one concurrency: :func:`search_fixed`; the fewest GPUs
+for a load: :mod:`.sizing`)."""
 
-# the submodule ``recommend`` (fewest GPUs for a load) is loaded first, so that the name
-# ``recommend`` below stays the Pareto recommender and a later import of the submodule does not
-# rebind it
-from . import recommend as _recommend_module  # noqa: F401
 from .fixed import search_fixed
 from .pareto import meets, pareto_front, recommend
 from .run import Candidate, DisaggCandidate, SearchResult, search_agg, search_disagg

@@ -203,6 +203,10 @@ def _vllm(argv: list[str]) -> EngineSettings:
             raise InvalidInputError(f"--speculative-config method {spec.get('method')!r} is not modelled",
                                     "infercast models MTP draft layers (method mtp / deepseek_mtp)")
         s.estimator_kw["nextn"] = _int("num_speculative_tokens", spec.get("num_speculative_tokens", 1))
+    if "--all2all-backend" in flags:
+        used.add("--all2all-backend")
+        b = str(flags["--all2all-backend"]).lower()
+        s.estimator_kw["moe_comm"] = "gather" if b in ("allgather_reducescatter", "naive") else "alltoall"
     if "--moe-backend" in flags:
         used.add("--moe-backend")
         if str(flags["--moe-backend"]).lower() == "triton":
@@ -277,6 +281,9 @@ def _sglang(argv: list[str]) -> EngineSettings:
         steps = flags.get("--speculative-num-steps")
         used |= {"--speculative-num-steps", "--speculative-num-draft-tokens", "--speculative-eagle-topk"} & set(flags)
         s.estimator_kw["nextn"] = _int("--speculative-num-steps", steps) if steps is not None else 1
+    if "--moe-a2a-backend" in flags:
+        used.add("--moe-a2a-backend")
+        s.estimator_kw["moe_comm"] = "gather" if str(flags["--moe-a2a-backend"]).lower() == "none" else "alltoall"
     if "--moe-runner-backend" in flags:
         used.add("--moe-runner-backend")
         if str(flags["--moe-runner-backend"]).lower() == "triton":
