@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from ..errors import InfercastError, InvalidInputError
 from ..report.layout import plural
 from .pareto import meets, pareto_front, recommend
@@ -70,6 +72,8 @@ class SearchResult:
     concurrencies: list[int] = field(default_factory=list)  # the concurrencies evaluated
     max_concurrency: int | None = None  # the most requests a deployment searched runs at once
     reason: str | None = None  # why there is no recommendation (best is None)
+    evaluated: dict[str, int] = field(default_factory=dict)  # kind of candidate -> how many were evaluated
+    refused: dict[str, int] = field(default_factory=dict)  # "kind: reason" -> how many were refused
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -125,6 +129,7 @@ def search_agg(
     systems_path=None,
     scheduler: dict | None = None,
     cap_concurrency: bool = False,
+    refine: bool | None = None,
     **estimator_kw,
 ) -> SearchResult:
     """Evaluate every layout of at most ``max_gpus`` GPUs (default: one node) at each concurrency.
@@ -134,7 +139,10 @@ def search_agg(
     scheduler defaults. Targets are on the mean TTFT and mean TPOT, as benchmarks report them;
     None or ``math.inf``: no target (``infercast search`` defaults to :data:`DEFAULT_TTFT_MS` and
     :data:`DEFAULT_TPOT_MS`). ``cap_concurrency``: evaluate no concurrency beyond the most
-    requests a searched layout runs at once (refuse a given one; :func:`_fit_concurrencies`)."""
+    requests a searched layout runs at once (refuse a given one; :func:`_fit_concurrencies`).
+    ``refine`` (default: when ``concurrencies`` is not given): per layout, bisect between the grid
+    points where meeting the targets flips, for the largest concurrency that meets them
+    (:func:`refine_concurrency`)."""
     from dataclasses import replace
 
     from ..serving.backends import scheduler_params
@@ -149,8 +157,9 @@ def search_agg(
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, (
         (lay.label, est.plan.parallel.attention_dp * rank_capacity(est, res.isl, res.osl, params))
         for lay, est in ests.items()))
+    refine = concurrencies is None if refine is None else refine
     for lay, est in ests.items():
-        _evaluate(res, est, lay, conc, params)
+        _evaluate(res, est, lay, conc, params, refine)
     return _finish(res)
 
 
@@ -172,6 +181,49 @@ def _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_ma
 
 def _is_inf(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == math.inf
+
+
+def _count(res: SearchResult, kind: str, n: int = 1) -> None:
+    res.evaluated[kind] = res.evaluated.get(kind, 0) + n
+
+
+def refuse(res: SearchResult, key: str, kind: str, why: str, reason: str | BaseException | None = None) -> None:
+    """Record that ``key`` (a layout, a deployment, a deployment at a concurrency) of ``kind`` was
+    refused: ``why`` under ``res.skipped``, and one more under ``res.refused["kind: reason"]``,
+    the reason being the error's class name when ``reason`` is an exception."""
+    res.skipped[key] = why
+    if isinstance(reason, BaseException):
+        reason = _reason_name(reason)
+    k = f"{kind}: {reason or why}"
+    res.refused[k] = res.refused.get(k, 0) + 1
+
+
+def _reason_name(exc: BaseException) -> str:
+    """A short reason for a refusal: the error class in words (``DoesNotFitError`` -> "does not fit")."""
+    import re
+
+    name = type(exc).__name__.removesuffix("Error")
+    return re.sub(r"(?<!^)(?=[A-Z])", " ", name).lower() or "error"
+
+
+def refine_concurrency(evaluate, grid: list[int], ok_at) -> None:
+    """Resolve the largest concurrency that meets the targets more finely than ``grid``: where
+    ``ok_at(c)`` (True / False: meets the targets at ``c``; None: not evaluated or refused) flips
+    from True at one grid point to False at the next, bisect the integers between them, calling
+    ``evaluate(c)`` (which returns the same as ``ok_at``) for each probe. Assumes meeting the
+    targets is monotone in the clients between the two points (more clients never lower TTFT
+    or TPOT in the serving models)."""
+    seen = [(c, ok_at(c)) for c in grid]
+    seen = [(c, ok) for c, ok in seen if ok is not None]
+    for (lo, ok_lo), (hi, ok_hi) in zip(seen, seen[1:]):
+        if ok_lo and not ok_hi:
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                ok = evaluate(mid)
+                if ok is None:
+                    break
+                lo, hi = (mid, hi) if ok else (lo, mid)
+            return
 
 
 def rank_capacity(est, isl: int, osl: int, params) -> int:
@@ -219,16 +271,18 @@ def _estimators(res: SearchResult, base, model, space, backend_version, systems_
     from ..api import Estimator
 
     lays, skipped = space
-    res.skipped.update(skipped)
+    for label, why in skipped.items():
+        refuse(res, label, "layout", why, "does not shard the model")
     out = {}
     for lay in filter(keep, lays):
+        _count(res, "layout")
         try:
             out[lay] = make(lay) if make is not None else base if lay == Layout() else Estimator(
                 model, res.system, res.backend, backend_version,
                 lay.tp, lay.pp, attention_dp=lay.attention_dp, moe_tp=lay.moe_tp, moe_ep=lay.moe_ep,
                 systems_path=systems_path, **estimator_kw)
         except InfercastError as exc:
-            res.skipped[lay.label] = str(exc)
+            refuse(res, lay.label, "layout", str(exc), exc)
     return out
 
 
@@ -268,18 +322,30 @@ def _fields(res: SearchResult, label: str, est, gpus: int, c: int, r, bound: str
             est.layout_words if description is None else description)
 
 
-def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params) -> None:
+def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refine: bool = False) -> None:
+    """Add ``lay`` (estimator ``est``) at each concurrency of ``conc`` to ``res`` (with ``refine``,
+    then at the concurrencies :func:`refine_concurrency` probes)."""
     from ..api import serve_agg_replica
 
-    for c in conc:
+    ok: dict[int, bool | None] = {}
+
+    def one(c: int) -> bool | None:
+        _count(res, "agg candidate")
         try:
             r, _ = serve_agg_replica(est, c, res.isl, res.osl, params)
         except InfercastError as exc:
-            res.skipped[f"{lay.label}@c{c}"] = str(exc)
-            if c == conc[0]:
-                return  # not even the fewest clients fit: the layout does not serve this workload
-            continue
-        res.candidates.append(Candidate(*_fields(res, lay.label, est, est.gpus, c, r, r.bound)))
+            refuse(res, f"{lay.label}@c{c}", "agg candidate", str(exc), exc)
+            return None
+        cand = Candidate(*_fields(res, lay.label, est, est.gpus, c, r, r.bound))
+        res.candidates.append(cand)
+        return cand.meets_targets
+
+    for c in conc:
+        ok[c] = one(c)
+        if ok[c] is None and c == conc[0]:
+            return  # not even the fewest clients fit: the layout does not serve this workload
+    if refine:
+        refine_concurrency(one, conc, ok.get)
 
 
 # ---- disaggregated ------------------------------------------------------------------------------
@@ -297,8 +363,19 @@ class DisaggCandidate(Candidate):
     prefill_utilisation: float = 0.0
 
 
-def _worker_counts(gp: int, gd: int, max_gpus: int, max_workers: int) -> list[tuple[int, int]]:
-    return [(p, d) for p in range(1, max_workers + 1) for d in range(1, max_workers + 1) if p * gp + d * gd <= max_gpus]
+def _worker_counts(gp: int, gd: int, max_gpus: int, max_workers: int | None) -> list[tuple[int, int]]:
+    """(prefill workers, decode workers) of ``gp`` and ``gd`` GPUs each that fit in ``max_gpus``
+    (each count at most ``max_workers``; None: as many as fit)."""
+    cap_p = max_gpus // gp if max_workers is None else min(max_workers, max_gpus // gp)
+    return [(p, d) for p in range(1, cap_p + 1)
+            for d in range(1, ((max_gpus - p * gp) // gd if max_workers is None else min(max_workers, (max_gpus - p * gp) // gd)) + 1)]
+
+
+def disagg_worker(lay: Layout, nvlink_gpus: int, total: int) -> bool:
+    """Whether ``lay`` is a disaggregated worker the search considers: fewer GPUs than ``total``
+    (one worker of the other role needs at least one), and pipeline stages only to span nodes
+    (each stage fills the NVLink domain); attention-DP x EP may span nodes."""
+    return lay.gpus < total and (lay.pp == 1 or lay.tp * lay.attention_dp >= nvlink_gpus)
 
 
 def search_disagg(
@@ -309,7 +386,7 @@ def search_disagg(
     osl: int,
     *,
     max_gpus: int | None = None,
-    max_workers: int = 8,
+    max_workers: int | None = None,
     concurrencies: list[int] | None = None,
     ttft_max_ms: float | None = None,
     tpot_max_ms: float | None = None,
@@ -317,41 +394,46 @@ def search_disagg(
     systems_path=None,
     scheduler: dict | None = None,
     cap_concurrency: bool = False,
+    refine: bool | None = None,
     **estimator_kw,
 ) -> SearchResult:
     """Disaggregated deployments of at most ``max_gpus`` GPUs in all (default: two nodes): a
-    prefill layout and a decode layout (each within one NVLink domain -- a node, or the rack of a
-    GB200 / GB300 NVL72 system -- without pipeline stages) times up
-    to ``max_workers`` workers of each, at each concurrency (clients of the whole deployment),
-    through :func:`infercast.api.serve_disagg`. A deployment whose decode ranks would run more
-    requests than their KV cache holds (:mod:`infercast.serving.memory`) is skipped. ``scheduler``:
-    {SchedulerParams field: value} overriding the backend's defaults in both roles.
-    ``cap_concurrency``: as :func:`search_agg`'s, the bound being the most decode workers' requests."""
+    prefill layout and a decode layout (:func:`disagg_worker`: TP within the NVLink domain,
+    attention-DP x EP or pipeline stages across nodes) times as many workers of each as fit (at
+    most ``max_workers`` each if given), at each concurrency (clients of the whole deployment),
+    through the disaggregated serving model (:mod:`infercast.serving.disagg`, all worker counts
+    and concurrencies of one layout pair at once: :func:`evaluate_disagg_pair`). A deployment
+    whose decode ranks would run more requests than their KV cache holds
+    (:mod:`infercast.serving.memory`) is skipped. ``scheduler``: {SchedulerParams field: value}
+    overriding the backend's defaults in both roles. ``cap_concurrency``: as
+    :func:`search_agg`'s, the bound being the most decode workers' requests; ``refine``: as
+    :func:`search_agg`'s, per deployment (layouts and worker counts)."""
     from dataclasses import replace
 
     from ..serving.backends import scheduler_params
 
-    max_workers = _positive("max_workers", max_workers, int, required=True)
+    max_workers = None if max_workers is None else _positive("max_workers", max_workers, int, required=True)
     conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
                              systems_path, estimator_kw)
     node = base.data.system.node
     total = res.max_gpus = 2 * node.gpus_per_node if max_gpus is None else _positive("max_gpus", max_gpus, int)
-    space = layouts(base.spec, min(total, node.nvlink_gpus), node.nvlink_gpus)
+    space = layouts(base.spec, total, node.nvlink_gpus)
     roles = _roles(res, _estimators(res, base, model, space, backend_version, systems_path, estimator_kw,
-                                    keep=lambda lay: lay.pp == 1))
+                                    keep=lambda lay: disagg_worker(lay, node.nvlink_gpus, total)))
     params = replace(scheduler_params(backend, base.data.system, base.spec), **scheduler) if scheduler else None
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, decode_holders(
         res, roles, total, max_workers, params or scheduler_params(backend, base.data.system, base.spec)))
+    refine = concurrencies is None if refine is None else refine
     for pl, pe in roles["prefill"].items():
         for dl, de in roles["decode"].items():
+            _count(res, "disagg layout pair")
             counts = _worker_counts(pe.gpus, de.gpus, total, max_workers)
             if not counts:
-                res.skipped[f"P {pl.label} D {dl.label}"] = (
-                    f"one prefill worker ({plural(pe.gpus, 'GPU')}) and one decode worker ({de.gpus}) exceed {plural(total, 'GPU')}")
-            for pw, dw in counts:
-                for c in conc:
-                    if not _evaluate_disagg(res, pl, pe, pw, dl, de, dw, c, params):
-                        break  # more clients only grow the decode batch
+                refuse(res, f"P {pl.label} D {dl.label}", "disagg layout pair",
+                       f"one prefill worker ({plural(pe.gpus, 'GPU')}) and one decode worker ({de.gpus}) exceed "
+                       f"{plural(total, 'GPU')}", "exceeds the GPU budget")
+                continue
+            evaluate_disagg_pair(res, pl, pe, dl, de, counts, conc, params, refine)
     return _finish(res)
 
 
@@ -364,7 +446,9 @@ def decode_holders(res: SearchResult, roles: dict, gpus: int, max_workers: int, 
         return []
     out = []
     for dl, de in roles["decode"].items():
-        w = min(max_workers, (gpus - prefill_gpus) // de.gpus)
+        w = (gpus - prefill_gpus) // de.gpus
+        if max_workers is not None:
+            w = min(max_workers, w)
         if w < 1:
             continue
         out.append((f"{plural(w, 'decode worker')} of {dl.label}",
@@ -383,35 +467,122 @@ def _roles(res: SearchResult, ests: dict) -> dict[str, dict]:
         for lay, e in ests.items():
             why = one_request_misfit(e, tokens)
             if why:
-                res.skipped[f"{role} {lay.label}"] = f"does not fit: {why}"
+                refuse(res, f"{role} {lay.label}", f"{role} layout", f"does not fit: {why}", "does not fit")
             else:
                 roles[role][lay] = e
     return roles
 
 
-def _evaluate_disagg(res: SearchResult, pl: Layout, pe, pw: int, dl: Layout, de, dw: int, c: int, params=None) -> bool:
-    """Add ``pw`` prefill workers of ``pl`` and ``dw`` decode workers of ``dl`` at ``c`` clients to
-    ``res``; False when the decode ranks' KV cache cannot hold their batch (more clients would not
-    fit either). ``params``: one scheduler for both roles (default: the backend's)."""
-    from ..api import serve_disagg
+class DisaggPair:
+    """One prefill layout and one decode layout of a disaggregated search: what every deployment
+    of them shares (schedulers, the KV transfer), and :meth:`solve` for many worker counts and
+    client counts at once. The same model as :func:`infercast.api.serve_disagg` (whose per-
+    deployment checks the search has already made: :func:`_roles`), without its per-op notes."""
 
-    label = f"P{pw}x{pl.label} D{dw}x{dl.label}"
+    def __init__(self, res: SearchResult, pl: Layout, pe, dl: Layout, de, params=None):
+        from ..serving.backends import scheduler_params
+        from ..serving.disagg import kv_transfer_ms
+
+        self.res, self.pl, self.pe, self.dl, self.de = res, pl, pe, dl, de
+        self.pp = params or scheduler_params(pe.data.backend, pe.data.system, pe.spec)
+        self.pd = params or scheduler_params(de.data.backend, de.data.system, de.spec)
+        node = pe.data.system.node
+        self.transfer = kv_transfer_ms(pe.memory.kv_per_token, res.isl, pe.gpus, node.inter_node_bw, node.p2p_latency_s)
+
+    def solve(self, pw, dw, c, vectorised: bool = True) -> list:
+        """:class:`~infercast.serving.disagg.DisaggResult` per element of the equal-length
+        sequences ``pw`` (prefill workers), ``dw`` (decode workers), ``c`` (clients), with
+        ``decode_kv_capacity`` set; ``vectorised=False``: one scalar solve each (the reference the
+        array path is tested against)."""
+        from ..serving.disagg import solve_disagg, solve_disagg_many
+
+        res, pe, de = self.res, self.pe, self.de
+        pw, dw, c = (np.asarray(x, dtype=np.int64) for x in (pw, dw, c))
+        gpus = pw * pe.gpus + dw * de.gpus
+        args = (res.isl, res.osl)
+        if vectorised:
+            out = solve_disagg_many(pe.engine, de.engine, c.astype(float), *args, pw, dw, de.plan.parallel.attention_dp, 1,
+                                    self.pp, self.pd, self.transfer, gpus, prefill_dp=pe.plan.parallel.attention_dp)
+        else:
+            out = [solve_disagg(pe.engine, de.engine, float(ci), *args, int(p), int(d), de.plan.parallel.attention_dp, 1,
+                                self.pp, self.pd, self.transfer, int(g), prefill_dp=pe.plan.parallel.attention_dp)
+                   for ci, p, d, g in zip(c, pw, dw, gpus)]
+        for r in out:
+            r.decode_kv_capacity = de.memory.capacity_for(r.decode_batch) / (res.isl + res.osl)
+        return out
+
+    def add(self, pw: int, dw: int, c: int, r) -> bool | None:
+        """Add deployment (``pw``, ``dw``) at ``c`` clients with result ``r`` to the search result:
+        whether it meets the targets, or None when the decode ranks' KV cache cannot hold their
+        batch (refused; more clients would not fit either)."""
+        res, pl, pe, dl, de = self.res, self.pl, self.pe, self.dl, self.de
+        label = f"P{pw}x{pl.label} D{dw}x{dl.label}"
+        _count(res, "disagg candidate")
+        if r.decode_kv_capacity is not None and r.decode_batch > r.decode_kv_capacity:
+            refuse(res, f"{label}@c{c}", "disagg candidate",
+                   f"a decode rank would run {r.decode_batch:.0f} requests; its KV cache holds "
+                   f"{r.decode_kv_capacity:.0f} of {res.isl}+{res.osl} tokens", "decode KV cache overflows")
+            return None
+        gpus = pw * pe.gpus + dw * de.gpus
+        words = (f"{plural(gpus, 'GPU')}: {plural(pw, 'prefill worker')} x ({pe.layout_words}) + "
+                 f"{plural(dw, 'decode worker')} x ({de.layout_words})")
+        cand = DisaggCandidate(
+            *_fields(res, label, de, gpus, c, r, f"prefill util {r.prefill_utilisation:.2f}", words),
+            prefill_layout=pl.label, prefill_workers=pw, decode_layout=dl.label, decode_workers=dw,
+            prefill_utilisation=r.prefill_utilisation,
+        )
+        res.candidates.append(cand)
+        return cand.meets_targets
+
+
+def evaluate_disagg_pair(res: SearchResult, pl: Layout, pe, dl: Layout, de, counts: list[tuple[int, int]],
+                         conc: list[int], params=None, refine: bool = False, vectorised: bool = True) -> None:
+    """Add every (prefill workers, decode workers) of ``counts`` of layouts ``pl`` / ``dl``
+    (estimators ``pe`` / ``de``) at each concurrency of ``conc`` to ``res``, in that order; a
+    deployment's concurrencies stop at the first whose decode batch overflows the KV cache. With
+    ``refine``, then the concurrencies :func:`refine_concurrency` probes per deployment, all
+    deployments' probes solved together (one bisection round at a time). ``vectorised``: solve
+    all of them as arrays (:func:`~infercast.serving.disagg.solve_disagg_many`), else one by one."""
+    pair = DisaggPair(res, pl, pe, dl, de, params)
+    if not counts or not conc:
+        return
+    grid = [(pw, dw, c) for pw, dw in counts for c in conc]
     try:
-        r = serve_disagg(pe, de, concurrency=c, isl=res.isl, osl=res.osl, prefill_workers=pw, decode_workers=dw,
-                         params_prefill=params, params_decode=params)
+        out = pair.solve(*zip(*grid), vectorised=vectorised)
     except InfercastError as exc:
-        res.skipped[f"{label}@c{c}"] = str(exc)
-        return True
-    if r.decode_kv_capacity is not None and r.decode_batch > r.decode_kv_capacity:
-        res.skipped[f"{label}@c{c}"] = (f"a decode rank would run {r.decode_batch:.0f} requests; its KV "
-                                        f"cache holds {r.decode_kv_capacity:.0f} of {res.isl}+{res.osl} tokens")
-        return False
-    gpus = pw * pe.gpus + dw * de.gpus
-    words = (f"{plural(gpus, 'GPU')}: {plural(pw, 'prefill worker')} x ({pe.layout_words}) + "
-             f"{plural(dw, 'decode worker')} x ({de.layout_words})")
-    res.candidates.append(DisaggCandidate(
-        *_fields(res, label, de, gpus, c, r, f"prefill util {r.prefill_utilisation:.2f}", words),
-        prefill_layout=pl.label, prefill_workers=pw, decode_layout=dl.label, decode_workers=dw,
-        prefill_utilisation=r.prefill_utilisation,
-    ))
-    return True
+        _count(res, "disagg candidate", len(grid))
+        refuse(res, f"P {pl.label} D {dl.label}", "disagg layout pair", str(exc), exc)
+        return
+    status: dict[tuple[int, int], dict[int, bool | None]] = {}
+    it = iter(out)
+    for pw, dw in counts:
+        seen = status[pw, dw] = {}
+        for c in conc:
+            r = next(it)
+            seen[c] = pair.add(pw, dw, c, r)
+            if seen[c] is None:
+                break  # more clients only grow the decode batch
+        for _ in conc[len(seen):]:
+            next(it)
+    if not refine:
+        return
+    brackets = {}
+    for key, seen in status.items():
+        pts = [(c, ok) for c, ok in seen.items() if ok is not None]
+        for (lo, ok_lo), (hi, ok_hi) in zip(pts, pts[1:]):
+            if ok_lo and not ok_hi:
+                if hi - lo > 1:
+                    brackets[key] = (lo, hi)
+                break
+    while brackets:
+        keys = list(brackets)
+        mids = [(brackets[k][0] + brackets[k][1]) // 2 for k in keys]
+        out = pair.solve([k[0] for k in keys], [k[1] for k in keys], mids, vectorised=vectorised)
+        for key, mid, r in zip(keys, mids, out):
+            ok = pair.add(key[0], key[1], mid, r)
+            lo, hi = brackets.pop(key)
+            if ok is None:
+                continue
+            lo, hi = (mid, hi) if ok else (lo, mid)
+            if hi - lo > 1:
+                brackets[key] = (lo, hi)
