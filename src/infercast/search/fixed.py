@@ -30,7 +30,7 @@ from .run import (
     _start,
     decode_holders,
     disagg_worker,
-    evaluate_disagg_pair,
+    evaluate_disagg,
     rank_capacity,
     refine_concurrency,
     refuse,
@@ -111,13 +111,15 @@ def search_fixed(
         ok = {c: one(c) for c in conc}
         if refine:
             refine_concurrency(one, conc, ok.get)
-    for pl, pe in roles["prefill"].items():
-        for dl, de in roles["decode"].items():
-            counts = []
+    prefills = list(roles["prefill"].items())
+    for dl, de in roles["decode"].items():
+        counts = []
+        for pl, pe in prefills:
+            counts.append([])
             for pw in range(1, (n - de.gpus) // pe.gpus + 1):
                 rest = n - pw * pe.gpus
                 if rest % de.gpus == 0 and (max_workers is None or max(pw, rest // de.gpus) <= max_workers):
-                    counts.append((pw, rest // de.gpus))
+                    counts[-1].append((pw, rest // de.gpus))
             _count(res, "disagg layout pair")
-            evaluate_disagg_pair(res, pl, pe, dl, de, counts, conc, params, refine)
+        evaluate_disagg(res, prefills, dl, de, counts, conc, params, refine)
     return _finish(res)

@@ -401,13 +401,13 @@ def search_disagg(
     prefill layout and a decode layout (:func:`disagg_worker`: TP within the NVLink domain,
     attention-DP x EP or pipeline stages across nodes) times as many workers of each as fit (at
     most ``max_workers`` each if given), at each concurrency (clients of the whole deployment),
-    through the disaggregated serving model (:mod:`infercast.serving.disagg`, all worker counts
-    and concurrencies of one layout pair at once: :func:`evaluate_disagg_pair`). A deployment
+    through the disaggregated serving model (:mod:`infercast.serving.disagg`). A deployment
     whose decode ranks would run more requests than their KV cache holds
     (:mod:`infercast.serving.memory`) is skipped. ``scheduler``: {SchedulerParams field: value}
     overriding the backend's defaults in both roles. ``cap_concurrency``: as
     :func:`search_agg`'s, the bound being the most decode workers' requests; ``refine``: as
-    :func:`search_agg`'s, per deployment (layouts and worker counts)."""
+    :func:`search_agg`'s, per deployment (layouts and worker counts). The deployments of one decode layout are solved together, as arrays
+    (:func:`evaluate_disagg`)."""
     from dataclasses import replace
 
     from ..serving.backends import scheduler_params
@@ -424,16 +424,17 @@ def search_disagg(
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, decode_holders(
         res, roles, total, max_workers, params or scheduler_params(backend, base.data.system, base.spec)))
     refine = concurrencies is None if refine is None else refine
-    for pl, pe in roles["prefill"].items():
-        for dl, de in roles["decode"].items():
+    prefills = list(roles["prefill"].items())
+    for dl, de in roles["decode"].items():
+        counts = []
+        for pl, pe in prefills:
             _count(res, "disagg layout pair")
-            counts = _worker_counts(pe.gpus, de.gpus, total, max_workers)
-            if not counts:
+            counts.append(_worker_counts(pe.gpus, de.gpus, total, max_workers))
+            if not counts[-1]:
                 refuse(res, f"P {pl.label} D {dl.label}", "disagg layout pair",
                        f"one prefill worker ({plural(pe.gpus, 'GPU')}) and one decode worker ({de.gpus}) exceed "
                        f"{plural(total, 'GPU')}", "exceeds the GPU budget")
-                continue
-            evaluate_disagg_pair(res, pl, pe, dl, de, counts, conc, params, refine)
+        evaluate_disagg(res, prefills, dl, de, counts, conc, params, refine)
     return _finish(res)
 
 
@@ -473,49 +474,57 @@ def _roles(res: SearchResult, ests: dict) -> dict[str, dict]:
     return roles
 
 
-class DisaggPair:
-    """One prefill layout and one decode layout of a disaggregated search: what every deployment
-    of them shares (schedulers, the KV transfer), and :meth:`solve` for many worker counts and
-    client counts at once. The same model as :func:`infercast.api.serve_disagg` (whose per-
-    deployment checks the search has already made: :func:`_roles`), without its per-op notes."""
+class DisaggGroup:
+    """One decode layout and the prefill layouts paired with it in a disaggregated search: what
+    every deployment of them shares (schedulers, the KV transfer per prefill layout), and
+    :meth:`solve` for many deployments and client counts at once. The same model as
+    :func:`infercast.api.serve_disagg` (whose per-deployment checks the search has already made:
+    :func:`_roles`), without its per-op notes."""
 
-    def __init__(self, res: SearchResult, pl: Layout, pe, dl: Layout, de, params=None):
+    def __init__(self, res: SearchResult, prefills: list, dl: Layout, de, params=None):
         from ..serving.backends import scheduler_params
         from ..serving.disagg import kv_transfer_ms
 
-        self.res, self.pl, self.pe, self.dl, self.de = res, pl, pe, dl, de
-        self.pp = params or scheduler_params(pe.data.backend, pe.data.system, pe.spec)
+        self.res, self.prefills, self.dl, self.de = res, prefills, dl, de
         self.pd = params or scheduler_params(de.data.backend, de.data.system, de.spec)
-        node = pe.data.system.node
-        self.transfer = kv_transfer_ms(pe.memory.kv_per_token, res.isl, pe.gpus, node.inter_node_bw, node.p2p_latency_s)
+        self.solvers = []
+        for _, pe in prefills:
+            node = pe.data.system.node
+            self.solvers.append((pe.engine, params or scheduler_params(pe.data.backend, pe.data.system, pe.spec),
+                                 pe.plan.parallel.attention_dp,
+                                 kv_transfer_ms(pe.memory.kv_per_token, res.isl, pe.gpus, node.inter_node_bw, node.p2p_latency_s)))
 
-    def solve(self, pw, dw, c, vectorised: bool = True) -> list:
+    def solve(self, which, pw, dw, c, vectorised: bool = True) -> list:
         """:class:`~infercast.serving.disagg.DisaggResult` per element of the equal-length
-        sequences ``pw`` (prefill workers), ``dw`` (decode workers), ``c`` (clients), with
-        ``decode_kv_capacity`` set; ``vectorised=False``: one scalar solve each (the reference the
-        array path is tested against)."""
+        sequences ``which`` (index of the prefill layout), ``pw`` (prefill workers), ``dw``
+        (decode workers), ``c`` (clients), with ``decode_kv_capacity`` set; ``vectorised=False``:
+        one scalar solve each (the reference the array path is tested against)."""
         from ..serving.disagg import solve_disagg, solve_disagg_many
 
-        res, pe, de = self.res, self.pe, self.de
-        pw, dw, c = (np.asarray(x, dtype=np.int64) for x in (pw, dw, c))
-        gpus = pw * pe.gpus + dw * de.gpus
-        args = (res.isl, res.osl)
+        res, de = self.res, self.de
+        which, pw, dw, c = (np.asarray(x, dtype=np.int64) for x in (which, pw, dw, c))
+        gp = np.array([pe.gpus for _, pe in self.prefills], dtype=np.int64)
+        gpus = pw * gp[which] + dw * de.gpus
+        ddp = de.plan.parallel.attention_dp
         if vectorised:
-            out = solve_disagg_many(pe.engine, de.engine, c.astype(float), *args, pw, dw, de.plan.parallel.attention_dp, 1,
-                                    self.pp, self.pd, self.transfer, gpus, prefill_dp=pe.plan.parallel.attention_dp)
+            out = solve_disagg_many(self.solvers, de.engine, c.astype(float), res.isl, res.osl, pw, dw, ddp, 1, self.pd,
+                                    gpus, which)
         else:
-            out = [solve_disagg(pe.engine, de.engine, float(ci), *args, int(p), int(d), de.plan.parallel.attention_dp, 1,
-                                self.pp, self.pd, self.transfer, int(g), prefill_dp=pe.plan.parallel.attention_dp)
-                   for ci, p, d, g in zip(c, pw, dw, gpus)]
+            out = []
+            for i, ci, p, d, g in zip(which, c, pw, dw, gpus):
+                eng, pp, pdp, transfer = self.solvers[i]
+                out.append(solve_disagg(eng, de.engine, float(ci), res.isl, res.osl, int(p), int(d), ddp, 1, pp, self.pd,
+                                        transfer, int(g), prefill_dp=pdp))
         for r in out:
             r.decode_kv_capacity = de.memory.capacity_for(r.decode_batch) / (res.isl + res.osl)
         return out
 
-    def add(self, pw: int, dw: int, c: int, r) -> bool | None:
-        """Add deployment (``pw``, ``dw``) at ``c`` clients with result ``r`` to the search result:
-        whether it meets the targets, or None when the decode ranks' KV cache cannot hold their
-        batch (refused; more clients would not fit either)."""
-        res, pl, pe, dl, de = self.res, self.pl, self.pe, self.dl, self.de
+    def add(self, i: int, pw: int, dw: int, c: int, r) -> bool | None:
+        """Add deployment (prefill layout ``i``, ``pw``, ``dw``) at ``c`` clients with result
+        ``r`` to the search result: whether it meets the targets, or None when the decode ranks'
+        KV cache cannot hold their batch (refused; more clients would not fit either)."""
+        res, dl, de = self.res, self.dl, self.de
+        pl, pe = self.prefills[i]
         label = f"P{pw}x{pl.label} D{dw}x{dl.label}"
         _count(res, "disagg candidate")
         if r.decode_kv_capacity is not None and r.decode_batch > r.decode_kv_capacity:
@@ -535,35 +544,44 @@ class DisaggPair:
         return cand.meets_targets
 
 
-def evaluate_disagg_pair(res: SearchResult, pl: Layout, pe, dl: Layout, de, counts: list[tuple[int, int]],
-                         conc: list[int], params=None, refine: bool = False, vectorised: bool = True) -> None:
-    """Add every (prefill workers, decode workers) of ``counts`` of layouts ``pl`` / ``dl``
-    (estimators ``pe`` / ``de``) at each concurrency of ``conc`` to ``res``, in that order; a
-    deployment's concurrencies stop at the first whose decode batch overflows the KV cache. With
-    ``refine``, then the concurrencies :func:`refine_concurrency` probes per deployment, all
-    deployments' probes solved together (one bisection round at a time). ``vectorised``: solve
-    all of them as arrays (:func:`~infercast.serving.disagg.solve_disagg_many`), else one by one."""
-    pair = DisaggPair(res, pl, pe, dl, de, params)
-    if not counts or not conc:
+def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: list[list[tuple[int, int]]],
+                    conc: list[int], params=None, refine: bool = False, vectorised: bool = True) -> None:
+    """Add, for each (prefill layout, estimator) of ``prefills`` with decode layout ``dl``
+    (estimator ``de``), every (prefill workers, decode workers) of its list in ``counts`` at each
+    concurrency of ``conc`` to ``res``, in that order; a deployment's concurrencies stop at the
+    first whose decode batch overflows the KV cache. With ``refine``, then the concurrencies
+    :func:`refine_concurrency` probes per deployment, all deployments' probes solved together (one
+    bisection round at a time). ``vectorised``: solve them all as arrays
+    (:func:`~infercast.serving.disagg.solve_disagg_many`), else one by one."""
+    keep = [j for j, cs in enumerate(counts) if cs]
+    if not keep or not conc:
         return
-    grid = [(pw, dw, c) for pw, dw in counts for c in conc]
+    prefills, counts = [prefills[j] for j in keep], [counts[j] for j in keep]
+    group = DisaggGroup(res, prefills, dl, de, params)
+    grid = [(i, pw, dw, c) for i, cs in enumerate(counts) for pw, dw in cs for c in conc]
     try:
-        out = pair.solve(*zip(*grid), vectorised=vectorised)
+        out = group.solve(*zip(*grid), vectorised=vectorised)
     except InfercastError as exc:
+        # one prefill layout's prompt does not fit its token budget: solve them one by one
+        if len(prefills) > 1:
+            for pair in zip(prefills, counts):
+                evaluate_disagg(res, [pair[0]], dl, de, [pair[1]], conc, params, refine, vectorised)
+            return
         _count(res, "disagg candidate", len(grid))
-        refuse(res, f"P {pl.label} D {dl.label}", "disagg layout pair", str(exc), exc)
+        refuse(res, f"P {prefills[0][0].label} D {dl.label}", "disagg layout pair", str(exc), exc)
         return
-    status: dict[tuple[int, int], dict[int, bool | None]] = {}
+    status: dict[tuple[int, int, int], dict[int, bool | None]] = {}
     it = iter(out)
-    for pw, dw in counts:
-        seen = status[pw, dw] = {}
-        for c in conc:
-            r = next(it)
-            seen[c] = pair.add(pw, dw, c, r)
-            if seen[c] is None:
-                break  # more clients only grow the decode batch
-        for _ in conc[len(seen):]:
-            next(it)
+    for i, cs in enumerate(counts):
+        for pw, dw in cs:
+            seen = status[i, pw, dw] = {}
+            for c in conc:
+                r = next(it)
+                seen[c] = group.add(i, pw, dw, c, r)
+                if seen[c] is None:
+                    break  # more clients only grow the decode batch
+            for _ in conc[len(seen):]:
+                next(it)
     if not refine:
         return
     brackets = {}
@@ -577,9 +595,9 @@ def evaluate_disagg_pair(res: SearchResult, pl: Layout, pe, dl: Layout, de, coun
     while brackets:
         keys = list(brackets)
         mids = [(brackets[k][0] + brackets[k][1]) // 2 for k in keys]
-        out = pair.solve([k[0] for k in keys], [k[1] for k in keys], mids, vectorised=vectorised)
+        out = group.solve(*zip(*keys), mids, vectorised=vectorised)
         for key, mid, r in zip(keys, mids, out):
-            ok = pair.add(key[0], key[1], mid, r)
+            ok = group.add(*key, mid, r)
             lo, hi = brackets.pop(key)
             if ok is None:
                 continue

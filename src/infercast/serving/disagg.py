@@ -309,7 +309,7 @@ def _closed_loop_wait_many(clients: np.ndarray, s: np.ndarray, delay: np.ndarray
 
 
 def solve_disagg_many(
-    prefill_engine,
+    prefills,
     decode_engine,
     concurrency,
     isl: int,
@@ -318,62 +318,73 @@ def solve_disagg_many(
     decode_workers,
     decode_dp: int,
     prefill_batch: int,
-    params_prefill: SchedulerParams,
     params_decode: SchedulerParams,
-    transfer_ms: float,
     gpus,
+    which=0,
     iterations: int = 30,
-    prefill_dp: int = 1,
 ) -> list[DisaggResult]:
     """:func:`solve_disagg` for arrays of clients, prefill and decode worker counts and GPUs
-    (broadcast together) of one prefill and one decode layout: the fixed point runs over all of
-    them at once (each element stops iterating where the scalar solver would), then each result
-    is assembled as the scalar solver does. The same results as one :func:`solve_disagg` call per
-    element, to rounding (the engine's array path and its scalar twins agree to rounding)."""
-    C, pw, dw, g = (np.asarray(x) for x in np.broadcast_arrays(
-        np.asarray(concurrency, dtype=float), np.asarray(prefill_workers), np.asarray(decode_workers), np.asarray(gpus)))
-    C, pw, dw, g = (x.ravel() for x in (C, pw, dw, g))
+    (broadcast together) of one decode layout and one or more prefill layouts: ``prefills`` is a
+    sequence of (prefill engine, its scheduler, its attention-DP ranks, the KV transfer ms) and
+    ``which`` the index into it of each element. The fixed point runs over all elements at once
+    (each stops iterating where the scalar solver would), then each result is assembled as the
+    scalar solver does. The same results as one :func:`solve_disagg` call per element, to rounding
+    (the engine's array path and its scalar twins agree to rounding)."""
+    C, pw, dw, g, w = (np.asarray(x).ravel() for x in np.broadcast_arrays(
+        np.asarray(concurrency, dtype=float), np.asarray(prefill_workers), np.asarray(decode_workers), np.asarray(gpus),
+        np.asarray(which)))
     n = C.size
     if n == 0:
         return []
-    ps = _PrefillService(prefill_engine, isl, prefill_batch, params_prefill)
-    arrival = ps.params.arrival_delay_ms
-    servers = np.maximum(pw * max(prefill_dp, 1), 1).astype(float)
-    out_steps, transfer_ms = _out_steps(decode_engine, osl, transfer_ms)
+    services = [_PrefillService(eng, isl, prefill_batch, params) for eng, params, _, _ in prefills]
+    pick = np.array  # per-element values of a per-prefill list
+    arrival = pick([ps.params.arrival_delay_ms for ps in services])[w]
+    per_step = pick([ps.per_step for ps in services], dtype=np.int64)[w]
+    batch_cap = pick([ps.cap for ps in services], dtype=np.int64)[w]
+    steps_transfer = [_out_steps(decode_engine, osl, t) for _, _, _, t in prefills]
+    out_steps = steps_transfer[0][0]
+    transfer = pick([t for _, t in steps_transfer])[w]
+    servers = np.maximum(pw * np.maximum(pick([dp for _, _, dp, _ in prefills])[w], 1), 1).astype(float)
     ranks = np.maximum(dw * decode_dp, 1).astype(float)
     c_rank = C / ranks
     kv = isl + osl / 2.0
-    per_step, batch_cap = ps.per_step, ps.cap
 
-    service_batch0 = ps.batch_ms(per_step)
+    def batch_ms(k: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        keys = w[idx] * (int(batch_cap.max()) + 1) + k
+        u, inv = np.unique(keys, return_inverse=True)
+        base = int(batch_cap.max()) + 1
+        return np.array([services[int(x) // base].batch_ms(int(x) % base) for x in u])[inv].reshape(k.shape)
+
+    everyone = np.arange(n)
     d = c_rank * out_steps / (out_steps + 2.0)
-    ttft = np.full(n, service_batch0)
+    ttft = batch_ms(per_step, everyone)
     rho = np.zeros(n)
-    k_steady = np.full(n, per_step, dtype=np.int64)
+    k_steady = per_step.copy()
     lam = np.zeros(n)
     live = np.ones(n, dtype=bool)  # still iterating
     for _ in range(iterations):
         if not live.any():
             break
         idx = np.flatnonzero(live)
-        dl, tl, Cl, sl = d[idx], ttft[idx], C[idx], servers[idx]
+        dl, tl, Cl, sl, tr, ar = d[idx], ttft[idx], C[idx], servers[idx], transfer[idx], arrival[idx]
+        ps_l, cap_l = per_step[idx], batch_cap[idx]
         step = _decode_step_many(decode_engine, params_decode, np.maximum(dl, 1.0), kv)
-        cycle = tl + out_steps * step + transfer_ms
+        cycle = tl + out_steps * step + tr
         lam_l = Cl / cycle
-        k = np.full(idx.size, per_step, dtype=np.int64)
+        k = ps_l.copy()
         settled = np.zeros(idx.size, dtype=bool)
         for _ in range(8):
-            k_new = np.minimum(batch_cap, np.maximum(per_step, np.ceil(lam_l * ps.batch_ms_many(k) / sl - 1e-9))).astype(np.int64)
+            k_new = np.minimum(cap_l, np.maximum(ps_l, np.ceil(lam_l * batch_ms(k, idx) / sl - 1e-9))).astype(np.int64)
             settled |= k_new == k
             k = np.where(settled, k, k_new)
             if settled.all():
                 break
-        sb = ps.batch_ms_many(k)
+        sb = batch_ms(k, idx)
         service = sb / k
         rho_l = np.minimum(lam_l * service / sl, 0.999)
-        wait = _closed_loop_wait_many(Cl, service / sl, sb - service / sl, out_steps * step + transfer_ms + arrival)
-        ttft_new = wait + sb + arrival
-        outside = ttft_new + transfer_ms
+        wait = _closed_loop_wait_many(Cl, service / sl, sb - service / sl, out_steps * step + tr + ar)
+        ttft_new = wait + sb + ar
+        outside = ttft_new + tr
         d_new = c_rank[idx] * out_steps / (out_steps + outside / step)
         done = (np.abs(ttft_new - tl) < 1e-6 * tl) & (np.abs(d_new - dl) < 1e-6 * np.maximum(dl, 1.0))
         ttft[idx] = np.where(done, ttft_new, 0.5 * (tl + ttft_new))
@@ -381,5 +392,6 @@ def solve_disagg_many(
         lam[idx], rho[idx], k_steady[idx] = lam_l, rho_l, k
         live[idx[done]] = False
     step = _decode_step_many(decode_engine, params_decode, np.maximum(d, 1.0), kv)
-    return [_disagg_result(ps, float(C[i]), osl, int(servers[i]), out_steps, transfer_ms, int(g[i]), float(ttft[i]),
-                           float(d[i]), float(step[i]), float(rho[i]), int(k_steady[i]), float(lam[i])) for i in range(n)]
+    return [_disagg_result(services[w[i]], float(C[i]), osl, int(servers[i]), out_steps, float(transfer[i]), int(g[i]),
+                           float(ttft[i]), float(d[i]), float(step[i]), float(rho[i]), int(k_steady[i]), float(lam[i]))
+            for i in range(n)]
