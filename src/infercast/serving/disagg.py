@@ -49,10 +49,13 @@ import numpy as np
 
 from .backends import SchedulerParams
 from .result import (
+    PERCENTILES,
+    QUANTILE_POINTS,
     Distribution,
     ServingMetrics,
     blend_parts,
     exponential_tail,
+    _unit_exponential,
     mixture,
     ttft_parts,
 )
@@ -236,10 +239,41 @@ def solve_disagg(
     return _disagg_result(ps, C, osl, servers, out_steps, transfer_ms, gpus, ttft, d, step, rho, k_steady, lam)
 
 
+def _ttft_percentiles(first_batch: float, front: float, n_batches: int, wait_mean: float, p_zero: float, shift: float,
+                      k: float) -> list[float]:
+    """The TTFT percentiles (:data:`~infercast.serving.result.PERCENTILES`) of :func:`_disagg_result`'s
+    per-request mixture, by the same array operations as building it from
+    :class:`~infercast.serving.result.Distribution` parts (so the same values), without the
+    objects: the array solver's per-candidate cost."""
+    fv = np.arange(1, n_batches + 1) * first_batch + front
+    fw = np.ones(n_batches)
+    p_zero = min(max(float(p_zero), 0.0), 1.0)
+    if wait_mean <= 0 or p_zero >= 1.0:
+        sv, sw = np.array([0.0]), np.array([1.0])
+    else:
+        x, x_mean = _unit_exponential(QUANTILE_POINTS)
+        tv, tw = x * (wait_mean / (1.0 - p_zero) / x_mean), np.ones(QUANTILE_POINTS)
+        if p_zero > 0:
+            one = np.array([1.0])
+            sv, sw = np.concatenate((np.array([0.0]), tv)), np.concatenate((one / one.sum() * p_zero, tw / tw.sum() * (1.0 - p_zero)))
+        else:
+            sv, sw = tv, tw
+    sv = sv + float(shift)
+    vals = np.concatenate((fv, sv))
+    wts = np.concatenate((fw / fw.sum() * (1.0 / k), sw / sw.sum() * ((k - 1.0) / k)))
+    o = np.argsort(vals, kind="stable")
+    cw = np.cumsum(wts[o])
+    ordered = vals[o]
+    last = len(o) - 1
+    return [float(ordered[min(int(np.searchsorted(cw, q / 100.0 * cw[-1] * (1.0 - 1e-12))), last)]) for q in PERCENTILES]
+
+
 def _disagg_result(ps: _PrefillService, C: float, osl: int, servers: int, out_steps: float, transfer_ms: float,
-                   gpus: int, ttft: float, d: float, step: float, rho: float, k_steady: int, lam: float) -> DisaggResult:
+                   gpus: int, ttft: float, d: float, step: float, rho: float, k_steady: int, lam: float,
+                   lean: bool = False) -> DisaggResult:
     """The :class:`DisaggResult` of a solved steady state: TPOT, the first wave, the means and
-    their spread (module docstring)."""
+    their spread (module docstring). ``lean``: the same percentiles without keeping the
+    per-request distributions (``ttft_dist`` / ``tpot_dist`` stay None)."""
     batch_cap, per_step, batch_ms = ps.cap, ps.per_step, ps.batch_ms
     service_batch = batch_ms(k_steady)
     tpot = (out_steps * step + transfer_ms) / max(osl - 1, 1)  # 0 with one output token (both 0 above)
@@ -253,10 +287,7 @@ def _disagg_result(ps: _PrefillService, C: float, osl: int, servers: int, out_st
     k = DISAGG_REQUESTS_PER_CLIENT
     ttft_mean = (first + (k - 1.0) * ttft) / k
     latency = ttft_mean + max(osl - 1, 1) * tpot
-    # per-request spread (module docstring)
-    first_dist = Distribution(np.arange(1, n_batches + 1) * first_batch + front, np.ones(n_batches))
     wait_mean = max(ttft - service_batch - front, 0.0)
-    steady_dist = exponential_tail(wait_mean, 1.0 - rho).shifted(ttft - wait_mean)
     res = DisaggResult(
         concurrency=C,
         ttft_ms=ttft_mean,
@@ -274,6 +305,14 @@ def _disagg_result(ps: _PrefillService, C: float, osl: int, servers: int, out_st
             (ttft_parts(front, (n_batches - 1) / 2.0 * first_batch, first_batch), 1.0),
             (ttft_parts(front, wait_mean, ttft - front - wait_mean), k - 1.0)),
     )
+    # per-request spread (module docstring)
+    if lean:
+        for q, v in zip(PERCENTILES, _ttft_percentiles(first_batch, front, n_batches, wait_mean, 1.0 - rho, ttft - wait_mean, k)):
+            setattr(res, f"ttft_p{q}_ms", v)
+            setattr(res, f"tpot_p{q}_ms", float(tpot))
+        return res
+    first_dist = Distribution(np.arange(1, n_batches + 1) * first_batch + front, np.ones(n_batches))
+    steady_dist = exponential_tail(wait_mean, 1.0 - rho).shifted(ttft - wait_mean)
     res.set_percentiles(mixture((first_dist, 1.0 / k), (steady_dist, (k - 1.0) / k)), Distribution.point(tpot))
     return res
 
@@ -322,6 +361,7 @@ def solve_disagg_many(
     gpus,
     which=0,
     iterations: int = 30,
+    lean: bool = True,
 ) -> list[DisaggResult]:
     """:func:`solve_disagg` for arrays of clients, prefill and decode worker counts and GPUs
     (broadcast together) of one decode layout and one or more prefill layouts: ``prefills`` is a
@@ -329,7 +369,8 @@ def solve_disagg_many(
     ``which`` the index into it of each element. The fixed point runs over all elements at once
     (each stops iterating where the scalar solver would), then each result is assembled as the
     scalar solver does. The same results as one :func:`solve_disagg` call per element, to rounding
-    (the engine's array path and its scalar twins agree to rounding)."""
+    (the engine's array path and its scalar twins agree to rounding). ``lean`` (default): the
+    results keep their percentiles but not the per-request distributions behind them."""
     C, pw, dw, g, w = (np.asarray(x).ravel() for x in np.broadcast_arrays(
         np.asarray(concurrency, dtype=float), np.asarray(prefill_workers), np.asarray(decode_workers), np.asarray(gpus),
         np.asarray(which)))
@@ -393,5 +434,5 @@ def solve_disagg_many(
         live[idx[done]] = False
     step = _decode_step_many(decode_engine, params_decode, np.maximum(d, 1.0), kv)
     return [_disagg_result(services[w[i]], float(C[i]), osl, int(servers[i]), out_steps, float(transfer[i]), int(g[i]),
-                           float(ttft[i]), float(d[i]), float(step[i]), float(rho[i]), int(k_steady[i]), float(lam[i]))
+                           float(ttft[i]), float(d[i]), float(step[i]), float(rho[i]), int(k_steady[i]), float(lam[i]), lean)
             for i in range(n)]
