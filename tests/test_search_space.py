@@ -98,3 +98,22 @@ def test_vectorised_disagg_equals_scalar(synth, monkeypatch, refine):
     assert fast.frontier == slow.frontier and fast.best == slow.best and fast.skipped.keys() == slow.skipped.keys()
     if refine:
         assert set(c.concurrency for c in fast.candidates) - set(fast.concurrencies)
+
+
+def test_search_cli_counts_pareto_and_save_dir(synth, capsys, tmp_path):
+    from infercast.cli.main import main
+
+    argv = ["search", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm", "--systems-path",
+            str(synth.systems_dir), "--isl", "128", "--osl", "8", "--mode", "both", "--max-gpus", "4"]
+    assert main([*argv, "--save-dir", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "agg: evaluated " in out and "disagg: evaluated " in out and "disagg candidates" in out
+    assert "Pareto frontier" in out and f"saved: {tmp_path / 'out'}" in out
+    for name in ("results.csv", "results.json", "pareto.csv", "report.html"):
+        assert (tmp_path / "out" / name).is_file()
+    assert main([*argv, "--json"]) == 0
+    import json
+
+    d = json.loads(capsys.readouterr().out)
+    for m in ("agg", "disagg"):
+        assert d[m]["evaluated"] and sum(d[m]["refused"].values()) == len(d[m]["skipped"])

@@ -282,10 +282,10 @@ def cmd_search(a) -> int:
     if mode == "fixed":
         kw.pop("max_gpus")
         kw["gpus"] = a.gpus
-    outs = {}
+    outs, results = {}, {}
     for m, fn in (("agg", search_agg), ("disagg", search_disagg), ("fixed", search_fixed)):
         if mode in (m, "both") and not (m == "fixed" and mode == "both"):
-            res = fn(a.model, a.system, a.backend, a.isl, a.osl, **kw)
+            res = results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, **kw)
             out = res.to_dict()
             if not a.all:
                 out.pop("candidates")
@@ -294,14 +294,44 @@ def cmd_search(a) -> int:
             out["top"] = [asdict(c) for c in sorted((c for c in res.candidates if c.meets_targets),
                                                     key=lambda c: -c.tokens_per_s_per_gpu)[:a.top]]
             outs[m] = out
+    if a.save_dir:
+        from ..report.artifacts import write_search_artifacts
+
+        est_kw = {k: kw[k] for k in ("systems_path", "moe_quant", "gemm_quant", "kv_cache_quant", "attention_quant", "nextn",
+                                     "mtp_acceptance", "moe_kernel", "kv_memory_fraction", "database_mode")}
+        write_search_artifacts(a.save_dir, results, est_kw)
+        for out in outs.values():
+            out["save_dir"] = str(a.save_dir)
     if mode != "both":
-        return _emit(a, outs[mode], "print_search")
-    bests = {m: o["best"] for m, o in outs.items() if o["best"] is not None}
-    outs["best_mode"] = max(bests, key=lambda m: bests[m]["tokens_per_s_per_gpu"]) if bests else None
-    if not bests:
-        outs["reason"] = "neither mode has a deployment that meets the targets: " + "; ".join(
-            f"{m}: {outs[m]['reason']}" for m in ("agg", "disagg"))
-    return _emit(a, outs, "print_search_both")
+        rc = _emit(a, outs[mode], "print_search")
+    else:
+        bests = {m: o["best"] for m, o in outs.items() if o["best"] is not None}
+        outs["best_mode"] = max(bests, key=lambda m: bests[m]["tokens_per_s_per_gpu"]) if bests else None
+        if not bests:
+            outs["reason"] = "neither mode has a deployment that meets the targets: " + "; ".join(
+                f"{m}: {outs[m]['reason']}" for m in ("agg", "disagg"))
+        rc = _emit(a, outs, "print_search_both")
+    if not a.json:
+        _print_search_tail(a, results)
+    return rc
+
+
+def _print_search_tail(a, results: dict) -> None:
+    """What ``search`` prints after the tables: per mode, the candidates evaluated and refused
+    by kind and reason; the Pareto frontier as a terminal plot; where ``--save-dir`` wrote."""
+    import sys
+
+    from ..report.artifacts import text_pareto
+
+    for m, res in results.items():
+        ev = ", ".join(f"{n} {kind}{'s' if n != 1 else ''}" for kind, n in res.evaluated.items())
+        print(f"{m}: evaluated {ev or 'nothing'}; refused {sum(res.refused.values())}"
+              + ("" if not res.refused else ": " + "; ".join(f"{n} {why}" for why, n in
+                                                              sorted(res.refused.items(), key=lambda kv: -kv[1]))))
+    if any(res.frontier for res in results.values()):
+        print(text_pareto(results, color=sys.stdout.isatty()))
+    if a.save_dir:
+        print(f"saved: {a.save_dir}")
 
 
 def _search_targets(a) -> dict:
@@ -496,6 +526,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(more is refused: the clients would only queue)")
     se.add_argument("--top", type=int, default=5, help="how many deployments that meet the targets to list (default 5)")
     se.add_argument("--all", action="store_true", help="JSON: include every evaluated candidate")
+    se.add_argument("--save-dir", default=None,
+                    help="write the search's results (CSV, JSON), Pareto plot, HTML report and the top deployments' "
+                         "launch and benchmark files here (created if missing)")
     se.add_argument("--json", action="store_true", help="print one JSON object")
     se.set_defaults(func=cmd_search)
 
