@@ -117,3 +117,42 @@ def test_search_cli_counts_pareto_and_save_dir(synth, capsys, tmp_path):
     d = json.loads(capsys.readouterr().out)
     for m in ("agg", "disagg"):
         assert d[m]["evaluated"] and sum(d[m]["refused"].values()) == len(d[m]["skipped"])
+
+
+def test_decode_on_another_system_moves_kv_over_the_slower_link(synth, tmp_path):
+    """Decode workers on a second system (the same data, a 1000x slower node-to-node link): the
+    KV transfer takes the slower link, so every deployment's TPOT grows, and nothing else changes."""
+    import shutil
+
+    systems = tmp_path / "systems"
+    shutil.copytree(synth.systems_dir, systems, symlinks=True)
+    shutil.copytree(synth.systems_dir.parent / "model_configs", tmp_path / "model_configs")
+    text = (systems / f"{sp.SYSTEM}.yaml").read_text()
+    slow = text.replace(f"inter_node_bw: {sp.SYSTEM_NODE['inter_node_bw']}", f"inter_node_bw: {sp.SYSTEM_NODE['inter_node_bw'] // 1000}")
+    assert slow != text
+    (systems / "synth_slow.yaml").write_text(slow)
+    kw = dict(systems_path=systems, concurrencies=[2, 8], max_gpus=4, max_workers=2)
+    same = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, **kw)
+    cross = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, decode_system="synth_slow", **kw)
+    assert cross.decode_system == "synth_slow" and same.decode_system is None
+    a = {(c.layout, c.concurrency): c for c in same.candidates}
+    b = {(c.layout, c.concurrency): c for c in cross.candidates}
+    assert a.keys() == b.keys() and a
+    assert all(b[k].tpot_ms > a[k].tpot_ms for k in a)
+    # the other way round (prefill on the slow system) is the same link
+    back = search_disagg(sp.MODEL_ID, "synth_slow", "trtllm", 128, 8, decode_system=sp.SYSTEM, **kw)
+    assert all(c.tpot_ms == pytest.approx(b[c.layout, c.concurrency].tpot_ms, rel=1e-12) for c in back.candidates)
+
+
+def test_every_backend_ranked_together(synth):
+    from infercast.search import search_backends
+
+    merged, per = search_backends(search_agg, sp.MODEL_ID, sp.SYSTEM, ["trtllm", "vllm"], 128, 8,
+                                  systems_path=synth.systems_dir, concurrencies=[1, 4], max_gpus=2)
+    assert set(per) <= {"trtllm", "vllm"} and per
+    assert len(merged.candidates) == sum(len(r.candidates) for r in per.values())
+    assert {c.backend for c in merged.candidates} == set(per)
+    best = merged.candidates[merged.best]
+    assert best.tokens_per_s_per_gpu == max(r.candidates[r.best].tokens_per_s_per_gpu for r in per.values() if r.best is not None)
+    assert best.description.startswith(f"{best.backend}: ")
+    assert merged.evaluated["backend"] == 2

@@ -52,6 +52,7 @@ class Candidate:
     bound: str
     meets_targets: bool = True
     description: str = ""  # the deployment's GPUs and layout in words
+    backend: str = ""  # the serving backend (several in a search of every backend: search_backends)
 
 
 @dataclass
@@ -72,6 +73,7 @@ class SearchResult:
     concurrencies: list[int] = field(default_factory=list)  # the concurrencies evaluated
     max_concurrency: int | None = None  # the most requests a deployment searched runs at once
     reason: str | None = None  # why there is no recommendation (best is None)
+    decode_system: str | None = None  # disagg: the decode workers' system when not ``system``
     evaluated: dict[str, int] = field(default_factory=dict)  # kind of candidate -> how many were evaluated
     refused: dict[str, int] = field(default_factory=dict)  # "kind: reason" -> how many were refused
 
@@ -161,6 +163,47 @@ def search_agg(
     for lay, est in ests.items():
         _evaluate(res, est, lay, conc, params, refine)
     return _finish(res)
+
+
+def search_backends(search, model: str, system: str, backends: list[str], isl: int, osl: int, **kw) -> tuple[SearchResult, dict]:
+    """``search`` (:func:`search_agg`, :func:`search_disagg` or
+    :func:`~infercast.search.fixed.search_fixed`) on each of ``backends`` with the same
+    arguments, ranked together: (one result whose candidates are all backends' -- each naming its
+    ``backend`` -- with its own frontier and best, {backend: its own result}). A backend whose
+    search cannot start (no data for the model's quant, ...) is refused with the reason; when
+    every backend is, the first one's error is raised."""
+    from dataclasses import replace
+
+    if not backends:
+        raise InvalidInputError(f"no serving backend has data for {system}")
+    per: dict[str, SearchResult] = {}
+    errors: dict[str, InfercastError] = {}
+    for b in backends:
+        try:
+            per[b] = search(model, system, b, isl, osl, **kw)
+        except InvalidInputError:
+            raise  # the same bad input for every backend
+        except InfercastError as exc:
+            errors[b] = exc
+    if not per:
+        raise next(iter(errors.values()))
+    first = next(iter(per.values()))
+    merged = SearchResult(first.model, system, "+".join(per), None, first.isl, first.osl, first.max_gpus,
+                          first.ttft_max_ms, first.tpot_max_ms, concurrencies=list(first.concurrencies))
+    for b, exc in errors.items():
+        refuse(merged, b, "backend", str(exc), exc)
+    for b, r in per.items():
+        merged.candidates.extend(replace(c, description=f"{b}: {c.description}") for c in r.candidates)
+        merged.skipped.update({f"{b} {k}": v for k, v in r.skipped.items()})
+        for kind, n in r.evaluated.items():
+            _count(merged, kind, n)
+        for why, n in r.refused.items():
+            merged.refused[why] = merged.refused.get(why, 0) + n
+        if r.max_concurrency is not None:
+            merged.max_concurrency = max(merged.max_concurrency or 0, r.max_concurrency)
+    merged.concurrencies = sorted({c for r in per.values() for c in r.concurrencies})
+    _count(merged, "backend", len(backends))
+    return _finish(merged), per
 
 
 def _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version, systems_path,
@@ -319,7 +362,7 @@ def _fields(res: SearchResult, label: str, est, gpus: int, c: int, r, bound: str
     return (label, p.tp, p.pp, p.attention_dp, p.etp, p.ep, gpus, c, r.ttft_ms, r.tpot_ms, r.ttft_p90_ms, r.tpot_p90_ms,
             r.request_latency_ms, r.tokens_per_s_per_gpu, r.tokens_per_s_per_user, bound,
             meets(r.ttft_ms, r.tpot_ms, res.ttft_max_ms, res.tpot_max_ms),
-            est.layout_words if description is None else description)
+            est.layout_words if description is None else description, est.data.backend)
 
 
 def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refine: bool = False) -> None:
@@ -395,6 +438,7 @@ def search_disagg(
     scheduler: dict | None = None,
     cap_concurrency: bool = False,
     refine: bool | None = None,
+    decode_system: str | None = None,
     **estimator_kw,
 ) -> SearchResult:
     """Disaggregated deployments of at most ``max_gpus`` GPUs in all (default: two nodes): a
@@ -406,10 +450,13 @@ def search_disagg(
     (:mod:`infercast.serving.memory`) is skipped. ``scheduler``: {SchedulerParams field: value}
     overriding the backend's defaults in both roles. ``cap_concurrency``: as
     :func:`search_agg`'s, the bound being the most decode workers' requests; ``refine``: as
-    :func:`search_agg`'s, per deployment (layouts and worker counts). The deployments of one decode layout are solved together, as arrays
+    :func:`search_agg`'s, per deployment (layouts and worker counts). ``decode_system``: the
+    decode workers run on this system (prefill on ``system``; the same model, backend and data
+    version), the KV cache moving over the slower of the two systems' node-to-node links. The deployments of one decode layout are solved together, as arrays
     (:func:`evaluate_disagg`)."""
     from dataclasses import replace
 
+    from ..api import Estimator
     from ..serving.backends import scheduler_params
 
     max_workers = None if max_workers is None else _positive("max_workers", max_workers, int, required=True)
@@ -417,12 +464,29 @@ def search_disagg(
                              systems_path, estimator_kw)
     node = base.data.system.node
     total = res.max_gpus = 2 * node.gpus_per_node if max_gpus is None else _positive("max_gpus", max_gpus, int)
-    space = layouts(base.spec, total, node.nvlink_gpus)
-    roles = _roles(res, _estimators(res, base, model, space, backend_version, systems_path, estimator_kw,
-                                    keep=lambda lay: disagg_worker(lay, node.nvlink_gpus, total)))
+    dbase, dnode = base, node
+    if decode_system is not None and decode_system != system:
+        res.decode_system = decode_system
+        dbase = Estimator(model, decode_system, backend, backend_version, systems_path=systems_path, **estimator_kw)
+        dnode = dbase.data.system.node
+    pre = _estimators(res, base, model, layouts(base.spec, total, node.nvlink_gpus), backend_version, systems_path,
+                      estimator_kw, keep=lambda lay: disagg_worker(lay, node.nvlink_gpus, total))
+    roles = _roles(res, pre, ("prefill",))
+    if dbase is base:
+        roles.update(_roles(res, pre, ("decode",)))
+    else:
+        def make(lay: Layout):
+            return dbase if lay == Layout() else Estimator(
+                model, decode_system, backend, backend_version, lay.tp, lay.pp, attention_dp=lay.attention_dp,
+                moe_tp=lay.moe_tp, moe_ep=lay.moe_ep, systems_path=systems_path, **estimator_kw)
+
+        dec = _estimators(res, dbase, model, layouts(dbase.spec, total, dnode.nvlink_gpus), backend_version, systems_path,
+                          estimator_kw, keep=lambda lay: disagg_worker(lay, dnode.nvlink_gpus, total), make=make)
+        roles.update(_roles(res, dec, ("decode",)))
     params = replace(scheduler_params(backend, base.data.system, base.spec), **scheduler) if scheduler else None
+    params_d = replace(scheduler_params(backend, dbase.data.system, dbase.spec), **scheduler) if scheduler else None
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, decode_holders(
-        res, roles, total, max_workers, params or scheduler_params(backend, base.data.system, base.spec)))
+        res, roles, total, max_workers, params_d or scheduler_params(backend, dbase.data.system, dbase.spec)))
     refine = concurrencies is None if refine is None else refine
     prefills = list(roles["prefill"].items())
     for dl, de in roles["decode"].items():
@@ -434,7 +498,7 @@ def search_disagg(
                 refuse(res, f"P {pl.label} D {dl.label}", "disagg layout pair",
                        f"one prefill worker ({plural(pe.gpus, 'GPU')}) and one decode worker ({de.gpus}) exceed "
                        f"{plural(total, 'GPU')}", "exceeds the GPU budget")
-        evaluate_disagg(res, prefills, dl, de, counts, conc, params, refine)
+        evaluate_disagg(res, prefills, dl, de, counts, conc, params, refine, params_decode=params_d)
     return _finish(res)
 
 
@@ -457,13 +521,16 @@ def decode_holders(res: SearchResult, roles: dict, gpus: int, max_workers: int, 
     return out
 
 
-def _roles(res: SearchResult, ests: dict) -> dict[str, dict]:
+def _roles(res: SearchResult, ests: dict, only: tuple[str, ...] = ("prefill", "decode")) -> dict[str, dict]:
     """{"prefill" | "decode": {layout: estimator}}: the layouts one request fits on in that role
-    (a prompt of ``isl`` tokens; ``isl + osl`` for decode); the others go to ``res.skipped``."""
+    (a prompt of ``isl`` tokens; ``isl + osl`` for decode); the others go to ``res.skipped``.
+    ``only``: the roles to fill."""
     from ..api import one_request_misfit
 
     roles: dict[str, dict] = {}
     for role, tokens in (("prefill", res.isl), ("decode", res.isl + res.osl)):
+        if role not in only:
+            continue
         roles[role] = {}
         for lay, e in ests.items():
             why = one_request_misfit(e, tokens)
@@ -481,18 +548,21 @@ class DisaggGroup:
     :func:`infercast.api.serve_disagg` (whose per-deployment checks the search has already made:
     :func:`_roles`), without its per-op notes."""
 
-    def __init__(self, res: SearchResult, prefills: list, dl: Layout, de, params=None):
+    def __init__(self, res: SearchResult, prefills: list, dl: Layout, de, params=None, params_decode=None):
         from ..serving.backends import scheduler_params
         from ..serving.disagg import kv_transfer_ms
 
         self.res, self.prefills, self.dl, self.de = res, prefills, dl, de
-        self.pd = params or scheduler_params(de.data.backend, de.data.system, de.spec)
+        self.pd = params_decode or params or scheduler_params(de.data.backend, de.data.system, de.spec)
         self.solvers = []
+        dnode = de.data.system.node
         for _, pe in prefills:
             node = pe.data.system.node
+            # the KV cache leaves the prefill system's nodes and enters the decode system's: the
+            # slower link and the longer latency of the two (the same node on one system)
+            bw, lat = min(node.inter_node_bw, dnode.inter_node_bw), max(node.p2p_latency_s, dnode.p2p_latency_s)
             self.solvers.append((pe.engine, params or scheduler_params(pe.data.backend, pe.data.system, pe.spec),
-                                 pe.plan.parallel.attention_dp,
-                                 kv_transfer_ms(pe.memory.kv_per_token, res.isl, pe.gpus, node.inter_node_bw, node.p2p_latency_s)))
+                                 pe.plan.parallel.attention_dp, kv_transfer_ms(pe.memory.kv_per_token, res.isl, pe.gpus, bw, lat)))
 
     def solve(self, which, pw, dw, c, vectorised: bool = True) -> list:
         """:class:`~infercast.serving.disagg.DisaggResult` per element of the equal-length
@@ -545,19 +615,22 @@ class DisaggGroup:
 
 
 def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: list[list[tuple[int, int]]],
-                    conc: list[int], params=None, refine: bool = False, vectorised: bool = True) -> None:
+                    conc: list[int], params=None, refine: bool = False, vectorised: bool = True,
+                    params_decode=None) -> None:
     """Add, for each (prefill layout, estimator) of ``prefills`` with decode layout ``dl``
     (estimator ``de``), every (prefill workers, decode workers) of its list in ``counts`` at each
     concurrency of ``conc`` to ``res``, in that order; a deployment's concurrencies stop at the
     first whose decode batch overflows the KV cache. With ``refine``, then the concurrencies
     :func:`refine_concurrency` probes per deployment, all deployments' probes solved together (one
     bisection round at a time). ``vectorised``: solve them all as arrays
-    (:func:`~infercast.serving.disagg.solve_disagg_many`), else one by one."""
+    (:func:`~infercast.serving.disagg.solve_disagg_many`), else one by one. ``params`` /
+    ``params_decode``: the prefill / decode schedulers (default: each backend's; decode defaults
+    to ``params``)."""
     keep = [j for j, cs in enumerate(counts) if cs]
     if not keep or not conc:
         return
     prefills, counts = [prefills[j] for j in keep], [counts[j] for j in keep]
-    group = DisaggGroup(res, prefills, dl, de, params)
+    group = DisaggGroup(res, prefills, dl, de, params, params_decode)
     grid = [(i, pw, dw, c) for i, cs in enumerate(counts) for pw, dw in cs for c in conc]
     try:
         out = group.solve(*zip(*grid), vectorised=vectorised)
@@ -565,7 +638,7 @@ def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: l
         # one prefill layout's prompt does not fit its token budget: solve them one by one
         if len(prefills) > 1:
             for pair in zip(prefills, counts):
-                evaluate_disagg(res, [pair[0]], dl, de, [pair[1]], conc, params, refine, vectorised)
+                evaluate_disagg(res, [pair[0]], dl, de, [pair[1]], conc, params, refine, vectorised, params_decode)
             return
         _count(res, "disagg candidate", len(grid))
         refuse(res, f"P {prefills[0][0].label} D {dl.label}", "disagg layout pair", str(exc), exc)
