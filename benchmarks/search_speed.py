@@ -73,7 +73,7 @@ def timed(argv: list[str], env: dict | None = None, timeout: float = 1800.0) -> 
     """(wall seconds, the finished process or None, an error message or "")."""
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, check=False)
     except subprocess.TimeoutExpired:
         return time.perf_counter() - t0, None, f"timed out after {timeout:.0f} s"
     wall = time.perf_counter() - t0
@@ -86,7 +86,7 @@ def parse_reference_top(text: str, n: int = 3) -> dict[str, list[dict]]:
     """{"agg" | "disagg": the first ``n`` rows of the reference's "Top Configurations" tables}."""
     out: dict[str, list[dict]] = {}
     for mode in ("agg", "disagg"):
-        m = re.search(rf"^{mode} Top Configurations.*?\n(\+[-+]+\+)\n(\|.*?\|)\n\+[-+]+\+\n(.*?)\n\+[-+]+\+", text, re.M | re.S)
+        m = re.search(rf"^{mode} Top Configurations.*?\n(\+[-+]+\+)\n(\|.*?\|)\n\+[-+]+\+\n(.*?)\n\+[-+]+\+", text, re.MULTILINE | re.DOTALL)
         if not m:
             continue
         head = [h.strip() for h in m.group(2).strip("|").split("|")]
@@ -145,8 +145,9 @@ def run_case(c: Case, ref: list[str] | None, repeat: int) -> dict:
             row["infercast_top"] = {m: d[m]["top"] for m in ("agg", "disagg")}
             row["evaluated"] = {m: d[m]["evaluated"] for m in ("agg", "disagg")}
             row["refused"] = {m: d[m]["refused"] for m in ("agg", "disagg")}
-    best = lambda xs: min(xs) if xs else None  # noqa: E731 - the least-disturbed run of each
-    row["infercast_best_s"], row["reference_best_s"] = best(row["infercast_s"]), best(row["reference_s"])
+    # the least-disturbed run of each
+    row["infercast_best_s"] = min(row["infercast_s"]) if row["infercast_s"] else None
+    row["reference_best_s"] = min(row["reference_s"]) if row["reference_s"] else None
     if row["infercast_best_s"] and row["reference_best_s"]:
         row["ratio"] = row["infercast_best_s"] / row["reference_best_s"]
     return row

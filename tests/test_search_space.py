@@ -9,8 +9,8 @@ import functools
 
 import numpy as np
 import pytest
-
 import synthpack as sp
+
 from infercast.report.artifacts import _layout_kw
 from infercast.search import DisaggCandidate, Layout, layouts, search_agg, search_disagg
 from infercast.search import run as search_run
@@ -82,7 +82,7 @@ def test_disagg_workers_up_to_the_budget_and_refusals_counted(synth):
 def test_vectorised_disagg_equals_scalar(synth, monkeypatch, refine):
     """The array evaluation of disaggregated deployments gives the scalar solver's results: the
     same candidates in the same order, the same numbers (to rounding), frontier and best."""
-    kw = dict(systems_path=synth.systems_dir, max_gpus=8, tpot_max_ms=None, refine=refine)
+    kw = {"systems_path": synth.systems_dir, "max_gpus": 8, "tpot_max_ms": None, "refine": refine}
     fast = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, **kw)
     # a TPOT target that splits the candidates, so bisection has flips to resolve
     kw["tpot_max_ms"] = float(np.median([c.tpot_ms for c in fast.candidates]))
@@ -97,7 +97,7 @@ def test_vectorised_disagg_equals_scalar(synth, monkeypatch, refine):
             assert getattr(a, f) == pytest.approx(getattr(b, f), rel=1e-9, abs=1e-12), f
     assert fast.frontier == slow.frontier and fast.best == slow.best and fast.skipped.keys() == slow.skipped.keys()
     if refine:
-        assert set(c.concurrency for c in fast.candidates) - set(fast.concurrencies)
+        assert {c.concurrency for c in fast.candidates} - set(fast.concurrencies)
 
 
 def test_search_cli_counts_pareto_and_save_dir(synth, capsys, tmp_path):
@@ -131,7 +131,7 @@ def test_decode_on_another_system_moves_kv_over_the_slower_link(synth, tmp_path)
     slow = text.replace(f"inter_node_bw: {sp.SYSTEM_NODE['inter_node_bw']}", f"inter_node_bw: {sp.SYSTEM_NODE['inter_node_bw'] // 1000}")
     assert slow != text
     (systems / "synth_slow.yaml").write_text(slow)
-    kw = dict(systems_path=systems, concurrencies=[2, 8], max_gpus=4, max_workers=2)
+    kw = {"systems_path": systems, "concurrencies": [2, 8], "max_gpus": 4, "max_workers": 2}
     same = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, **kw)
     cross = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, decode_system="synth_slow", **kw)
     assert cross.decode_system == "synth_slow" and same.decode_system is None

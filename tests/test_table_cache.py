@@ -48,3 +48,16 @@ def test_table_cache_round_trip_and_invalidation(synth, tmp_path, monkeypatch):
     tables.cached_table(src, "gemm")
     assert len(list((tmp_path / "cache" / "tables").glob("*.npz"))) == 2
     tables.cached_table.cache_clear()
+
+
+def test_a_damaged_cache_file_is_read_around(synth, tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERCAST_CACHE_DIR", str(tmp_path / "cache"))
+    src = _gemm(synth)
+    tables.cached_table.cache_clear()
+    tables.cached_table(src, "gemm")
+    (f,) = (tmp_path / "cache" / "tables").glob("gemm-*.npz")
+    f.write_bytes(b"not a zip file")
+    tables.cached_table.cache_clear()
+    t = tables.cached_table(src, "gemm")
+    assert t.raw_rows == tables.read_table(src, "gemm").raw_rows
+    tables.cached_table.cache_clear()

@@ -253,9 +253,8 @@ def cmd_serve_disagg(a) -> int:
 
 
 def cmd_search(a) -> int:
-    from dataclasses import asdict
-
     from ..search import search_agg, search_backends, search_disagg, search_fixed
+    from ..search.run import candidate_dict
 
     conc = None
     if a.concurrency:
@@ -299,12 +298,10 @@ def cmd_search(a) -> int:
             else:
                 res, per_backend[m] = search_backends(fn, a.model, a.system, backends, a.isl, a.osl, **kw)
                 results[m] = res
-            out = res.to_dict()
-            if not a.all:
-                out.pop("candidates")
+            out = res.to_dict(candidates=a.all)
             out["mode"] = m
             out["targets"] = targets
-            out["top"] = [asdict(c) for c in sorted((c for c in res.candidates if c.meets_targets),
+            out["top"] = [candidate_dict(c) for c in sorted((c for c in res.candidates if c.meets_targets),
                                                     key=lambda c: -c.tokens_per_s_per_gpu)[:a.top]]
             outs[m] = out
     if a.save_dir:

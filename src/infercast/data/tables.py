@@ -267,12 +267,14 @@ def _cache_file(path: Path, stem: str) -> Path | None:
 
 
 def _load_cached(file: Path, path: Path, stem: str) -> Table | None:
+    import zipfile
+
     try:
         with np.load(file, allow_pickle=False) as z:
             meta = z["__meta__"]
             keys = {n[2:]: z[n] for n in z.files if n.startswith("k:")}
             values = {n[2:]: z[n] for n in z.files if n.startswith("v:")}
-    except Exception:  # a partial or foreign file: read the table again
+    except (OSError, ValueError, KeyError, IndexError, zipfile.BadZipFile):  # a partial or foreign file: read the table again
         return None
     return Table(stem, path, keys, values, int(meta[0]), int(meta[1]))
 

@@ -5,7 +5,14 @@ deployment of a fixed number of GPUs at one concurrency: :func:`search_fixed`)."
 
 from .fixed import search_fixed
 from .pareto import meets, pareto_front, recommend
-from .run import Candidate, DisaggCandidate, SearchResult, search_agg, search_backends, search_disagg
+from .run import (
+           Candidate,
+           DisaggCandidate,
+           SearchResult,
+           search_agg,
+           search_backends,
+           search_disagg,
+)
 from .space import Layout, layouts
 
 __all__ = ["Candidate", "DisaggCandidate", "Layout", "SearchResult", "layouts", "meets", "pareto_front", "recommend", "search_agg", "search_backends", "search_disagg",

@@ -14,7 +14,8 @@ with the reason, never guessed.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
+from itertools import pairwise
 
 import numpy as np
 
@@ -77,11 +78,35 @@ class SearchResult:
     evaluated: dict[str, int] = field(default_factory=dict)  # kind of candidate -> how many were evaluated
     refused: dict[str, int] = field(default_factory=dict)  # "kind: reason" -> how many were refused
 
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["frontier"] = [asdict(self.candidates[i]) for i in self.frontier]
-        d["best"] = asdict(self.candidates[self.best]) if self.best is not None else None
+    def to_dict(self, candidates: bool = True) -> dict:
+        """The result as plain data (what :func:`dataclasses.asdict` gives, built field by field:
+        a search holds tens of thousands of flat candidates); ``frontier`` and ``best`` as the
+        candidates themselves. ``candidates=False`` leaves the full list out."""
+        d: dict = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "candidates":
+                if candidates:
+                    d[f.name] = [candidate_dict(c) for c in v]
+            else:
+                d[f.name] = dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v
+        d["frontier"] = [candidate_dict(self.candidates[i]) for i in self.frontier]
+        d["best"] = candidate_dict(self.candidates[self.best]) if self.best is not None else None
         return d
+
+
+def candidate_dict(c: Candidate) -> dict:
+    """A candidate's fields as a dict (they are all scalars: the same as ``asdict``, faster)."""
+    return {name: getattr(c, name) for name in _field_names(type(c))}
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    if cls not in _FIELD_NAMES:
+        _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return _FIELD_NAMES[cls]
 
 
 def _positive(name: str, v, kind=float, required: bool = False):
@@ -258,7 +283,7 @@ def refine_concurrency(evaluate, grid: list[int], ok_at) -> None:
     or TPOT in the serving models)."""
     seen = [(c, ok_at(c)) for c in grid]
     seen = [(c, ok) for c, ok in seen if ok is not None]
-    for (lo, ok_lo), (hi, ok_hi) in zip(seen, seen[1:]):
+    for (lo, ok_lo), (hi, ok_hi) in pairwise(seen):
         if ok_lo and not ok_hi:
             while hi - lo > 1:
                 mid = (lo + hi) // 2
@@ -660,7 +685,7 @@ def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: l
     brackets = {}
     for key, seen in status.items():
         pts = [(c, ok) for c, ok in seen.items() if ok is not None]
-        for (lo, ok_lo), (hi, ok_hi) in zip(pts, pts[1:]):
+        for (lo, ok_lo), (hi, ok_hi) in pairwise(pts):
             if ok_lo and not ok_hi:
                 if hi - lo > 1:
                     brackets[key] = (lo, hi)

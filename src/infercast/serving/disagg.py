@@ -53,9 +53,9 @@ from .result import (
     QUANTILE_POINTS,
     Distribution,
     ServingMetrics,
+    _unit_exponential,
     blend_parts,
     exponential_tail,
-    _unit_exponential,
     mixture,
     ttft_parts,
 )
