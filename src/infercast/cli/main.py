@@ -359,8 +359,8 @@ def _print_search_tail(a, results: dict) -> None:
         print(f"{m}: evaluated {ev or 'nothing'}; refused {sum(res.refused.values())}"
               + ("" if not res.refused else ": " + "; ".join(f"{n} {why}" for why, n in
                                                               sorted(res.refused.items(), key=lambda kv: -kv[1]))))
-    if any(res.frontier for res in results.values()):
-        print(text_pareto(results, color=sys.stdout.isatty()))
+    if any(res.frontier for res in results.values()):  # indented: apart from the tables
+        print("\n".join("  " + line for line in text_pareto(results, color=sys.stdout.isatty()).splitlines()))
     if a.save_dir:
         print(f"saved: {a.save_dir}")
 

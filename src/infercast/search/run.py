@@ -441,9 +441,10 @@ def _worker_counts(gp: int, gd: int, max_gpus: int, max_workers: int | None) -> 
 
 def disagg_worker(lay: Layout, nvlink_gpus: int, total: int) -> bool:
     """Whether ``lay`` is a disaggregated worker the search considers: fewer GPUs than ``total``
-    (one worker of the other role needs at least one), and pipeline stages only to span nodes
-    (each stage fills the NVLink domain); attention-DP x EP may span nodes."""
-    return lay.gpus < total and (lay.pp == 1 or lay.tp * lay.attention_dp >= nvlink_gpus)
+    (one worker of the other role needs at least one; with one GPU in all, the one-GPU layout, so
+    that the search says why nothing fits), and pipeline stages only to span nodes (each stage
+    fills the NVLink domain); attention-DP x EP may span nodes."""
+    return (lay.gpus < total or lay.gpus == 1) and (lay.pp == 1 or lay.tp * lay.attention_dp >= nvlink_gpus)
 
 
 def search_disagg(
