@@ -156,3 +156,19 @@ def test_every_backend_ranked_together(synth):
     assert best.tokens_per_s_per_gpu == max(r.candidates[r.best].tokens_per_s_per_gpu for r in per.values() if r.best is not None)
     assert best.description.startswith(f"{best.backend}: ")
     assert merged.evaluated["backend"] == 2
+
+
+def test_reference_winners_worker_counts_are_in_the_space():
+    """The reference's disaggregated winners on 32 GPUs (Qwen3-32B-FP8, h200_sxm): 20 one-GPU
+    prefill workers with 3 four-GPU decode workers (TensorRT-LLM), 6 one-GPU prefill workers with
+    13 two-GPU decode workers (vLLM) -- beyond the old cap of 8 workers per role."""
+    from infercast.search.run import _worker_counts, disagg_worker
+
+    assert (20, 3) in _worker_counts(1, 4, 32, None) and (6, 13) in _worker_counts(1, 2, 32, None)
+    assert all(p * 1 + d * 2 <= 32 for p, d in _worker_counts(1, 2, 32, None))
+    assert len(_worker_counts(1, 2, 32, None)) == sum((32 - p) // 2 for p in range(1, 31))
+    assert (6, 13) not in _worker_counts(1, 2, 32, 8)
+    # multi-node workers: attention DP x EP spans nodes; pipeline stages only when a stage fills the NVLink domain
+    assert disagg_worker(Layout(tp=1, attention_dp=16, moe_tp=1, moe_ep=16), 8, 32)
+    assert disagg_worker(Layout(tp=8, pp=2), 8, 32) and not disagg_worker(Layout(tp=4, pp=2), 8, 32)
+    assert not disagg_worker(Layout(tp=8, pp=4), 8, 32)  # all 32 GPUs: no room for the other role
