@@ -214,7 +214,8 @@ def search_backends(search, model: str, system: str, backends: list[str], isl: i
         raise next(iter(errors.values()))
     first = next(iter(per.values()))
     merged = SearchResult(first.model, system, "+".join(per), "/".join(str(r.backend_version) for r in per.values()),
-                          first.ttft_max_ms, first.tpot_max_ms, concurrencies=list(first.concurrencies))
+                          first.isl, first.osl, first.max_gpus, first.ttft_max_ms, first.tpot_max_ms,
+                          concurrencies=list(first.concurrencies))
     for b, exc in errors.items():
         refuse(merged, b, "backend", str(exc), exc)
     for b, r in per.items():
