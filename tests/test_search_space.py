@@ -96,8 +96,16 @@ def test_vectorised_disagg_equals_scalar(synth, monkeypatch, refine):
                   "prefill_utilisation"):
             assert getattr(a, f) == pytest.approx(getattr(b, f), rel=1e-9, abs=1e-12), f
     assert fast.frontier == slow.frontier and fast.best == slow.best and fast.skipped.keys() == slow.skipped.keys()
-    if refine:
+    if refine:  # every deployment whose grid flips is resolved to adjacent concurrencies
         assert {c.concurrency for c in fast.candidates} - set(fast.concurrencies)
+        flipped = 0
+        for layout, cands in _by_layout(fast.candidates).items():
+            ok = [c.concurrency for c in cands if c.meets_targets]
+            bad = [c.concurrency for c in cands if not c.meets_targets and ok and c.concurrency > max(ok)]
+            if ok and bad:
+                assert min(bad) == max(ok) + 1, layout
+                flipped += 1
+        assert flipped
 
 
 def test_search_cli_counts_pareto_and_save_dir(synth, capsys, tmp_path):

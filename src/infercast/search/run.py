@@ -432,6 +432,11 @@ class DisaggCandidate(Candidate):
     prefill_utilisation: float = 0.0
 
 
+#: concurrencies probed inside each bracket per refinement round of a disaggregated search
+#: (:func:`evaluate_disagg`): a bracket of 512 clients resolves in three rounds
+REFINE_PROBES = 8
+
+
 def _worker_counts(gp: int, gd: int, max_gpus: int, max_workers: int | None) -> list[tuple[int, int]]:
     """(prefill workers, decode workers) of ``gp`` and ``gd`` GPUs each that fit in ``max_gpus``
     (each count at most ``max_workers``; None: as many as fit)."""
@@ -647,9 +652,11 @@ def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: l
     """Add, for each (prefill layout, estimator) of ``prefills`` with decode layout ``dl``
     (estimator ``de``), every (prefill workers, decode workers) of its list in ``counts`` at each
     concurrency of ``conc`` to ``res``, in that order; a deployment's concurrencies stop at the
-    first whose decode batch overflows the KV cache. With ``refine``, then the concurrencies
-    :func:`refine_concurrency` probes per deployment, all deployments' probes solved together (one
-    bisection round at a time). ``vectorised``: solve them all as arrays
+    first whose decode batch overflows the KV cache. With ``refine``, then where a deployment's
+    grid flips from meeting the targets to missing them, the largest concurrency that meets them
+    is resolved to the client: rounds of :data:`REFINE_PROBES` evenly spaced probes inside each
+    bracket (assuming, as :func:`refine_concurrency` does, that meeting the targets is monotone
+    in the clients), all deployments' probes solved together. ``vectorised``: solve them all as arrays
     (:func:`~infercast.serving.disagg.solve_disagg_many`), else one by one. ``params`` /
     ``params_decode``: the prefill / decode schedulers (default: each backend's; decode defaults
     to ``params``)."""
@@ -693,14 +700,22 @@ def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: l
                     brackets[key] = (lo, hi)
                 break
     while brackets:
-        keys = list(brackets)
-        mids = [(brackets[k][0] + brackets[k][1]) // 2 for k in keys]
-        out = group.solve(*zip(*keys), mids, vectorised=vectorised)
-        for key, mid, r in zip(keys, mids, out):
-            ok = group.add(*key, mid, r)
+        # each round probes REFINE_PROBES evenly spaced concurrencies inside every bracket, all
+        # deployments at once (one array solve per round: its cost is mostly per call, not per probe)
+        probes = {key: sorted({lo + (hi - lo) * j // (REFINE_PROBES + 1) for j in range(1, REFINE_PROBES + 1)} - {lo, hi})
+                  for key, (lo, hi) in brackets.items()}
+        flat = [(key, c) for key, cs in probes.items() for c in cs]
+        out = dict(zip(flat, group.solve(*zip(*(key for key, _ in flat)), [c for _, c in flat], vectorised=vectorised)))
+        for key, cs in probes.items():
             lo, hi = brackets.pop(key)
-            if ok is None:
-                continue
-            lo, hi = (mid, hi) if ok else (lo, mid)
+            for c in cs:  # ascending, up to the first that misses the targets or overflows the KV cache
+                ok = group.add(*key, c, out[key, c])
+                if ok is None:
+                    hi = lo  # no further refinement of this deployment
+                    break
+                if not ok:
+                    hi = c
+                    break
+                lo = c
             if hi - lo > 1:
                 brackets[key] = (lo, hi)
