@@ -1,14 +1,20 @@
 """Search deployments: every layout (:mod:`.space`) at every benchmark concurrency, through the
 serving model (:func:`infercast.serving.agg.serve_agg`: what a closed-loop benchmark with that many
-clients would measure; :func:`search_disagg`: prefill and decode layouts with worker counts through
-:func:`infercast.api.serve_disagg`), filtered by latency targets and reduced to the Pareto
-frontier and one recommendation (:mod:`.pareto`).
+clients would measure; :func:`search_disagg`: prefill and decode layouts with any worker counts
+that fit the GPU budget, through the disaggregated model of :mod:`infercast.serving.disagg`, the
+deployments of one decode layout solved together as arrays), filtered by latency targets and
+reduced to the Pareto frontier and one recommendation (:mod:`.pareto`); :func:`search_backends`
+runs a search on several backends and ranks them together.
 
 Concurrency is the number of clients of one replica (over its attention-DP ranks); by default the
 powers of two from 1 to ``DEFAULT_MAX_CONCURRENCY``, and with ``cap_concurrency`` none beyond the
-most requests a searched deployment runs at once (its KV cache, the backend's max batch size). A layout whose weights do not fit, or whose model /
-data cannot be served (no table for a quant mode, a shape out of the data's reach), is skipped
-with the reason, never guessed.
+most requests a searched deployment runs at once (its KV cache, the backend's max batch size).
+On the default grid, where a layout or deployment goes from meeting the targets to missing them
+between two grid points, the concurrencies between are searched for the largest that meets them
+(``refine``). A layout whose weights do not fit, or whose model / data cannot be served (no table
+for a quant mode, a shape out of the data's reach), is skipped with the reason, never guessed;
+:attr:`SearchResult.evaluated` and :attr:`SearchResult.refused` count what was evaluated and
+refused, by kind and reason.
 """
 
 from __future__ import annotations
