@@ -265,9 +265,8 @@ def cmd_serve_disagg(a) -> int:
 
 
 def cmd_search(a) -> int:
-    from dataclasses import asdict
-
-    from ..search import search_agg, search_disagg, search_fixed
+    from ..search import search_agg, search_backends, search_disagg, search_fixed
+    from ..search.run import candidate_dict
 
     conc = None
     if a.concurrency:
@@ -294,26 +293,88 @@ def cmd_search(a) -> int:
     if mode == "fixed":
         kw.pop("max_gpus")
         kw["gpus"] = a.gpus
-    outs = {}
+    backends = _search_backends(a)
+    if a.decode_system is not None:
+        if mode != "disagg":
+            raise InvalidInputError(f"--decode-system puts disaggregated decode workers on another system: it needs "
+                                    f"--mode disagg, not {mode}")
+        if a.save_dir:
+            raise InvalidInputError("--save-dir with --decode-system: launch files for workers on two systems are not "
+                                    "written yet", "drop --save-dir, or search one system")
+        kw["decode_system"] = a.decode_system
+    outs, results, per_backend = {}, {}, {}
     for m, fn in (("agg", search_agg), ("disagg", search_disagg), ("fixed", search_fixed)):
         if mode in (m, "both") and not (m == "fixed" and mode == "both"):
-            res = fn(a.model, a.system, a.backend, a.isl, a.osl, **kw)
-            out = res.to_dict()
-            if not a.all:
-                out.pop("candidates")
+            if backends is None:
+                res = results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, **kw)
+            else:
+                res, per_backend[m] = search_backends(fn, a.model, a.system, backends, a.isl, a.osl, **kw)
+                results[m] = res
+            out = res.to_dict(candidates=a.all)
             out["mode"] = m
             out["targets"] = targets
-            out["top"] = [asdict(c) for c in sorted((c for c in res.candidates if c.meets_targets),
+            out["top"] = [candidate_dict(c) for c in sorted((c for c in res.candidates if c.meets_targets),
                                                     key=lambda c: -c.tokens_per_s_per_gpu)[:a.top]]
             outs[m] = out
+    if a.save_dir:
+        from ..report.artifacts import write_search_artifacts
+
+        est_kw = {k: kw[k] for k in ("systems_path", "moe_quant", "gemm_quant", "kv_cache_quant", "attention_quant", "nextn",
+                                     "mtp_acceptance", "moe_kernel", "kv_memory_fraction", "database_mode")}
+        if backends is None:
+            write_search_artifacts(a.save_dir, results, est_kw)
+        else:  # one report per backend (a deployment's launch files are its backend's)
+            from pathlib import Path
+
+            for b in {b for per in per_backend.values() for b in per}:
+                write_search_artifacts(Path(a.save_dir) / b, {m: per[b] for m, per in per_backend.items() if b in per}, est_kw)
+        for out in outs.values():
+            out["save_dir"] = str(a.save_dir)
     if mode != "both":
-        return _emit(a, outs[mode], "print_search")
-    bests = {m: o["best"] for m, o in outs.items() if o["best"] is not None}
-    outs["best_mode"] = max(bests, key=lambda m: bests[m]["tokens_per_s_per_gpu"]) if bests else None
-    if not bests:
-        outs["reason"] = "neither mode has a deployment that meets the targets: " + "; ".join(
-            f"{m}: {outs[m]['reason']}" for m in ("agg", "disagg"))
-    return _emit(a, outs, "print_search_both")
+        rc = _emit(a, outs[mode], "print_search")
+    else:
+        bests = {m: o["best"] for m, o in outs.items() if o["best"] is not None}
+        outs["best_mode"] = max(bests, key=lambda m: bests[m]["tokens_per_s_per_gpu"]) if bests else None
+        if not bests:
+            outs["reason"] = "neither mode has a deployment that meets the targets: " + "; ".join(
+                f"{m}: {outs[m]['reason']}" for m in ("agg", "disagg"))
+        rc = _emit(a, outs, "print_search_both")
+    if not a.json:
+        _print_search_tail(a, results)
+    return rc
+
+
+def _search_backends(a) -> list[str] | None:
+    """``--backend auto``: every serving backend with data for ``--system`` (None: one backend)."""
+    if a.backend != "auto":
+        return None
+    from ..data.pack import find_pack
+    from ..data.system import load_system
+    from ..data.versions import backends_for
+
+    found = backends_for(load_system(find_pack(a.systems_path), a.system))
+    if not found:
+        raise InvalidInputError(f"--backend auto: no serving backend has data for {a.system}",
+                                "list the systems and their backends with: infercast systems")
+    return found
+
+
+def _print_search_tail(a, results: dict) -> None:
+    """What ``search`` prints after the tables: per mode, the candidates evaluated and refused
+    by kind and reason; the Pareto frontier as a terminal plot; where ``--save-dir`` wrote."""
+    import sys
+
+    from ..report.artifacts import text_pareto
+
+    for m, res in results.items():
+        ev = ", ".join(f"{n} {kind}{'s' if n != 1 else ''}" for kind, n in res.evaluated.items())
+        print(f"{m}: evaluated {ev or 'nothing'}; refused {sum(res.refused.values())}"
+              + ("" if not res.refused else ": " + "; ".join(f"{n} {why}" for why, n in
+                                                              sorted(res.refused.items(), key=lambda kv: -kv[1]))))
+    if any(res.frontier for res in results.values()):  # indented: apart from the tables
+        print("\n".join("  " + line for line in text_pareto(results, color=sys.stdout.isatty()).splitlines()))
+    if a.save_dir:
+        print(f"saved: {a.save_dir}")
 
 
 def _search_targets(a) -> dict:
@@ -696,6 +757,16 @@ def build_parser() -> argparse.ArgumentParser:
                          "(more is refused: the clients would only queue)")
     se.add_argument("--top", type=int, default=5, help="how many deployments that meet the targets to list (default 5)")
     se.add_argument("--all", action="store_true", help="JSON: include every evaluated candidate")
+    for act in se._actions:  # search also takes every backend at once
+        if act.dest == "backend":
+            act.choices = [*act.choices, "auto"]
+            act.help = (act.help or "") + "; auto: every backend with data for the system, ranked together"
+    se.add_argument("--decode-system", default=None,
+                    help="disagg: run the decode workers on this system (the prefill workers on --system); the KV "
+                         "cache moves over the slower of the two systems' node-to-node links")
+    se.add_argument("--save-dir", default=None,
+                    help="write the search's results (CSV, JSON), Pareto plot, HTML report and the top deployments' "
+                         "launch and benchmark files here (created if missing)")
     se.add_argument("--json", action="store_true", help="print one JSON object")
     se.set_defaults(func=cmd_search)
 

@@ -231,7 +231,88 @@ def read_table(path: Path, stem: str | None = None) -> Table:
     return Table(stem, path, keys, values, raw, ndup)
 
 
+#: bump when :func:`read_table`'s normalisation changes: cached tables of another format are not read
+CACHE_FORMAT = 1
+
+
+def table_cache_dir() -> Path | None:
+    """Where parsed tables are kept between processes: ``$INFERCAST_CACHE_DIR/tables``, else
+    ``$XDG_CACHE_HOME/infercast/tables``, else ``~/.cache/infercast/tables``; None when
+    ``$INFERCAST_CACHE_DIR`` is ``off`` (no cache)."""
+    import os
+
+    root = os.environ.get("INFERCAST_CACHE_DIR")
+    if root is not None and root.strip().lower() in ("off", "0", "none", ""):
+        return None
+    if root:
+        return Path(root) / "tables"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "infercast" / "tables"
+
+
+def _cache_file(path: Path, stem: str) -> Path | None:
+    """The cache file of ``path`` as it is now: named by its resolved path, size and modification
+    time (a changed or replaced file gets a new name, so a stale entry is never read)."""
+    import hashlib
+
+    root = table_cache_dir()
+    if root is None:
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    tag = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{stem}|{CACHE_FORMAT}"
+    return root / f"{stem}-{hashlib.sha1(tag.encode()).hexdigest()[:20]}.npz"
+
+
+def _load_cached(file: Path, path: Path, stem: str) -> Table | None:
+    import zipfile
+
+    try:
+        with np.load(file, allow_pickle=False) as z:
+            meta = z["__meta__"]
+            keys = {n[2:]: z[n] for n in z.files if n.startswith("k:")}
+            values = {n[2:]: z[n] for n in z.files if n.startswith("v:")}
+    except (OSError, ValueError, KeyError, IndexError, zipfile.BadZipFile):  # a partial or foreign file: read the table again
+        return None
+    return Table(stem, path, keys, values, int(meta[0]), int(meta[1]))
+
+
+def _store_cached(file: Path, table: Table) -> None:
+    """Write ``table`` to ``file`` (via a temporary file and a rename, so a reader never sees
+    half a file); a cache that cannot be written is skipped."""
+    import os
+    import tempfile
+
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=file.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, __meta__=np.array([table.raw_rows, table.duplicate_keys], dtype=np.int64),
+                     **{f"k:{k}": v for k, v in table.keys.items()}, **{f"v:{k}": v for k, v in table.values.items()})
+        os.replace(tmp, file)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except (OSError, UnboundLocalError):
+            pass
+
+
 @lru_cache(maxsize=256)
 def cached_table(path: Path, stem: str) -> Table:
-    """Per-process cache: each file is read at most once."""
-    return read_table(path, stem)
+    """Per-process cache: each file is read at most once; and between processes, its parsed
+    arrays in the user's cache directory (:func:`table_cache_dir`), read instead of the parquet
+    file while the file keeps its path, size and modification time."""
+    path = Path(path)
+    file = _cache_file(path, stem)
+    if file is not None and file.exists():
+        t0 = time.perf_counter()
+        table = _load_cached(file, path, stem)
+        if table is not None:
+            LOAD_STATS[str(path)] = time.perf_counter() - t0
+            return table
+    table = read_table(path, stem)
+    if file is not None:
+        _store_cached(file, table)
+    return table

@@ -6,8 +6,15 @@ for a load: :mod:`.sizing`)."""
 
 from .fixed import search_fixed
 from .pareto import meets, pareto_front, recommend
-from .run import Candidate, DisaggCandidate, SearchResult, search_agg, search_disagg
+from .run import (
+           Candidate,
+           DisaggCandidate,
+           SearchResult,
+           search_agg,
+           search_backends,
+           search_disagg,
+)
 from .space import Layout, layouts
 
-__all__ = ["Candidate", "DisaggCandidate", "Layout", "SearchResult", "layouts", "meets", "pareto_front", "recommend", "search_agg", "search_disagg",
+__all__ = ["Candidate", "DisaggCandidate", "Layout", "SearchResult", "layouts", "meets", "pareto_front", "recommend", "search_agg", "search_backends", "search_disagg",
            "search_fixed"]

@@ -20,8 +20,8 @@ from ..report.layout import plural
 from .run import (
     Candidate,
     SearchResult,
+    _count,
     _estimators,
-    _evaluate_disagg,
     _fields,
     _finish,
     _fit_concurrencies,
@@ -29,7 +29,11 @@ from .run import (
     _roles,
     _start,
     decode_holders,
+    disagg_worker,
+    evaluate_disagg,
     rank_capacity,
+    refine_concurrency,
+    refuse,
 )
 from .space import Layout, layouts
 
@@ -47,32 +51,33 @@ def search_fixed(
     tpot_max_ms: float | None = None,
     backend_version: str | None = None,
     systems_path=None,
-    max_workers: int = 16,
+    max_workers: int | None = None,
     params=None,
     make_estimator: Callable[[Layout], object] | None = None,
     cap_concurrency: bool = False,
+    refine: bool | None = None,
     **estimator_kw,
 ) -> SearchResult:
     """Aggregated replicas and disaggregated worker splits that use exactly ``gpus`` GPUs, each at
     every concurrency (clients of the whole deployment; default 1, 2, 4, ..., 1024); ``best`` is the
     highest throughput per GPU among those meeting the targets (at one concurrency: the lowest mean
-    request latency). At most ``max_workers`` workers of each role. ``params``: the backend's
+    request latency). At most ``max_workers`` workers of each role (None: as many as fit). ``params``: the backend's
     scheduler (default: its own). ``make_estimator(layout)`` builds each layout's estimator
     (default: an :class:`~infercast.Estimator` with ``estimator_kw``), so a caller that asks many
-    times can reuse them. ``cap_concurrency``: as :func:`~infercast.search.run.search_agg`'s."""
+    times can reuse them. ``cap_concurrency``, ``refine``: as :func:`~infercast.search.run.search_agg`'s."""
     from ..api import serve_agg_replica
     from ..serving.backends import scheduler_params
 
     n = int(_positive("gpus", gpus, int))
-    max_workers = int(_positive("max_workers", max_workers, int))
+    max_workers = None if max_workers is None else int(_positive("max_workers", max_workers, int))
     conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
                              systems_path, estimator_kw, make_estimator)
     res.max_gpus = n
     node = base.data.system.node
     space = layouts(base.spec, n, node.nvlink_gpus)
 
-    def worker(lay: Layout) -> bool:  # a disaggregated worker: no pipeline stages, within the NVLink domain
-        return lay.pp == 1 and lay.gpus <= node.nvlink_gpus
+    def worker(lay: Layout) -> bool:  # a disaggregated worker (run.disagg_worker)
+        return disagg_worker(lay, node.nvlink_gpus, n)
 
     ests = _estimators(res, base, model, space, backend_version, systems_path, estimator_kw,
                        keep=lambda lay: n % lay.gpus == 0 or worker(lay), make=make_estimator)
@@ -82,27 +87,39 @@ def search_fixed(
                 * rank_capacity(est, res.isl, res.osl, agg_params)) for lay, est in ests.items() if n % lay.gpus == 0]
     holders += decode_holders(res, roles, n, max_workers, agg_params)
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, holders)
+    refine = concurrencies is None if refine is None else refine
     for lay, est in ests.items():
         if n % lay.gpus:
             continue
         replicas = n // lay.gpus
         label = lay.label if replicas == 1 else f"{replicas}x{lay.label}"
         words = est.layout_words if replicas == 1 else f"{plural(n, 'GPU')}: {replicas} replicas x ({est.layout_words})"
-        for c in conc:
+
+        def one(c: int, est=est, label=label, words=words, replicas=replicas) -> bool | None:
+            _count(res, "agg candidate")
             per_replica = -(-c // replicas)
             try:
                 r, _ = serve_agg_replica(est, per_replica, res.isl, res.osl, agg_params)
             except InfercastError as exc:
-                res.skipped[f"{label}@c{c}"] = str(exc)
-                continue
+                refuse(res, f"{label}@c{c}", "agg candidate", str(exc), exc)
+                return None
             r.tokens_per_s_per_gpu *= c / (per_replica * replicas)  # idle clients' share: replicas hold fewer
-            res.candidates.append(Candidate(*_fields(res, label, est, n, c, r, r.bound, words)))
-    for pl, pe in roles["prefill"].items():
-        for dl, de in roles["decode"].items():
-            for pw in range(1, min(max_workers, (n - de.gpus) // pe.gpus) + 1):
+            cand = Candidate(*_fields(res, label, est, n, c, r, r.bound, words))
+            res.candidates.append(cand)
+            return cand.meets_targets
+
+        ok = {c: one(c) for c in conc}
+        if refine:
+            refine_concurrency(one, conc, ok.get)
+    prefills = list(roles["prefill"].items())
+    for dl, de in roles["decode"].items():
+        counts = []
+        for pl, pe in prefills:
+            counts.append([])
+            for pw in range(1, (n - de.gpus) // pe.gpus + 1):
                 rest = n - pw * pe.gpus
-                if rest % de.gpus == 0 and rest // de.gpus <= max_workers:
-                    for c in conc:
-                        if not _evaluate_disagg(res, pl, pe, pw, dl, de, rest // de.gpus, c, params):
-                            break  # more clients only grow the decode batch
+                if rest % de.gpus == 0 and (max_workers is None or max(pw, rest // de.gpus) <= max_workers):
+                    counts[-1].append((pw, rest // de.gpus))
+            _count(res, "disagg layout pair")
+        evaluate_disagg(res, prefills, dl, de, counts, conc, params, refine)
     return _finish(res)

@@ -1,20 +1,29 @@
 """Search deployments: every layout (:mod:`.space`) at every benchmark concurrency, through the
 serving model (:func:`infercast.serving.agg.serve_agg`: what a closed-loop benchmark with that many
-clients would measure; :func:`search_disagg`: prefill and decode layouts with worker counts through
-:func:`infercast.api.serve_disagg`), filtered by latency targets and reduced to the Pareto
-frontier and one recommendation (:mod:`.pareto`).
+clients would measure; :func:`search_disagg`: prefill and decode layouts with any worker counts
+that fit the GPU budget, through the disaggregated model of :mod:`infercast.serving.disagg`, the
+deployments of one decode layout solved together as arrays), filtered by latency targets and
+reduced to the Pareto frontier and one recommendation (:mod:`.pareto`); :func:`search_backends`
+runs a search on several backends and ranks them together.
 
 Concurrency is the number of clients of one replica (over its attention-DP ranks); by default the
 powers of two from 1 to ``DEFAULT_MAX_CONCURRENCY``, and with ``cap_concurrency`` none beyond the
-most requests a searched deployment runs at once (its KV cache, the backend's max batch size). A layout whose weights do not fit, or whose model /
-data cannot be served (no table for a quant mode, a shape out of the data's reach), is skipped
-with the reason, never guessed.
+most requests a searched deployment runs at once (its KV cache, the backend's max batch size).
+On the default grid, where a layout or deployment goes from meeting the targets to missing them
+between two grid points, the concurrencies between are searched for the largest that meets them
+(``refine``). A layout whose weights do not fit, or whose model / data cannot be served (no table
+for a quant mode, a shape out of the data's reach), is skipped with the reason, never guessed;
+:attr:`SearchResult.evaluated` and :attr:`SearchResult.refused` count what was evaluated and
+refused, by kind and reason.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
+from itertools import pairwise
+
+import numpy as np
 
 from ..errors import InfercastError, InvalidInputError
 from ..report.layout import plural
@@ -50,6 +59,7 @@ class Candidate:
     bound: str
     meets_targets: bool = True
     description: str = ""  # the deployment's GPUs and layout in words
+    backend: str = ""  # the serving backend (several in a search of every backend: search_backends)
 
 
 @dataclass
@@ -70,12 +80,39 @@ class SearchResult:
     concurrencies: list[int] = field(default_factory=list)  # the concurrencies evaluated
     max_concurrency: int | None = None  # the most requests a deployment searched runs at once
     reason: str | None = None  # why there is no recommendation (best is None)
+    decode_system: str | None = None  # disagg: the decode workers' system when not ``system``
+    evaluated: dict[str, int] = field(default_factory=dict)  # kind of candidate -> how many were evaluated
+    refused: dict[str, int] = field(default_factory=dict)  # "kind: reason" -> how many were refused
 
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["frontier"] = [asdict(self.candidates[i]) for i in self.frontier]
-        d["best"] = asdict(self.candidates[self.best]) if self.best is not None else None
+    def to_dict(self, candidates: bool = True) -> dict:
+        """The result as plain data (what :func:`dataclasses.asdict` gives, built field by field:
+        a search holds tens of thousands of flat candidates); ``frontier`` and ``best`` as the
+        candidates themselves. ``candidates=False`` leaves the full list out."""
+        d: dict = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "candidates":
+                if candidates:
+                    d[f.name] = [candidate_dict(c) for c in v]
+            else:
+                d[f.name] = dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v
+        d["frontier"] = [candidate_dict(self.candidates[i]) for i in self.frontier]
+        d["best"] = candidate_dict(self.candidates[self.best]) if self.best is not None else None
         return d
+
+
+def candidate_dict(c: Candidate) -> dict:
+    """A candidate's fields as a dict (they are all scalars: the same as ``asdict``, faster)."""
+    return {name: getattr(c, name) for name in _field_names(type(c))}
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    if cls not in _FIELD_NAMES:
+        _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return _FIELD_NAMES[cls]
 
 
 def _positive(name: str, v, kind=float, required: bool = False):
@@ -125,6 +162,7 @@ def search_agg(
     systems_path=None,
     scheduler: dict | None = None,
     cap_concurrency: bool = False,
+    refine: bool | None = None,
     **estimator_kw,
 ) -> SearchResult:
     """Evaluate every layout of at most ``max_gpus`` GPUs (default: one node) at each concurrency.
@@ -134,7 +172,10 @@ def search_agg(
     scheduler defaults. Targets are on the mean TTFT and mean TPOT, as benchmarks report them;
     None or ``math.inf``: no target (``infercast search`` defaults to :data:`DEFAULT_TTFT_MS` and
     :data:`DEFAULT_TPOT_MS`). ``cap_concurrency``: evaluate no concurrency beyond the most
-    requests a searched layout runs at once (refuse a given one; :func:`_fit_concurrencies`)."""
+    requests a searched layout runs at once (refuse a given one; :func:`_fit_concurrencies`).
+    ``refine`` (default: when ``concurrencies`` is not given): per layout, bisect between the grid
+    points where meeting the targets flips, for the largest concurrency that meets them
+    (:func:`refine_concurrency`)."""
     from dataclasses import replace
 
     from ..serving.backends import scheduler_params
@@ -149,9 +190,52 @@ def search_agg(
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, (
         (lay.label, est.plan.parallel.attention_dp * rank_capacity(est, res.isl, res.osl, params))
         for lay, est in ests.items()))
+    refine = concurrencies is None if refine is None else refine
     for lay, est in ests.items():
-        _evaluate(res, est, lay, conc, params)
+        _evaluate(res, est, lay, conc, params, refine)
     return _finish(res)
+
+
+def search_backends(search, model: str, system: str, backends: list[str], isl: int, osl: int, **kw) -> tuple[SearchResult, dict]:
+    """``search`` (:func:`search_agg`, :func:`search_disagg` or
+    :func:`~infercast.search.fixed.search_fixed`) on each of ``backends`` with the same
+    arguments, ranked together: (one result whose candidates are all backends' -- each naming its
+    ``backend`` -- with its own frontier and best, {backend: its own result}). A backend whose
+    search cannot start (no data for the model's quant, ...) is refused with the reason; when
+    every backend is, the first one's error is raised."""
+    from dataclasses import replace
+
+    if not backends:
+        raise InvalidInputError(f"no serving backend has data for {system}")
+    per: dict[str, SearchResult] = {}
+    errors: dict[str, InfercastError] = {}
+    for b in backends:
+        try:
+            per[b] = search(model, system, b, isl, osl, **kw)
+        except InvalidInputError:
+            raise  # the same bad input for every backend
+        except InfercastError as exc:
+            errors[b] = exc
+    if not per:
+        raise next(iter(errors.values()))
+    first = next(iter(per.values()))
+    merged = SearchResult(first.model, system, "+".join(per), "/".join(str(r.backend_version) for r in per.values()),
+                          first.isl, first.osl, first.max_gpus, first.ttft_max_ms, first.tpot_max_ms,
+                          concurrencies=list(first.concurrencies))
+    for b, exc in errors.items():
+        refuse(merged, b, "backend", str(exc), exc)
+    for b, r in per.items():
+        merged.candidates.extend(replace(c, description=f"{b}: {c.description}") for c in r.candidates)
+        merged.skipped.update({f"{b} {k}": v for k, v in r.skipped.items()})
+        for kind, n in r.evaluated.items():
+            _count(merged, kind, n)
+        for why, n in r.refused.items():
+            merged.refused[why] = merged.refused.get(why, 0) + n
+        if r.max_concurrency is not None:
+            merged.max_concurrency = max(merged.max_concurrency or 0, r.max_concurrency)
+    merged.concurrencies = sorted({c for r in per.values() for c in r.concurrencies})
+    _count(merged, "backend", len(backends))
+    return _finish(merged), per
 
 
 def _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version, systems_path,
@@ -172,6 +256,49 @@ def _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_ma
 
 def _is_inf(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == math.inf
+
+
+def _count(res: SearchResult, kind: str, n: int = 1) -> None:
+    res.evaluated[kind] = res.evaluated.get(kind, 0) + n
+
+
+def refuse(res: SearchResult, key: str, kind: str, why: str, reason: str | BaseException | None = None) -> None:
+    """Record that ``key`` (a layout, a deployment, a deployment at a concurrency) of ``kind`` was
+    refused: ``why`` under ``res.skipped``, and one more under ``res.refused["kind: reason"]``,
+    the reason being the error's class name when ``reason`` is an exception."""
+    res.skipped[key] = why
+    if isinstance(reason, BaseException):
+        reason = _reason_name(reason)
+    k = f"{kind}: {reason or why}"
+    res.refused[k] = res.refused.get(k, 0) + 1
+
+
+def _reason_name(exc: BaseException) -> str:
+    """A short reason for a refusal: the error class in words (``DoesNotFitError`` -> "does not fit")."""
+    import re
+
+    name = type(exc).__name__.removesuffix("Error")
+    return re.sub(r"(?<!^)(?=[A-Z])", " ", name).lower() or "error"
+
+
+def refine_concurrency(evaluate, grid: list[int], ok_at) -> None:
+    """Resolve the largest concurrency that meets the targets more finely than ``grid``: where
+    ``ok_at(c)`` (True / False: meets the targets at ``c``; None: not evaluated or refused) flips
+    from True at one grid point to False at the next, bisect the integers between them, calling
+    ``evaluate(c)`` (which returns the same as ``ok_at``) for each probe. Assumes meeting the
+    targets is monotone in the clients between the two points (more clients never lower TTFT
+    or TPOT in the serving models)."""
+    seen = [(c, ok_at(c)) for c in grid]
+    seen = [(c, ok) for c, ok in seen if ok is not None]
+    for (lo, ok_lo), (hi, ok_hi) in pairwise(seen):
+        if ok_lo and not ok_hi:
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                ok = evaluate(mid)
+                if ok is None:
+                    break
+                lo, hi = (mid, hi) if ok else (lo, mid)
+            return
 
 
 def rank_capacity(est, isl: int, osl: int, params) -> int:
@@ -219,16 +346,18 @@ def _estimators(res: SearchResult, base, model, space, backend_version, systems_
     from ..api import Estimator
 
     lays, skipped = space
-    res.skipped.update(skipped)
+    for label, why in skipped.items():
+        refuse(res, label, "layout", why, "does not shard the model")
     out = {}
     for lay in filter(keep, lays):
+        _count(res, "layout")
         try:
             out[lay] = make(lay) if make is not None else base if lay == Layout() else Estimator(
                 model, res.system, res.backend, backend_version,
                 lay.tp, lay.pp, attention_dp=lay.attention_dp, moe_tp=lay.moe_tp, moe_ep=lay.moe_ep,
                 systems_path=systems_path, **estimator_kw)
         except InfercastError as exc:
-            res.skipped[lay.label] = str(exc)
+            refuse(res, lay.label, "layout", str(exc), exc)
     return out
 
 
@@ -265,21 +394,33 @@ def _fields(res: SearchResult, label: str, est, gpus: int, c: int, r, bound: str
     return (label, p.tp, p.pp, p.attention_dp, p.etp, p.ep, gpus, c, r.ttft_ms, r.tpot_ms, r.ttft_p90_ms, r.tpot_p90_ms,
             r.request_latency_ms, r.tokens_per_s_per_gpu, r.tokens_per_s_per_user, bound,
             meets(r.ttft_ms, r.tpot_ms, res.ttft_max_ms, res.tpot_max_ms),
-            est.layout_words if description is None else description)
+            est.layout_words if description is None else description, est.data.backend)
 
 
-def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params) -> None:
+def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refine: bool = False) -> None:
+    """Add ``lay`` (estimator ``est``) at each concurrency of ``conc`` to ``res`` (with ``refine``,
+    then at the concurrencies :func:`refine_concurrency` probes)."""
     from ..api import serve_agg_replica
 
-    for c in conc:
+    ok: dict[int, bool | None] = {}
+
+    def one(c: int) -> bool | None:
+        _count(res, "agg candidate")
         try:
             r, _ = serve_agg_replica(est, c, res.isl, res.osl, params)
         except InfercastError as exc:
-            res.skipped[f"{lay.label}@c{c}"] = str(exc)
-            if c == conc[0]:
-                return  # not even the fewest clients fit: the layout does not serve this workload
-            continue
-        res.candidates.append(Candidate(*_fields(res, lay.label, est, est.gpus, c, r, r.bound)))
+            refuse(res, f"{lay.label}@c{c}", "agg candidate", str(exc), exc)
+            return None
+        cand = Candidate(*_fields(res, lay.label, est, est.gpus, c, r, r.bound))
+        res.candidates.append(cand)
+        return cand.meets_targets
+
+    for c in conc:
+        ok[c] = one(c)
+        if ok[c] is None and c == conc[0]:
+            return  # not even the fewest clients fit: the layout does not serve this workload
+    if refine:
+        refine_concurrency(one, conc, ok.get)
 
 
 # ---- disaggregated ------------------------------------------------------------------------------
@@ -297,8 +438,25 @@ class DisaggCandidate(Candidate):
     prefill_utilisation: float = 0.0
 
 
-def _worker_counts(gp: int, gd: int, max_gpus: int, max_workers: int) -> list[tuple[int, int]]:
-    return [(p, d) for p in range(1, max_workers + 1) for d in range(1, max_workers + 1) if p * gp + d * gd <= max_gpus]
+#: concurrencies probed inside each bracket per refinement round of a disaggregated search
+#: (:func:`evaluate_disagg`): a bracket of 512 clients resolves in three rounds
+REFINE_PROBES = 8
+
+
+def _worker_counts(gp: int, gd: int, max_gpus: int, max_workers: int | None) -> list[tuple[int, int]]:
+    """(prefill workers, decode workers) of ``gp`` and ``gd`` GPUs each that fit in ``max_gpus``
+    (each count at most ``max_workers``; None: as many as fit)."""
+    cap_p = max_gpus // gp if max_workers is None else min(max_workers, max_gpus // gp)
+    return [(p, d) for p in range(1, cap_p + 1)
+            for d in range(1, ((max_gpus - p * gp) // gd if max_workers is None else min(max_workers, (max_gpus - p * gp) // gd)) + 1)]
+
+
+def disagg_worker(lay: Layout, nvlink_gpus: int, total: int) -> bool:
+    """Whether ``lay`` is a disaggregated worker the search considers: fewer GPUs than ``total``
+    (one worker of the other role needs at least one; with one GPU in all, the one-GPU layout, so
+    that the search says why nothing fits), and pipeline stages only to span nodes (each stage
+    fills the NVLink domain); attention-DP x EP may span nodes."""
+    return (lay.gpus < total or lay.gpus == 1) and (lay.pp == 1 or lay.tp * lay.attention_dp >= nvlink_gpus)
 
 
 def search_disagg(
@@ -309,7 +467,7 @@ def search_disagg(
     osl: int,
     *,
     max_gpus: int | None = None,
-    max_workers: int = 8,
+    max_workers: int | None = None,
     concurrencies: list[int] | None = None,
     ttft_max_ms: float | None = None,
     tpot_max_ms: float | None = None,
@@ -317,41 +475,68 @@ def search_disagg(
     systems_path=None,
     scheduler: dict | None = None,
     cap_concurrency: bool = False,
+    refine: bool | None = None,
+    decode_system: str | None = None,
     **estimator_kw,
 ) -> SearchResult:
     """Disaggregated deployments of at most ``max_gpus`` GPUs in all (default: two nodes): a
-    prefill layout and a decode layout (each within one NVLink domain -- a node, or the rack of a
-    GB200 / GB300 NVL72 system -- without pipeline stages) times up
-    to ``max_workers`` workers of each, at each concurrency (clients of the whole deployment),
-    through :func:`infercast.api.serve_disagg`. A deployment whose decode ranks would run more
-    requests than their KV cache holds (:mod:`infercast.serving.memory`) is skipped. ``scheduler``:
-    {SchedulerParams field: value} overriding the backend's defaults in both roles.
-    ``cap_concurrency``: as :func:`search_agg`'s, the bound being the most decode workers' requests."""
+    prefill layout and a decode layout (:func:`disagg_worker`: TP within the NVLink domain,
+    attention-DP x EP or pipeline stages across nodes) times as many workers of each as fit (at
+    most ``max_workers`` each if given), at each concurrency (clients of the whole deployment),
+    through the disaggregated serving model (:mod:`infercast.serving.disagg`). A deployment
+    whose decode ranks would run more requests than their KV cache holds
+    (:mod:`infercast.serving.memory`) is skipped. ``scheduler``: {SchedulerParams field: value}
+    overriding the backend's defaults in both roles. ``cap_concurrency``: as
+    :func:`search_agg`'s, the bound being the most decode workers' requests; ``refine``: as
+    :func:`search_agg`'s, per deployment (layouts and worker counts). ``decode_system``: the
+    decode workers run on this system (prefill on ``system``; the same model, backend and data
+    version), the KV cache moving over the slower of the two systems' node-to-node links. The deployments of one decode layout are solved together, as arrays
+    (:func:`evaluate_disagg`)."""
     from dataclasses import replace
 
+    from ..api import Estimator
     from ..serving.backends import scheduler_params
 
-    max_workers = _positive("max_workers", max_workers, int, required=True)
+    max_workers = None if max_workers is None else _positive("max_workers", max_workers, int, required=True)
     conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
                              systems_path, estimator_kw)
     node = base.data.system.node
     total = res.max_gpus = 2 * node.gpus_per_node if max_gpus is None else _positive("max_gpus", max_gpus, int)
-    space = layouts(base.spec, min(total, node.nvlink_gpus), node.nvlink_gpus)
-    roles = _roles(res, _estimators(res, base, model, space, backend_version, systems_path, estimator_kw,
-                                    keep=lambda lay: lay.pp == 1))
+    dbase, dnode = base, node
+    if decode_system is not None and decode_system != system:
+        res.decode_system = decode_system
+        dbase = Estimator(model, decode_system, backend, backend_version, systems_path=systems_path, **estimator_kw)
+        dnode = dbase.data.system.node
+    pre = _estimators(res, base, model, layouts(base.spec, total, node.nvlink_gpus), backend_version, systems_path,
+                      estimator_kw, keep=lambda lay: disagg_worker(lay, node.nvlink_gpus, total))
+    roles = _roles(res, pre, ("prefill",))
+    if dbase is base:
+        roles.update(_roles(res, pre, ("decode",)))
+    else:
+        def make(lay: Layout):
+            return dbase if lay == Layout() else Estimator(
+                model, decode_system, backend, backend_version, lay.tp, lay.pp, attention_dp=lay.attention_dp,
+                moe_tp=lay.moe_tp, moe_ep=lay.moe_ep, systems_path=systems_path, **estimator_kw)
+
+        dec = _estimators(res, dbase, model, layouts(dbase.spec, total, dnode.nvlink_gpus), backend_version, systems_path,
+                          estimator_kw, keep=lambda lay: disagg_worker(lay, dnode.nvlink_gpus, total), make=make)
+        roles.update(_roles(res, dec, ("decode",)))
     params = replace(scheduler_params(backend, base.data.system, base.spec), **scheduler) if scheduler else None
+    params_d = replace(scheduler_params(backend, dbase.data.system, dbase.spec), **scheduler) if scheduler else None
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, decode_holders(
-        res, roles, total, max_workers, params or scheduler_params(backend, base.data.system, base.spec)))
-    for pl, pe in roles["prefill"].items():
-        for dl, de in roles["decode"].items():
-            counts = _worker_counts(pe.gpus, de.gpus, total, max_workers)
-            if not counts:
-                res.skipped[f"P {pl.label} D {dl.label}"] = (
-                    f"one prefill worker ({plural(pe.gpus, 'GPU')}) and one decode worker ({de.gpus}) exceed {plural(total, 'GPU')}")
-            for pw, dw in counts:
-                for c in conc:
-                    if not _evaluate_disagg(res, pl, pe, pw, dl, de, dw, c, params):
-                        break  # more clients only grow the decode batch
+        res, roles, total, max_workers, params_d or scheduler_params(backend, dbase.data.system, dbase.spec)))
+    refine = concurrencies is None if refine is None else refine
+    prefills = list(roles["prefill"].items())
+    for dl, de in roles["decode"].items():
+        counts = []
+        for pl, pe in prefills:
+            _count(res, "disagg layout pair")
+            counts.append(_worker_counts(pe.gpus, de.gpus, total, max_workers))
+            if not counts[-1]:
+                refuse(res, f"P {pl.label} D {dl.label}", "disagg layout pair",
+                       f"one prefill worker ({plural(pe.gpus, 'GPU')}) and one decode worker ({de.gpus}) exceed "
+                       f"{plural(total, 'GPU')}", "exceeds the GPU budget")
+        evaluate_disagg(res, prefills, dl, de, counts, conc, params, refine, params_decode=params_d)
     return _finish(res)
 
 
@@ -364,7 +549,9 @@ def decode_holders(res: SearchResult, roles: dict, gpus: int, max_workers: int, 
         return []
     out = []
     for dl, de in roles["decode"].items():
-        w = min(max_workers, (gpus - prefill_gpus) // de.gpus)
+        w = (gpus - prefill_gpus) // de.gpus
+        if max_workers is not None:
+            w = min(max_workers, w)
         if w < 1:
             continue
         out.append((f"{plural(w, 'decode worker')} of {dl.label}",
@@ -372,46 +559,169 @@ def decode_holders(res: SearchResult, roles: dict, gpus: int, max_workers: int, 
     return out
 
 
-def _roles(res: SearchResult, ests: dict) -> dict[str, dict]:
+def _roles(res: SearchResult, ests: dict, only: tuple[str, ...] = ("prefill", "decode")) -> dict[str, dict]:
     """{"prefill" | "decode": {layout: estimator}}: the layouts one request fits on in that role
-    (a prompt of ``isl`` tokens; ``isl + osl`` for decode); the others go to ``res.skipped``."""
+    (a prompt of ``isl`` tokens; ``isl + osl`` for decode); the others go to ``res.skipped``.
+    ``only``: the roles to fill."""
     from ..api import one_request_misfit
 
     roles: dict[str, dict] = {}
     for role, tokens in (("prefill", res.isl), ("decode", res.isl + res.osl)):
+        if role not in only:
+            continue
         roles[role] = {}
         for lay, e in ests.items():
             why = one_request_misfit(e, tokens)
             if why:
-                res.skipped[f"{role} {lay.label}"] = f"does not fit: {why}"
+                refuse(res, f"{role} {lay.label}", f"{role} layout", f"does not fit: {why}", "does not fit")
             else:
                 roles[role][lay] = e
     return roles
 
 
-def _evaluate_disagg(res: SearchResult, pl: Layout, pe, pw: int, dl: Layout, de, dw: int, c: int, params=None) -> bool:
-    """Add ``pw`` prefill workers of ``pl`` and ``dw`` decode workers of ``dl`` at ``c`` clients to
-    ``res``; False when the decode ranks' KV cache cannot hold their batch (more clients would not
-    fit either). ``params``: one scheduler for both roles (default: the backend's)."""
-    from ..api import serve_disagg
+class DisaggGroup:
+    """One decode layout and the prefill layouts paired with it in a disaggregated search: what
+    every deployment of them shares (schedulers, the KV transfer per prefill layout), and
+    :meth:`solve` for many deployments and client counts at once. The same model as
+    :func:`infercast.api.serve_disagg` (whose per-deployment checks the search has already made:
+    :func:`_roles`), without its per-op notes."""
 
-    label = f"P{pw}x{pl.label} D{dw}x{dl.label}"
+    def __init__(self, res: SearchResult, prefills: list, dl: Layout, de, params=None, params_decode=None):
+        from ..serving.backends import scheduler_params
+        from ..serving.disagg import kv_transfer_ms
+
+        self.res, self.prefills, self.dl, self.de = res, prefills, dl, de
+        self.pd = params_decode or params or scheduler_params(de.data.backend, de.data.system, de.spec)
+        self.solvers = []
+        dnode = de.data.system.node
+        for _, pe in prefills:
+            node = pe.data.system.node
+            # the KV cache leaves the prefill system's nodes and enters the decode system's: the
+            # slower link and the longer latency of the two (the same node on one system)
+            bw, lat = min(node.inter_node_bw, dnode.inter_node_bw), max(node.p2p_latency_s, dnode.p2p_latency_s)
+            self.solvers.append((pe.engine, params or scheduler_params(pe.data.backend, pe.data.system, pe.spec),
+                                 pe.plan.parallel.attention_dp, kv_transfer_ms(pe.memory.kv_per_token, res.isl, pe.gpus, bw, lat)))
+
+    def solve(self, which, pw, dw, c, vectorised: bool = True) -> list:
+        """:class:`~infercast.serving.disagg.DisaggResult` per element of the equal-length
+        sequences ``which`` (index of the prefill layout), ``pw`` (prefill workers), ``dw``
+        (decode workers), ``c`` (clients), with ``decode_kv_capacity`` set; ``vectorised=False``:
+        one scalar solve each (the reference the array path is tested against)."""
+        from ..serving.disagg import solve_disagg, solve_disagg_many
+
+        res, de = self.res, self.de
+        which, pw, dw, c = (np.asarray(x, dtype=np.int64) for x in (which, pw, dw, c))
+        gp = np.array([pe.gpus for _, pe in self.prefills], dtype=np.int64)
+        gpus = pw * gp[which] + dw * de.gpus
+        ddp = de.plan.parallel.attention_dp
+        if vectorised:
+            out = solve_disagg_many(self.solvers, de.engine, c.astype(float), res.isl, res.osl, pw, dw, ddp, 1, self.pd,
+                                    gpus, which)
+        else:
+            out = []
+            for i, ci, p, d, g in zip(which, c, pw, dw, gpus):
+                eng, pp, pdp, transfer = self.solvers[i]
+                out.append(solve_disagg(eng, de.engine, float(ci), res.isl, res.osl, int(p), int(d), ddp, 1, pp, self.pd,
+                                        transfer, int(g), prefill_dp=pdp))
+        for r in out:
+            r.decode_kv_capacity = de.memory.capacity_for(r.decode_batch) / (res.isl + res.osl)
+        return out
+
+    def add(self, i: int, pw: int, dw: int, c: int, r) -> bool | None:
+        """Add deployment (prefill layout ``i``, ``pw``, ``dw``) at ``c`` clients with result
+        ``r`` to the search result: whether it meets the targets, or None when the decode ranks'
+        KV cache cannot hold their batch (refused; more clients would not fit either)."""
+        res, dl, de = self.res, self.dl, self.de
+        pl, pe = self.prefills[i]
+        label = f"P{pw}x{pl.label} D{dw}x{dl.label}"
+        _count(res, "disagg candidate")
+        if r.decode_kv_capacity is not None and r.decode_batch > r.decode_kv_capacity:
+            refuse(res, f"{label}@c{c}", "disagg candidate",
+                   f"a decode rank would run {r.decode_batch:.0f} requests; its KV cache holds "
+                   f"{r.decode_kv_capacity:.0f} of {res.isl}+{res.osl} tokens", "decode KV cache overflows")
+            return None
+        gpus = pw * pe.gpus + dw * de.gpus
+        words = (f"{plural(gpus, 'GPU')}: {plural(pw, 'prefill worker')} x ({pe.layout_words}) + "
+                 f"{plural(dw, 'decode worker')} x ({de.layout_words})")
+        cand = DisaggCandidate(
+            *_fields(res, label, de, gpus, c, r, f"prefill util {r.prefill_utilisation:.2f}", words),
+            prefill_layout=pl.label, prefill_workers=pw, decode_layout=dl.label, decode_workers=dw,
+            prefill_utilisation=r.prefill_utilisation,
+        )
+        res.candidates.append(cand)
+        return cand.meets_targets
+
+
+def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: list[list[tuple[int, int]]],
+                    conc: list[int], params=None, refine: bool = False, vectorised: bool = True,
+                    params_decode=None) -> None:
+    """Add, for each (prefill layout, estimator) of ``prefills`` with decode layout ``dl``
+    (estimator ``de``), every (prefill workers, decode workers) of its list in ``counts`` at each
+    concurrency of ``conc`` to ``res``, in that order; a deployment's concurrencies stop at the
+    first whose decode batch overflows the KV cache. With ``refine``, then where a deployment's
+    grid flips from meeting the targets to missing them, the largest concurrency that meets them
+    is resolved to the client: rounds of :data:`REFINE_PROBES` evenly spaced probes inside each
+    bracket (assuming, as :func:`refine_concurrency` does, that meeting the targets is monotone
+    in the clients), all deployments' probes solved together. ``vectorised``: solve them all as arrays
+    (:func:`~infercast.serving.disagg.solve_disagg_many`), else one by one. ``params`` /
+    ``params_decode``: the prefill / decode schedulers (default: each backend's; decode defaults
+    to ``params``)."""
+    keep = [j for j, cs in enumerate(counts) if cs]
+    if not keep or not conc:
+        return
+    prefills, counts = [prefills[j] for j in keep], [counts[j] for j in keep]
+    group = DisaggGroup(res, prefills, dl, de, params, params_decode)
+    grid = [(i, pw, dw, c) for i, cs in enumerate(counts) for pw, dw in cs for c in conc]
     try:
-        r = serve_disagg(pe, de, concurrency=c, isl=res.isl, osl=res.osl, prefill_workers=pw, decode_workers=dw,
-                         params_prefill=params, params_decode=params)
+        out = group.solve(*zip(*grid), vectorised=vectorised)
     except InfercastError as exc:
-        res.skipped[f"{label}@c{c}"] = str(exc)
-        return True
-    if r.decode_kv_capacity is not None and r.decode_batch > r.decode_kv_capacity:
-        res.skipped[f"{label}@c{c}"] = (f"a decode rank would run {r.decode_batch:.0f} requests; its KV "
-                                        f"cache holds {r.decode_kv_capacity:.0f} of {res.isl}+{res.osl} tokens")
-        return False
-    gpus = pw * pe.gpus + dw * de.gpus
-    words = (f"{plural(gpus, 'GPU')}: {plural(pw, 'prefill worker')} x ({pe.layout_words}) + "
-             f"{plural(dw, 'decode worker')} x ({de.layout_words})")
-    res.candidates.append(DisaggCandidate(
-        *_fields(res, label, de, gpus, c, r, f"prefill util {r.prefill_utilisation:.2f}", words),
-        prefill_layout=pl.label, prefill_workers=pw, decode_layout=dl.label, decode_workers=dw,
-        prefill_utilisation=r.prefill_utilisation,
-    ))
-    return True
+        # one prefill layout's prompt does not fit its token budget: solve them one by one
+        if len(prefills) > 1:
+            for pair in zip(prefills, counts):
+                evaluate_disagg(res, [pair[0]], dl, de, [pair[1]], conc, params, refine, vectorised, params_decode)
+            return
+        _count(res, "disagg candidate", len(grid))
+        refuse(res, f"P {prefills[0][0].label} D {dl.label}", "disagg layout pair", str(exc), exc)
+        return
+    status: dict[tuple[int, int, int], dict[int, bool | None]] = {}
+    it = iter(out)
+    for i, cs in enumerate(counts):
+        for pw, dw in cs:
+            seen = status[i, pw, dw] = {}
+            for c in conc:
+                r = next(it)
+                seen[c] = group.add(i, pw, dw, c, r)
+                if seen[c] is None:
+                    break  # more clients only grow the decode batch
+            for _ in conc[len(seen):]:
+                next(it)
+    if not refine:
+        return
+    brackets = {}
+    for key, seen in status.items():
+        pts = [(c, ok) for c, ok in seen.items() if ok is not None]
+        for (lo, ok_lo), (hi, ok_hi) in pairwise(pts):
+            if ok_lo and not ok_hi:
+                if hi - lo > 1:
+                    brackets[key] = (lo, hi)
+                break
+    while brackets:
+        # each round probes REFINE_PROBES evenly spaced concurrencies inside every bracket, all
+        # deployments at once (one array solve per round: its cost is mostly per call, not per probe)
+        probes = {key: sorted({lo + (hi - lo) * j // (REFINE_PROBES + 1) for j in range(1, REFINE_PROBES + 1)} - {lo, hi})
+                  for key, (lo, hi) in brackets.items()}
+        flat = [(key, c) for key, cs in probes.items() for c in cs]
+        out = dict(zip(flat, group.solve(*zip(*(key for key, _ in flat)), [c for _, c in flat], vectorised=vectorised)))
+        for key, cs in probes.items():
+            lo, hi = brackets.pop(key)
+            for c in cs:  # ascending, up to the first that misses the targets or overflows the KV cache
+                ok = group.add(*key, c, out[key, c])
+                if ok is None:
+                    hi = lo  # no further refinement of this deployment
+                    break
+                if not ok:
+                    hi = c
+                    break
+                lo = c
+            if hi - lo > 1:
+                brackets[key] = (lo, hi)

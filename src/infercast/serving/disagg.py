@@ -49,8 +49,11 @@ import numpy as np
 
 from .backends import SchedulerParams
 from .result import (
+    PERCENTILES,
+    QUANTILE_POINTS,
     Distribution,
     ServingMetrics,
+    _unit_exponential,
     blend_parts,
     exponential_tail,
     mixture,
@@ -126,6 +129,53 @@ def _decode_step(engine, params: SchedulerParams, d: float, kv: float) -> float:
     return params.step_ms(engine.decode_scalar(d, kv, params.graph_pad(d)), d)
 
 
+class _PrefillService:
+    """What the prefill side of :func:`solve_disagg` needs, independent of the worker counts and
+    the clients: the scheduler (with the router's front end), prompts per step and the batch cap,
+    and each batch size's wall time (memoised)."""
+
+    def __init__(self, prefill_engine, isl: int, prefill_batch: int, params_prefill: SchedulerParams):
+        # a disaggregated deployment is fronted by its router (e.g. Dynamo's), not the engine's API
+        # server, whose per-stream work and prompt tokenisation ``front_end_per_stream_ms`` and
+        # ``front_end_per_prompt_token_ms`` stand for: the base time only
+        self.params = params = params_prefill.for_streams(0)
+        self.engine, self.isl = prefill_engine, isl
+        pb = max(1, int(prefill_batch))
+        budget = params.max_num_tokens
+        check_prompt_fits_budget(isl, params)
+        self.cost: dict[int, float] = {}  # prompts in a prefill batch -> its wall time (ms)
+        if isl <= budget:
+            self.per_step = max(1, min(pb, budget // isl))
+            # under load a prefill rank batches the prompts waiting for it, up to its token budget
+            self.cap = max(self.per_step, budget // isl) if ADAPTIVE_PREFILL_BATCH else self.per_step
+        else:  # one prompt, chunked over several steps
+            chunks = math.ceil(isl / budget)
+            chunk = isl / chunks
+            self.per_step = self.cap = 1
+            self.cost[1] = sum(
+                params.step_ms(prefill_engine.mixed_step_ms([1], [chunk], [i * chunk], 0.0, 1.0), 1) for i in range(chunks)
+            )
+
+    def batch_ms(self, k: int) -> float:
+        if k not in self.cost:
+            self.cost[k] = self.params.step_ms(self.engine.mixed_step_ms([k], [self.isl], [0.0], 0.0, 1.0), k)
+        return self.cost[k]
+
+    def batch_ms_many(self, k: np.ndarray) -> np.ndarray:
+        """:meth:`batch_ms` of each of an integer array."""
+        u, inv = np.unique(k, return_inverse=True)
+        return np.array([self.batch_ms(int(x)) for x in u])[inv].reshape(k.shape)
+
+
+def _out_steps(decode_engine, osl: int, transfer_ms: float) -> tuple[float, float]:
+    """(decode steps per request, KV transfer ms): none and 0 with one output token (the prefill
+    worker's first token completes the request; no KV moves)."""
+    tau = float(getattr(decode_engine, "tokens_per_step", 1.0))  # output tokens per decode step (MTP)
+    if osl <= 1:
+        return 0.0, 0.0
+    return max((osl - 1) / tau, 1.0), transfer_ms
+
+
 def solve_disagg(
     prefill_engine,
     decode_engine,
@@ -142,45 +192,22 @@ def solve_disagg(
     gpus: int,
     iterations: int = 30,
     prefill_dp: int = 1,
+    prefill_service: _PrefillService | None = None,
 ) -> DisaggResult:
+    """The steady state and first wave of one deployment (module docstring);
+    :func:`solve_disagg_many` solves many worker counts and client counts at once.
+    ``prefill_service``: a :class:`_PrefillService` of the same prefill engine, ``isl``,
+    ``prefill_batch`` and scheduler, to reuse its memoised batch times."""
     C = float(concurrency)
-    # a disaggregated deployment is fronted by its router (e.g. Dynamo's), not the engine's API
-    # server, whose per-stream work and prompt tokenisation ``front_end_per_stream_ms`` and
-    # ``front_end_per_prompt_token_ms`` stand for: the base time only
-    params_prefill = params_prefill.for_streams(0)
+    ps = prefill_service or _PrefillService(prefill_engine, isl, prefill_batch, params_prefill)
+    params_prefill = ps.params
     # each attention-DP rank of a prefill worker prefills its own requests
     servers = max(prefill_workers * max(prefill_dp, 1), 1)
-    tau = float(getattr(decode_engine, "tokens_per_step", 1.0))  # output tokens per decode step (MTP)
-    if osl <= 1:
-        # one output token: the prefill worker's first token completes the request; no KV moves
-        # and the decode pool does nothing
-        out_steps, transfer_ms = 0.0, 0.0
-    else:
-        out_steps = max((osl - 1) / tau, 1.0)
+    out_steps, transfer_ms = _out_steps(decode_engine, osl, transfer_ms)
     ranks = max(decode_workers * decode_dp, 1)
     c_rank = C / ranks
     kv = isl + osl / 2.0
-    # prefill service: batches of up to prefill_batch prompts, chunked by the token budget
-    pb = max(1, int(prefill_batch))
-    budget = params_prefill.max_num_tokens
-    check_prompt_fits_budget(isl, params_prefill)
-    batch_cost: dict[int, float] = {}  # prompts in a prefill batch -> its wall time (ms)
-    if isl <= budget:
-        per_step = max(1, min(pb, budget // isl))
-        # under load a prefill rank batches the prompts waiting for it, up to its token budget
-        batch_cap = max(per_step, budget // isl) if ADAPTIVE_PREFILL_BATCH else per_step
-    else:  # one prompt, chunked over several steps
-        chunks = math.ceil(isl / budget)
-        chunk = isl / chunks
-        per_step = batch_cap = 1
-        batch_cost[1] = sum(
-            params_prefill.step_ms(prefill_engine.mixed_step_ms([1], [chunk], [i * chunk], 0.0, 1.0), 1) for i in range(chunks)
-        )
-
-    def batch_ms(k: int) -> float:
-        if k not in batch_cost:
-            batch_cost[k] = params_prefill.step_ms(prefill_engine.mixed_step_ms([k], [isl], [0.0], 0.0, 1.0), k)
-        return batch_cost[k]
+    per_step, batch_cap, batch_ms = ps.per_step, ps.cap, ps.batch_ms
 
     service_batch = batch_ms(per_step)
     d = c_rank * out_steps / (out_steps + 2.0)
@@ -212,21 +239,58 @@ def solve_disagg(
             break
         ttft, d = 0.5 * (ttft + ttft_new), 0.5 * (d + d_new)
     step = _decode_step(decode_engine, params_decode, max(d, 1.0), kv)
+    return _disagg_result(ps, C, osl, servers, out_steps, transfer_ms, gpus, ttft, d, step, rho, k_steady, lam)
+
+
+def _ttft_percentiles(first_batch: float, front: float, n_batches: int, wait_mean: float, p_zero: float, shift: float,
+                      k: float) -> list[float]:
+    """The TTFT percentiles (:data:`~infercast.serving.result.PERCENTILES`) of :func:`_disagg_result`'s
+    per-request mixture, by the same array operations as building it from
+    :class:`~infercast.serving.result.Distribution` parts (so the same values), without the
+    objects: the array solver's per-candidate cost."""
+    fv = np.arange(1, n_batches + 1) * first_batch + front
+    fw = np.ones(n_batches)
+    p_zero = min(max(float(p_zero), 0.0), 1.0)
+    if wait_mean <= 0 or p_zero >= 1.0:
+        sv, sw = np.array([0.0]), np.array([1.0])
+    else:
+        x, x_mean = _unit_exponential(QUANTILE_POINTS)
+        tv, tw = x * (wait_mean / (1.0 - p_zero) / x_mean), np.ones(QUANTILE_POINTS)
+        if p_zero > 0:
+            one = np.array([1.0])
+            sv, sw = np.concatenate((np.array([0.0]), tv)), np.concatenate((one / one.sum() * p_zero, tw / tw.sum() * (1.0 - p_zero)))
+        else:
+            sv, sw = tv, tw
+    sv = sv + float(shift)
+    vals = np.concatenate((fv, sv))
+    wts = np.concatenate((fw / fw.sum() * (1.0 / k), sw / sw.sum() * ((k - 1.0) / k)))
+    o = np.argsort(vals, kind="stable")
+    cw = np.cumsum(wts[o])
+    ordered = vals[o]
+    last = len(o) - 1
+    return [float(ordered[min(int(np.searchsorted(cw, q / 100.0 * cw[-1] * (1.0 - 1e-12))), last)]) for q in PERCENTILES]
+
+
+def _disagg_result(ps: _PrefillService, C: float, osl: int, servers: int, out_steps: float, transfer_ms: float,
+                   gpus: int, ttft: float, d: float, step: float, rho: float, k_steady: int, lam: float,
+                   lean: bool = False) -> DisaggResult:
+    """The :class:`DisaggResult` of a solved steady state: TPOT, the first wave, the means and
+    their spread (module docstring). ``lean``: the same percentiles without keeping the
+    per-request distributions (``ttft_dist`` / ``tpot_dist`` stay None)."""
+    batch_cap, per_step, batch_ms = ps.cap, ps.per_step, ps.batch_ms
+    service_batch = batch_ms(k_steady)
     tpot = (out_steps * step + transfer_ms) / max(osl - 1, 1)  # 0 with one output token (both 0 above)
     # first wave: C prompts at once over the prefill workers
     per_worker = C / servers
     kf = min(batch_cap, max(per_step, math.ceil(per_worker)))
     n_batches = math.ceil(per_worker / kf)
-    front = params_prefill.arrival_delay_ms
+    front = ps.params.arrival_delay_ms
     first_batch = batch_ms(kf)
     first = (n_batches + 1) / 2.0 * first_batch + front
     k = DISAGG_REQUESTS_PER_CLIENT
     ttft_mean = (first + (k - 1.0) * ttft) / k
     latency = ttft_mean + max(osl - 1, 1) * tpot
-    # per-request spread (module docstring)
-    first_dist = Distribution(np.arange(1, n_batches + 1) * first_batch + front, np.ones(n_batches))
     wait_mean = max(ttft - service_batch - front, 0.0)
-    steady_dist = exponential_tail(wait_mean, 1.0 - rho).shifted(ttft - wait_mean)
     res = DisaggResult(
         concurrency=C,
         ttft_ms=ttft_mean,
@@ -244,5 +308,134 @@ def solve_disagg(
             (ttft_parts(front, (n_batches - 1) / 2.0 * first_batch, first_batch), 1.0),
             (ttft_parts(front, wait_mean, ttft - front - wait_mean), k - 1.0)),
     )
+    # per-request spread (module docstring)
+    if lean:
+        for q, v in zip(PERCENTILES, _ttft_percentiles(first_batch, front, n_batches, wait_mean, 1.0 - rho, ttft - wait_mean, k)):
+            setattr(res, f"ttft_p{q}_ms", v)
+            setattr(res, f"tpot_p{q}_ms", float(tpot))
+        return res
+    first_dist = Distribution(np.arange(1, n_batches + 1) * first_batch + front, np.ones(n_batches))
+    steady_dist = exponential_tail(wait_mean, 1.0 - rho).shifted(ttft - wait_mean)
     res.set_percentiles(mixture((first_dist, 1.0 / k), (steady_dist, (k - 1.0) / k)), Distribution.point(tpot))
     return res
+
+
+def _decode_step_many(engine, params: SchedulerParams, d: np.ndarray, kv: float) -> np.ndarray:
+    """:func:`_decode_step` of each of an array of decode batches, through the engine's array
+    path (equal to the scalar path to rounding)."""
+    sizes = np.asarray(params.graph_batch_sizes or (), dtype=float)
+    pad = np.zeros_like(d)
+    if sizes.size:
+        held = (d > 0) & (d <= sizes[-1])
+        i = np.searchsorted(sizes, d[held] - 1e-9)
+        pad[held] = sizes[i] - d[held]
+    gpu = engine.step_ms(dec_batch=d, dec_kv=kv, dec_pad=pad, phase="decode")
+    return params.step_ms(gpu, d)
+
+
+def _closed_loop_wait_many(clients: np.ndarray, s: np.ndarray, delay: np.ndarray, think: np.ndarray,
+                           det: float = DETERMINISTIC_QUEUE_FACTOR) -> np.ndarray:
+    """:func:`_closed_loop_wait` elementwise over arrays (the same operations, so the same
+    values)."""
+    C, D = clients.astype(float), delay + think
+    a = det * (C - 1.0) / C
+    quad = (a > 0.0) & (s > 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        b = s + D - C * a * s
+        q_quad = (-b + np.sqrt(b * b + 4.0 * a * s * C * s)) / (2.0 * a * s)
+        q_lin = np.where(s + D > 0.0, C * s / (s + D), 0.0)
+    q = np.where(quad, q_quad, q_lin)
+    r = s * (1.0 + a * q)
+    r = np.maximum(r, C * s - delay - think)
+    return np.maximum(r - s, 0.0)
+
+
+def solve_disagg_many(
+    prefills,
+    decode_engine,
+    concurrency,
+    isl: int,
+    osl: int,
+    prefill_workers,
+    decode_workers,
+    decode_dp: int,
+    prefill_batch: int,
+    params_decode: SchedulerParams,
+    gpus,
+    which=0,
+    iterations: int = 30,
+    lean: bool = True,
+) -> list[DisaggResult]:
+    """:func:`solve_disagg` for arrays of clients, prefill and decode worker counts and GPUs
+    (broadcast together) of one decode layout and one or more prefill layouts: ``prefills`` is a
+    sequence of (prefill engine, its scheduler, its attention-DP ranks, the KV transfer ms) and
+    ``which`` the index into it of each element. The fixed point runs over all elements at once
+    (each stops iterating where the scalar solver would), then each result is assembled as the
+    scalar solver does. The same results as one :func:`solve_disagg` call per element, to rounding
+    (the engine's array path and its scalar twins agree to rounding). ``lean`` (default): the
+    results keep their percentiles but not the per-request distributions behind them."""
+    C, pw, dw, g, w = (np.asarray(x).ravel() for x in np.broadcast_arrays(
+        np.asarray(concurrency, dtype=float), np.asarray(prefill_workers), np.asarray(decode_workers), np.asarray(gpus),
+        np.asarray(which)))
+    n = C.size
+    if n == 0:
+        return []
+    services = [_PrefillService(eng, isl, prefill_batch, params) for eng, params, _, _ in prefills]
+    pick = np.array  # per-element values of a per-prefill list
+    arrival = pick([ps.params.arrival_delay_ms for ps in services])[w]
+    per_step = pick([ps.per_step for ps in services], dtype=np.int64)[w]
+    batch_cap = pick([ps.cap for ps in services], dtype=np.int64)[w]
+    steps_transfer = [_out_steps(decode_engine, osl, t) for _, _, _, t in prefills]
+    out_steps = steps_transfer[0][0]
+    transfer = pick([t for _, t in steps_transfer])[w]
+    servers = np.maximum(pw * np.maximum(pick([dp for _, _, dp, _ in prefills])[w], 1), 1).astype(float)
+    ranks = np.maximum(dw * decode_dp, 1).astype(float)
+    c_rank = C / ranks
+    kv = isl + osl / 2.0
+
+    def batch_ms(k: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        keys = w[idx] * (int(batch_cap.max()) + 1) + k
+        u, inv = np.unique(keys, return_inverse=True)
+        base = int(batch_cap.max()) + 1
+        return np.array([services[int(x) // base].batch_ms(int(x) % base) for x in u])[inv].reshape(k.shape)
+
+    everyone = np.arange(n)
+    d = c_rank * out_steps / (out_steps + 2.0)
+    ttft = batch_ms(per_step, everyone)
+    rho = np.zeros(n)
+    k_steady = per_step.copy()
+    lam = np.zeros(n)
+    live = np.ones(n, dtype=bool)  # still iterating
+    for _ in range(iterations):
+        if not live.any():
+            break
+        idx = np.flatnonzero(live)
+        dl, tl, Cl, sl, tr, ar = d[idx], ttft[idx], C[idx], servers[idx], transfer[idx], arrival[idx]
+        ps_l, cap_l = per_step[idx], batch_cap[idx]
+        step = _decode_step_many(decode_engine, params_decode, np.maximum(dl, 1.0), kv)
+        cycle = tl + out_steps * step + tr
+        lam_l = Cl / cycle
+        k = ps_l.copy()
+        settled = np.zeros(idx.size, dtype=bool)
+        for _ in range(8):
+            k_new = np.minimum(cap_l, np.maximum(ps_l, np.ceil(lam_l * batch_ms(k, idx) / sl - 1e-9))).astype(np.int64)
+            settled |= k_new == k
+            k = np.where(settled, k, k_new)
+            if settled.all():
+                break
+        sb = batch_ms(k, idx)
+        service = sb / k
+        rho_l = np.minimum(lam_l * service / sl, 0.999)
+        wait = _closed_loop_wait_many(Cl, service / sl, sb - service / sl, out_steps * step + tr + ar)
+        ttft_new = wait + sb + ar
+        outside = ttft_new + tr
+        d_new = c_rank[idx] * out_steps / (out_steps + outside / step)
+        done = (np.abs(ttft_new - tl) < 1e-6 * tl) & (np.abs(d_new - dl) < 1e-6 * np.maximum(dl, 1.0))
+        ttft[idx] = np.where(done, ttft_new, 0.5 * (tl + ttft_new))
+        d[idx] = np.where(done, d_new, 0.5 * (dl + d_new))
+        lam[idx], rho[idx], k_steady[idx] = lam_l, rho_l, k
+        live[idx[done]] = False
+    step = _decode_step_many(decode_engine, params_decode, np.maximum(d, 1.0), kv)
+    return [_disagg_result(services[w[i]], float(C[i]), osl, int(servers[i]), out_steps, float(transfer[i]), int(g[i]),
+                           float(ttft[i]), float(d[i]), float(step[i]), float(rho[i]), int(k_steady[i]), float(lam[i]), lean)
+            for i in range(n)]

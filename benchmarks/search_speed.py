@@ -1,0 +1,208 @@
+"""Whole-search speed against the reference: ``python -m benchmarks.search_speed [--reference CMD | --setup DIR] [--repeat N] [--json]``.
+
+For each case (model, system, backend, GPUs; 4000 input / 500 output tokens; mean TTFT <= 2000 ms,
+mean TPOT <= 30 ms) it runs, as whole processes timed by the wall clock, one after the other
+(paired, so both see the same machine load):
+
+* infercast: ``python -m infercast search --mode both --max-gpus N --json`` (this tree's sources);
+* the reference, NVIDIA's AIConfigurator 0.12.0, as a black box in its own Python environment:
+  ``aiconfigurator cli default --model-path ... --system ... --backend ... --total-gpus N --isl
+  --osl --ttft --tpot``, its printed top configurations parsed from stdout. Nothing of the
+  reference is imported here.
+
+Printed per case: both wall times and their ratio (infercast / reference; the goal is at most
+1/20), the candidates infercast evaluated and refused, and both top-3s per mode side by side. The
+reference command comes from ``--reference``, else ``$INFERCAST_REFERENCE``, else
+``aiconfigurator`` on ``PATH``, else ``/tmp/refvenv/bin/aiconfigurator``; ``--setup DIR`` first
+creates a virtual environment in DIR and installs ``aiconfigurator==0.12.0`` there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REFERENCE_VERSION = "0.12.0"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    system: str
+    backend: str
+    gpus: int
+    isl: int = 4000
+    osl: int = 500
+    ttft_ms: float = 2000.0
+    tpot_ms: float = 30.0
+
+    @property
+    def label(self) -> str:
+        return f"{self.model.split('/')[-1]} {self.system} {self.backend} {self.gpus} GPUs"
+
+
+CASES = (
+    Case("Qwen/Qwen3-32B-FP8", "h200_sxm", "trtllm", 32),
+    Case("Qwen/Qwen3-32B-FP8", "h200_sxm", "vllm", 32),
+    Case("Qwen/Qwen3-235B-A22B-FP8", "h200_sxm", "trtllm", 16),
+)
+
+
+def infercast_argv(c: Case) -> list[str]:
+    return [sys.executable, "-m", "infercast", "search", "--model", c.model, "--system", c.system, "--backend", c.backend,
+            "--mode", "both", "--max-gpus", str(c.gpus), "--isl", str(c.isl), "--osl", str(c.osl),
+            "--ttft-ms", f"{c.ttft_ms:g}", "--tpot-ms", f"{c.tpot_ms:g}", "--top", "3", "--json"]
+
+
+def reference_argv(cmd: list[str], c: Case) -> list[str]:
+    return [*cmd, "cli", "default", "--model-path", c.model, "--system", c.system, "--backend", c.backend,
+            "--total-gpus", str(c.gpus), "--isl", str(c.isl), "--osl", str(c.osl), "--ttft", f"{c.ttft_ms:g}",
+            "--tpot", f"{c.tpot_ms:g}", "--no-color"]
+
+
+def timed(argv: list[str], env: dict | None = None, timeout: float = 1800.0) -> tuple[float, subprocess.CompletedProcess | None, str]:
+    """(wall seconds, the finished process or None, an error message or "")."""
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        return time.perf_counter() - t0, None, f"timed out after {timeout:.0f} s"
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        return wall, p, f"exit {p.returncode}: {(p.stderr or p.stdout).strip().splitlines()[-1:]}"
+    return wall, p, ""
+
+
+def parse_reference_top(text: str, n: int = 3) -> dict[str, list[dict]]:
+    """{"agg" | "disagg": the first ``n`` rows of the reference's "Top Configurations" tables}."""
+    out: dict[str, list[dict]] = {}
+    for mode in ("agg", "disagg"):
+        m = re.search(rf"^{mode} Top Configurations.*?\n(\+[-+]+\+)\n(\|.*?\|)\n\+[-+]+\+\n(.*?)\n\+[-+]+\+", text, re.MULTILINE | re.DOTALL)
+        if not m:
+            continue
+        head = [h.strip() for h in m.group(2).strip("|").split("|")]
+        rows = []
+        for line in m.group(3).splitlines()[:n]:
+            cells = [x.strip() for x in line.strip().strip("|").split("|")]
+            rows.append(dict(zip(head, cells)))
+        out[mode] = rows
+    return out
+
+
+def reference_row_text(mode: str, r: dict) -> str:
+    if mode == "agg":
+        lay = f"{r.get('replicas', '?')}x {r.get('parallel', '?')}"
+    else:
+        lay = (f"P{r.get('(p)workers', '?')}x{r.get('(p)parallel', '?')} D{r.get('(d)workers', '?')}x{r.get('(d)parallel', '?')}"
+               + (f" x{r['replicas']} replicas" if r.get("replicas", "1") != "1" else ""))
+    return f"{lay} c{r.get('concurrency', '?')}: {r.get('tokens/s/gpu', '?')} tok/s/GPU, {r.get('tokens/s/user', '?')} tok/s/user"
+
+
+def infercast_row_text(r: dict) -> str:
+    return (f"{r['layout']} ({r['gpus']} GPUs) c{r['concurrency']}: {r['tokens_per_s_per_gpu']:.1f} tok/s/GPU, "
+            f"{r['tokens_per_s_per_user']:.1f} tok/s/user")
+
+
+def find_reference(arg: str | None) -> list[str] | None:
+    cand = arg or os.environ.get("INFERCAST_REFERENCE") or shutil.which("aiconfigurator")
+    if not cand and Path("/tmp/refvenv/bin/aiconfigurator").exists():
+        cand = "/tmp/refvenv/bin/aiconfigurator"
+    return cand.split() if cand else None
+
+
+def setup_reference(target: Path) -> list[str]:
+    subprocess.run([sys.executable, "-m", "venv", str(target)], check=True)
+    subprocess.run([str(target / "bin" / "pip"), "install", "-q", f"aiconfigurator=={REFERENCE_VERSION}"], check=True)
+    return [str(target / "bin" / "aiconfigurator")]
+
+
+def run_case(c: Case, ref: list[str] | None, repeat: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    row: dict = {"case": c.label, "infercast_s": [], "reference_s": [], "errors": []}
+    for _ in range(repeat):
+        if ref:
+            wall, p, err = timed(reference_argv(ref, c))
+            row["reference_s"].append(wall)
+            if err:
+                row["errors"].append(f"reference: {err}")
+            elif p is not None:
+                row["reference_top"] = parse_reference_top(p.stdout + p.stderr)
+        wall, p, err = timed(infercast_argv(c), env)
+        row["infercast_s"].append(wall)
+        if err:
+            row["errors"].append(f"infercast: {err}")
+        elif p is not None:
+            d = json.loads(p.stdout)
+            row["infercast_top"] = {m: d[m]["top"] for m in ("agg", "disagg")}
+            row["evaluated"] = {m: d[m]["evaluated"] for m in ("agg", "disagg")}
+            row["refused"] = {m: d[m]["refused"] for m in ("agg", "disagg")}
+    # the least-disturbed run of each
+    row["infercast_best_s"] = min(row["infercast_s"]) if row["infercast_s"] else None
+    row["reference_best_s"] = min(row["reference_s"]) if row["reference_s"] else None
+    if row["infercast_best_s"] and row["reference_best_s"]:
+        row["ratio"] = row["infercast_best_s"] / row["reference_best_s"]
+    return row
+
+
+def print_rows(rows: list[dict]) -> None:
+    print(f"{'case':<46} {'infercast s':>11} {'reference s':>11} {'ratio':>7}")
+    for r in rows:
+        ref = f"{r['reference_best_s']:.2f}" if r.get("reference_best_s") else "-"
+        ratio = f"{r['ratio']:.3f}" if r.get("ratio") else "-"
+        print(f"{r['case']:<46} {r['infercast_best_s']:>11.2f} {ref:>11} {ratio:>7}")
+    print("(goal: ratio <= 0.05; wall time of whole processes, the fastest of the paired runs)")
+    for r in rows:
+        print(f"\n== {r['case']}")
+        for e in r["errors"]:
+            print(f"  error: {e}")
+        for m in ("agg", "disagg"):
+            ev = r.get("evaluated", {}).get(m)
+            if ev is not None:
+                refused = sum(r["refused"][m].values())
+                print(f"  infercast {m}: evaluated {', '.join(f'{n} {k}' for k, n in ev.items())}; refused {refused}")
+        for m in ("agg", "disagg"):
+            ours = r.get("infercast_top", {}).get(m, [])
+            theirs = r.get("reference_top", {}).get(m, [])
+            print(f"  {m} top-3:")
+            for i in range(max(len(ours), len(theirs), 1)):
+                a = infercast_row_text(ours[i]) if i < len(ours) else "-"
+                b = reference_row_text(m, theirs[i]) if i < len(theirs) else "-"
+                print(f"    {i + 1}. infercast {a}\n       reference {b}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reference", help="the reference's aiconfigurator command (default: $INFERCAST_REFERENCE, PATH, "
+                                        "/tmp/refvenv/bin/aiconfigurator)")
+    ap.add_argument("--setup", type=Path, help="create a venv here and install the reference into it first")
+    ap.add_argument("--repeat", type=int, default=1, help="paired runs per case (the fastest of each is reported)")
+    ap.add_argument("--case", type=int, action="append", help="only these cases (1-based; repeatable)")
+    ap.add_argument("--no-reference", action="store_true", help="time infercast only")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    a = ap.parse_args(argv)
+    ref = None
+    if not a.no_reference:
+        ref = setup_reference(a.setup) if a.setup else find_reference(a.reference)
+        if ref is None:
+            print("search_speed: error: no reference found: give --reference, --setup DIR or --no-reference", file=sys.stderr)
+            return 2
+    cases = [CASES[i - 1] for i in a.case] if a.case else list(CASES)
+    rows = [run_case(c, ref, a.repeat) for c in cases]
+    if a.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print_rows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
