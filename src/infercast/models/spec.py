@@ -238,6 +238,10 @@ class ModelSpec:
     ffn_groups: tuple[FFNGroup, ...] | None = None
     #: Gemma's extra RMSNorms after the attention and after the FFN (besides the pre-norms)
     sandwich_norms: bool = False
+    #: MiniMax sparse attention (MiniMax-M3): this many of the GQA layers run the MSA module, whose
+    #: indexer keeps at most ``msa_topk_tokens`` keys per query (top blocks x block size)
+    msa_layers: int = 0
+    msa_topk_tokens: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -294,6 +298,11 @@ FAMILIES = {
     "Gemma4ForConditionalGeneration": "dense",
     "MiMoV2FlashForCausalLM": "moe",
     "DeciLMForCausalLM": "dense",
+    # MiniMax-M3: GQA with MiniMax sparse attention on most layers, MoE with a shared expert and
+    # leading dense layers (:func:`infercast.models.families.minimax_m3`)
+    "MiniMaxM3ForCausalLM": "moe",
+    "MiniMaxM3SparseForCausalLM": "moe",
+    "MiniMaxM3SparseForConditionalGeneration": "moe",
 }
 
 
