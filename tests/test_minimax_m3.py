@@ -10,15 +10,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from synthpack import SYSTEM, TRTLLM_CURRENT, make_pack
 
 from infercast.data.database import PerfData
 from infercast.data.model_configs import ModelConfig
 from infercast.errors import InvalidInputError, NotAvailableError
 from infercast.models.plan import ParallelConfig, SpecDecode, build_plan
 from infercast.models.spec import build_spec
-from infercast.ops.base import DatabaseMode, OpDB
+from infercast.ops.base import OpDB
 from infercast.ops.msa import msa_sol, resolve_msa
-from synthpack import SYSTEM, TRTLLM_CURRENT, make_pack
 
 HEADS = (16, 64)
 
@@ -57,7 +57,7 @@ def db(tmp_path_factory):
     return OpDB(PerfData.open(SYSTEM, "trtllm", TRTLLM_CURRENT, systems_path=pack.systems_dir))
 
 
-KW = dict(hidden=64, kv_heads=1, head_dim=16, topk_tokens=32, gemm_quant="bfloat16", kv_quant="bfloat16")
+KW = {"hidden": 64, "kv_heads": 1, "head_dim": 16, "topk_tokens": 32, "gemm_quant": "bfloat16", "kv_quant": "bfloat16"}
 
 
 def test_exact_cells_and_loglog_interpolation(db):

@@ -10,12 +10,12 @@ import importlib.metadata
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from synthpack import SYSTEM, TRTLLM_CURRENT, make_pack
 
 from infercast.data.database import PerfData
 from infercast.errors import NotAvailableError
 from infercast.ops.base import OpDB
 from infercast.ops.kda import kda_state_bytes, resolve_kda
-from synthpack import SYSTEM, TRTLLM_CURRENT, make_pack
 
 D, HD = 256, 128
 

@@ -50,7 +50,15 @@ from ..errors import InvalidInputError, NotAvailableError
 from ..interp import sol
 from ..interp.grid import Grid
 from ..interp.transfer import choose_sites, transfer_grid
-from .base import DatabaseMode, OpDB, Resolved, fill_missing, merge_kernels, sites_and_curves, sol_resolved
+from .base import (
+    DatabaseMode,
+    OpDB,
+    Resolved,
+    fill_missing,
+    merge_kernels,
+    sites_and_curves,
+    sol_resolved,
+)
 
 PHASES = ("context", "generation")
 STEMS = {"context": "msa_context_module", "generation": "msa_generation_module"}
