@@ -69,10 +69,12 @@ class Engine:
     kv_cache_quant: str | None = None
     nextn: int = 0
     database_mode: str = "SILICON"
+    backend_version: str | None = None  # None: the backend's default version for the system
 
     #: (field, id label) of the optional arguments, in id order
     _OPTIONAL = (("attention_dp", "adp"), ("moe_tp", "moetp"), ("moe_ep", "ep"), ("gemm_quant", "gemm-"),
-                 ("moe_quant", "moe-"), ("kv_cache_quant", "kv-"), ("nextn", "nextn"), ("database_mode", "mode-"))
+                 ("moe_quant", "moe-"), ("kv_cache_quant", "kv-"), ("nextn", "nextn"), ("database_mode", "mode-"),
+                 ("backend_version", "v"))
 
     def _extras(self) -> list[tuple[str, str, object]]:
         defaults = {f.name: f.default for f in fields(self)}
@@ -94,6 +96,7 @@ class Engine:
             self.model, self.system, self.backend, tp=self.tp, pp=self.pp, attention_dp=self.attention_dp,
             moe_tp=self.moe_tp, moe_ep=self.moe_ep, gemm_quant=self.gemm_quant, moe_quant=self.moe_quant,
             kv_cache_quant=self.kv_cache_quant, nextn=self.nextn, database_mode=self.database_mode,
+            backend_version=self.backend_version,
         )
 
 
@@ -376,6 +379,15 @@ HYBRID_CASES: list[StaticCase] = [
     _s("nvidia/Nemotron-H-56B-Base-8K", "h100_sxm", "trtllm", 4, 1, 16, 2048, 256),  # Mamba2 + attention + MLP
 ]
 
+# MiniMax-M3 (#37): MiniMax sparse attention from the msa module tables, dense leading layers
+M3 = "MiniMaxAI/MiniMax-M3"
+M3F = "nvidia/MiniMax-M3-NVFP4"
+MOE_CASES += [
+    _s(M3, "b200_sxm", "sglang", 8, 1, 8, 4096, 256, moe_ep=8, backend_version="0.5.16"),
+    _s(M3, "h200_sxm", "vllm", 8, 1, 16, 2048, 256, moe_ep=8, backend_version="0.24.0"),
+    _s(M3F, "b200_sxm", "trtllm", 4, 1, 16, 8192, 512, moe_ep=4, backend_version="1.3.0rc23"),
+]
+
 _DS_PREFILL = Engine(V3, "h200_sxm", "trtllm", 8)
 _DS_DECODE = Engine(V3, "h200_sxm", "trtllm", 1, attention_dp=8, moe_ep=8)
 
@@ -395,6 +407,7 @@ SERVING_CASES: list = [
     AggCase(Engine(DECI, "h200_sxm", "sglang", 2), 32, 2048, 512),
     AggCase(Engine(NANO, "h200_sxm", "vllm", 1), 32, 2048, 256),
     AggCase(Engine(SUPER4, "b200_sxm", "sglang", 2), 64, 4000, 500),
+    AggCase(Engine(M3, "b200_sxm", "vllm", 8, moe_ep=8, backend_version="0.24.0"), 32, 4000, 500),
 ]
 
 GROUPS: dict[str, list] = {"dense": DENSE_CASES, "moe": MOE_CASES, "serving": SERVING_CASES, "hybrid": HYBRID_CASES}

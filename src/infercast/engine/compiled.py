@@ -39,7 +39,7 @@ from ..ops.attention import prefixed_context, resolve_context_attention, resolve
 from ..ops.base import OpDB, Resolved
 
 GRID_KINDS = ("gemm", "moe", "allreduce", "allgather", "reduce_scatter", "alltoall", "moe_dispatch")
-ATTENTION_KINDS = ("attention", "mla", "dsa", "gdn", "mamba_conv", "mamba_ssm")
+ATTENTION_KINDS = ("attention", "mla", "dsa", "msa", "gdn", "mamba_conv", "mamba_ssm")
 #: attention-like kinds whose cost does not depend on cached tokens before the new ones (a
 #: linear-attention layer keeps a fixed-size state): a prefix does not enter their context grid
 STATEFUL_KINDS = ("gdn", "mamba_conv", "mamba_ssm")
@@ -198,6 +198,12 @@ class CompiledEngine:
                                     "qk_rope_head_dim", "v_head_dim", "gemm_quant", "kv_quant")}
             kw.update(model_id=p.get("model_id"), tp=int(p.get("tp", 1)))
             return CompiledOp(op, (resolve_dsa(self.db, "context", **kw), resolve_dsa(self.db, "generation", **kw)))
+        if op.kind == "msa":
+            from ..ops.msa import resolve_msa
+
+            kw = {k: p[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "topk_tokens", "gemm_quant", "kv_quant")}
+            kw["tp"] = int(p.get("tp", 1))
+            return CompiledOp(op, (resolve_msa(self.db, "context", **kw), resolve_msa(self.db, "generation", **kw)))
         if op.kind == "gdn":
             from ..ops.gdn import resolve_gdn
 

@@ -1,5 +1,5 @@
-"""Config readers for the families with heterogeneous layers: Gemma-4, MiMo-V2-Flash and DeciLM
-(Llama-Nemotron NAS). Each reads its HF config into a :class:`ModelSpec` whose
+"""Config readers for the families with heterogeneous layers: Gemma-4, MiMo-V2-Flash, DeciLM
+(Llama-Nemotron NAS) and MiniMax-M3. Each reads its HF config into a :class:`ModelSpec` whose
 ``attention_groups`` / ``ffn_groups`` (:mod:`infercast.models.groups`) count the layers of each
 shape; the field names are those of the checkpoints' ``config.json`` (``text_config`` for
 Gemma-4)."""
@@ -226,9 +226,73 @@ def decilm(mc: ModelConfig, cfg: dict, text: dict, arch: str, family: str) -> Mo
     )
 
 
+def _flags(text: dict, key: str, layers: int, where: str, default: int) -> list:
+    """A per-layer 0/1 list (``moe_layer_freq``-style); an int sets every layer; absent: ``default``."""
+    v = text.get(key, default)
+    flags = [v] * layers if isinstance(v, int) and not isinstance(v, bool) else v
+    return _pattern({key: flags}, key, layers, {0, 1}, where)
+
+
+def minimax_m3(mc: ModelConfig, cfg: dict, text: dict, arch: str, family: str) -> ModelSpec:
+    """MiniMax-M3. Every layer is GQA (``num_attention_heads`` x ``num_key_value_heads`` of
+    ``head_dim``; per-head q/k norms; partial RoPE, whose share does not change the cost). With
+    ``sparse_attention_config.use_sparse_attention``, the layers its ``sparse_attention_freq``
+    marks 1 run MiniMax sparse attention: an indexer keeps the top ``sparse_topk_blocks`` blocks
+    of ``sparse_block_size`` tokens (:mod:`infercast.ops.msa`); the others attend to the whole
+    context. ``moe_layer_freq`` marks the MoE layers (``num_local_experts`` experts of
+    ``moe_intermediate_size``, top ``num_experts_per_tok``, a shared expert of
+    ``shared_intermediate_size``, or ``n_shared_experts x moe_intermediate_size``); the others
+    run a dense MLP of ``dense_intermediate_size`` (else ``intermediate_size``).
+    ``attention_output_gate`` (a gate emitted by the q projection) is read as Qwen3.5's
+    ``attn_output_gate``. MTP: ``num_nextn_predict_layers`` layers (the MTP count engines run).
+    The vision-language export (``MiniMaxM3SparseForConditionalGeneration``, ``text_config``) is
+    served text-only; its vision tower's weights count in memory (:func:`vision_params`)."""
+    where = mc.resolved_id
+    c = _common(text, cfg, where)
+    layers, heads, hidden = c["num_layers"], c["num_heads"], c["hidden"]
+    kv = _int_field(text, "num_key_value_heads", where=where, default=heads, default_note="num_attention_heads")
+    hd = _int_field(text, "head_dim", where=where, default=hidden // heads, default_note="hidden_size // num_attention_heads")
+    if heads % kv:
+        raise _bad(where, f"{heads} attention heads are not a multiple of {kv} KV heads "
+                          "(grouped-query attention shares each KV head among a whole group of query heads)")
+    sac = text.get("sparse_attention_config") or {}
+    if not isinstance(sac, dict):
+        raise _bad(where, f"sparse_attention_config must be an object, got {type(sac).__name__}")
+    msa_layers = topk_tokens = 0
+    if sac.get("use_sparse_attention"):
+        sparse = _flags(sac, "sparse_attention_freq", layers, where, 1)
+        msa_layers = sum(sparse)
+        topk_tokens = (_int_field(sac, "sparse_topk_blocks", where=where)
+                       * _int_field(sac, "sparse_block_size", where=where))
+    experts = _int_field(text, "num_local_experts", "n_routed_experts", "num_experts", where=where)
+    topk = _int_field(text, "num_experts_per_tok", where=where)
+    if topk > experts:
+        raise _bad(where, f"{topk} experts per token (num_experts_per_tok) exceed the {experts} experts")
+    einter = _int_field(text, "moe_intermediate_size", "intermediate_size", where=where)
+    n_shared = _int_field(text, "n_shared_experts", where=where, default=0, minimum=0)
+    shared = _int_field(text, "shared_intermediate_size", where=where, default=n_shared * einter, minimum=0,
+                        default_note="n_shared_experts x moe_intermediate_size") if n_shared else 0
+    moe_flags = _flags(text, "moe_layer_freq", layers, where, 1)
+    dense = layers - sum(moe_flags)
+    dense_inter = _int_field(text, "dense_intermediate_size", "intermediate_size", where=where) if dense else 0
+    return ModelSpec(
+        model_id=mc.model_id, resolved_id=mc.resolved_id, architecture=arch, family=family,
+        num_kv_heads=kv, head_dim=hd, intermediate=dense_inter, sliding_window=None,
+        quant=infer_quant(mc, text, layers), alias_note=mc.alias_note,
+        moe=MoESpec(experts, topk, einter, shared, dense, dense_inter),
+        mtp_layers=_int_field(text, "num_nextn_predict_layers", where=where, default=0, minimum=0),
+        attn_output_gate=bool(text.get("attention_output_gate", False)),
+        qk_norm="per_head" if text.get("use_qk_norm") else "",
+        msa_layers=msa_layers, msa_topk_tokens=topk_tokens, vision_params=vision_params(cfg, hidden, where), **c,
+    )
+
+
 #: architecture -> reader
 READERS = {
     "Gemma4ForConditionalGeneration": gemma4,
     "MiMoV2FlashForCausalLM": mimo_v2,
     "DeciLMForCausalLM": decilm,
+    "MiniMaxM3ForCausalLM": minimax_m3,
+    "MiniMaxM3SparseForCausalLM": minimax_m3,
+    "MiniMaxM3SparseForConditionalGeneration": minimax_m3,
 }

@@ -186,7 +186,7 @@ class Fusions:
 
 
 #: The op kinds a plan may hold (what :mod:`infercast.engine.compiled` knows how to cost).
-OP_KINDS = ("gemm", "attention", "mla", "dsa", "gdn", "mamba_conv", "mamba_ssm", "moe", "moe_dispatch", "allreduce", "allgather",
+OP_KINDS = ("gemm", "attention", "mla", "dsa", "msa", "gdn", "mamba_conv", "mamba_ssm", "moe", "moe_dispatch", "allreduce", "allgather",
             "reduce_scatter", "alltoall", "elementwise", "p2p")
 
 
@@ -290,7 +290,8 @@ def _attention_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions) -> li
     else:
         hd = spec.head_dim
         kvh = kv_heads_per_gpu(spec, tp)
-        Lf = L - (spec.gdn.linear_layers if spec.gdn else 0)  # layers with full attention
+        # layers with dense full attention: not Gated DeltaNet, not MiniMax sparse attention
+        Lf = L - (spec.gdn.linear_layers if spec.gdn else 0) - spec.msa_layers
         qn = heads * (2 if spec.attn_output_gate else 1)  # Qwen3.5's q projection also emits a gate
         ops.append(PlanOp("qkv_gemm", "gemm", Lf, params={"n": (qn + 2 * kvh) * hd, "k": h, "quant": q.attention_gemm,
                                                            **_fused_input(fusions.norm_quant)}))
@@ -312,6 +313,13 @@ def _attention_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions) -> li
                         "kv_quant": q.kv_cache, "attn_quant": q.attention},
             ))
         ops.append(PlanOp("o_gemm", "gemm", Lf, params={"n": h, "k": heads * hd, "quant": q.attention_gemm}))
+        if spec.msa_layers:
+            # the MSA module covers its layers' projections, norms, indexer and attention
+            ops.append(PlanOp("msa", "msa", spec.msa_layers,
+                              params={"hidden": h, "heads": heads, "kv_heads": kvh, "head_dim": hd,
+                                      "topk_tokens": spec.msa_topk_tokens, "gemm_quant": q.attention_gemm,
+                                      "kv_quant": q.kv_cache, "tp": tp}))
+        ops = [o for o in ops if o.count > 0]
         if spec.gdn is not None:
             g = spec.gdn
             hk, hv = max(1, g.num_k_heads // tp), max(1, g.num_v_heads // tp)
@@ -525,7 +533,8 @@ def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
     for o in plan.ops:
         per_layer = o.count in (L, moe_layers) and not o.name.startswith("dense_")
         attention_layer = gdn is not None and o.count == full_attention and not o.name.startswith("gdn")
-        if per_layer or attention_layer:
+        # MiniMax sparse attention: the MTP layer's attention is costed as a sparse layer's
+        if per_layer or attention_layer or o.kind == "msa":
             draft.append(replace(o, name=f"mtp_{o.name}", count=sd.nextn, phase="decode"))
         elif o.name == "lm_head":
             draft.append(replace(o, name="mtp_lm_head", count=sd.nextn, phase="decode"))

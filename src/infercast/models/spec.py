@@ -244,6 +244,10 @@ class ModelSpec:
     sandwich_norms: bool = False
     #: Nemotron-H hybrids: block pattern and Mamba2 shape (:mod:`infercast.models.nemotron_h`)
     mamba: MambaSpec | None = None
+    #: MiniMax sparse attention (MiniMax-M3): this many of the GQA layers run the MSA module, whose
+    #: indexer keeps at most ``msa_topk_tokens`` keys per query (top blocks x block size)
+    msa_layers: int = 0
+    msa_topk_tokens: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -306,6 +310,11 @@ FAMILIES = {
     "DeciLMForCausalLM": "dense",
     # Mamba2 / attention / MLP / MoE blocks in a pattern (:mod:`infercast.models.nemotron_h`)
     "NemotronHForCausalLM": "nemotron_h",
+    # MiniMax-M3: GQA with MiniMax sparse attention on most layers, MoE with a shared expert and
+    # leading dense layers (:func:`infercast.models.families.minimax_m3`)
+    "MiniMaxM3ForCausalLM": "moe",
+    "MiniMaxM3SparseForCausalLM": "moe",
+    "MiniMaxM3SparseForConditionalGeneration": "moe",
 }
 
 

@@ -174,19 +174,21 @@ def _unavailable(db: OpDB, what: str, why: str, available) -> None:
     return None
 
 
-def _lattice(db: OpDB, phase: str, model_name: str | None) -> _Lattice | None:
+def _lattice(db: OpDB, phase: str, model_name: str | None, stem: str = STEM) -> _Lattice | None:
+    """The summed conv + scan curves of ``stem``'s table (``gdn_perf``, or ``kda_perf`` of the
+    same schema: :mod:`infercast.ops.kda`)."""
     where = f"{db.backend} {db.data.version} on {db.system.name}"
-    if db.mode is DatabaseMode.SOL or not db.data.has_table(STEM):
-        return _unavailable(db, f"no {STEM}_perf (linear_attention) table for {where}",
-                            "GDN needs the linear_attention/gdn_perf table; use --database-mode HYBRID for an empirical estimate",
+    if db.mode is DatabaseMode.SOL or not db.data.has_table(stem):
+        return _unavailable(db, f"no {stem}_perf table for {where}",
+                            f"{stem.upper()} needs the {stem}_perf table; use --database-mode HYBRID for an empirical estimate",
                             db.data.available_tables())
-    table = db.data.table(STEM)
+    table = db.data.table(stem)
     for col in SITE_COLS + CURVE_COLS + ("phase", "kernel_source"):
         if not table.has(col):
-            return _unavailable(db, f"{STEM}_perf for {where} has no column {col!r}", str(table.path), table.keys)
+            return _unavailable(db, f"{stem}_perf for {where} has no column {col!r}", str(table.path), table.keys)
     in_phase = table.keys["phase"] == phase
     if not in_phase.any():
-        return _unavailable(db, f"{STEM}_perf for {where} has no {phase} rows", "no such phase was collected", table.unique("phase"))
+        return _unavailable(db, f"{stem}_perf for {where} has no {phase} rows", "no such phase was collected", table.unique("phase"))
     if phase == "generation":
         # decode rows are one token per request (seq_len 1); anything else is not a decode step
         in_phase &= table.keys["seq_len"] == table.keys["seq_len"][in_phase].min()
@@ -196,7 +198,7 @@ def _lattice(db: OpDB, phase: str, model_name: str | None) -> _Lattice | None:
     present = sorted(set(ks[in_phase].tolist()))
     if not conv_mask.any() or not scan_mask.any():
         missing = "conv (causal_conv1d*)" if not conv_mask.any() else "delta-rule scan"
-        return _unavailable(db, f"{STEM}_perf for {where} has no {phase} {missing} kernel rows",
+        return _unavailable(db, f"{stem}_perf for {where} has no {phase} {missing} kernel rows",
                             "one GDN layer is the conv plus the scan; both must be measured", present)
     conv_k = choose_kernel(table, db.backend, conv_mask)
     scan_k = choose_kernel(table, db.backend, scan_mask)
@@ -218,7 +220,7 @@ def _lattice(db: OpDB, phase: str, model_name: str | None) -> _Lattice | None:
     if unpaired:
         notes.append(f"{unpaired} cells measured by only one of {conv_k} / {scan_k}: held like truncated corners")
     if not both:
-        return _unavailable(db, f"{STEM}_perf for {where}: {conv_k} and {scan_k} share no measured {phase} cell",
+        return _unavailable(db, f"{stem}_perf for {where}: {conv_k} and {scan_k} share no measured {phase} cell",
                             "cannot sum a layer", present)
 
     # one model per site: the query's model if it was collected there, else the first by name
@@ -234,7 +236,7 @@ def _lattice(db: OpDB, phase: str, model_name: str | None) -> _Lattice | None:
     keep = [k for k in both if chosen[k[1:1 + len(SITE_COLS)]] == k[0]]
     keys = {c: np.array([k[1 + j] for k in keep], dtype=float) for j, c in enumerate(cols)}
     lat = np.array([conv[k] + scan[k] for k in keep])
-    summed = Table(STEM, table.path, keys, {"latency": lat}, len(lat))
+    summed = Table(stem, table.path, keys, {"latency": lat}, len(lat))
     sites, curves = sites_and_curves(summed, np.ones(len(lat), bool), SITE_COLS, CURVE_COLS)
     if phase == "generation":
         # the state is fixed-size, so the per-step cost is the same at every cached length:
@@ -271,6 +273,7 @@ def resolve_gdn(
     head_v_dim: int,
     conv_kernel: int = 4,
     model_name: str | None = None,
+    stem: str = STEM,
 ) -> Resolved:
     """Compile the GDN core (conv + gated delta-rule scan) of one layer on one GPU for ``phase``.
 
@@ -278,16 +281,18 @@ def resolve_gdn(
     request). ``"generation"``: a grid over ``(batch, step)`` whose value does not depend on
     ``step`` (fixed-size recurrent state). ``model_name`` only picks among rows of several models
     collected at the same site (none in the 0.12.0 pack: each site is one Qwen3.5 model).
+    ``stem``: the table read (``"gdn"``; :mod:`infercast.ops.kda` passes ``"kda"``, whose
+    table has the same columns and the same conv + scan split).
     """
     _check(phase, d_model, num_k_heads, head_k_dim, num_v_heads, head_v_dim, conv_kernel)
     hk, dk, hv, dv, kc = int(num_k_heads), int(head_k_dim), int(num_v_heads), int(head_v_dim), int(conv_kernel)
     query_sol = gdn_sol_fn(db, phase, hk, dk, hv, dv, kc)
     axes, scales = _axes(phase), _scales(phase)
-    family = f"gdn_{phase}"
+    family = f"{stem}_{phase}"
     if db.mode is DatabaseMode.SOL:
         return sol_resolved(axes, query_sol, scales)
 
-    lat = db.memo(("gdn-lattice", phase, model_name), lambda: _lattice(db, phase, model_name))
+    lat = db.memo((f"{stem}-lattice", phase, model_name), lambda: _lattice(db, phase, model_name, stem))
     if lat is None:
         return empirical_resolved(family, query_sol, axes, None, scales)
 
@@ -299,7 +304,7 @@ def resolve_gdn(
             filled, prov = fill_missing(ax, vals, s)
             return Grid(ax, filled, prov, s, scales=scales)
 
-        return db.memo(("gdn-site", phase, model_name, i), build)
+        return db.memo((f"{stem}-site", phase, model_name, i), build)
 
     notes = list(lat.notes)
     d_lo, d_hi = float(lat.sites[:, 0].min()), float(lat.sites[:, 0].max())
@@ -313,7 +318,7 @@ def resolve_gdn(
         if db.mode is not DatabaseMode.SILICON:
             return empirical_resolved(family, query_sol, axes, [site_grid(i) for i in range(len(lat.sites))], scales)
         raise NotAvailableError(
-            f"GDN {phase} d_model={d_model} k_heads={hk}x{dk} v_heads={hv}x{dv} conv={kc} is outside the collected sites' gates",
+            f"{stem.upper()} {phase} d_model={d_model} k_heads={hk}x{dk} v_heads={hv}x{dv} conv={kc} is outside the collected sites' gates",
             f"{db.backend} {db.data.version} on {db.system.name}; use --database-mode HYBRID for an empirical estimate",
             [f"d_model={int(s[0])} k={int(s[1])}x{int(s[2])} v={int(s[3])}x{int(s[4])} conv={int(s[5])}" for s in lat.sites],
         )
@@ -325,4 +330,4 @@ def resolve_gdn(
     notes.insert(0, f"summed per cell: {lat.conv_kernel} + {lat.scan_kernel}")
     if phase == "generation":
         notes.append("per-step cost independent of the cached length (fixed-size state): the step axis holds two equal points")
-    return Resolved(g, STEM, db.served_version(STEM), lat.kernel, choice.how, labels if choice.how != "exact" else (), tuple(notes))
+    return Resolved(g, stem, db.served_version(stem), lat.kernel, choice.how, labels if choice.how != "exact" else (), tuple(notes))
