@@ -32,8 +32,8 @@ def summary_rows(res) -> list[tuple[str, str]]:
     """(quantity, value) rows of the summary table besides the latency statistics."""
     w0, w1 = (x / 1e3 for x in res.window_ms)
     rows = [("requests (measured)", f"{res.requests} ({res.measured})"),
-            ("measurement window", f"{w0:.1f} - {w1:.1f} s of {res.duration_ms / 1e3:.1f} s "
-                                   "(warm-up and cool-down left out)"),
+            ("measurement window", (f"{w0:.1f} - {w1:.1f} s of {res.duration_ms / 1e3:.1f} s "
+                                    "(warm-up and cool-down left out)")),
             ("throughput", f"{res.throughput_rps:.3f} req/s, {res.output_tokens_per_s:.1f} output tokens/s")]
     if res.goodput_rps is None:
         rows.append(("goodput", "no target given (--ttft-ms / --tpot-ms)"))
