@@ -1,5 +1,5 @@
 """Closed-loop simulation against ``serve``'s analytic model on the dev silicon rows:
-``python -m benchmarks.simulate_vs_serve [--max-concurrency C] [--every K] [--lengths benchmark|nominal|all:R] [--rows all|random|fixed] [--front-end-spread S] [--out CSV]``.
+``python -m benchmarks.simulate_vs_serve [--max-concurrency C] [--every K] [--lengths benchmark|nominal|all:R] [--rows all|random|fixed] [--front-end-spread S] [--adp-only] [--out CSV]``.
 
 For each fully specified *agg* dev row (../shared/fidelity/dev_fullspec_ids.txt; dev ids only)
 both models see the same deployment, built by the validation harness
@@ -125,6 +125,7 @@ def main() -> None:
                     help="only the rows whose benchmark drew random lengths, or only the fixed-length ones")
     ap.add_argument("--front-end-spread", type=float, default=0.0,
                     help="each request's front-end time uniform on [(1-s) m, (1+s) m] (default 0: fixed)")
+    ap.add_argument("--adp-only", action="store_true", help="only the rows deployed with attention data parallelism")
     ap.add_argument("--out", default=None, help="per-row CSV (dev rows only)")
     a = ap.parse_args()
     rows = [r for r in load_rows(default_silicon_csv(), load_ids(FIDELITY / "dev_fullspec_ids.txt")) if r.mode == "agg"]
@@ -141,6 +142,9 @@ def main() -> None:
     for i, row in enumerate(rows, 1):
         try:
             est, per_rank, params = setup(cache, row)
+            if a.adp_only and est.plan.parallel.attention_dp == 1:
+                skipped["not attention-DP"] = skipped.get("not attention-DP", 0) + 1
+                continue
             c0 = time.process_time()
             s_ttft, s_tpot = run_serve(est, per_rank, params, row)
             c1 = time.process_time()

@@ -425,3 +425,46 @@ def test_kv_never_overflows_under_overload_with_shared_prefixes():
         assert (res.per_request["finish_ms"] > 0).all()
         assert res.kv_use["max"] <= 1.0 + 1e-12
         assert (res.preemptions > 0) == (not full)
+
+
+# ---- attention-DP ranks stepping together ------------------------------------------------------------
+def test_attention_dp_ranks_step_at_the_slowest_ranks_pace():
+    """Two ranks of one replica, round-robin: rank 0 gets requests 0 and 2 (prompts of 10 tokens),
+    rank 1 request 1 (50 tokens); every output is 5 tokens. A step costs 1 ms + 0.1 ms per prefill
+    token + 1 ms per decode. Together: the prefill step is rank 1's (1 + 5 = 6 ms, against rank 0's
+    1 + 2 = 3 ms), then 4 decode steps at rank 0's pace (1 + 2 = 3 ms, against rank 1's 2 ms): every
+    request has TTFT 6 ms and finishes at 6 + 4 x 3 = 18 ms. Independent ranks would give rank 0
+    TTFT 3 and finish 15, rank 1 TTFT 6 and finish 14."""
+    timer = LinearStepTimer(1.0, per_prefill_token_ms=0.1, per_decode_ms=1.0)
+    w = Workload([10, 50, 10], [5, 5, 5], sent_ms=np.zeros(3))
+    res = run(timer, w, units=2, replica_of=[0, 0], lockstep=2)
+    pr = res.per_request
+    assert pr["replica"].tolist() == [0, 1, 0]
+    assert pr["ttft_ms"].tolist() == pytest.approx([6.0, 6.0, 6.0])
+    assert pr["e2e_ms"].tolist() == pytest.approx([18.0, 18.0, 18.0])
+    assert pr["tpot_ms"].tolist() == pytest.approx([3.0, 3.0, 3.0])
+    apart = run(timer, w, units=2, replica_of=[0, 0]).per_request
+    assert apart["ttft_ms"].tolist() == pytest.approx([3.0, 6.0, 3.0])
+    assert apart["e2e_ms"].tolist() == pytest.approx([15.0, 14.0, 15.0])
+
+
+def test_attention_dp_idle_rank_joins_at_the_groups_step_boundary():
+    """Rank 0 decodes one request (1 ms + 1 ms per decode: 2 ms steps from t = 1); a request
+    reaching idle rank 1 at t = 4.5 waits for the group's step in progress to end (t = 5), then
+    its prefill step runs together with rank 0's decode step: max(1, 2) = 2 ms, first token at 7.
+    Rank 0's request (10 output tokens: 9 decode steps, one of them in the mixed step at 5-7) ends
+    at 1 + 9 x 2 = 19 (every group step lasts 2 ms), rank 1's (3 output tokens: 2 decode steps) at
+    7 + 2 x 2 = 11."""
+    timer = LinearStepTimer(1.0, per_decode_ms=1.0)
+    w = Workload([8, 8], [10, 3], sent_ms=np.array([0.0, 4.5]))
+    res = run(timer, w, units=2, replica_of=[0, 0], lockstep=2)
+    pr = res.per_request
+    assert pr["replica"].tolist() == [0, 1]
+    assert pr["start_ms"].tolist() == pytest.approx([0.0, 5.0])
+    assert pr["first_token_ms"].tolist() == pytest.approx([1.0, 7.0])
+    assert pr["finish_ms"].tolist() == pytest.approx([19.0, 11.0])
+
+
+def test_lockstep_needs_whole_replicas():
+    with pytest.raises(InvalidInputError, match="attention-DP ranks"):
+        run(LinearStepTimer(1.0), Workload([8], [2], sent_ms=np.zeros(1)), units=3, lockstep=2)

@@ -144,3 +144,56 @@ def test_lengths_from_trace_and_trace_prefix(synth, capsys, tmp_path):
     rc, out, err = run_cli(capsys, argv(synth, "--trace", str(p), "--num-requests", "1", "--json"))
     assert rc == 0, err
     assert json.loads(out)["requests"] == 1
+
+
+def _browser():
+    import shutil
+
+    return next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+
+
+@pytest.fixture(scope="module")
+def html_report(synth, tmp_path_factory):
+    """``--report`` of a 2-replica open-loop run with a goodput target (subprocess, as the plot test)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path_factory.mktemp("simreport") / "sim.html"
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, "-m", "infercast", *argv(
+        synth, "--request-rate", "5", "--duration-s", "20", "--isl", "128", "--osl", "8", "--replicas", "2",
+        "--ttft-ms", "1000", "--json", "--report", str(out))], check=False, capture_output=True, text=True, env=env,
+        timeout=300)
+    assert p.returncode == 0, p.stderr
+    return out, json.loads(p.stdout)
+
+
+def test_report_html_is_self_contained_with_the_summary(html_report):
+    out, d = html_report
+    text = out.read_text()
+    assert "<script" in text and "src=\"http" not in text  # plotly.js inlined, nothing fetched
+    # the table states the run's own statistics, as the JSON summary gives them
+    assert f"{d['latency']['ttft_ms']['p99']:.2f}" in text and f"{d['latency']['tpot_ms']['p50']:.2f}" in text
+    assert f"{d['goodput_rps']:.3f} req/s" in text and "warm-up and cool-down left out" in text
+    assert "scheduler 0" in text and "scheduler 1" in text
+
+
+@pytest.mark.skipif(_browser() is None, reason="no Chromium on this machine (Debian: apt-get install chromium)")
+def test_report_html_renders_in_headless_chromium(html_report, tmp_path):
+    import subprocess
+
+    out, _ = html_report
+    cmd = [_browser(), "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
+           "--virtual-time-budget=10000", "--enable-logging=stderr", "--v=0", "--dump-dom", out.as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dom = proc.stdout
+    assert dom.count('class="main-svg"') >= 1
+    # 4 CDFs + 3 series x (sum + 2 schedulers) + the throughput line, each drawn as a scatter trace
+    assert dom.count('class="trace scatter') >= 4 + 3 * 3 + 1
+    assert "id=\"summary\"" in dom
+    console = [ln for ln in proc.stderr.splitlines() if "CONSOLE" in ln and ("Error" in ln or "Uncaught" in ln)]
+    assert not console, console

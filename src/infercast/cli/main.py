@@ -659,6 +659,11 @@ def cmd_simulate(a) -> int:
         from ..serving.simulate.report import plot_cdf
 
         plot_cdf(res, a.plot)
+    if a.report:
+        from ..report.simulate_html import write_report
+
+        write_report(res, a.report, f"infercast simulate: {a.model} on {where} {a.system} GPUs ({a.backend} "
+                                    f"{est.version}), {a.router} routing")
     if a.json:
         out = {**res.to_dict(), "model": a.model, "system": a.system, "backend": a.backend,
                "backend_version": est.version, "replicas": a.replicas, "gpus": gpus, "router": a.router,
@@ -888,6 +893,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="round prefill chunk lengths to this many tokens when timing a step (default 16; 1: exact)")
     sm.add_argument("--out", default=None, help="per-request results: .csv, or .json with the summary")
     sm.add_argument("--plot", default=None, metavar="PNG", help="latency CDFs as a PNG")
+    sm.add_argument("--report", default=None, metavar="HTML",
+                    help="one self-contained interactive HTML report (plotly): latency CDFs, KV use, queues and "
+                         "throughput over time, summary table")
     sm.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     for flag, (_, kind, _, what) in SCHEDULER_FLAGS.items():
         sm.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None,

@@ -2,7 +2,8 @@
 replicas, continuous batching with prefix caching and preemption, timed step by step by a step
 timer (docs/simulate.md). Modules: :mod:`.load` (workloads, traces), :mod:`.prefix_cache`,
 :mod:`.router`, :mod:`.scheduler` (one scheduler's batching), :mod:`.loop` (the event loop),
-:mod:`.stats` (results), :mod:`.timer` (step timers), :mod:`.deploy` (wiring)."""
+:mod:`.stats` (results), :mod:`.timer` (step timers), :mod:`.lockstep` (attention-DP ranks stepping
+together), :mod:`.deploy` (wiring). HTML report: :mod:`infercast.report.simulate_html`."""
 
 from .deploy import (
            simulate,

@@ -5,13 +5,15 @@ from an :class:`infercast.api.Estimator` (the compiled engine, its KV capacity, 
 :class:`~infercast.serving.backends.SchedulerParams`) for ``replicas`` copies of its layout. With
 attention data parallelism each replica holds ``attention_dp`` schedulers (one per rank, each
 with a rank's KV cache) behind the replica's one front end; the router spreads requests over
-all of them. Ranks are simulated independently: the lock-step of their MoE collectives (a step
-as slow as the slowest rank's) is not modelled, as in :func:`infercast.api.serve_agg_replica`.
+all of them. The ranks of a replica step together (:class:`.lockstep.Lockstep`: a step as slow as
+the slowest rank's, held by the experts' collectives), in the aggregated simulation; a
+disaggregated deployment's workers' ranks are still simulated as independent schedulers.
 """
 
 from __future__ import annotations
 
 from .load import Workload
+from .lockstep import Lockstep
 from .loop import run
 from .router import Router
 from .scheduler import Unit, UnitConfig, not_modelled
@@ -22,11 +24,20 @@ from .timer import EngineStepTimer
 def simulate(timer, cfg: UnitConfig, workload: Workload, *, units: int = 1, replica_of=None, router: str = "round-robin",
              prefix_cache: bool = True, front_end=None, warmup: float = 0.1, cooldown: float = 0.1,
              ttft_ms: float | None = None, tpot_ms: float | None = None, progress: bool = False, notes=(),
-             front_end_spread: float = 0.0, seed: int = 0) -> SimResult:
+             front_end_spread: float = 0.0, seed: int = 0, lockstep: int = 1) -> SimResult:
     """Simulate ``workload`` on ``units`` identical schedulers of ``cfg`` timed by ``timer``;
     ``front_end(open streams, prompt tokens)`` -> ms before a request reaches its scheduler
-    (default none), spread by ``front_end_spread`` (:func:`.loop.run`)."""
+    (default none), spread by ``front_end_spread`` (:func:`.loop.run`). ``lockstep`` ``n`` > 1:
+    every ``n`` consecutive schedulers are the attention-DP ranks of one replica and step
+    together (:class:`.lockstep.Lockstep`); ``units`` must be a multiple of it."""
     us = [Unit(i, cfg, timer, workload.block_tokens, prefix_cache) for i in range(units)]
+    if lockstep > 1:
+        if units % lockstep:
+            from ...errors import InvalidInputError
+
+            raise InvalidInputError(f"{units} schedulers do not split into replicas of {lockstep} attention-DP ranks")
+        for i in range(0, units, lockstep):
+            Lockstep(us[i:i + lockstep])
     rt = Router(router, us)
     fe = front_end or (lambda streams, tokens: 0.0)
     reqs = run(us, rt, workload, fe, replica_of, progress, front_end_spread, seed)
@@ -50,11 +61,12 @@ def simulate_estimator(est, params, workload: Workload, *, replicas: int = 1, ro
     units = replicas * dp
     notes = [f"not modelled, run as if off: {x}" for x in not_modelled(params)]
     if dp > 1:
-        notes.append(f"{dp} attention-DP ranks per replica simulated as independent schedulers behind one front end")
+        notes.append(f"{dp} attention-DP ranks per replica: one scheduler each behind one front end, stepping "
+                     "together (each step as long as the slowest rank's)")
     res = simulate(timer, cfg, workload, units=units, replica_of=[i // dp for i in range(units)], router=router,
                    prefix_cache=prefix_cache, front_end=params.front_end_ms, warmup=warmup, cooldown=cooldown,
                    ttft_ms=ttft_ms, tpot_ms=tpot_ms, progress=progress, notes=notes,
-                   front_end_spread=front_end_spread, seed=seed)
+                   front_end_spread=front_end_spread, seed=seed, lockstep=dp)
     return res, timer
 
 

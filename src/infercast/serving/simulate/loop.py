@@ -19,7 +19,8 @@ ends):
   considered at the next step boundary.
 * *hand-off* (disaggregated): a request prefilled by a prefill worker reaches a decode worker
   with its KV cache, after the transfer time, and waits there for admission to the decodes.
-* *segment end*: the scheduler commits its segment (:meth:`.scheduler.Unit.commit`), completes
+* *segment end*: the scheduler (or the attention-DP ranks of a replica stepping together,
+  :mod:`.lockstep`) commits its segment (:meth:`.scheduler.Unit.commit`), completes
   requests, and plans the next one.
 
 Nothing steps token by token: time jumps from event to event.
@@ -98,9 +99,9 @@ def run(units, router, workload, front_end, replica_of=None, progress: bool = Fa
             if version != u.version:
                 continue
             for r in u.commit():
-                u.outstanding -= 1
+                u.owner(r).outstanding -= 1
                 if u.prefill_only:  # disaggregated: the KV cache moves to a decode worker
-                    r.prefill_unit = u.index
+                    r.prefill_unit = u.owner(r).index
                     r.handoff = r.finish + transfer_ms(r)
                     r.finish = -1.0
                     push(r.handoff, HANDOFF, r)
@@ -131,24 +132,25 @@ def run(units, router, workload, front_end, replica_of=None, progress: bool = Fa
                 push(r.arrival, ARRIVE, (u, r))
             else:
                 u.enqueue(r)
-                _wake(u, t, push)
+                _wake(u.driver, t, push)
         elif kind == ARRIVE:
             u, r = obj
             u.enqueue(r)
-            _wake(u, t, push)
+            _wake(u.driver, t, push)
         else:  # HANDOFF: the request's KV cache reaches a decode worker
             r = obj
             u = decode_units[decode_router.route(())]
             u.outstanding += 1
             u.enqueue_decode(r)
-            _wake(u, t, push)
+            _wake(u.driver, t, push)
     if bar is not None:
         bar.close(finished)
     return reqs
 
 
 def _wake(u, t, push) -> None:
-    """A request joined ``u``'s queue at ``t``."""
+    """A request joined the queue of a scheduler that ``u`` drives (itself, or the
+    :class:`.lockstep.Lockstep` of its replica's attention-DP ranks) at ``t``."""
     if u.seg is None:
         # an idle scheduler wakes at ``t``, after every arrival of the same instant (a segment
         # event with nothing to commit), so that requests arriving together start together

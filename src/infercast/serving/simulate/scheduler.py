@@ -173,12 +173,17 @@ class Unit:
         self.entry_sum = 0.0
         self.priv = 0.0  # running requests' own KV tokens, fixed parts
         self.outstanding = 0  # routed here and not finished (set by the loop)
+        self.driver = self  # what the event loop steps: this scheduler, or its replica's Lockstep
         self.seg = None  # ("p", groups, with decodes, end) or ("d", steps, first step, increment, end)
         self.version = 0
         self.steps = 0
         self.preemptions = 0
         self.busy_ms = 0.0
         self.series: list[tuple[float, float, int, int]] = []  # (t, KV used, waiting, running)
+
+    def owner(self, r: Request) -> Unit:
+        """The scheduler that ran ``r`` (this one: a scheduler drives only itself)."""
+        return self
 
     # ---- KV accounting ----------------------------------------------------------------------
     def kv_used(self) -> float:

@@ -9,7 +9,9 @@ Measurement window: warm-up and cool-down are cut by time. With ``T`` the last c
 latency statistics are over the requests *sent* in ``[warmup x T, (1 - cooldown) x T]``, and
 throughput and goodput count the requests *completing* in that window over its length (goodput:
 those meeting every given target, TTFT <= ``ttft_ms`` and TPOT <= ``tpot_ms``). KV use and queue
-length are sampled over the window.
+length are sampled over the window. ``series``: KV use (share of the capacity), queued and
+running requests on a grid over the whole run, summed over the schedulers and (``units``) per
+scheduler.
 """
 
 from __future__ import annotations
@@ -135,20 +137,28 @@ def _series(units, w0, w1, end, points):
     q = np.zeros_like(grid)
     q_fine = np.zeros_like(fine)
     run = np.zeros_like(grid)
+    per_unit = []
     for u in units:
         if not u.series:
+            per_unit.append({"unit": u.index, "kv_use": [0.0] * grid.size, "queued": [0.0] * grid.size,
+                             "running": [0.0] * grid.size})
             continue
         s = np.asarray(u.series, dtype=float)
         cap = u.cfg.kv_capacity_tokens
-        kv_share += _at(s[:, 0], s[:, 1], grid) / cap / len(units)
+        kv_u = _at(s[:, 0], s[:, 1], grid) / cap
+        q_u = _at(s[:, 0], s[:, 2], grid)
+        run_u = _at(s[:, 0], s[:, 3], grid)
+        kv_share += kv_u / len(units)
         kv_fine += _at(s[:, 0], s[:, 1], fine) / cap / len(units)
-        q += _at(s[:, 0], s[:, 2], grid)
+        q += q_u
         q_fine += _at(s[:, 0], s[:, 2], fine)
-        run += _at(s[:, 0], s[:, 3], grid)
+        run += run_u
+        per_unit.append({"unit": u.index, "kv_use": kv_u.round(5).tolist(), "queued": q_u.tolist(),
+                         "running": run_u.tolist()})
     kv = {"mean": float(kv_fine.mean()), "max": float(kv_fine.max())}
     ql = {"mean": float(q_fine.mean()), "max": float(q_fine.max())}
     series = {"t_s": (grid / 1e3).round(4).tolist(), "kv_use": kv_share.round(5).tolist(),
-              "queued": q.tolist(), "running": run.tolist()}
+              "queued": q.tolist(), "running": run.tolist(), "units": per_unit}
     return kv, ql, series
 
 
