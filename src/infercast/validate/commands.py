@@ -52,9 +52,13 @@ def _model_args(inputs: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def _estimator_args(inputs: dict) -> list[str]:
+def _estimator_args(inputs: dict, moe: bool = True) -> list[str]:
+    """Model, quant, MTP, kernel and memory flags; ``moe`` False (a dense model): no
+    ``--moe-quant``, which has nothing to apply to (and which the CLI refuses for a dense model)."""
     out = ["--model", inputs["model"], "--system", inputs["system"], "--backend", inputs["backend"]]
     for key, flag in _EST_FLAGS:
+        if key == "moe_quant" and not moe:
+            continue
         if inputs[key] is not None:
             out += [flag, _num(inputs[key])]
     if inputs["nextn"]:
@@ -94,7 +98,7 @@ def serve_command(est, per_rank: int, row, params: SchedulerParams, settings) ->
     if inputs is None:
         return ""
     base = scheduler_params(inputs["backend"], est.data.system, est.spec)
-    argv = ["infercast", "serve", *_estimator_args(inputs), *_model_args(inputs),
+    argv = ["infercast", "serve", *_estimator_args(inputs, est.spec.moe is not None), *_model_args(inputs),
             "--concurrency", str(per_rank * inputs["attention_dp"]), "--isl", str(_int(row.isl)), "--osl", str(_int(row.osl)),
             *scheduler_args(params, base, settings.random_range_ratio)]
     return shlex.join(argv)
@@ -109,7 +113,7 @@ def disagg_command(pe, de, row, concurrency: int) -> str:
     layout = ("tp", "pp", "attention_dp", "moe_tp", "moe_ep")
     if {k: v for k, v in pi.items() if k not in layout} != {k: v for k, v in di.items() if k not in layout}:
         return ""
-    argv = ["infercast", "serve-disagg", *_estimator_args(pi),
+    argv = ["infercast", "serve-disagg", *_estimator_args(pi, pe.spec.moe is not None),
             "--prefill-workers", str(row.prefill_workers), *_model_args(pi, "prefill"),
             "--prefill-batch", str(row.prefill.batch_size or 1),
             "--decode-workers", str(row.decode_workers), *_model_args(di, "decode"),
