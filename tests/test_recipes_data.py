@@ -293,6 +293,31 @@ def test_clients_drift_by_campaign(source, drift) -> None:
 # --------------------------------------------------------------------------- reproducing commands
 
 
+@pytest.mark.parametrize(("item", "msg"), [
+    ("colour=1", "is not FIELD=VALUE of a scheduler setting"),
+    ("chunked", "is not FIELD=VALUE"),
+    ("chunked=maybe", "chunked takes true or false"),
+    ("max_num_tokens=lots", "max_num_tokens takes an integer"),
+])
+def test_serve_scheduler_flag_refuses_bad_settings(item, msg, capsys) -> None:
+    from infercast.cli.main import main
+
+    argv = ["serve", "--model", "m", "--system", "s", "--backend", "vllm", "--concurrency", "1", "--isl", "8",
+            "--osl", "8", "--scheduler", item]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert msg in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_serve_scheduler_flag_values() -> None:
+    from infercast.cli.main import _scheduler_fields
+
+    got = _scheduler_fields(["chunked=false", "overlap=on", "kv_length_ratio=0.9", "graph_batch_sizes=1,2,4",
+                             "recv-interval=10"])
+    assert got == {"chunked": False, "overlap": True, "kv_length_ratio": 0.9, "graph_batch_sizes": (1, 2, 4),
+                   "recv_interval": 10}
+
+
 def test_validate_commands_reproduce_the_predictions(real_pack_available, tmp_path, capsys) -> None:
     """A sample of dev rows (recipes of every engine, disagg too): the command line `validate`
     records for each row, run in-process, prints the row's predicted TTFT and TPOT."""

@@ -196,7 +196,8 @@ def _scheduler_fields(items: list[str]) -> dict:
             else:
                 value = kind(text)
         except ValueError:
-            raise InvalidInputError(f"--scheduler {name} takes a {kind.__name__}, got {text!r}") from None
+            what = {bool: "true or false", int: "an integer", float: "a number", tuple: "comma-separated integers"}[kind]
+            raise InvalidInputError(f"--scheduler {name} takes {what}, got {text!r}") from None
         out[name] = value
     return out
 
