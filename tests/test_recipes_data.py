@@ -15,7 +15,13 @@ import pytest
 
 from infercast.errors import DataFileError
 from infercast.serving.backends import mean_length_ratio, scheduler_params
-from infercast.validate.recipes import RECIPE_DIR, RecipeBook, RowContext, load_recipe, shipped_recipes
+from infercast.validate.recipes import (
+    RECIPE_DIR,
+    RecipeBook,
+    RowContext,
+    load_recipe,
+    shipped_recipes,
+)
 from infercast.validate.silicon import SiliconRow, WorkerSpec
 
 IX = "source_file=2026-04-06.csv; model=m; silicon_concurrency=4"

@@ -15,8 +15,8 @@ from ..errors import DataFileError, InvalidInputError
 from ..ops.base import DatabaseMode
 from .metrics import DEFAULT_GROUPS, check_groupings, summarize
 from .predict import EstimatorCache, static_predictor
-from .recipes import RecipeBook
 from .progress import RowProgress
+from .recipes import RecipeBook
 from .report import WORST_CONSOLE_N, prepare_out_dir, render_console, write_all
 from .runner import run_grouped
 from .silicon import load_ids, load_rows
@@ -105,10 +105,15 @@ def run_validate(a) -> int:
     t0 = time.perf_counter()
     runs = {}
     with RowProgress(getattr(a, "progress", None) or "auto") as bar:
-        for mode, book in (("recipes", None), ("defaults_only", RecipeBook.empty())):
+        for k, (mode, book) in enumerate((("recipes", None), ("defaults_only", RecipeBook.empty()))):
             cache = EstimatorCache(a.systems_path, database_mode, recipes=book)
             predictor = make_predictor(model, cache=cache)
-            results = run_grouped(rows, predictor, release=cache.release, progress=bar.update)
+
+            def step(done, total, label, k=k, mode=mode):
+                # one count over both passes: each row is predicted twice
+                bar.update(k * total + done, 2 * total, f"{mode.replace('_', ' ')}: {label}")
+
+            results = run_grouped(rows, predictor, release=cache.release, progress=step)
             runs[mode] = (results, cache, getattr(predictor, "commands", {}))
     elapsed = time.perf_counter() - t0
     results, cache, commands = runs["recipes"]
