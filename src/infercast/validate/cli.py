@@ -105,13 +105,13 @@ def run_validate(a) -> int:
     t0 = time.perf_counter()
     runs = {}
     with RowProgress(getattr(a, "progress", None) or "auto") as bar:
-        for k, (mode, book) in enumerate((("recipes", None), ("defaults_only", RecipeBook.empty()))):
+        for mode, book in (("recipes", None), ("defaults_only", RecipeBook.empty())):
             cache = EstimatorCache(a.systems_path, database_mode, recipes=book)
             predictor = make_predictor(model, cache=cache)
 
-            def step(done, total, label, k=k, mode=mode):
-                # one count over both passes: each row is predicted twice
-                bar.update(k * total + done, 2 * total, f"{mode.replace('_', ' ')}: {label}")
+            def step(done, total, label, mode=mode):
+                # each pass counts the rows anew, its label saying which score it is
+                bar.update(done, total, f"{mode.replace('_', ' ')}: {label}")
 
             results = run_grouped(rows, predictor, release=cache.release, progress=step)
             runs[mode] = (results, cache, getattr(predictor, "commands", {}))
