@@ -30,6 +30,10 @@ def test_validate_subset_json(real_pack_available, capsys):
     assert set(d["by"]["backend"]) == {"trtllm", "vllm", "sglang"}
     assert 0.0 <= d["tpot_median_ape"] < 0.40
     assert 0.0 <= d["ttft_median_ape"] < 0.80
+    # the defaults-only score: the same keys, its own numbers (the recipes move some rows)
+    dflt = d["defaults_only"]
+    assert set(dflt) == set(d) - {"defaults_only", "seconds", "model", "ids_not_in_csv"}
+    assert dflt["rows"] == N_IDS and dflt["ttft_median_ape"] != d["ttft_median_ape"]
 
 
 @pytest.mark.real_pack
@@ -37,6 +41,7 @@ def test_validate_static_subset_out(real_pack_available, capsys, tmp_path):
     assert main(["validate", "--ids", str(SUBSET), "--static", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "rows predicted" in out
+    assert "with recipes: TTFT median APE" in out and "defaults only: TTFT median APE" in out
     # printed to a pipe, the summary table keeps its numbers whole (rich's default 80 columns cut
     # them to "1…" / "100…")
     assert "…" not in out
@@ -97,5 +102,6 @@ def test_validate_serving_notes_split_each_ttft(real_pack_available, capsys, tmp
             continue  # the best of a GPU count's deployments: its note names the layout instead
         assert m, r["note"]
         assert sum(int(x) for x in m.groups()) == pytest.approx(float(r["predicted_ttft_ms"]), abs=2.0)
+        assert r["command"].startswith("infercast serve") and float(r["defaults_only_ttft_ms"]) > 0
         checked += 1
     assert checked >= N_IDS - 2 and any(r["mode"] == "disagg" for r in rows)

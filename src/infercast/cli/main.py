@@ -175,6 +175,39 @@ def _scheduler_overrides(a) -> dict:
     return out
 
 
+def _scheduler_fields(items: list[str]) -> dict:
+    """``--scheduler FIELD=VALUE`` settings: any :class:`~infercast.serving.backends.SchedulerParams`
+    field, its value read as the field's type (true/false, an integer, a number, or a
+    comma-separated list of integers)."""
+    from dataclasses import fields
+
+    from ..serving.backends import SCHEDULERS, SchedulerParams
+
+    known = {f.name: type(getattr(SCHEDULERS["trtllm"], f.name)) for f in fields(SchedulerParams)}
+    out = {}
+    for item in items:
+        name, eq, text = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not eq or name not in known:
+            raise InvalidInputError(f"--scheduler {item!r} is not FIELD=VALUE of a scheduler setting",
+                                    available=sorted(known))
+        kind = known[name]
+        try:
+            if kind is bool:
+                if text.lower() not in ("true", "false", "1", "0", "on", "off"):
+                    raise ValueError
+                value = text.lower() in ("true", "1", "on")
+            elif kind is tuple:
+                value = tuple(int(x) for x in text.split(",") if x.strip())
+            else:
+                value = kind(text)
+        except ValueError:
+            what = {bool: "true or false", int: "an integer", float: "a number", tuple: "comma-separated integers"}[kind]
+            raise InvalidInputError(f"--scheduler {name} takes {what}, got {text!r}") from None
+        out[name] = value
+    return out
+
+
 def cmd_serve(a) -> int:
     from dataclasses import asdict, replace
 
@@ -202,6 +235,7 @@ def cmd_serve(a) -> int:
         except ValueError:
             raise InvalidInputError(f"--random-range-ratio is the shortest request's share of the nominal lengths, "
                                     f"in (0, 1]; got {a.random_range_ratio}") from None
+    overrides.update(_scheduler_fields(getattr(a, "scheduler", None) or []))
     est = _estimator(a)
     params = replace(scheduler_params(a.backend, est.data.system, est.spec), **overrides)
     head = {"model": a.model, "system": a.system, "backend": a.backend, "backend_version": est.version,
@@ -717,6 +751,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the benchmark draws each request's input and output lengths uniformly from [R x L, L] "
                          "(benchmark_serving's --random-range-ratio): implies --random-lengths, and the KV cache "
                          "holds the mean lengths' tokens, (1 + R) / 2 of the nominal ones")
+    sv.add_argument("--scheduler", action="append", metavar="FIELD=VALUE", default=None,
+                    help="set any scheduler setting by its name in infercast.serving.backends.SchedulerParams "
+                         "(e.g. chunked=false, overlap=true, lockstep=false); repeatable; applied last")
     sv.set_defaults(func=cmd_serve)
 
     sd = sub.add_parser("serve-disagg", help="serving model, disaggregated: prefill workers x decode workers under a "

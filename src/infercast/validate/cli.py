@@ -1,4 +1,8 @@
-"""``infercast validate``: predict measured rows and report the error."""
+"""``infercast validate``: predict measured rows and report the error, twice: with the benchmark
+recipes (:mod:`.recipes`: what the public scripts behind the rows set, as data files) and
+defaults-only (model, system, backend, version, layout and the checkpoint's own quantisation and
+KV dtype, nothing else: what a user who states only those gets). The summary is the recipes'
+score; ``defaults_only`` holds the other, with the same keys."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from ..ops.base import DatabaseMode
 from .metrics import DEFAULT_GROUPS, check_groupings, summarize
 from .predict import EstimatorCache, static_predictor
 from .progress import RowProgress
+from .recipes import RecipeBook
 from .report import WORST_CONSOLE_N, prepare_out_dir, render_console, write_all
 from .runner import run_grouped
 from .silicon import load_ids, load_rows
@@ -70,6 +75,17 @@ def _nothing_scored(summary: dict, csv_path: Path) -> InvalidInputError:
                              shown)
 
 
+def headline(label: str, summary: dict) -> str:
+    """One line: a score's median and mean TTFT / TPOT APE over its scored rows."""
+
+    def pct(x):
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    return (f"{label}: TTFT median APE {pct(summary.get('ttft_median_ape'))} (mean {pct(summary.get('ttft_mape'))}, "
+            f"{summary.get('ttft_n', 0)} rows); TPOT median APE {pct(summary.get('tpot_median_ape'))} "
+            f"(mean {pct(summary.get('tpot_mape'))}, {summary.get('tpot_n', 0)} rows)")
+
+
 def run_validate(a) -> int:
     # Flags first, as the other commands check them: an unknown --database-mode or a
     # --systems-path without a pack would otherwise fail every row one by one (each reported as
@@ -86,19 +102,40 @@ def run_validate(a) -> int:
     if a.out:
         prepare_out_dir(a.out)  # a bad --out fails now, not after every row was predicted
     model = "static" if a.static else "serving"
-    cache = EstimatorCache(a.systems_path, database_mode)
-    predictor = make_predictor(model, cache=cache)
     t0 = time.perf_counter()
+    runs = {}
     with RowProgress(getattr(a, "progress", None) or "auto") as bar:
-        results = run_grouped(rows, predictor, release=cache.release, progress=bar.update)
+        for mode, book in (("recipes", None), ("defaults_only", RecipeBook.empty())):
+            cache = EstimatorCache(a.systems_path, database_mode, recipes=book)
+            predictor = make_predictor(model, cache=cache)
+
+            def step(done, total, label, mode=mode):
+                # each pass counts the rows anew, its label saying which score it is
+                bar.update(done, total, f"{mode.replace('_', ' ')}: {label}")
+
+            results = run_grouped(rows, predictor, release=cache.release, progress=step)
+            runs[mode] = (results, cache, getattr(predictor, "commands", {}))
     elapsed = time.perf_counter() - t0
+    results, cache, commands = runs["recipes"]
+    defaults = runs["defaults_only"][0]
     summary = summarize(results, by)
+    summary["defaults_only"] = summarize(defaults, by)
     summary["seconds"] = round(elapsed, 2)
     summary["model"] = model
     if a.ids:
         summary["ids_not_in_csv"] = ids_missing
     if a.out:
-        write_all(results, a.out, summary=summary, meta={"csv": str(csv_path), "ids": a.ids, "model": summary["model"]})
+        extra = {}
+        for r, d in zip(results, defaults):
+            applied = ""
+            if r.row.worker is not None and r.error is None:
+                w = cache.layout(r.row, r.row.worker) if r.row.mode == "agg" else r.row.worker
+                applied = "; ".join(cache.settings(r.row, w.tp, w.attention_dp).recipes)
+            extra[r.row.id] = {"defaults_only_ttft_ms": "" if d.ttft_ms is None else repr(d.ttft_ms),
+                               "defaults_only_tpot_ms": "" if d.tpot_ms is None else repr(d.tpot_ms),
+                               "recipes": applied, "command": commands.get(r.row.id, "")}
+        write_all(results, a.out, summary=summary, meta={"csv": str(csv_path), "ids": a.ids, "model": summary["model"]},
+                  extra=extra)
     if summary["ttft_n"] == 0 and summary["tpot_n"] == 0:
         raise _nothing_scored(summary, csv_path)
     if a.json:
@@ -109,6 +146,8 @@ def run_validate(a) -> int:
         # many columns: at a pipe's or a narrow terminal's default 80 columns rich cuts the
         # numbers short ("192…" for 1924 rows); as `search` does, print wider instead
         new_console(CONSOLE_MIN_WIDTH).print(render_console(summary, by, results=results, worst_n=worst))
+        print(headline("with recipes", summary))
+        print(headline("defaults only", summary["defaults_only"]))
         tail = f"; {ids_missing} id(s) of --ids not in the CSV" if ids_missing else ""
         print(f"{summary['predicted']}/{summary['rows']} rows predicted in {elapsed:.1f} s{tail}")
     return 0

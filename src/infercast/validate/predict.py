@@ -3,7 +3,9 @@
 Mapping (facts from the fidelity README):
 
 * model id as written in the CSV, resolved through the pack's aliases;
-* fp8 KV cache for TensorRT-LLM and vLLM rows with quantised weights (see :func:`_kv_quant`);
+* what the benchmark recipes set that the row does not say (KV-cache dtype, MTP, MoE kernel, memory
+  fraction, expert parallelism, scheduler sizes): the recipe files of :mod:`.recipes`, matched on the
+  row's fields (:meth:`EstimatorCache.settings`); with ``RecipeBook.empty()`` none (defaults only);
 * ``gemm_quant_mode`` from the row overrides the checkpoint's inferred GEMM quant (the row says
   what was benchmarked);
 * data version: the pack's *current* slot for the backend. The CSV's ``backend_version`` values are
@@ -27,24 +29,15 @@ from dataclasses import replace
 from ..api import Estimator
 from ..errors import InfercastError, InvalidInputError, UnsupportedModelError
 from ..ops.base import DatabaseMode
-from .recipes import (
-    SGLANG_FP8_KV_SYSTEMS,
-    _gemm_quant,
-    _quant,
-    sglang_recipe,
-    trtllm_recipe,
-    vllm_recipe,
-)
+from .recipes import RecipeBook, RecipeSettings, RowContext, _quant, shipped_recipes
 from .silicon import SiliconRow
 
 Predictor = Callable[[SiliconRow], tuple[float, float, str]]
 
-#: Acceptance rate of the MTP draft token assumed for the rows that run MTP (see
-#: :meth:`EstimatorCache.nextn_for`). The rows do not say; the API's default (0.8). See
-#: docs/modelling-log.md, 'MTP acceptance'.
+#: Acceptance rate of the MTP draft token assumed for the rows that run MTP (a recipe sets the
+#: draft tokens). The rows do not say; the API's default (0.8). See docs/modelling-log.md, 'MTP
+#: acceptance'.
 MTP_ACCEPTANCE = 0.8
-#: models whose TensorRT-LLM rows are predicted without MTP (see :meth:`EstimatorCache.nextn_for`)
-NO_MTP_MODELS = ("DeepSeek-V3",)
 
 
 #: estimators (or their errors) an :class:`EstimatorCache` keeps, least recently used dropped
@@ -59,8 +52,12 @@ class EstimatorCache:
     MTP, MoE kernel, KV memory fraction and parallel layout. At most :data:`ESTIMATORS_KEPT` are
     kept (LRU); :meth:`release` drops them and the perf data they share."""
 
-    def __init__(self, systems_path=None, database_mode="SILICON", max_estimators: int = ESTIMATORS_KEPT):
+    def __init__(self, systems_path=None, database_mode="SILICON", max_estimators: int = ESTIMATORS_KEPT,
+                 recipes: RecipeBook | None = None):
         self.systems_path = systems_path
+        #: the benchmark recipes applied to the rows (:mod:`.recipes`; default: the shipped ones;
+        #: ``RecipeBook.empty()``: none, the defaults-only score)
+        self.recipes = recipes if recipes is not None else shipped_recipes()
         # Parsed here, not per row: an unknown mode would otherwise fail every row one by one
         # (each reported as not predictable) instead of failing the run (InvalidInputError).
         self.database_mode = DatabaseMode.parse(database_mode)
@@ -82,19 +79,15 @@ class EstimatorCache:
             hit = self._cache[key] = map_quant(row, self.systems_path)
         return hit
 
-    def nextn_for(self, row: SiliconRow, model: str) -> int:
-        """MTP draft tokens assumed for a row. No row says whether MTP was on; TensorRT-LLM's
-        DeepSeek serving recipes enable it, and the development rows' TPOT agrees, while SGLang
-        rows fit without it. So: nextn=1 for TensorRT-LLM rows of checkpoints that ship MTP
-        layers, 0 otherwise -- except DeepSeek-V3 rows (:data:`NO_MTP_MODELS`): where the rows
-        hold distinct DeepSeek-V3 and -R1 measurements of one configuration (same version,
-        lengths, concurrency and parallelism), V3's TPOT is the slower by the speed-up MTP gives,
-        on an identical architecture, and NVIDIA's TensorRT-LLM recipes that enable MTP are
-        DeepSeek-R1's. (Other rows hold the same measurement under both names; they cannot tell.)
-        See docs/modelling-log.md, 'MTP on TensorRT-LLM DeepSeek rows'."""
-        if row.backend != "trtllm" or row.model.split("/")[-1] in NO_MTP_MODELS:
-            return 0
-        return 1 if self.ships_mtp(model) else 0
+    def settings(self, row: SiliconRow, tp: int | None, attention_dp: int | None,
+                 clients: int | None = None) -> RecipeSettings:
+        """The settings of the recipes (:attr:`recipes`) that apply to ``row`` served on the layout
+        ``tp`` x ``attention_dp`` (``clients`` per rank when known)."""
+        if not self.recipes:
+            return RecipeSettings()
+        model = self.checkpoint(row)[0]
+        ctx = RowContext(tp, attention_dp, clients, self.ships_mtp(model), self.ships_moe(model))
+        return self.recipes.resolve(row, ctx)
 
     def ships_mtp(self, model: str) -> bool:
         """Whether the checkpoint ``model`` ships MTP (next-n prediction) layers."""
@@ -134,29 +127,26 @@ class EstimatorCache:
 
     def get(self, row: SiliconRow, w) -> Estimator:
         """The estimator for a row's model/system/backend and one worker's parallelism ``w``."""
-        w = _width_rule(_product_layout(row, w, self._gpus_per_node(row.system)))
+        w = self.layout(row, w)
         moe_tp, moe_ep = _moe_layout(w)
-        recipe = vllm_recipe(row)
-        if recipe is not None and recipe.expert_parallel and self.ships_moe(self.checkpoint(row)[0]):
+        if self.settings(row, w.tp, w.attention_dp).expert_parallel and self.ships_moe(self.checkpoint(row)[0]):
             moe_tp, moe_ep = 1, w.tp * w.attention_dp
         return self.for_layout(row, w.tp, w.pp, w.attention_dp, moe_tp, moe_ep)
+
+    def layout(self, row: SiliconRow, w):
+        """The worker layout ``w`` of ``row`` as served: the row's column rules applied
+        (:func:`_product_layout`, :func:`_width_rule`)."""
+        return _width_rule(_product_layout(row, w, self._gpus_per_node(row.system)))
 
     def for_layout(self, row: SiliconRow, tp: int = 1, pp: int = 1, attention_dp: int = 1, moe_tp: int | None = None,
                    moe_ep: int | None = None) -> Estimator:
         """The estimator for a row's model/system/backend on the parallel layout given as is
         (none of the row's column rules; e.g. a search's layout)."""
         model, gemm_q, moe_q = self.checkpoint(row)
-        kv = _kv_quant(row)
-        nextn = self.nextn_for(row, model)
-        moe_kernel = None
-        recipe = trtllm_recipe(row, attention_dp) if row.backend == "trtllm" and self.ships_mtp(model) else None
-        if recipe is not None:
-            nextn, moe_kernel = recipe
-        vrecipe = vllm_recipe(row)
-        if vrecipe is not None and self.ships_moe(model):
-            moe_kernel = vrecipe.moe_kernel
-        srecipe = sglang_recipe(row, tp * attention_dp)
-        kv_fraction = srecipe.kv_memory_fraction if srecipe is not None else None
+        kw = self.settings(row, tp, attention_dp).estimator
+        kv, nextn = kw.get("kv_cache_quant"), kw.get("nextn", 0)
+        moe_kernel = kw.get("moe_kernel") if self.ships_moe(model) else None
+        kv_fraction = kw.get("kv_memory_fraction")
         key = (model, row.system, row.backend, gemm_q, moe_q, kv, nextn, moe_kernel, kv_fraction, tp, pp, attention_dp, moe_tp,
                moe_ep)
         hit = self._estimators.get(key)
@@ -177,6 +167,11 @@ class EstimatorCache:
                 self._keep(key, exc)
                 raise
             self._keep(key, hit)
+            # the inputs it was built from, for the command line that reproduces a row
+            hit.validate_inputs = {"model": model, "system": row.system, "backend": row.backend, "tp": tp, "pp": pp,
+                                   "attention_dp": attention_dp, "moe_tp": moe_tp, "moe_ep": moe_ep, "gemm_quant": gemm_q,
+                                   "moe_quant": moe_q, "kv_cache_quant": kv, "nextn": nextn, "moe_kernel": moe_kernel,
+                                   "kv_memory_fraction": kv_fraction, "database_mode": self.database_mode.name}
         return hit
 
     def _keep(self, key, value) -> None:
@@ -365,23 +360,6 @@ def _moe_layout(w) -> tuple[int | None, int | None]:
     if w.moe_ep > 1 and width % w.moe_ep == 0:
         return None, w.moe_ep
     return None, None
-
-
-def _kv_quant(row: SiliconRow) -> str | None:
-    """No row says whether the KV cache was fp8. TensorRT-LLM serves NVIDIA's quantised (fp8 /
-    nvfp4) checkpoints with their fp8 KV cache by default. For vLLM the development rows say the
-    same: vLLM rows of quantised checkpoints that a bf16 cache would make KV-bound measure no such
-    queueing. SGLang keeps the model dtype (``kv_cache_dtype=auto``) except where its benchmark
-    recipes set fp8 (:data:`SGLANG_FP8_KV_SYSTEMS`). See docs/modelling-log.md, 'fp8 KV cache for
-    quantised checkpoints'."""
-    recipe = vllm_recipe(row)
-    if recipe is not None:
-        return recipe.kv_cache_quant
-    if row.backend in ("trtllm", "vllm") and _gemm_quant(row) in ("fp8", "nvfp4", "fp8_block"):
-        return "fp8"
-    if row.backend == "sglang" and row.system in SGLANG_FP8_KV_SYSTEMS:
-        return "fp8"
-    return None
 
 
 def benchmark_concurrency(row: SiliconRow) -> int:

@@ -40,6 +40,7 @@ class RowProgress:
         self._progress = None
         self._task = None
         self._next_line = 0
+        self._last = 0
 
     def __enter__(self) -> RowProgress:
         self._t0 = time.perf_counter()
@@ -51,6 +52,11 @@ class RowProgress:
             self._progress = None
 
     def update(self, done: int, total: int, label: str = "") -> None:
+        """``done`` of ``total`` rows; a ``done`` below the last one starts a new pass over the
+        rows (``validate`` predicts them twice: with recipes, then defaults only)."""
+        if done < self._last:
+            self._next_line = 0
+        self._last = done
         if self.bar:
             self._update_bar(done, total, label)
         elif self.lines and total and done >= self._next_line:

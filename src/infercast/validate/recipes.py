@@ -1,22 +1,57 @@
-"""What the benchmark recipes behind the silicon rows set that the rows do not say: server
-settings of the public InferenceX launch scripts (SemiAnalysisAI/InferenceX, by model, GPU, engine
-and benchmarked image), each rule with the script it reads; the dev-row evidence for each is in
-docs/modelling-log.md, 'Benchmark recipes'.
+"""Benchmark recipes as data: what the public scripts behind the silicon rows set that the rows do
+not say, read from the YAML files in ``validate/recipe_files/`` (one file per recipe; the format
+is in that directory's README.md) and translated into the inputs a user gives infercast:
+:class:`~infercast.Estimator` keywords (KV-cache dtype, MTP draft tokens, MoE kernel, KV memory
+fraction, expert parallelism) and :class:`~infercast.serving.backends.SchedulerParams` overrides.
 
-The mapping in :mod:`infercast.validate.predict` applies them: :func:`trtllm_recipe` (MTP depth, MoE
-kernel), :func:`vllm_recipe` (MoE kernel, expert parallelism, KV dtype), :func:`sglang_recipe` and
-:data:`SGLANG_FP8_KV_SYSTEMS` (memory fraction, token budget, running requests, KV dtype),
-:func:`postprocess_workers` (TensorRT-LLM's front end) and :func:`recipe_scheduler` (batching
-delays, SGLang's lock-step waves or poll interval, the recipes' scheduler sizes).
+A recipe says which rows it applies to (a match on the row's own fields: backend, benchmarked
+version, system, model name, quantisation, source, lengths, concurrency, and on the layout being
+served and the checkpoint), the engine settings in the engine's own names (an engine command line
+or TensorRT-LLM LLM-API options, read by :mod:`infercast.serving.engine_args`, the reader behind
+``--engine-args`` / ``--engine-cmd``), the benchmark client's settings (random range ratio), and
+the values that are fits rather than published settings (each with the rows it was fitted on and
+the client it describes). Nothing here knows a model, a file or a date: every such fact is in the
+data files.
+
+Two recipes that set one input to different values must differ in ``priority`` (the higher wins);
+equal priorities that disagree raise :class:`~infercast.errors.DataFileError`. Evidence for each
+recipe is in docs/modelling-log.md, under the section names the files cite.
 """
 
 from __future__ import annotations
 
+import ast
+import operator
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
 
+import yaml
+
+from ..errors import DataFileError
 from ..serving.backends import mean_length_ratio, sglang_hybrid_overlap
 from .silicon import SiliconRow
+
+#: where the shipped recipe files are (package data)
+RECIPE_DIR = Path(__file__).with_name("recipe_files")
+
+#: the keys of a recipe file
+RECIPE_KEYS = {"name", "script", "about", "priority", "applies_to", "except", "engine", "client", "fits"}
+#: the keys of an engine / fit block
+BLOCK_KEYS = {"when", "cmd", "options", "computed", "client", "note"}
+FIT_KEYS = BLOCK_KEYS | {"name", "value", "constant", "fitted_on", "benchmark_client"}
+#: what a match may test: exact (a value or a list of values) ...
+EXACT_KEYS = {"backend", "backend_version", "system", "gemm_quant", "mode", "model", "isl", "osl"}
+#: ... a prefix of the model name (its last path part), a regular expression on the row's
+#: ``silicon_data_source``, a number range, a checkpoint fact
+PREFIX_KEYS = {"model_prefix"}
+REGEX_KEYS = {"source"}
+RANGE_KEYS = {"concurrency", "clients", "tp", "attention_dp", "gpus"}
+FACT_KEYS = {"checkpoint_mtp", "checkpoint_moe"}
+MATCH_KEYS = EXACT_KEYS | PREFIX_KEYS | REGEX_KEYS | RANGE_KEYS | FACT_KEYS
+RANGE_OPS = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
 
 
 def _quant(q: str | None) -> str | None:
@@ -24,353 +59,345 @@ def _quant(q: str | None) -> str | None:
     return q or None
 
 
-def _gemm_quant(row: SiliconRow) -> str | None:
-    return _quant(row.gemm_quant)
+@dataclass(frozen=True)
+class RowContext:
+    """What a recipe match reads beyond the row: the layout being served (``tp`` per
+    attention-DP rank, ``attention_dp``), the clients per rank when known (None: a search over
+    layouts, where nothing sized by them applies), and the checkpoint's facts (None: unknown,
+    which no ``checkpoint_*`` match accepts)."""
+
+    tp: int | None = None
+    attention_dp: int | None = None
+    clients: int | None = None
+    checkpoint_mtp: bool | None = None
+    checkpoint_moe: bool | None = None
 
 
-#: TensorRT-LLM image tags of the public InferenceX (InferenceMAX) DeepSeek-R1 single-node recipes
-#: (``.github/configs/nvidia-master.yaml`` of SemiAnalysisAI/InferenceX, early 2026, and the
-#: ``benchmarks/dsr1_*_b200_trt*.sh`` scripts they run): the MTP recipes ran
-#: ``release:1.2.0rc6.post3``, the plain (STP) ones ``release:1.2.0rc6.post2`` (B200; on H200 both
-#: ran ``1.1.0rc2.post2``, which therefore tells nothing). See :func:`trtllm_recipe`.
-MTP_RECIPE_VERSION = "1.2.0rc6.post3"
-STP_RECIPE_VERSION = "1.2.0rc6.post2"
+def _as_list(v) -> list:
+    return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
-def trtllm_recipe(row: SiliconRow, attention_dp: int) -> tuple[int, str | None] | None:
-    """(MTP draft tokens, MoE kernel family or None for the table's own) of the recipe a
-    TensorRT-LLM row's benchmarked version names (:data:`MTP_RECIPE_VERSION`,
-    :data:`STP_RECIPE_VERSION`), or None for other versions. The caller asks only for checkpoints
-    that ship MTP layers (DeepSeek-R1 / -V3). What the recipes' scripts set:
-
-    * MTP recipe: ``num_nextn_predict_layers`` 3, or 1 with attention DP; fp8 MoE backend
-      ``DEEPGEMM`` (the TensorRT-LLM table's own kernel);
-    * STP recipe: no MTP; fp8 MoE backend ``TRTLLM`` (TensorRT-LLM-gen), ``DEEPGEMM`` only in the
-      attention-DP points. TensorRT-LLM's tables hold no TensorRT-LLM-gen fp8 rows; vLLM's and
-      SGLang's hold the same kernels through FlashInfer (:func:`infercast.ops.moe.resolve_moe`,
-      ``kernel``).
-
-nvfp4 keeps the table's own kernels in both: the scripts' ``TRTLLM`` backend (``CUTLASS`` with
-attention DP or at >= 256 clients) is what :func:`infercast.ops.moe._prefer_low_latency`
-already models at decode batch sizes (serving it from vLLM's TensorRT-LLM-gen nvfp4 rows instead
-was rejected).
-
-The MTP script's step budget is :func:`mtp_recipe_budget` (applied by
-:func:`recipe_scheduler`). See docs/modelling-log.md, 'TensorRT-LLM DeepSeek MTP and STP
-recipes'."""
-    if row.backend != "trtllm" or row.backend_version not in (MTP_RECIPE_VERSION, STP_RECIPE_VERSION):
-        return None
-    adp = attention_dp > 1
-    fp8 = _gemm_quant(row) == "fp8"
-    if row.backend_version == MTP_RECIPE_VERSION:
-        return (1 if adp else 3), None
-    return 0, ("deepgemm" if adp else "trtllm") if fp8 else None
+def _row_value(row: SiliconRow, ctx: RowContext, key: str):
+    if key == "model":
+        return (row.model or "").split("/")[-1]
+    if key == "gemm_quant":
+        return _quant(row.gemm_quant)
+    if key == "concurrency":
+        return row.concurrency
+    if key == "gpus":
+        return None if ctx.tp is None else ctx.tp * (ctx.attention_dp or 1)
+    if key in ("tp", "attention_dp", "clients", "checkpoint_mtp", "checkpoint_moe"):
+        return getattr(ctx, key)
+    return getattr(row, key)
 
 
-#: The public InferenceX recipes' TensorRT-LLM post-processing workers (``num_postprocess_workers``
-#: of their ``trtllm-serve`` launches: ``benchmarks/70b_fp8_{b200,h200}_trt_slurm.sh`` 2,
-#: ``benchmarks/gptoss_fp4_{b200,h200}_trt.sh`` 4; the DeepSeek-R1 scripts set none), by model
-#: name; see :data:`infercast.serving.backends.TRTLLM_POSTPROCESS_FRONT_END_MS`.
-INFERENCEX_POSTPROCESS_WORKERS = {"Llama-3.1-70B": 2, "Llama-3.1-70B-Instruct": 2, "gpt-oss-120b": 4}
-_INFERENCEX_SOURCE = re.compile(r"source_file=\d{4}-\d{2}-\d{2}\.csv")
+def matches(match: dict, row: SiliconRow, ctx: RowContext) -> bool:
+    """Whether ``row`` (served as ``ctx`` says) meets every condition of ``match``."""
+    for key, want in match.items():
+        if key in PREFIX_KEYS:
+            name = (row.model or "").split("/")[-1]
+            if not any(name.startswith(p) for p in _as_list(want)):
+                return False
+        elif key in REGEX_KEYS:
+            if not any(rx.match(row.source or "") for rx in want):
+                return False
+        elif key in RANGE_KEYS:
+            got = _row_value(row, ctx, key)
+            if got is None:
+                return False
+            if isinstance(want, dict):
+                if not all(RANGE_OPS[op](got, bound) for op, bound in want.items()):
+                    return False
+            elif got not in _as_list(want):
+                return False
+        elif key in FACT_KEYS:
+            got = _row_value(row, ctx, key)
+            if got is None or bool(got) != bool(want):
+                return False
+        else:
+            got = _row_value(row, ctx, key)
+            if got not in [(_quant(w) if key == "gemm_quant" else w) for w in _as_list(want)]:
+                return False
+    return True
 
 
-def inferencex_row(row: SiliconRow) -> bool:
-    """Whether a row comes from InferenceX's exported results: the date-stamped source files
-    (``silicon_data_source`` ``source_file=2026-04-06.csv``, ``...2026-03-25.csv``), whose ids
-    carry that benchmark's own config names (``2026_04_06_..._tp8_ep8_<n>``).
+# --------------------------------------------------------------------------- formulas
 
-The rows' random request lengths are handled by :func:`random_lengths` and
-:data:`INFERENCEX_RANDOM_RANGE_RATIO` (KV cache only; see docs/modelling-log.md, 'Mean request
-lengths for compute')."""
-    return bool(_INFERENCEX_SOURCE.match(row.source or ""))
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
+_FUNCS = {"round_up": lambda x, m: -(-x // m) * m, "max": max, "min": min}
+#: the names a formula may read (see :func:`evaluate`)
+FORMULA_NAMES = ("isl", "osl", "concurrency", "clients")
 
 
-#: The InferenceX Llama-3.1-70B TensorRT-LLM recipes' context batching delay at 1024x1024 below TP 8
-#: (``batch_wait_timeout_iters: 20``, ``batch_wait_max_tokens_ratio: 0.9`` in
-#: ``benchmarks/70b_fp8_{b200,h200}_trt_slurm.sh``), with the b200 script's ``--max_num_tokens 16384``
-#: (the h200 script's is ``$MAX_MODEL_LEN``, which the rows do not give; its rows fit the b200
-#: value); see :func:`recipe_scheduler` and docs/modelling-log.md, 'Llama-3.1-70B TensorRT-LLM
-#: batching delay'.
-LLAMA_BATCH_WAIT = (20, 0.9, 16384)
-
-#: The InferenceX Llama-3.1-70B TensorRT-LLM B200 recipe's step budget for every configuration
-#: (``benchmarks/70b_fp8_b200_trt_slurm.sh``: ``trtllm-serve --max_num_tokens 16384``, and no
-#: ``enable_chunked_prefill``, so TensorRT-LLM's default runs each prompt whole): an 8192-token
-#: prompt takes one step beside the running decodes, where the engine default (8192, chunked
-#: here) split it in two. The H200 script passes ``--max_num_tokens $MAX_MODEL_LEN``, which the
-#: rows do not give, so its rows keep the default. See docs/modelling-log.md, 'Llama-3.1-70B
-#: TensorRT-LLM B200 step budget' (the gpt-oss-120b scripts' 20000-token budget there too).
-LLAMA_TRT_B200_STEP_BUDGET = 16384
+class _Unknown(Exception):
+    """A formula reads a quantity this prediction does not have (e.g. the clients per rank in a
+    search over layouts)."""
 
 
-#: The DeepSeek-R1 fp8 plain-recipe context batching delay (``benchmarks/dsr1_fp8_b200_trt.sh``:
-#: ``DELAY_BATCHING`` at 1024x1024 from 64 to 255 clients: ``batch_wait_timeout_iters: 40``,
-#: ``batch_wait_max_tokens_ratio: 0.8``, ``max_num_tokens`` 8192). The plain scripts' unchunked
-#: step budget is not applied. See docs/modelling-log.md, 'DeepSeek-R1 fp8 TensorRT-LLM batching
-#: delay and step budget'.
-DSR1_FP8_BATCH_WAIT = (40, 0.8, 8192)
+def _check_formula(text: str, where: str) -> ast.AST:
+    try:
+        tree = ast.parse(str(text), mode="eval")
+    except SyntaxError:
+        raise DataFileError(f"{where}: {text!r} is not a formula", "integers, + - * //, round_up(x, m), max, min") from None
+    for node in ast.walk(tree):
+        ok = isinstance(node, (ast.Expression, ast.BinOp, ast.Load, ast.Call, ast.Name, ast.Constant, *_BINOPS))
+        if not ok or (isinstance(node, ast.Name) and node.id not in FORMULA_NAMES + tuple(_FUNCS)):
+            raise DataFileError(f"{where}: {text!r} uses {ast.dump(node)[:40]}",
+                                f"formulas read {', '.join(FORMULA_NAMES)} with + - * //, round_up(x, m), max, min")
+    return tree
+
+
+def evaluate(tree: ast.AST, names: dict[str, int | None]) -> int:
+    """The integer value of a checked formula (see :func:`_check_formula`)."""
+
+    def ev(n):
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.Constant):
+            return n.value
+        if isinstance(n, ast.Name):
+            v = names.get(n.id)
+            if v is None:
+                raise _Unknown(n.id)
+            return v
+        if isinstance(n, ast.BinOp):
+            return _BINOPS[type(n.op)](ev(n.left), ev(n.right))
+        return _FUNCS[n.func.id](*(ev(a) for a in n.args))
+
+    v = ev(tree)
+    return int(v) if float(v).is_integer() else v
+
+
+# --------------------------------------------------------------------------- the files
 
 
 @dataclass(frozen=True)
-class SglangRecipe:
-    """An SGLang benchmark recipe's server sizes: ``--mem-fraction-static``,
-    ``--chunked-prefill-size`` (the step's token budget), ``--max-running-requests`` and
-    ``--scheduler-recv-interval`` (0: the rule of :func:`sglang_recv_interval`)."""
+class Block:
+    """One group of settings of a recipe: engine settings (a command line or TensorRT-LLM
+    options, with ``computed`` option values from formulas) and client settings, under an optional
+    extra condition ``when``."""
 
-    kv_memory_fraction: float
-    max_num_tokens: int
-    max_batch_size: int
-    recv_interval: int = 0
-
-
-#: The public InferenceX DeepSeek-R1 fp8 SGLang recipe on B200 (``benchmarks/dsr1_fp8_b200.sh``,
-#: ``single_node/dsr1_fp8_b200.sh``; its B300 entries reuse it as is) runs TP 4 for 8192x1024 only,
-#: with ``MEM_FRAC_STATIC=0.95``, ``CHUNKED_PREFILL_SIZE=8192``, ``MAX_RUNNING_REQUESTS=32`` and
-#: ``SCHEDULER_RECV_INTERVAL=10``:
-#: DeepSeek-R1's fp8 weights take ~169 GB of each of four B200s, which SGLang's default static
-#: fraction (0.88 here) would leave ~1 GB of KV cache (27k tokens: a c8 run would queue for
-#: cache). Keyed (model-name prefix, system, gemm quant, GPUs per replica). Its TP 8 settings --
-#: 0.82, 32768, 128 -- are not taken: the development rows at TP 8 go to 512 clients, which only the
-#: recipe's MTP variant schedules, with other sizes. See docs/modelling-log.md, 'SGLang DeepSeek-R1
-#: fp8 TP 4 recipe'; the Qwen3.5-397B-A17B fp8 MTP recipe on B200 is not applied (see 'SGLang
-#: Qwen3.5 MTP recipe').
-SGLANG_RECIPES = {
-    ("DeepSeek", "b200_sxm", "fp8", 4): SglangRecipe(0.95, 8192, 32, 10),
-    ("DeepSeek", "b300_sxm", "fp8", 4): SglangRecipe(0.95, 8192, 32, 10),
-}
-
-
-def sglang_recipe(row: SiliconRow, gpus: int) -> SglangRecipe | None:
-    """The :data:`SGLANG_RECIPES` entry of the recipe that measured an SGLang row served on
-    ``gpus`` GPUs per replica, or None."""
-    if row.backend != "sglang":
-        return None
-    name = row.model.split("/")[-1]
-    for (prefix, system, quant, width), recipe in SGLANG_RECIPES.items():
-        if name.startswith(prefix) and row.system == system and _gemm_quant(row) == quant and gpus == width:
-            return recipe
-    return None
-
-
-def mtp_recipe_budget(row: SiliconRow, clients_per_rank: float) -> tuple[int, int] | None:
-    """(``max_num_tokens``, ``max_batch_size``) per rank of the InferenceX DeepSeek-R1 MTP recipe
-    (:data:`MTP_RECIPE_VERSION`; ``benchmarks/dsr1_{fp8,fp4}_b200_trt_mtp.sh``) for ``row``, or None
-    for any other. The script runs TensorRT-LLM without chunked prefill (its default) and sizes
-    the step to the decodes' draft tokens plus one whole prompt: ``max_batch_size`` = the clients
-    (per rank with attention DP: ``CONC / TP``), ``max_num_tokens = (MTP + 1) x max_batch_size +
-    ISL + 64`` rounded up to 64, MTP the recipe's depth (:func:`trtllm_recipe`) -- so a step takes
-one 1k prompt beside its decodes, where the engine default (8192, chunked) took seven;
-``max_batch_size`` comes from the clients, not the row's attention-DP column (which some rows give
-as TP x EP). See docs/modelling-log.md, 'TensorRT-LLM DeepSeek-R1 MTP recipe step budget'."""
-    if (row.backend != "trtllm" or row.backend_version != MTP_RECIPE_VERSION
-            or not row.model.split("/")[-1].startswith("DeepSeek") or row.worker is None):
-        return None
-    mtp, _ = trtllm_recipe(row, row.worker.attention_dp)
-    batch = max(1, round(clients_per_rank))
-    return -(-((mtp + 1) * batch + row.isl + 64) // 64) * 64, batch
-
-
-#: Per-model gap-analysis files that re-export InferenceX measurements (``silicon_data_source``
-#: ``source_file=qwen3.5-397b-gap-analysis.csv``, ``kimi-k2.5-gap-analysis.csv``: a bare file name,
-#: where the AIC gap-analysis harness's own rows carry a local path, ``source_file=/Users/...``).
-_REEXPORT_SOURCE = re.compile(r"source_file=[^/;]+-gap-analysis\.csv")
-
-
-def random_lengths(row: SiliconRow) -> bool:
-    """Whether the benchmark behind ``row`` drew each request's lengths at random: InferenceX's
-    client does (``benchmark_serving --random-range-ratio 0.8``: input and output lengths uniform
-    on ``[0.8 L, L]``), for its exported results (:func:`inferencex_row`), for the rows of its
-    results database dump (``silicon_data_source`` ``db-dump/...``, with the run's workflow id) and
-for the per-model gap-analysis files that re-export them (:data:`_REEXPORT_SOURCE`). Those files'
-rows are InferenceX runs (most repeat an InferenceX row's TTFT and TPOT; see
-docs/modelling-log.md, 'Gap-analysis re-exports are InferenceX runs'); predicted as InferenceX's,
-one measurement gets one prediction. The AIC gap-analysis harness's own rows (local
-``source_file`` paths) do not say."""
-    src = row.source or ""
-    return inferencex_row(row) or src.startswith("db-dump") or bool(_REEXPORT_SOURCE.match(src))
-
-
-#: InferenceX's client draws each request's input and output lengths uniformly from
-#: ``[RANGE x L, L]`` (``benchmark_serving --random-range-ratio 0.8`` in ``benchmarks/benchmark_lib.sh``
-#: and the recipes that call it), so a request holds :data:`INFERENCEX_MEAN_LENGTH_RATIO` of the
-#: nominal lengths' KV cache on average (:attr:`infercast.serving.backends.SchedulerParams.kv_length_ratio`,
-#: set by :func:`recipe_scheduler` for every benchmark of random lengths). It moves only rows whose
-#: running set the KV cache bounds. Compute stays at the nominal lengths, where the front-end
-#: parameters are fitted. The engines' default KV fractions stay (the DeepSeek-R1 TensorRT-LLM
-#: scripts' own are not applied). See docs/modelling-log.md, 'Random request lengths fill the KV
-#: cache'.
-INFERENCEX_RANDOM_RANGE_RATIO = 0.8
-INFERENCEX_MEAN_LENGTH_RATIO = mean_length_ratio(INFERENCEX_RANDOM_RANGE_RATIO)
-
-
-#: SGLang's ``--scheduler-recv-interval`` in the public InferenceX recipes, which set it by the
-#: benchmark's client count: 10 below :data:`SGLANG_RECV_INTERVAL_FROM` clients, 30 from there
-#: (``benchmarks/single_node/dsr1_fp4_b200.sh``, ``dsr1_fp8_b200.sh`` at TP 8,
-#: ``qwen3.5_fp8_b200.sh``; the B300 entries reuse the B200 scripts), as (systems, model-name
-#: prefixes). The DeepSeek-R1 fp8 TP 4 recipe polls every 10 (:data:`SGLANG_RECIPES`). The H200
-#: DeepSeek-R1 (``benchmarks/dsr1_fp8_h200.sh``) and GLM-5 (``glm5_fp8_b200.sh``) recipes set none:
-#: SGLang's default, a poll every iteration.
-#:
-#: How these rows are served (:func:`recipe_scheduler`): a closed loop whose requests draw random
-#: lengths drifts apart wave by wave, so InferenceX's SGLang rows run the steady-state model, not
-#: SGLang's lock-step waves (the default of :data:`infercast.serving.backends.SCHEDULERS`, which
-#: describes a fixed-length benchmark); the poll interval adds its wait and gathers the requests
-#: that arrived since the last poll into one prefill
-#: (:attr:`infercast.serving.backends.SchedulerParams.recv_interval`). The AIC gap-analysis
-#: harness's own rows keep the waves; the per-model gap-analysis files that re-export InferenceX
-#: runs do not (:func:`random_lengths`). The recipes' chunked-prefill size 32768 on B200 is not
-#: applied. See docs/modelling-log.md, 'SGLang poll interval and steady state for InferenceX rows'.
-SGLANG_RECV_INTERVAL_RECIPES = (("b200_sxm", "b300_sxm"), ("DeepSeek", "Qwen3.5"))
-SGLANG_RECV_INTERVAL = (10, 30)
-SGLANG_RECV_INTERVAL_FROM = 16
-
-
-def sglang_recv_interval(row: SiliconRow, recipe: SglangRecipe | None = None) -> int:
-    """The ``--scheduler-recv-interval`` of the InferenceX SGLang recipe that measured ``row``
-    (:data:`SGLANG_RECV_INTERVAL_RECIPES`; ``recipe``: its :data:`SGLANG_RECIPES` entry, whose own
-    interval wins), 1 (SGLang's default) for any other."""
-    if recipe is not None and recipe.recv_interval:
-        return recipe.recv_interval
-    systems, prefixes = SGLANG_RECV_INTERVAL_RECIPES
-    name = row.model.split("/")[-1]
-    if row.system not in systems or not any(name.startswith(p) for p in prefixes):
-        return 1
-    low, high = SGLANG_RECV_INTERVAL
-    return high if (row.concurrency or 0) >= SGLANG_RECV_INTERVAL_FROM else low
-
-
-#: The AIC gap-analysis harness's H200 campaign (``source_file=/.../aic-auto-gap-analysis/data/
-#: h200_sxm/...``: 1000-8000-token prompts, 100-2000-token outputs, concurrencies such as 7, 9, 240,
-#: 352) and its H100 one (``.../data/h100_sxm/...``: 1024-4096 x 128-512, 8-128 clients) ran
-#: different benchmark clients, which the rows do not name. SGLang keeps a closed loop's lock-step
-#: waves only as long as its clients stay in phase: the H100 campaign's SGLang rows fit the waves,
-#: the H200 campaign's fit the steady state, so its clients drift apart as InferenceX's do. SGLang's
-#: scheduler is prefill-first in both builds (sgl-project/sglang#32549), so the difference is the
-#: client's. See docs/modelling-log.md, 'AIC H200 campaign clients drift'; variants for the
-#: campaigns' other rows tried and rejected: 'AIC H100 campaign variants'.
-_AIC_DRIFTING_CAMPAIGN = re.compile(r"source_file=/[^;]*/aic-auto-gap-analysis/data/h200_sxm/")
-
-
-def clients_drift(row: SiliconRow) -> bool:
-    """Whether the closed-loop clients behind ``row`` drift out of phase, so that a prefill-first
-    engine keeps no lock-step waves: a benchmark of random lengths (:func:`random_lengths`) or the
-    AIC gap-analysis campaign whose rows measure it (:data:`_AIC_DRIFTING_CAMPAIGN`)."""
-    return random_lengths(row) or bool(_AIC_DRIFTING_CAMPAIGN.match(row.source or ""))
-
-
-def recipe_scheduler(row: SiliconRow, params, clients_per_rank: float | None = None):
-    """``params`` with the scheduler settings of the recipe that measured ``row``: a TensorRT-LLM
-    step budget (:func:`llama_trt_b200_recipe`), context batching delay (:func:`_batch_wait`)
-    and, given the clients per rank, the MTP recipe's unchunked step budget
-    (:func:`mtp_recipe_budget`); SGLang's recipe sizes
-    (:func:`sglang_recipe`) and, for a benchmark of random lengths (:func:`random_lengths`), the
-    steady state with the recipe's poll interval instead of lock-step waves
-    (:func:`sglang_recv_interval`), or the steady state alone where the clients drift apart
-    otherwise (:func:`clients_drift`); and for any backend, a benchmark of random lengths holds
-    their mean's KV cache (:data:`INFERENCEX_MEAN_LENGTH_RATIO`); else unchanged."""
-    if random_lengths(row):
-        params = replace(params, kv_length_ratio=INFERENCEX_MEAN_LENGTH_RATIO)
-    if row.backend == "sglang":
-        w = row.worker
-        recipe = sglang_recipe(row, w.tp * w.attention_dp) if w is not None else None
-        if recipe is not None:
-            params = replace(params, max_num_tokens=recipe.max_num_tokens, max_batch_size=recipe.max_batch_size)
-        if clients_drift(row):
-            params = replace(params, lockstep=False)
-            if random_lengths(row):
-                # InferenceX's SGLang scripts poll every few steps and run --disable-radix-cache: the
-                # builds that keep a hybrid model's overlap scheduler without it do (scheduler_params
-                # turned it off for such a model)
-                params = replace(params, recv_interval=sglang_recv_interval(row, recipe),
-                                 overlap=params.overlap or sglang_hybrid_overlap(row.backend_version))
-            return params
-    if llama_trt_b200_recipe(row):
-        params = replace(params, max_num_tokens=LLAMA_TRT_B200_STEP_BUDGET, chunked=False)
-    step = mtp_recipe_budget(row, clients_per_rank) if clients_per_rank is not None else None
-    if step is not None:
-        tokens, batch = step
-        params = replace(params, chunked=False, max_num_tokens=tokens, max_batch_size=batch)
-    wait = _batch_wait(row)
-    if wait is None:
-        return params
-    iters, ratio, budget = wait
-    return replace(params, batch_wait_iters=iters, batch_wait_max_tokens_ratio=ratio, max_num_tokens=budget)
-
-
-def llama_trt_b200_recipe(row: SiliconRow) -> bool:
-    """Whether ``row`` is an InferenceX run of the Llama-3.1-70B TensorRT-LLM B200 recipe, whose
-    step budget is :data:`LLAMA_TRT_B200_STEP_BUDGET`, unchunked."""
-    return (row.backend == "trtllm" and row.system == "b200_sxm" and inferencex_row(row)
-            and row.model.split("/")[-1].startswith("Llama-3.1-70B"))
-
-
-def _batch_wait(row: SiliconRow) -> tuple[int, float, int] | None:
-    """(iterations, token ratio, token budget) of the TensorRT-LLM context batching delay of the
-    recipe that measured ``row`` (:data:`DSR1_FP8_BATCH_WAIT`, :data:`LLAMA_BATCH_WAIT`), or None."""
-    if row.backend != "trtllm" or (row.isl, row.osl) != (1024, 1024):
-        return None
-    name = row.model.split("/")[-1]
-    if (row.backend_version == STP_RECIPE_VERSION and _gemm_quant(row) == "fp8" and name.startswith("DeepSeek")
-            and 64 <= (row.concurrency or 0) < 256):
-        return DSR1_FP8_BATCH_WAIT
-    if inferencex_row(row) and name.startswith("Llama-3.1-70B") and row.worker is not None and row.worker.tp < 8:
-        return LLAMA_BATCH_WAIT
-    return None
-
-
-def postprocess_workers(row: SiliconRow) -> int:
-    """TensorRT-LLM post-processing workers of the recipe that measured ``row``: the InferenceX
-    recipes' (:data:`INFERENCEX_POSTPROCESS_WORKERS`) for their rows, else 0 (``trtllm-serve``'s
-    default)."""
-    if row.backend != "trtllm" or not inferencex_row(row):
-        return 0
-    return INFERENCEX_POSTPROCESS_WORKERS.get(row.model.split("/")[-1], 0)
+    when: dict
+    cmd: str | None
+    options: dict | None
+    computed: dict
+    client: dict
 
 
 @dataclass(frozen=True)
-class VllmRecipe:
-    """What a vLLM benchmark recipe set that the row does not say: the MoE kernel family the
-    engine ran (:data:`infercast.ops.moe.MOE_KERNELS`), whether ``--enable-expert-parallel`` was
-    on (experts sharded by EP over the whole replica, not by TP), and the KV-cache dtype
-    (None: the model's own, vLLM's ``--kv-cache-dtype auto``)."""
-
-    moe_kernel: str | None
-    expert_parallel: bool
-    kv_cache_quant: str | None
-
-
-#: The public InferenceX MiniMax-M2.5 fp8 B200 recipe while it ran ``vllm/vllm-openai:v0.17.0``
-#: (``benchmarks/single_node/minimaxm2.5_fp8_b200.sh`` before SemiAnalysisAI/InferenceX PR #947,
-#: which moved it to v0.19.0): it exported ``VLLM_USE_FLASHINFER_MOE_FP8=0`` and
-#: ``VLLM_MOE_USE_DEEP_GEMM=0`` (vLLM's Triton ``fused_moe`` experts), passed
-#: ``--enable-expert-parallel`` whenever ``EP_SIZE >= 1`` (every point; PR #947 made it ``> 1``) and
-#: no ``--kv-cache-dtype`` (the v0.19.0 recipe adds ``fp8``). Keyed (model name, system, gemm
-#: quant, benchmarked version). The Triton rows come from vLLM's older b200 collections (0.22.0;
-#: the current 0.24.0 measured FlashInfer's kernels only; :func:`infercast.ops.moe.resolve_moe`).
-#: See docs/modelling-log.md, 'vLLM MiniMax-M2.5 B200 recipe'.
-#:
-#: Not modelled: the InferenceX gpt-oss-120b vLLM recipes on Hopper (``benchmarks/gptoss_fp4_h100.sh``,
-#: ``gptoss_fp4_h200.sh``) export ``VLLM_MXFP4_USE_MARLIN=1``: their experts run the Marlin
-#: weight-only kernel, not the OAI Triton one the h100 / h200 tables measured at gpt-oss's shape.
-#: The pack measured Marlin mxfp4 experts only at one far shape (hidden 3584, 896 experts,
-#: top-16), outside the transfer gates, so those rows keep the measured Triton kernel (see
-#: docs/modelling-log.md, 'gpt-oss Hopper Marlin experts').
-VLLM_RECIPES = {
-    ("MiniMax-M2.5", "b200_sxm", "fp8", "0.17.0"): VllmRecipe("triton", True, None),
-}
+class Recipe:
+    name: str
+    script: str
+    priority: int
+    applies_to: dict
+    exclude: tuple[dict, ...]
+    blocks: tuple[Block, ...]
+    fits: tuple[dict, ...]
+    path: str
 
 
-def vllm_recipe(row: SiliconRow) -> VllmRecipe | None:
-    """The :data:`VLLM_RECIPES` entry of the recipe that measured a vLLM row, or None."""
-    if row.backend != "vllm":
-        return None
-    return VLLM_RECIPES.get((row.model.split("/")[-1], row.system, _gemm_quant(row), row.backend_version))
+def _compile_match(m, where: str) -> dict:
+    if m is None:
+        return {}
+    if not isinstance(m, dict):
+        raise DataFileError(f"{where}: a match is a mapping", f"got {type(m).__name__}")
+    unknown = sorted(set(m) - MATCH_KEYS)
+    if unknown:
+        raise DataFileError(f"{where}: unknown match key(s) {', '.join(unknown)}", "known: " + ", ".join(sorted(MATCH_KEYS)))
+    out = dict(m)
+    for key in REGEX_KEYS & set(m):
+        out[key] = [re.compile(p) for p in _as_list(m[key])]
+    for key in RANGE_KEYS & set(m):
+        if isinstance(m[key], dict) and set(m[key]) - set(RANGE_OPS):
+            raise DataFileError(f"{where}: {key} range keys are {', '.join(RANGE_OPS)}", f"got {sorted(m[key])}")
+    return out
 
 
-#: Systems whose SGLang benchmark recipes run an fp8 KV cache: InferenceX's single-node SGLang
-#: scripts on B200 (DeepSeek-R1 fp8 / fp4 / MTP, Qwen3.5, GLM-5: ``--kv-cache-dtype fp8_e4m3``) and
-#: B300 (SemiAnalysisAI/InferenceX issue #135: "FP8 KV cache"); their H200 scripts keep the default.
-#: GB200 / GB300, whose Dynamo recipes are not in that repository, are left out. See
-#: docs/modelling-log.md, 'SGLang fp8 KV cache on Blackwell'.
-SGLANG_FP8_KV_SYSTEMS = ("b200_sxm", "b300_sxm")
+def _block(b: dict, where: str, keys=BLOCK_KEYS) -> Block:
+    if not isinstance(b, dict):
+        raise DataFileError(f"{where}: a block is a mapping", f"got {type(b).__name__}")
+    unknown = sorted(set(b) - keys)
+    if unknown:
+        raise DataFileError(f"{where}: unknown key(s) {', '.join(unknown)}", "known: " + ", ".join(sorted(keys)))
+    computed = {k: _check_formula(v, f"{where} computed.{k}") for k, v in (b.get("computed") or {}).items()}
+    if computed and b.get("cmd"):
+        raise DataFileError(f"{where}: computed values fill TensorRT-LLM options", "give them beside options:, not cmd:")
+    client = dict(b.get("client") or {})
+    bad = sorted(set(client) - {"random_range_ratio", "clients_in_phase"})
+    if bad:
+        raise DataFileError(f"{where}: unknown client setting(s) {', '.join(bad)}", "known: random_range_ratio, clients_in_phase")
+    return Block(_compile_match(b.get("when"), f"{where} when"), b.get("cmd"), b.get("options"), computed, client)
+
+
+def load_recipe(path: Path) -> Recipe:
+    """One recipe file, checked (unknown keys, formulas and match keys are errors)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise DataFileError(f"cannot read recipe {path}", str(exc)) from None
+    where = Path(path).name
+    if not isinstance(data, dict):
+        raise DataFileError(f"recipe {where}: expected a mapping")
+    unknown = sorted(set(data) - RECIPE_KEYS)
+    if unknown:
+        raise DataFileError(f"recipe {where}: unknown key(s) {', '.join(unknown)}", "known: " + ", ".join(sorted(RECIPE_KEYS)))
+    if not data.get("script"):
+        raise DataFileError(f"recipe {where}: no script", "name the public script or configuration it comes from")
+    blocks = [_block(b, f"{where} engine[{i}]") for i, b in enumerate(data.get("engine") or [])]
+    if data.get("client"):
+        blocks.append(_block({"client": data["client"]}, f"{where} client"))
+    fits = []
+    for i, f in enumerate(data.get("fits") or []):
+        fw = f"{where} fits[{i}]"
+        if not isinstance(f, dict) or not f.get("fitted_on") or not f.get("benchmark_client"):
+            raise DataFileError(f"{fw}: a fit names the rows it was fitted on (fitted_on) and the client it describes "
+                                "(benchmark_client)")
+        blk = _block(f, fw, FIT_KEYS)
+        if blk.cmd or blk.options or blk.computed or blk.client:
+            blocks.append(blk)  # a fitted setting the recipe applies
+        elif not f.get("constant"):
+            raise DataFileError(f"{fw}: a fit either sets something (cmd, options, client) or names the constant "
+                                "that holds it (constant)")
+        fits.append(dict(f))
+    return Recipe(str(data.get("name") or Path(path).stem), str(data["script"]), int(data.get("priority", 0)),
+                  _compile_match(data.get("applies_to"), f"{where} applies_to"),
+                  tuple(_compile_match(m, f"{where} except[{i}]") for i, m in enumerate(_as_list(data.get("except") or []))),
+                  tuple(blocks), tuple(fits), str(path))
+
+
+@dataclass
+class RecipeSettings:
+    """What the recipes that apply to one row set, as infercast inputs: Estimator keywords,
+    SchedulerParams overrides, expert parallelism over the whole replica (vLLM's
+    ``--enable-expert-parallel``), the client's random range ratio, and the recipes applied."""
+
+    estimator: dict = field(default_factory=dict)
+    scheduler: dict = field(default_factory=dict)
+    expert_parallel: bool = False
+    random_range_ratio: float | None = None
+    recipes: list[str] = field(default_factory=list)
+
+
+class _Merge:
+    """Values by input name, the highest priority winning; equal priorities must agree."""
+
+    def __init__(self) -> None:
+        self.got: dict[tuple[str, str], tuple[int, Any, str]] = {}
+
+    def put(self, kind: str, key: str, value, priority: int, who: str) -> None:
+        old = self.got.get((kind, key))
+        if old is None or priority > old[0]:
+            self.got[(kind, key)] = (priority, value, who)
+        elif priority == old[0] and old[1] != value:
+            raise DataFileError(f"recipes {old[2]} and {who} both set {key} ({old[1]!r} vs {value!r}) at priority {priority}",
+                                "give one of them a higher priority, or narrow their applies_to")
+
+    def section(self, kind: str) -> dict:
+        return {k: v[1] for (t, k), v in self.got.items() if t == kind}
+
+
+class RecipeBook:
+    """The recipes of a directory of YAML files (default: the shipped ones), applied to rows by
+    :meth:`resolve`. ``RecipeBook.empty()`` applies none: the defaults-only score."""
+
+    def __init__(self, recipes: list[Recipe]):
+        names = [r.name for r in recipes]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise DataFileError(f"recipe name(s) used twice: {', '.join(dup)}")
+        self.recipes = sorted(recipes, key=lambda r: r.name)
+        self._parsed: dict = {}
+
+    @classmethod
+    def load(cls, directory: str | Path | None = None) -> RecipeBook:
+        d = Path(directory) if directory is not None else RECIPE_DIR
+        files = sorted(d.glob("*.yaml"))
+        if directory is not None and not files:
+            raise DataFileError(f"no recipe files (*.yaml) in {d}")
+        return cls([load_recipe(p) for p in files])
+
+    @classmethod
+    def empty(cls) -> RecipeBook:
+        return cls([])
+
+    def __bool__(self) -> bool:
+        return bool(self.recipes)
+
+    def _engine(self, block: Block, backend: str, values: dict):
+        """:class:`~infercast.serving.engine_args.EngineSettings` of a block for ``backend``."""
+        from ..serving.engine_args import parse_engine_cmd, parse_trtllm_options
+
+        if block.cmd:
+            key = ("cmd", block.cmd)
+            if key not in self._parsed:
+                self._parsed[key] = parse_engine_cmd(block.cmd)
+            return self._parsed[key]
+        options = dict(block.options or {})
+        options.update(values)
+        if not options:
+            return None
+        if backend != "trtllm":
+            raise DataFileError(f"options: are TensorRT-LLM LLM-API options; a {backend} recipe gives cmd:")
+        return parse_trtllm_options(options, "recipe options")
+
+    def resolve(self, row: SiliconRow, ctx: RowContext) -> RecipeSettings:
+        """The settings of every recipe that applies to ``row`` served as ``ctx`` says."""
+        out = RecipeSettings()
+        merge = _Merge()
+        names = {"isl": row.isl, "osl": row.osl, "concurrency": row.concurrency, "clients": ctx.clients}
+        radix_off = []
+        for r in self.recipes:
+            if not matches(r.applies_to, row, ctx) or any(matches(m, row, ctx) for m in r.exclude):
+                continue
+            used = False
+            for b in r.blocks:
+                if not matches(b.when, row, ctx):
+                    continue
+                try:
+                    values = {k: evaluate(t, names) for k, t in b.computed.items()}
+                except _Unknown:
+                    continue  # sized by a quantity this prediction does not have
+                used = True
+                s = self._engine(b, row.backend, values)
+                if s is not None:
+                    if s.backend != row.backend:
+                        raise DataFileError(f"recipe {r.name} gives {s.backend} settings but applies to a {row.backend} row",
+                                            f"narrow its applies_to to backend {s.backend}")
+                    for k, v in s.estimator_kw.items():
+                        merge.put("est", k, v, r.priority, r.name)
+                    for k, v in s.scheduler.items():
+                        merge.put("sched", k, v, r.priority, r.name)
+                    if "--enable-expert-parallel" in s.read:
+                        merge.put("flag", "expert_parallel", True, r.priority, r.name)
+                    if "--disable-radix-cache" in s.ignored:
+                        radix_off.append(r.name)
+                c = b.client
+                if "random_range_ratio" in c:
+                    ratio = float(c["random_range_ratio"])
+                    merge.put("flag", "random_range_ratio", ratio, r.priority, r.name)
+                    merge.put("sched", "kv_length_ratio", mean_length_ratio(ratio), r.priority, r.name)
+                    merge.put("sched", "lockstep", False, r.priority, r.name)
+                if c.get("clients_in_phase") is False:
+                    merge.put("sched", "lockstep", False, r.priority, r.name)
+            if used:
+                out.recipes.append(r.name)
+        out.estimator = merge.section("est")
+        out.scheduler = merge.section("sched")
+        flags = merge.section("flag")
+        out.expert_parallel = bool(flags.get("expert_parallel", False))
+        out.random_range_ratio = flags.get("random_range_ratio")
+        if radix_off and row.backend == "sglang" and sglang_hybrid_overlap(row.backend_version):
+            # SGLang builds from SGLANG_HYBRID_OVERLAP_FROM keep a hybrid linear-attention model's
+            # overlap scheduler when the radix cache is off (a no-op for other models)
+            out.scheduler.setdefault("overlap", True)
+        return out
+
+    def fits(self) -> list[tuple[str, dict]]:
+        """(recipe name, fit) of every fitted value the recipes name."""
+        return [(r.name, f) for r in self.recipes for f in r.fits]
+
+
+@lru_cache(maxsize=1)
+def shipped_recipes() -> RecipeBook:
+    """The recipes shipped with infercast (``validate/recipe_files/*.yaml``), read once."""
+    return RecipeBook.load()

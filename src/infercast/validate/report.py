@@ -71,6 +71,12 @@ CSV_COLUMNS: tuple[str, ...] = (
     "problems",
 )
 
+#: Columns :func:`write_csv` adds after :data:`CSV_COLUMNS` when given ``extra`` (by row id):
+#: the defaults-only prediction (no recipe: model, system, backend, version, layout and the
+#: checkpoint's own quantisation only), the recipes applied, and the ``infercast`` command line
+#: that reproduces the prediction.
+EXTRA_COLUMNS: tuple[str, ...] = ("defaults_only_ttft_ms", "defaults_only_tpot_ms", "recipes", "command")
+
 
 # --------------------------------------------------------------------------- running
 
@@ -362,13 +368,15 @@ def _sections(
 # --------------------------------------------------------------------------- writers
 
 
-def write_csv(results: Iterable[RowResult], path: str | Path) -> Path:
-    """Per-row results, one line per row (see :data:`CSV_COLUMNS`)."""
+def write_csv(results: Iterable[RowResult], path: str | Path,
+              extra: Mapping[str, Mapping[str, str]] | None = None) -> Path:
+    """Per-row results, one line per row (see :data:`CSV_COLUMNS`; with ``extra``, row id ->
+    values of :data:`EXTRA_COLUMNS`, those columns too)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
-        w.writerow(CSV_COLUMNS)
+        w.writerow(CSV_COLUMNS + (EXTRA_COLUMNS if extra is not None else ()))
         for r in results:
             row = r.row
             w.writerow(
@@ -394,6 +402,7 @@ def write_csv(results: Iterable[RowResult], path: str | Path) -> Path:
                     r.note or "",
                     "; ".join(row.problems),
                 ]
+                + ([str((extra.get(row.id) or {}).get(c, "")) for c in EXTRA_COLUMNS] if extra is not None else [])
             )
     return path
 
@@ -682,9 +691,11 @@ def write_all(
     by: Sequence[str] = ("mode", "backend", "system", "model"),
     meta: Mapping[str, Any] | None = None,
     title: str = "infercast fidelity report",
+    extra: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Path]:
-    """Write ``results.csv``, ``summary.json``, ``report.md``, ``report.html`` and,
-    when matplotlib is available, ``error_vs_concurrency.png`` into ``out_dir``.
+    """Write ``results.csv`` (with ``extra``'s columns, see :func:`write_csv`), ``summary.json``,
+    ``report.md``, ``report.html`` and, when matplotlib is available, ``error_vs_concurrency.png``
+    into ``out_dir``.
 
     Returns the written paths keyed ``csv``, ``json``, ``markdown``, ``html``, ``plot``.
     Raises :class:`DataFileError` when ``out_dir`` is not a usable directory (see
@@ -701,7 +712,7 @@ def write_all(
         if plot is not None:
             written["plot"] = plot
         target = out / "results.csv"
-        written["csv"] = write_csv(results, target)
+        written["csv"] = write_csv(results, target, extra)
         target = out / "summary.json"
         written["json"] = write_json(summary, target)
         target = out / "report.md"

@@ -1,27 +1,39 @@
 """Serving-model predictor for silicon rows: :mod:`infercast.serving.agg` for aggregated rows,
 :mod:`infercast.serving.disagg` for disaggregated rows that carry worker counts, and the best
 deployment of the row's GPUs (:func:`infercast.search.fixed.search_fixed`) for agg rows whose TP
-column counts GPUs (:func:`.predict.gpu_count`)."""
+column counts GPUs (:func:`.predict.gpu_count`).
+
+The benchmark recipes that apply to a row (:mod:`.recipes`, through the cache's
+:meth:`~.predict.EstimatorCache.settings`) give its Estimator keywords and scheduler overrides.
+For every agg and disagg row the predictor records the ``infercast serve`` / ``serve-disagg``
+command line that gives the same prediction (:attr:`commands`, by row id; :mod:`.commands`)."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from ..api import serve_agg, serve_disagg
 from ..errors import NotAvailableError, UnsupportedModelError
 from ..serving.backends import scheduler_params
+from .commands import disagg_command, serve_command
 from .predict import EstimatorCache, benchmark_concurrency, clients_per_rank, gpu_count
-from .recipes import postprocess_workers, recipe_scheduler
 from .silicon import SiliconRow
 
 
 def serving_predictor(cache: EstimatorCache, params=None):
-    def p_for(backend, system=None, spec=None, row: SiliconRow | None = None, per_rank: float | None = None):
+    commands: dict[str, str] = {}
+
+    def settings(row: SiliconRow, tp, attention_dp, per_rank=None):
+        return cache.settings(row, tp, attention_dp, per_rank)
+
+    def p_for(backend, system=None, spec=None, row: SiliconRow | None = None, rs=None):
         if (params or {}).get(backend):
             return params[backend]
-        if row is None:
-            return scheduler_params(backend, system, spec)
-        return recipe_scheduler(row, scheduler_params(backend, system, spec, postprocess_workers(row)), per_rank)
+        base = scheduler_params(backend, system, spec)
+        if row is None or not rs.scheduler:
+            return base
+        return replace(base, **rs.scheduler)
 
     def predict(row: SiliconRow):
         if row.mode == "disagg":
@@ -33,7 +45,12 @@ def serving_predictor(cache: EstimatorCache, params=None):
         w = row.worker
         est = cache.get(row, w)
         per_rank = clients_per_rank(row, est)
-        res = serve_agg(est, per_rank, row.isl, row.osl, p_for(row.backend, est.data.system, est.spec, row, per_rank))
+        par = est.plan.parallel
+        rs = settings(row, par.tp, par.attention_dp, per_rank)
+        p = p_for(row.backend, est.data.system, est.spec, row, rs)
+        res = serve_agg(est, per_rank, row.isl, row.osl, p)
+        if not (params or {}).get(row.backend):
+            commands[row.id] = serve_command(est, per_rank, row, p, rs)
         return res.ttft_ms, res.tpot_ms, f"data {est.version}; decode batch {res.decode_batch:.0f} ({res.bound}){_parts(res)}"
 
     def _fixed(row: SiliconRow, gpus: int):
@@ -43,7 +60,8 @@ def serving_predictor(cache: EstimatorCache, params=None):
         base = cache.for_layout(row)
         res = search_fixed(
             base.spec.model_id, row.system, row.backend, row.isl, row.osl, gpus=gpus, concurrencies=[concurrency],
-            params=p_for(row.backend, base.data.system, base.spec, row),
+            params=p_for(row.backend, base.data.system, base.spec, row,
+                         settings(row, row.worker.tp if row.worker else None, row.worker.attention_dp if row.worker else None)),
             make_estimator=lambda lay: cache.for_layout(row, lay.tp, lay.pp, lay.attention_dp, lay.moe_tp, lay.moe_ep),
         )
         if res.best is None:
@@ -64,9 +82,12 @@ def serving_predictor(cache: EstimatorCache, params=None):
             decode_workers=row.decode_workers, prefill_batch=row.prefill.batch_size or 1,
             params_prefill=p_for(row.backend, pe.data.system, pe.spec), params_decode=p_for(row.backend, de.data.system, de.spec),
         )
+        if not (params or {}).get(row.backend):
+            commands[row.id] = disagg_command(pe, de, row, concurrency)
         return res.ttft_ms, res.tpot_ms, (f"data {pe.version}; decode batch {res.decode_batch:.0f}; "
                                           f"prefill util {res.prefill_utilisation:.2f}{_parts(res)}")
 
+    predict.commands = commands
     return predict
 
 
