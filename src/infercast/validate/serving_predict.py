@@ -21,6 +21,13 @@ from .predict import EstimatorCache, benchmark_concurrency, clients_per_rank, gp
 from .silicon import SiliconRow
 
 
+#: the most prefill or decode workers a GPU-count row's deployment is searched with: the row's
+#: harness ran a handful of workers per role (the fully specified GB200 disagg rows of the same
+#: model run 1-10 prefill and 1-2 decode workers), and the search's own default (as many as fit)
+#: multiplies the splits of a 72-GPU rack several-fold for no deployment a harness runs
+GPU_COUNT_MAX_WORKERS = 16
+
+
 def serving_predictor(cache: EstimatorCache, params=None):
     commands: dict[str, str] = {}
 
@@ -63,6 +70,7 @@ def serving_predictor(cache: EstimatorCache, params=None):
             params=p_for(row.backend, base.data.system, base.spec, row,
                          settings(row, row.worker.tp if row.worker else None, row.worker.attention_dp if row.worker else None)),
             make_estimator=lambda lay: cache.for_layout(row, lay.tp, lay.pp, lay.attention_dp, lay.moe_tp, lay.moe_ep),
+            max_workers=GPU_COUNT_MAX_WORKERS,
         )
         if res.best is None:
             raise NotAvailableError(f"tp {gpus} counts GPUs, and no deployment of {gpus} GPUs serves this row",
