@@ -9,9 +9,9 @@ run has the same prompt length) at its default. The Jacobian is by forward diffe
 serving model itself (:data:`STEP`), each step is clipped to the parameter's bounds and halved
 until the objective falls. Deterministic: no random starts.
 
-GPU-time scales (:data:`GPU`) are fitted only when the runs support them (:func:`fit_runs`):
-at least :data:`GPU_MIN_RUNS` runs, and a leave-one-out comparison in which fitting them lowers
-the held-out error by at least :data:`GPU_GAIN`.
+Which fields are freed -- none, some host-side ones, or also the GPU-time scales (:data:`GPU`)
+-- is chosen by leave-one-out over the runs (:func:`fit_runs`): a field is fitted only when the
+runs support it, i.e. freeing it predicts runs left out of the fit better.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ class Param:
 
 #: host-side parameters: front end per request, per open stream, per prompt token; per step
 HOST = (
-    Param("arrival_delay_ms", 20.0, 0.0, 10_000.0),
-    Param("front_end_per_stream_ms", 0.5, 0.0, 100.0),
-    Param("front_end_per_prompt_token_ms", 0.003, 0.0, 1.0),
-    Param("step_overhead_ms", 0.5, 0.0, 100.0),
+    Param("arrival_delay_ms", 20.0, 0.0, 2000.0),
+    Param("front_end_per_stream_ms", 0.5, 0.0, 10.0),
+    Param("front_end_per_prompt_token_ms", 0.003, 0.0, 0.05),
+    Param("step_overhead_ms", 0.5, 0.0, 10.0),
 )
 #: GPU-time scales per phase, bounded to 0.7-1.5x of the perf tables' times
 GPU = (
@@ -49,8 +49,8 @@ PARAMS = {p.name: p for p in HOST + GPU}
 RIDGE = 1e-6
 STEP = 0.01
 MAX_ITERATIONS = 12
-GPU_MIN_RUNS = 3
-GPU_GAIN = 0.8
+MIN_RUNS_TO_SELECT = 3
+SELECT_TOLERANCE = 0.1
 
 #: predict(values) -> (TTFT ms, TPOT ms) arrays over the runs, NaN where the model has no answer
 Predict = Callable[[dict], tuple[np.ndarray, np.ndarray]]
@@ -80,7 +80,7 @@ def residuals(ttft, tpot, m_ttft, m_tpot) -> np.ndarray:
     return np.where(np.isfinite(r), r, 10.0)
 
 
-def fit(predict: Predict, m_ttft, m_tpot, base: dict, names: Sequence[str]) -> Fit:
+def fit(predict: Predict, m_ttft, m_tpot, base: dict, names: Sequence[str], ridge: float = RIDGE) -> Fit:
     """Fit the fields ``names`` (starting from ``base``, every fitted field's default) to the
     measured ``m_ttft`` / ``m_tpot`` (ms; NaN TPOT: not measured)."""
     m_ttft = np.asarray(m_ttft, float)
@@ -98,7 +98,7 @@ def fit(predict: Predict, m_ttft, m_tpot, base: dict, names: Sequence[str]) -> F
     def evaluate(z):
         t, p = predict(values(z))
         r = residuals(t, p, m_ttft, m_tpot)
-        return r, float(r @ r + RIDGE * z @ z), t, p
+        return r, float(r @ r + ridge * z @ z), t, p
 
     z = np.zeros(len(names))
     r, f, t, p = evaluate(z)
@@ -112,8 +112,8 @@ def fit(predict: Predict, m_ttft, m_tpot, base: dict, names: Sequence[str]) -> F
             zj = z.copy()
             zj[j] += h
             jac[:, j] = (evaluate(zj)[0] - r) / h
-        a = jac.T @ jac + RIDGE * np.eye(z.size)
-        g = jac.T @ r + RIDGE * z
+        a = jac.T @ jac + ridge * np.eye(z.size)
+        g = jac.T @ r + ridge * z
         try:
             dz = -np.linalg.solve(a, g)
         except np.linalg.LinAlgError:
@@ -136,36 +136,61 @@ def fit(predict: Predict, m_ttft, m_tpot, base: dict, names: Sequence[str]) -> F
     return Fit({n: values(z)[n] for n in names}, tuple(names), f, np.asarray(t, float), np.asarray(p, float), it)
 
 
-def fit_runs(predict_subset: Callable[[Sequence[int]], Predict], m_ttft, m_tpot, base: dict,
-             host: Sequence[str] = tuple(p.name for p in HOST), gpu: str = "auto") -> Fit:
-    """The calibration fit: ``host`` fields always; the :data:`GPU` scales with ``gpu="auto"``
-    when the runs support them (see the module docstring), ``"on"`` always, ``"off"`` never.
-    ``predict_subset(indices)`` is the :data:`Predict` of those runs."""
+#: the parameter sets :func:`fit_runs` chooses among, simplest first: each frees these fields and
+#: keeps the rest at the deployment's defaults
+HOST_SETS = (
+    (),
+    ("arrival_delay_ms",),
+    ("arrival_delay_ms", "front_end_per_stream_ms", "step_overhead_ms"),
+    tuple(p.name for p in HOST),
+)
+GPU_SETS = (
+    ("prefill_scale", "decode_scale"),
+    ("arrival_delay_ms", "decode_scale"),
+    ("arrival_delay_ms", "front_end_per_stream_ms", "step_overhead_ms", "prefill_scale", "decode_scale"),
+    tuple(p.name for p in HOST + GPU),
+)
+
+
+def held_out_error(predict_subset: Callable[[Sequence[int]], Predict], m_ttft, m_tpot, base: dict, names, ridge: float) -> float:
+    """Leave-one-out error of fitting ``names``: for each run, fit on the others and take the
+    mean ``|log(predicted / measured)|`` of the run left out; the mean over the runs."""
+    n = m_ttft.size
+    errs = []
+    for i in range(n):
+        rest = [k for k in range(n) if k != i]
+        fi = fit(predict_subset(rest), m_ttft[rest], m_tpot[rest], base, names, ridge)
+        t, p = predict_subset([i])({**base, **fi.values})
+        errs.append(float(np.mean(np.abs(residuals(t, p, m_ttft[[i]], m_tpot[[i]])))))
+    return float(np.mean(errs))
+
+
+def fit_runs(predict_subset: Callable[[Sequence[int]], Predict], m_ttft, m_tpot, base: dict, gpu: str = "auto",
+             ridge: float = RIDGE, sets: Sequence[Sequence[str]] | None = None) -> Fit:
+    """The calibration fit. Which fields are freed is chosen by leave-one-out: of the candidate
+    sets (:data:`HOST_SETS`; with ``gpu="auto"`` also :data:`GPU_SETS`, with ``"on"`` only those,
+    with ``"off"`` none of them), the simplest whose held-out error is within
+    :data:`SELECT_TOLERANCE` of the best; then that set is fitted on every run. Fewer than
+    :data:`MIN_RUNS_TO_SELECT` runs: the host-side fields, no GPU-time scales (nothing to hold
+    out). ``predict_subset(indices)`` is the :data:`Predict` of those runs; the fit's
+    ``evidence`` records every candidate's held-out error."""
     m_ttft = np.asarray(m_ttft, float)
     m_tpot = np.asarray(m_tpot, float)
     n = m_ttft.size
-    every = list(range(n))
-    gpu_names = tuple(p.name for p in GPU)
-    host = tuple(host)
+    if sets is None:
+        sets = {"auto": HOST_SETS + GPU_SETS, "off": HOST_SETS, "on": GPU_SETS}[gpu]
     evidence: dict = {"gpu_scales": gpu}
-    use_gpu = gpu == "on"
-    if gpu == "auto":
-        if n < GPU_MIN_RUNS:
-            evidence["reason"] = f"{n} runs: GPU-time scales need at least {GPU_MIN_RUNS}"
-        else:
-            errs = {False: [], True: []}
-            for i in range(n):
-                rest = [k for k in every if k != i]
-                for with_gpu in (False, True):
-                    fi = fit(predict_subset(rest), m_ttft[rest], m_tpot[rest], base,
-                             host + (gpu_names if with_gpu else ()))
-                    t, p = predict_subset([i])({**base, **fi.values})
-                    errs[with_gpu].append(float(np.mean(np.abs(residuals(t, p, m_ttft[[i]], m_tpot[[i]])))))
-            without, with_ = float(np.mean(errs[False])), float(np.mean(errs[True]))
-            use_gpu = with_ < GPU_GAIN * without
-            evidence.update(held_out_log_error_host_only=round(without, 5), held_out_log_error_with_gpu=round(with_, 5))
-            evidence["reason"] = (f"leave-one-out: fitting the GPU-time scales {'lowers' if use_gpu else 'does not lower'} "
-                                  f"the held-out error by more than {1 - GPU_GAIN:.0%} ({without:.4f} -> {with_:.4f})")
-    out = fit(predict_subset(every), m_ttft, m_tpot, base, host + (gpu_names if use_gpu else ()))
+    if n < MIN_RUNS_TO_SELECT:
+        chosen = tuple(p.name for p in HOST)
+        evidence["reason"] = f"{n} runs: too few to hold one out; the host-side fields fitted, no GPU-time scales"
+    else:
+        errs = [held_out_error(predict_subset, m_ttft, m_tpot, base, tuple(s), ridge) for s in sets]
+        best = min(errs)
+        pick = next(i for i, e in enumerate(errs) if e <= best * (1.0 + SELECT_TOLERANCE) + 1e-12)
+        chosen = tuple(sets[pick])
+        evidence["held_out_log_error"] = {(",".join(s) or "defaults"): round(e, 5) for s, e in zip(sets, errs)}
+        evidence["reason"] = (f"leave-one-out over {n} runs: the simplest set within {SELECT_TOLERANCE:.0%} of the "
+                              f"best held-out error ({best:.4f}) frees {', '.join(chosen) or 'nothing (defaults kept)'}")
+    out = fit(predict_subset(list(range(n))), m_ttft, m_tpot, base, chosen, ridge)
     out.evidence = evidence
     return out

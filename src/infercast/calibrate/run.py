@@ -16,7 +16,7 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from ..errors import InfercastError
-from .fit import HOST, fit_runs
+from .fit import GPU, HOST, fit_runs
 from .formats import MeasuredRun
 from .profile import CalibrationProfile
 
@@ -59,16 +59,15 @@ def _median(x) -> float | None:
 
 
 def calibrate_runs(runs: Sequence[MeasuredRun], predict_subset, base_params, deployment: dict,
-                   gpu: str = "auto") -> CalibrationProfile:
+                   gpu: str = "auto", ridge: float | None = None) -> CalibrationProfile:
     """Fit the host-side fields (and the GPU-time scales per ``gpu``) of ``base_params`` to ``runs``."""
     m_ttft = np.array([r.ttft_ms for r in runs], float)
     m_tpot = np.array([math.nan if r.tpot_ms is None else r.tpot_ms for r in runs], float)
     base = asdict(base_params)
-    start = {p.name: base[p.name] for p in HOST}
-    start.update(prefill_scale=base.get("prefill_scale", 1.0), decode_scale=base.get("decode_scale", 1.0))
+    start = {p.name: float(base[p.name]) for p in HOST + GPU}
     every = list(range(len(runs)))
     before_t, before_p = predict_subset(every)({})
-    result = fit_runs(predict_subset, m_ttft, m_tpot, start, gpu=gpu)
+    result = fit_runs(predict_subset, m_ttft, m_tpot, start, gpu=gpu, **({} if ridge is None else {"ridge": ridge}))
     after_t, after_p = result.ttft_ms, result.tpot_ms
     rows = []
     for i, r in enumerate(runs):
