@@ -119,3 +119,28 @@ def check_applies(profile: CalibrationProfile, backend: str, model: str | None =
         if given and dep.get(key) and dep[key] != given:
             notes.append(f"calibration: fitted on {key} {dep[key]}, applied to {given}")
     return notes
+
+
+def apply_to_static(res, profile: CalibrationProfile) -> list[str]:
+    """A static estimate (:class:`~infercast.api.StaticResult`) with the profile's GPU-time
+    scales applied: TTFT (one batch's prefill) x ``prefill_scale``, TPOT x ``decode_scale``, the
+    request latency and throughputs recomputed from them. The host-side values have no place in
+    a static estimate (it models no scheduler or front end): the notes say so."""
+    ps = float(profile.values.get("prefill_scale", 1.0))
+    ds = float(profile.values.get("decode_scale", 1.0))
+    notes = []
+    host = sorted(k for k in profile.values if k not in ("prefill_scale", "decode_scale"))
+    if host:
+        notes.append(f"calibration: {', '.join(host)} not used (the static estimate models no scheduler or front end; "
+                     "`serve` applies them)")
+    if (ps == 1.0 and ds == 1.0) or not res.fits or res.ttft_ms is None:
+        return notes
+    old_total = res.request_latency_ms
+    res.ttft_ms *= ps
+    res.tpot_ms *= ds
+    res.request_latency_ms = res.ttft_ms + res.tpot_ms * (res.osl - 1)
+    if res.tokens_per_s_per_gpu is not None and old_total:
+        res.tokens_per_s_per_gpu *= old_total / res.request_latency_ms
+    res.tokens_per_s_per_user = 1e3 / res.tpot_ms if res.tpot_ms > 0 else None
+    notes.append(f"calibration: GPU-time scales applied (prefill x{ps:.3g}, decode x{ds:.3g})")
+    return notes
