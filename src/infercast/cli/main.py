@@ -320,13 +320,25 @@ def cmd_search(a) -> int:
                                                     key=lambda c: -c.tokens_per_s_per_gpu)[:a.top]]
             outs[m] = out
     if mode != "both":
-        return _emit(a, outs[mode], "print_search")
+        rc = _emit(a, outs[mode], "print_search")
+        _print_calibration_notes(a, outs[mode])
+        return rc
     bests = {m: o["best"] for m, o in outs.items() if o["best"] is not None}
     outs["best_mode"] = max(bests, key=lambda m: bests[m]["tokens_per_s_per_gpu"]) if bests else None
     if not bests:
         outs["reason"] = "neither mode has a deployment that meets the targets: " + "; ".join(
             f"{m}: {outs[m]['reason']}" for m in ("agg", "disagg"))
-    return _emit(a, outs, "print_search_both")
+    rc = _emit(a, outs, "print_search_both")
+    _print_calibration_notes(a, outs.get("agg") or outs.get("disagg") or {})
+    return rc
+
+
+def _print_calibration_notes(a, out: dict) -> None:
+    """The calibration notes of a search or recommendation on the console (JSON carries them)."""
+    if a.json or not out.get("calibration"):
+        return
+    for n in out["calibration"]["notes"]:
+        print(f"note: {n}")
 
 
 def _calibration(a, concurrency: int | None = None):
@@ -401,8 +413,10 @@ def cmd_calibrate(a) -> int:
     kept = []
     for r in runs:
         row = r.row
-        if row is not None and (row.system != a.system or row.backend != a.backend or not _same_model(row.model, a.model)):
-            continue  # a silicon CSV holds many deployments: this one's rows only
+        if row is not None and (row.system != a.system or row.backend != a.backend or not _same_model(row.model, a.model)
+                                or row.mode != "agg" or row.worker is None
+                                or (row.worker.tp, row.worker.pp, row.worker.attention_dp) != (a.tp, a.pp, a.attention_dp)):
+            continue  # a silicon CSV holds many deployments: this one's (model, system, backend, layout) rows only
         if r.model and not _same_model(r.model, a.model):
             raise InvalidInputError(f"{r.source} measured model {r.model}, but --model is {a.model}",
                                     "calibrate on runs of the model being estimated")
@@ -410,8 +424,9 @@ def cmd_calibrate(a) -> int:
             raise InvalidInputError(f"{r.source} is a disaggregated run", "calibrate fits aggregated deployments")
         kept.append(r)
     if not kept:
-        raise InvalidInputError(f"no run in {', '.join(a.runs)} measured {a.model} on {a.system} ({a.backend})",
-                                "the silicon rows' model, system and backend must be the flags'")
+        raise InvalidInputError(f"no run in {', '.join(a.runs)} measured {a.model} on {a.system} ({a.backend}, "
+                                f"tp {a.tp} pp {a.pp} attention-dp {a.attention_dp})",
+                                "a silicon row is used when its model, system, backend, mode (agg) and layout are the flags'")
     est = _estimator(a)
     base = replace(scheduler_params(a.backend, est.data.system, est.spec), **getattr(a, "engine_scheduler", {}))
     deployment = {"model": a.model, "system": a.system, "backend": a.backend, "backend_version": est.version,

@@ -76,6 +76,9 @@ def cmd_recommend(a) -> int:
     from ..report.workflow import print_recommend
 
     print_recommend(out)
+    from .main import _print_calibration_notes
+
+    _print_calibration_notes(a, out)
     if a.save_dir:
         print(f"saved: {a.save_dir}")
     return 0
