@@ -3,9 +3,10 @@
 The parameters are :class:`~infercast.serving.backends.SchedulerParams` fields (:data:`HOST`,
 :data:`GPU`). The residuals are ``log(predicted / measured)`` of every run's TTFT and (where
 measured) TPOT, so a run's error counts by its ratio, not its milliseconds. Each parameter is
-moved in units of its :attr:`Param.scale` from the deployment's default, and a small ridge term
-(:data:`RIDGE`) keeps a parameter the runs cannot see (e.g. the per-prompt-token time when every
-run has the same prompt length) at its default. The Jacobian is by forward differences of the
+moved in units of its :attr:`Param.scale` from the deployment's default, and a ridge term
+(:data:`RIDGE`, a prior centred on the defaults) keeps a parameter the runs cannot see (e.g. the
+per-prompt-token time when every run has the same prompt length) at its default and limits how
+far a few noisy runs move the others. The Jacobian is by forward differences of the
 serving model itself (:data:`STEP`), each step is clipped to the parameter's bounds and halved
 until the objective falls. Deterministic: no random starts.
 
@@ -46,7 +47,9 @@ GPU = (
 )
 PARAMS = {p.name: p for p in HOST + GPU}
 
-RIDGE = 1e-6
+#: the pull toward the defaults: a field's unit step (:attr:`Param.scale`) costs as much as a
+#: 10% error (log 0.1) of one run, i.e. the runs are taken to scatter by ~10% around the model
+RIDGE = 0.01
 STEP = 0.01
 MAX_ITERATIONS = 12
 MIN_RUNS_TO_SELECT = 3
