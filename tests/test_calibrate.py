@@ -220,6 +220,14 @@ def test_cli_calibrate_and_apply(synth, engine, tmp_path, capsys):
                                     "--json", "--calibration", str(prof_path)])
     assert rc == 0, err
     assert json.loads(out)["calibration"]["extrapolated_concurrencies"] == [64]
+    rc, out, err = run_cli(capsys, ["serve-disagg", *_flags(synth), "--prefill-workers", "2", "--decode-workers", "1",
+                                    "--concurrency", "8", "--isl", "128", "--osl", "8", "--json",
+                                    "--calibration", str(prof_path)])
+    assert rc == 0, err
+    d = json.loads(out)
+    for role in ("scheduler_prefill", "scheduler_decode"):
+        assert d[role]["step_overhead_ms"] == pytest.approx(prof.values["step_overhead_ms"])
+    assert any(n.startswith("calibration (") for n in d["notes"])
     rc, out, err = run_cli(capsys, ["estimate", *_flags(synth), "--isl", "128", "--osl", "8", "--json",
                                     "--calibration", str(prof_path)])
     assert rc == 0 and any("not used (the static estimate" in n for n in json.loads(out)["notes"])
