@@ -30,7 +30,12 @@ from infercast.calibrate.run import calibrate_runs
 from infercast.errors import InfercastError
 from infercast.serving.backends import scheduler_params
 from infercast.validate.cli import default_silicon_csv
-from infercast.validate.predict import EstimatorCache, benchmark_concurrency, clients_per_rank, gpu_count
+from infercast.validate.predict import (
+    EstimatorCache,
+    benchmark_concurrency,
+    clients_per_rank,
+    gpu_count,
+)
 from infercast.validate.recipes import postprocess_workers, recipe_scheduler
 from infercast.validate.silicon import load_ids, load_rows
 

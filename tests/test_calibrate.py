@@ -20,8 +20,8 @@ from infercast.errors import InvalidInputError
 from infercast.serving.backends import scheduler_params
 from infercast.serving.scaled import PhaseScaledEngine
 
-TRUTH = dict(arrival_delay_ms=37.0, front_end_per_stream_ms=1.3, front_end_per_prompt_token_ms=0.011,
-             step_overhead_ms=0.8)
+TRUTH = {"arrival_delay_ms": 37.0, "front_end_per_stream_ms": 1.3, "front_end_per_prompt_token_ms": 0.011,
+         "step_overhead_ms": 0.8}
 SHAPES = [(1, 512), (4, 1024), (16, 256), (32, 2048), (8, 4096), (64, 1024)]
 
 

@@ -361,8 +361,8 @@ def calibration_summary(cal, notes: list[str], concurrencies) -> dict:
     lo, hi = cal.concurrency_range
     outside = sorted(int(c) for c in (concurrencies or []) if not lo <= c <= hi)
     if outside:
-        notes = notes + [f"calibration: fitted at concurrency {lo}-{hi}; results at concurrency "
-                         f"{', '.join(map(str, outside))} are extrapolated"]
+        notes = notes + [(f"calibration: fitted at concurrency {lo}-{hi}; results at concurrency "
+                          f"{', '.join(map(str, outside))} are extrapolated")]
     return {"values": cal.overrides(), "concurrency_range": [lo, hi], "extrapolated_concurrencies": outside,
             "notes": notes}
 
