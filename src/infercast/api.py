@@ -538,7 +538,9 @@ def serve_agg(est: Estimator, clients_per_rank: int, isl: int, osl: int, params=
         raise DoesNotFitError(f"a replica cannot serve one request: {weights_misfit}",
                               "use more GPUs per replica or a smaller quant")
     p = params or scheduler_params(est.data.backend, est.data.system, est.spec)
-    res = serve(est.engine, clients, isl, osl, p, est.memory.capacity_for(clients),
+    from .serving.scaled import phase_scaled
+
+    res = serve(phase_scaled(est.engine, p), clients, isl, osl, p, est.memory.capacity_for(clients),
                 est.gpus_per_rank, ranks=est.plan.parallel.attention_dp)
     batch, chunk, prefix = _largest_prefill_step(p, isl, clients)
     res.notes = est.serving_beyond_notes(prefill_batch=batch, prefill_isl=chunk, prefill_prefix=prefix,
@@ -650,8 +652,10 @@ def serve_disagg(
     transfer = kv_transfer_ms(prefill.memory.kv_per_token, isl, prefill.gpus, node.inter_node_bw, node.p2p_latency_s,
                               prefill.memory.state_per_request)
     gpus = prefill_workers * prefill.gpus + decode_workers * decode.gpus
+    from .serving.scaled import phase_scaled
+
     res = solve_disagg(
-        prefill.engine, decode.engine, float(concurrency), isl, osl, prefill_workers, decode_workers,
+        phase_scaled(prefill.engine, pp), phase_scaled(decode.engine, pd), float(concurrency), isl, osl, prefill_workers, decode_workers,
         decode.plan.parallel.attention_dp, prefill_batch, pp, pd, transfer, gpus,
         prefill_dp=prefill.plan.parallel.attention_dp,
     )

@@ -81,6 +81,9 @@ def _add_model_args(p: argparse.ArgumentParser, parallel: bool = True) -> None:
                         "SGLang --moe-a2a-backend deepep, vLLM --all2all-backend deepep_*); default: alltoall where "
                         "the backend's wide-EP tables cover the shape")
     _add_data_args(p)
+    p.add_argument("--calibration", metavar="FILE", default=None,
+                   help="a calibration profile written by `infercast calibrate`: its fitted scheduler values (front end, "
+                        "step overhead, GPU-time scales) replace the backend's defaults, under any flag given")
     from .engine_config import add_engine_args
 
     add_engine_args(p)
@@ -120,6 +123,11 @@ def cmd_estimate(a) -> int:
     est = _estimator(a)
     res = est.static(a.batch, a.isl, a.osl, a.prefix)
     res.notes = list(res.notes) + getattr(a, "engine_notes", [])
+    cal, cal_notes = _calibration(a)
+    if cal is not None:
+        from ..calibrate.profile import apply_to_static
+
+        res.notes += cal_notes + apply_to_static(res, cal)
     if a.plan_out:
         try:
             Path(a.plan_out).write_text(est.plan.to_json())
@@ -218,8 +226,9 @@ def cmd_serve(a) -> int:
     for name in ("concurrency", "isl", "osl"):
         if getattr(a, name) < 1:
             raise InvalidInputError(f"--{name} must be >= 1, got {getattr(a, name)}")
-    # the engine configuration's scheduler settings, under the flags given
-    overrides = {**getattr(a, "engine_scheduler", {}), **_scheduler_overrides(a)}
+    # the engine configuration's scheduler settings, then a calibration profile's, under the flags given
+    cal, cal_notes = _calibration(a, a.concurrency)
+    overrides = {**getattr(a, "engine_scheduler", {}), **(cal.overrides() if cal else {}), **_scheduler_overrides(a)}
     if a.prefill_scheduling is not None:
         # mixed: prefill chunks ride in decode steps (vLLM / TensorRT-LLM, SGLang --enable-mixed-chunk);
         # prefill-first: waiting prompts are prefilled in their own steps before decoding resumes
@@ -247,7 +256,7 @@ def cmd_serve(a) -> int:
         return _emit(a, _misfit(head, exc), "print_misfit")
     out = {"fits": True, **res.to_dict(), **head, "concurrency_per_rank": per_rank,
            "scheduler": asdict(params),
-           "notes": est.context_notes(a.isl, a.osl) + res.notes + getattr(a, "engine_notes", [])}
+           "notes": est.context_notes(a.isl, a.osl) + res.notes + getattr(a, "engine_notes", []) + cal_notes}
     return _emit(a, out, "print_serving")
 
 
@@ -269,7 +278,7 @@ def _emit(a, out: dict, printer: str) -> int:
 
 
 def cmd_serve_disagg(a) -> int:
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
     from ..api import serve_disagg
     from ..serving.backends import scheduler_params
@@ -286,15 +295,20 @@ def cmd_serve_disagg(a) -> int:
     head = {"model": a.model, "system": a.system, "backend": a.backend, "backend_version": pe.version,
             "gpus": a.prefill_workers * pe.gpus + a.decode_workers * de.gpus, "concurrency": a.concurrency,
             "isl": a.isl, "osl": a.osl, **layout}
+    cal, cal_notes = _calibration(a, a.concurrency)
+    cal_values = cal.overrides() if cal else {}
+    pp = replace(scheduler_params(a.backend, pe.data.system, pe.spec), **cal_values)
+    pd = replace(scheduler_params(a.backend, de.data.system, de.spec), **cal_values)
     try:
         res = serve_disagg(pe, de, concurrency=a.concurrency, isl=a.isl, osl=a.osl, prefill_workers=a.prefill_workers,
-                           decode_workers=a.decode_workers, prefill_batch=a.prefill_batch)
+                           decode_workers=a.decode_workers, prefill_batch=a.prefill_batch,
+                           params_prefill=pp, params_decode=pd)
     except DoesNotFitError as exc:
         return _emit(a, _misfit(head, exc), "print_misfit")
     out = {"fits": True, **res.to_dict(), **head,
-           "scheduler_prefill": asdict(scheduler_params(a.backend, pe.data.system, pe.spec)),
-           "scheduler_decode": asdict(scheduler_params(a.backend, de.data.system, de.spec)),
-           "notes": pe.context_notes(a.isl, a.osl) + res.notes}
+           "scheduler_prefill": asdict(pp),
+           "scheduler_decode": asdict(pd),
+           "notes": pe.context_notes(a.isl, a.osl) + res.notes + cal_notes}
     return _emit(a, out, "print_serving_disagg")
 
 
@@ -324,6 +338,9 @@ def cmd_search(a) -> int:
               gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
               nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel,
               kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode, cap_concurrency=True)
+    cal, cal_notes = _calibration(a)
+    if cal is not None:
+        kw["scheduler"] = cal.overrides()
     if mode == "fixed":
         kw.pop("max_gpus")
         kw["gpus"] = a.gpus
@@ -347,6 +364,8 @@ def cmd_search(a) -> int:
             out = res.to_dict(candidates=a.all)
             out["mode"] = m
             out["targets"] = targets
+            if cal is not None:
+                out["calibration"] = calibration_summary(cal, cal_notes, res.concurrencies)
             out["top"] = [candidate_dict(c) for c in sorted((c for c in res.candidates if c.meets_targets),
                                                     key=lambda c: -c.tokens_per_s_per_gpu)[:a.top]]
             outs[m] = out
@@ -366,6 +385,7 @@ def cmd_search(a) -> int:
             out["save_dir"] = str(a.save_dir)
     if mode != "both":
         rc = _emit(a, outs[mode], "print_search")
+        _print_calibration_notes(a, outs[mode])
     else:
         bests = {m: o["best"] for m, o in outs.items() if o["best"] is not None}
         outs["best_mode"] = max(bests, key=lambda m: bests[m]["tokens_per_s_per_gpu"]) if bests else None
@@ -373,6 +393,7 @@ def cmd_search(a) -> int:
             outs["reason"] = "neither mode has a deployment that meets the targets: " + "; ".join(
                 f"{m}: {outs[m]['reason']}" for m in ("agg", "disagg"))
         rc = _emit(a, outs, "print_search_both")
+        _print_calibration_notes(a, outs.get("agg") or outs.get("disagg") or {})
     if not a.json:
         _print_search_tail(a, results)
     return rc
@@ -411,6 +432,40 @@ def _print_search_tail(a, results: dict) -> None:
         print(f"saved: {a.save_dir}")
 
 
+def _print_calibration_notes(a, out: dict) -> None:
+    """The calibration notes of a search or recommendation on the console (JSON carries them)."""
+    if a.json or not out.get("calibration"):
+        return
+    for n in out["calibration"]["notes"]:
+        print(f"note: {n}")
+
+
+def _calibration(a, concurrency: int | None = None):
+    """(the profile of ``--calibration``, its notes) or (None, []): the profile is refused for
+    another backend; the notes name it, a model or system other than the calibrated one, and a
+    ``concurrency`` outside the calibrated range."""
+    if getattr(a, "calibration", None) is None:
+        return None, []
+    from ..calibrate.profile import check_applies, load_profile
+
+    cal = load_profile(a.calibration)
+    notes = check_applies(cal, a.backend, a.model, a.system)
+    outside = cal.note_for(concurrency)
+    return cal, notes + ([outside] if outside else [])
+
+
+def calibration_summary(cal, notes: list[str], concurrencies) -> dict:
+    """What a search's or recommendation's output says of the profile applied: its values, the
+    calibrated concurrency range and the evaluated concurrencies outside it (extrapolated)."""
+    lo, hi = cal.concurrency_range
+    outside = sorted(int(c) for c in (concurrencies or []) if not lo <= c <= hi)
+    if outside:
+        notes = notes + [(f"calibration: fitted at concurrency {lo}-{hi}; results at concurrency "
+                          f"{', '.join(map(str, outside))} are extrapolated")]
+    return {"values": cal.overrides(), "concurrency_range": [lo, hi], "extrapolated_concurrencies": outside,
+            "notes": notes}
+
+
 def _search_targets(a) -> dict:
     """The latency targets of ``search``: ``--ttft-ms`` / ``--tpot-ms``, else the defaults
     (:data:`infercast.search.run.DEFAULT_TTFT_MS`, ``DEFAULT_TPOT_MS``); ``inf`` means no target.
@@ -436,6 +491,95 @@ def _search_targets(a) -> dict:
 def _layout(est) -> dict:
     p = est.plan.parallel
     return {"tp": p.tp, "pp": p.pp, "attention_dp": p.attention_dp, "moe_tp": p.etp, "moe_ep": p.ep}
+
+
+def cmd_calibrate(a) -> int:
+    """``infercast calibrate``: fit the deployment's scheduler values to the user's measured runs
+    (:mod:`infercast.calibrate`), write the profile (``--out``) and report the residuals."""
+    from dataclasses import replace
+
+    from ..calibrate.formats import read_runs
+    from ..calibrate.run import agg_predictor, calibrate_runs
+    from ..serving.backends import scheduler_params
+
+    if a.calibration is not None:
+        raise InvalidInputError("--calibration is not an input of calibrate", "it fits from the backend's defaults; "
+                                "--engine-args / --engine-cmd give the deployment's own settings")
+    runs = read_runs(a.runs, a.format, a.statistic, a.concurrency)
+    if not runs:
+        raise InvalidInputError(f"no measured runs in {', '.join(a.runs)}",
+                                "rows need a concurrency, isl, osl and a measured TTFT")
+    kept = []
+    for r in runs:
+        row = r.row
+        if row is not None and (row.system != a.system or row.backend != a.backend or not _same_model(row.model, a.model)
+                                or row.mode != "agg" or row.worker is None
+                                or (row.worker.tp, row.worker.pp, row.worker.attention_dp) != (a.tp, a.pp, a.attention_dp)):
+            continue  # a silicon CSV holds many deployments: this one's (model, system, backend, layout) rows only
+        if r.model and not _same_model(r.model, a.model):
+            raise InvalidInputError(f"{r.source} measured model {r.model}, but --model is {a.model}",
+                                    "calibrate on runs of the model being estimated")
+        if r.mode != "agg":
+            raise InvalidInputError(f"{r.source} is a disaggregated run", "calibrate fits aggregated deployments")
+        kept.append(r)
+    if not kept:
+        raise InvalidInputError(f"no run in {', '.join(a.runs)} measured {a.model} on {a.system} ({a.backend}, "
+                                f"tp {a.tp} pp {a.pp} attention-dp {a.attention_dp})",
+                                "a silicon row is used when its model, system, backend, mode (agg) and layout are the flags'")
+    est = _estimator(a)
+    base = replace(scheduler_params(a.backend, est.data.system, est.spec), **getattr(a, "engine_scheduler", {}))
+    deployment = {"model": a.model, "system": a.system, "backend": a.backend, "backend_version": est.version,
+                  "gpus": est.gpus, "layout": est.layout_words, **_layout(est)}
+    if a.prior_weight is not None and not (0.0 <= a.prior_weight < float("inf")):
+        raise InvalidInputError(f"--prior-weight must be a finite number >= 0, got {a.prior_weight}")
+    prof = calibrate_runs(kept, agg_predictor(est, base, kept), base, deployment, gpu=a.gpu_scales, ridge=a.prior_weight)
+    if a.out:
+        prof.write(a.out)
+    out = prof.to_dict()
+    if a.out:
+        out["written"] = str(a.out)
+    if a.json:
+        print(json.dumps(out, indent=1, default=str))
+        return 0
+    _print_calibration(out)
+    return 0
+
+
+def _same_model(measured: str, given: str) -> bool:
+    """Whether a run's model name is ``given``: equal, or the same last path component (a served
+    model name without its organisation), case-insensitive."""
+    m, g = measured.strip().lower(), given.strip().lower()
+    return m == g or m.rsplit("/", 1)[-1] == g.rsplit("/", 1)[-1]
+
+
+def _print_calibration(out: dict) -> None:
+    s = out["summary"]
+    lo, hi = out["concurrency_range"]
+
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.1f}%"
+
+    print(f"calibrated {out['deployment']['model']} on {out['deployment']['system']} ({out['deployment']['backend']}), "
+          f"{out['deployment']['layout']}: {s['runs']} runs, concurrency {lo}-{hi}")
+    for k, v in out["values"].items():
+        print(f"  {k}: {out['defaults'].get(k, float('nan')):.4g} -> {v:.4g}")
+    if not out["values"]:
+        print("  no value changed: the runs do not support moving any (defaults kept)")
+    print(f"  why: {out['evidence'].get('reason', '')}")
+    print(f"  TTFT median APE {pct(s['ttft_median_ape_before'])} -> {pct(s['ttft_median_ape_after'])}; "
+          f"TPOT median APE {pct(s['tpot_median_ape_before'])} -> {pct(s['tpot_median_ape_after'])} (on the runs fitted)")
+    print(f"  {'concurrency':>11} {'isl':>6} {'osl':>6} {'TTFT meas':>10} {'before':>9} {'after':>9} "
+          f"{'TPOT meas':>10} {'before':>8} {'after':>8}")
+    for r in out["runs"]:
+        tp = r["measured_tpot_ms"]
+        print(f"  {r['concurrency']:>11} {r['isl']:>6} {r['osl']:>6} {r['measured_ttft_ms']:>10.1f} {r['before_ttft_ms']:>9.1f} "
+              f"{r['after_ttft_ms']:>9.1f} {('-' if tp is None else f'{tp:.2f}'):>10} {r['before_tpot_ms']:>8.2f} "
+              f"{r['after_tpot_ms']:>8.2f}")
+    if out.get("written"):
+        print(f"written: {out['written']} (apply with --calibration {out['written']}; results at concurrency outside "
+              f"{lo}-{hi} are noted as extrapolated)")
+    else:
+        print("not written: give --out FILE to keep the profile")
 
 
 def cmd_systems(a) -> int:
@@ -818,6 +962,30 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--tolerance", type=float, default=None, help="relative error allowed against the op-by-op path (default 2.5e-4)")
     co.add_argument("--json", action="store_true", help="print a JSON summary")
     co.set_defaults(func=cmd_compile)
+
+    ca = sub.add_parser("calibrate", help="fit the scheduler's host-side values (and, if the runs support it, GPU-time "
+                                          "scales) to your own measured runs; write a profile for --calibration",
+                        description="Reads measured closed-loop runs of ONE aggregated deployment -- AIPerf's "
+                                    "profile_export_aiperf.json / .csv, `vllm bench serve --save-result` JSON, or a CSV in "
+                                    "the silicon schema -- and fits the front-end time per request, per open stream and "
+                                    "per prompt token and the per-step overhead; GPU-time scales per phase (0.7-1.5x) "
+                                    "only where leaving runs out shows they help. The deployment is given as for "
+                                    f"`serve` (flags or --engine-args / --engine-cmd). {LAYOUT_HELP} See docs/calibrate.md.")
+    _add_model_args(ca)
+    ca.add_argument("runs", nargs="+", metavar="FILE", help="measured-run files (one run per AIPerf / vllm file; one per "
+                                                            "row of a silicon CSV)")
+    ca.add_argument("--format", default=None, help="aiperf-json, aiperf-csv, vllm-json or silicon-csv (default: detected)")
+    ca.add_argument("--statistic", default="mean", help="which summary to fit: mean (default), median or p99")
+    ca.add_argument("--concurrency", type=int, default=None,
+                    help="the runs' concurrency where a file does not say it (AIPerf CSV), or to override it")
+    ca.add_argument("--gpu-scales", default="auto", choices=["auto", "on", "off"],
+                    help="fit GPU-time scales per phase: auto (only when leaving runs out shows they help), on, off")
+    ca.add_argument("--prior-weight", type=float, default=None,
+                    help="weight of the pull toward the defaults, per unit step of a field squared, against squared log "
+                         "errors (default 0.01: runs scatter ~10%%; 0 for runs without noise)")
+    ca.add_argument("--out", default=None, help="write the calibration profile (YAML) here")
+    ca.add_argument("--json", action="store_true", help="print the profile as one JSON object")
+    ca.set_defaults(func=cmd_calibrate)
 
     s = sub.add_parser("systems", help="list systems, backends and data versions in the pack")
     s.add_argument("--json", action="store_true", help="print one JSON object")

@@ -36,14 +36,17 @@ def cmd_recommend(a) -> int:
             raise InvalidInputError(f"--{name} must be >= 1, got {getattr(a, name)}")
     if a.top < 1:
         raise InvalidInputError(f"--top must be >= 1, got {a.top}")
-    from .main import _search_targets
+    from .main import _calibration, _search_targets, calibration_summary
 
     targets = _search_targets(a)
+    cal, cal_notes = _calibration(a)
     ttft, tpot = targets["ttft_max_ms"], targets["tpot_max_ms"]
     kw = dict(ttft_max_ms=ttft, tpot_max_ms=tpot, backend_version=a.backend_version, systems_path=a.systems_path,
               moe_quant=a.moe_quant, gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant,
               attention_quant=a.attention_quant, nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel,
               kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode)
+    if cal is not None:
+        kw["scheduler"] = cal.overrides()
     results = {}
     modes = [m for m in ("agg", "disagg") if a.mode in (m, "both")]
     with _progress(a.quiet) as prog:
@@ -59,10 +62,12 @@ def cmd_recommend(a) -> int:
            "targets": {"ttft_ms": ttft, "tpot_ms": tpot},
            "recommendations": [r.to_dict() for r in recs],
            "searched": {m: {"candidates": len(r.candidates), "skipped": len(r.skipped)} for m, r in results.items()}}
+    if cal is not None:
+        out["calibration"] = calibration_summary(cal, cal_notes, sorted({c for r in results.values() for c in r.concurrencies}))
     if a.save_dir:
         from ..report.artifacts import write_search_artifacts
 
-        est_kw = {k: v for k, v in kw.items() if k not in ("ttft_max_ms", "tpot_max_ms", "backend_version")}
+        est_kw = {k: v for k, v in kw.items() if k not in ("ttft_max_ms", "tpot_max_ms", "backend_version", "scheduler")}
         write_search_artifacts(a.save_dir, results, est_kw)
         out["save_dir"] = str(a.save_dir)
     if a.json:
@@ -71,6 +76,9 @@ def cmd_recommend(a) -> int:
     from ..report.workflow import print_recommend
 
     print_recommend(out)
+    from .main import _print_calibration_notes
+
+    _print_calibration_notes(a, out)
     if a.save_dir:
         print(f"saved: {a.save_dir}")
     return 0

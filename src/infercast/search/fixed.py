@@ -53,6 +53,7 @@ def search_fixed(
     systems_path=None,
     max_workers: int | None = None,
     params=None,
+    scheduler: dict | None = None,
     make_estimator: Callable[[Layout], object] | None = None,
     cap_concurrency: bool = False,
     refine: bool | None = None,
@@ -62,7 +63,7 @@ def search_fixed(
     every concurrency (clients of the whole deployment; default 1, 2, 4, ..., 1024); ``best`` is the
     highest throughput per GPU among those meeting the targets (at one concurrency: the lowest mean
     request latency). At most ``max_workers`` workers of each role (None: as many as fit). ``params``: the backend's
-    scheduler (default: its own). ``make_estimator(layout)`` builds each layout's estimator
+    scheduler (default: its own, with ``scheduler``'s {SchedulerParams field: value} applied). ``make_estimator(layout)`` builds each layout's estimator
     (default: an :class:`~infercast.Estimator` with ``estimator_kw``), so a caller that asks many
     times can reuse them. ``cap_concurrency``, ``refine``: as :func:`~infercast.search.run.search_agg`'s."""
     from ..api import serve_agg_replica
@@ -81,6 +82,10 @@ def search_fixed(
 
     ests = _estimators(res, base, model, space, backend_version, systems_path, estimator_kw,
                        keep=lambda lay: n % lay.gpus == 0 or worker(lay), make=make_estimator)
+    if params is None and scheduler:
+        from dataclasses import replace
+
+        params = replace(scheduler_params(backend, base.data.system, base.spec), **scheduler)
     agg_params = params or scheduler_params(backend, base.data.system, base.spec)
     roles = _roles(res, {lay: e for lay, e in ests.items() if worker(lay)})
     holders = [(f"{n // lay.gpus}x{lay.label}", n // lay.gpus * est.plan.parallel.attention_dp

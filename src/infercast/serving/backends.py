@@ -118,6 +118,10 @@ class SchedulerParams:
       requests' actual tokens, so the cache holds ``1 / ratio`` times as many running requests as
       nominal ones would fill; the serving models divide the KV capacity by it. Step costs stay
       at the nominal lengths (the front-end parameters are calibrated there).
+    * ``prefill_scale``, ``decode_scale``: multipliers of the GPU time of a step's prefill and
+      decode work (1: the perf tables' times). Set by a calibration profile
+      (:mod:`infercast.calibrate`) fitted to a user's measured runs; applied by
+      :func:`infercast.serving.scaled.phase_scaled`.
     """
 
     mixed: bool
@@ -141,6 +145,8 @@ class SchedulerParams:
     batch_wait_max_tokens_ratio: float = 0.0
     recv_interval: int = 1
     kv_length_ratio: float = 1.0
+    prefill_scale: float = 1.0
+    decode_scale: float = 1.0
 
     def front_end_ms(self, streams: float, prompt_tokens: float = 0.0) -> float:
         """Client + front-end time of a request of ``prompt_tokens`` prompt tokens while
