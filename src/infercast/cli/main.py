@@ -509,7 +509,7 @@ def cmd_calibrate(a) -> int:
     if not runs:
         raise InvalidInputError(f"no measured runs in {', '.join(a.runs)}",
                                 "rows need a concurrency, isl, osl and a measured TTFT")
-    kept = []
+    matching = []
     for r in runs:
         row = r.row
         if row is not None and (row.system != a.system or row.backend != a.backend or not _same_model(row.model, a.model)
@@ -521,8 +521,8 @@ def cmd_calibrate(a) -> int:
                                     "calibrate on runs of the model being estimated")
         if r.mode != "agg":
             raise InvalidInputError(f"{r.source} is a disaggregated run", "calibrate fits aggregated deployments")
-        kept.append(r)
-    if not kept:
+        matching.append(r)
+    if not matching:
         raise InvalidInputError(f"no run in {', '.join(a.runs)} measured {a.model} on {a.system} ({a.backend}, "
                                 f"tp {a.tp} pp {a.pp} attention-dp {a.attention_dp})",
                                 "a silicon row is used when its model, system, backend, mode (agg) and layout are the flags'")
