@@ -532,7 +532,7 @@ def cmd_calibrate(a) -> int:
                   "gpus": est.gpus, "layout": est.layout_words, **_layout(est)}
     if a.prior_weight is not None and not (0.0 <= a.prior_weight < float("inf")):
         raise InvalidInputError(f"--prior-weight must be a finite number >= 0, got {a.prior_weight}")
-    prof = calibrate_runs(kept, agg_predictor(est, base, kept), base, deployment, gpu=a.gpu_scales, ridge=a.prior_weight)
+    prof = calibrate_runs(matching, agg_predictor(est, base, matching), base, deployment, gpu=a.gpu_scales, ridge=a.prior_weight)
     if a.out:
         prof.write(a.out)
     out = prof.to_dict()
