@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
-import subprocess
 
 import pytest
-
 import synthpack as sp
+from browser import needs_browser, rendered_dom
+
 from infercast.report.artifacts import ranked, text_pareto, write_search_artifacts
 from infercast.search import search_agg, search_disagg
 
@@ -63,23 +62,12 @@ def test_text_pareto_draws_each_mode(saved):
     assert "agg" in text and "disagg" in text and "tokens/s per GPU" in text
 
 
-def _browser() -> str | None:
-    return next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
-
-
-@pytest.mark.skipif(_browser() is None, reason="no Chromium on this machine (Debian: apt-get install chromium)")
+@needs_browser
 def test_report_html_renders_in_headless_chromium(saved, tmp_path):
     out, results, _ = saved
     html = out / "report.html"
     assert "<script" in html.read_text()[:5_000_000]  # plotly.js is inlined: one self-contained file
-    cmd = [_browser(), "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
-           "--virtual-time-budget=10000", "--enable-logging=stderr", "--v=0", "--dump-dom", html.as_uri()]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    dom = proc.stdout
+    dom = rendered_dom(html, tmp_path / "profile")
     # plotly drew its SVG: one main-svg per figure layer, and a scatter trace per mode
     assert dom.count('class="main-svg"') >= 1
     assert dom.count('class="trace scatter') >= 2 * len(results)
-    # no JavaScript error reached the console
-    console = [ln for ln in proc.stderr.splitlines() if "CONSOLE" in ln and ("Error" in ln or "Uncaught" in ln)]
-    assert not console, console

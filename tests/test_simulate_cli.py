@@ -7,6 +7,7 @@ import json
 
 import pytest
 import synthpack as sp
+from browser import needs_browser, rendered_dom
 from cli_helpers import assert_one_line_error, run_cli
 
 
@@ -146,12 +147,6 @@ def test_lengths_from_trace_and_trace_prefix(synth, capsys, tmp_path):
     assert json.loads(out)["requests"] == 1
 
 
-def _browser():
-    import shutil
-
-    return next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
-
-
 @pytest.fixture(scope="module")
 def html_report(synth, tmp_path_factory):
     """``--report`` of a 2-replica open-loop run with a goodput target (subprocess, as the plot test)."""
@@ -181,19 +176,11 @@ def test_report_html_is_self_contained_with_the_summary(html_report):
     assert "scheduler 0" in text and "scheduler 1" in text
 
 
-@pytest.mark.skipif(_browser() is None, reason="no Chromium on this machine (Debian: apt-get install chromium)")
+@needs_browser
 def test_report_html_renders_in_headless_chromium(html_report, tmp_path):
-    import subprocess
-
     out, _ = html_report
-    cmd = [_browser(), "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
-           "--virtual-time-budget=10000", "--enable-logging=stderr", "--v=0", "--dump-dom", out.as_uri()]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    dom = proc.stdout
+    dom = rendered_dom(out, tmp_path / "profile")
     assert dom.count('class="main-svg"') >= 1
     # 4 CDFs + 3 series x (sum + 2 schedulers) + the throughput line, each drawn as a scatter trace
     assert dom.count('class="trace scatter') >= 4 + 3 * 3 + 1
     assert "id=\"summary\"" in dom
-    console = [ln for ln in proc.stderr.splitlines() if "CONSOLE" in ln and ("Error" in ln or "Uncaught" in ln)]
-    assert not console, console
