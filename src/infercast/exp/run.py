@@ -69,8 +69,10 @@ def _serve(exp: Experiment, system: str, backend: str, kw: dict) -> list[dict]:
 
 
 def _label(lay) -> str:
-    parts = [f"tp{lay.tp}"] + [f"{n}{v}" for n, v in (("pp", lay.pp), ("dp", lay.attention_dp), ("ep", lay.moe_ep or 1)) if v > 1]
-    return "-".join(parts)
+    """The search's label of a :class:`~.schema.LayoutSpec` (``tp2-dp4-ep4``)."""
+    from ..search.space import Layout
+
+    return Layout(lay.tp, lay.pp, lay.attention_dp, lay.moe_tp, lay.moe_ep).label
 
 
 def _metrics(r) -> dict:

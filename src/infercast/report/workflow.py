@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from .console import new_console
-
-
-def _n(x, fmt="{:.1f}") -> str:
-    return "-" if x is None else fmt.format(x)
+from .console import _f, new_console
 
 
 def print_recommend(d: dict) -> None:
@@ -18,7 +14,7 @@ def print_recommend(d: dict) -> None:
     t = d["targets"]
     c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d.get('backend_version') or ''} · "
             f"{d['isl']} in / {d['osl']} out[/bold]")
-    c.print(f"load: {load}; targets: mean TTFT <= {_n(t['ttft_ms'], '{:g}')} ms, mean TPOT <= {_n(t['tpot_ms'], '{:g}')} ms")
+    c.print(f"load: {load}; targets: mean TTFT <= {_f(t['ttft_ms'], '{:g}')} ms, mean TPOT <= {_f(t['tpot_ms'], '{:g}')} ms")
     recs = d["recommendations"]
     if not recs:
         c.print("[bold red]no deployment meets the targets[/bold red] at any searched concurrency: "
@@ -31,8 +27,8 @@ def print_recommend(d: dict) -> None:
     for i, r in enumerate(recs, start=1):
         u = r["unit"]
         tab.add_row(str(i), r["mode"], u["layout"], str(r["copies"]), str(r["gpus"]), str(r["concurrency_per_copy"]),
-                    _n(u["ttft_ms"], "{:.0f}"), _n(u["tpot_ms"], "{:.2f}"), _n(r["capacity_requests_per_s"], "{:.2f}"),
-                    _n(u["tokens_per_s_per_gpu"]))
+                    _f(u["ttft_ms"], "{:.0f}"), _f(u["tpot_ms"], "{:.2f}"), _f(r["capacity_requests_per_s"], "{:.2f}"),
+                    _f(u["tokens_per_s_per_gpu"], "{:.1f}"))
     c.print(tab)
     best = recs[0]
     c.print(f"recommended: {best['copies']} x {best['unit']['layout']} ({best['mode']}) = [bold]{best['gpus']} GPUs[/bold], "
@@ -54,7 +50,7 @@ def print_exp(rows: list[dict]) -> None:
             continue
         for r in o["rows"]:
             kind = r.get("mode") or o["kind"]
-            tab.add_row(*head, kind, r["layout"], str(r["gpus"]), str(r["concurrency"]), _n(r["ttft_ms"], "{:.0f}"),
-                        _n(r["tpot_ms"], "{:.2f}"), _n(r["tokens_per_s_per_gpu"]), _n(r["tokens_per_s_per_user"]),
+            tab.add_row(*head, kind, r["layout"], str(r["gpus"]), str(r["concurrency"]), _f(r["ttft_ms"], "{:.0f}"),
+                        _f(r["tpot_ms"], "{:.2f}"), _f(r["tokens_per_s_per_gpu"], "{:.1f}"), _f(r["tokens_per_s_per_user"], "{:.1f}"),
                         "yes" if r["meets_targets"] else "no")
     c.print(tab)
