@@ -160,6 +160,41 @@ def _finish(s: EngineSettings, flags: dict, used: set[str]) -> EngineSettings:
     return s
 
 
+#: flags read as one value each: flag -> (EngineSettings field, key, reader)
+_VLLM_SIMPLE = {
+    "--max-num-seqs": ("scheduler", "max_batch_size", _int),
+    "--max-num-batched-tokens": ("scheduler", "max_num_tokens", _int),
+    "--gpu-memory-utilization": ("estimator_kw", "kv_memory_fraction", _frac),
+    "--kv-cache-dtype": ("estimator_kw", "kv_cache_quant", _kv_dtype),
+}
+_SGLANG_SIMPLE = {
+    "--max-running-requests": ("scheduler", "max_batch_size", _int),
+    "--mem-fraction-static": ("estimator_kw", "kv_memory_fraction", _frac),
+    "--kv-cache-dtype": ("estimator_kw", "kv_cache_quant", _kv_dtype),
+    "--scheduler-recv-interval": ("scheduler", "recv_interval", _int),
+}
+
+
+def _read_simple(s: EngineSettings, flags: dict, used: set[str], table: dict) -> None:
+    """Read every flag of ``table`` that ``flags`` holds into ``s``."""
+    for flag, (where, key, read) in table.items():
+        if flag in flags:
+            getattr(s, where)[key] = read(flag, flags[flag])
+            used.add(flag)
+
+
+def _moe_runner(s: EngineSettings, flags: dict, used: set[str], flag: str) -> None:
+    """The engine's MoE kernel flag: ``triton`` pins the Triton ``fused_moe`` family; any other
+    runner keeps the table's own kernels (said in the notes)."""
+    if flag not in flags:
+        return
+    used.add(flag)
+    if str(flags[flag]).lower() == "triton":
+        s.estimator_kw["moe_kernel"] = "triton"
+    else:
+        s.notes.append(f"{flag} {flags[flag]}: the table's own kernels are used")
+
+
 def _vllm(argv: list[str]) -> EngineSettings:
     start = 2 if argv[:2] == ["vllm", "serve"] else next((i + 1 for i, a in enumerate(argv) if "vllm.entrypoints" in a), 1)
     pos, flags = _tokens(argv[start:], "vllm")
@@ -176,18 +211,7 @@ def _vllm(argv: list[str]) -> EngineSettings:
     if flags.get("--enable-expert-parallel") is True:
         used.add("--enable-expert-parallel")
         s.layout.update(moe_tp=1, moe_ep=tp * dp)
-    if "--max-num-seqs" in flags:
-        s.scheduler["max_batch_size"] = _int("--max-num-seqs", flags["--max-num-seqs"])
-        used.add("--max-num-seqs")
-    if "--max-num-batched-tokens" in flags:
-        s.scheduler["max_num_tokens"] = _int("--max-num-batched-tokens", flags["--max-num-batched-tokens"])
-        used.add("--max-num-batched-tokens")
-    if "--gpu-memory-utilization" in flags:
-        s.estimator_kw["kv_memory_fraction"] = _frac("--gpu-memory-utilization", flags["--gpu-memory-utilization"])
-        used.add("--gpu-memory-utilization")
-    if "--kv-cache-dtype" in flags:
-        s.estimator_kw["kv_cache_quant"] = _kv_dtype("--kv-cache-dtype", flags["--kv-cache-dtype"])
-        used.add("--kv-cache-dtype")
+    _read_simple(s, flags, used, _VLLM_SIMPLE)
     for flag, on in (("--enable-chunked-prefill", True), ("--no-enable-chunked-prefill", False)):
         if flags.get(flag) is True:
             s.scheduler["chunked"] = on
@@ -207,12 +231,7 @@ def _vllm(argv: list[str]) -> EngineSettings:
         used.add("--all2all-backend")
         b = str(flags["--all2all-backend"]).lower()
         s.estimator_kw["moe_comm"] = "gather" if b in ("allgather_reducescatter", "naive") else "alltoall"
-    if "--moe-backend" in flags:
-        used.add("--moe-backend")
-        if str(flags["--moe-backend"]).lower() == "triton":
-            s.estimator_kw["moe_kernel"] = "triton"
-        else:
-            s.notes.append(f"--moe-backend {flags['--moe-backend']}: the table's own kernels are used")
+    _moe_runner(s, flags, used, "--moe-backend")
     return _finish(s, flags, used)
 
 
@@ -247,9 +266,7 @@ def _sglang(argv: list[str]) -> EngineSettings:
             raise InvalidInputError(f"--tp-size {world} is not a multiple of --ep-size {ep}")
         if ep > 1:
             s.layout.update(moe_tp=world // ep, moe_ep=ep)
-    if "--max-running-requests" in flags:
-        s.scheduler["max_batch_size"] = _int("--max-running-requests", flags["--max-running-requests"])
-        used.add("--max-running-requests")
+    _read_simple(s, flags, used, _SGLANG_SIMPLE)
     if "--chunked-prefill-size" in flags:
         n = _int("--chunked-prefill-size", flags["--chunked-prefill-size"])
         used.add("--chunked-prefill-size")
@@ -257,18 +274,9 @@ def _sglang(argv: list[str]) -> EngineSettings:
             s.scheduler["chunked"] = False
         else:
             s.scheduler.update(chunked=True, max_num_tokens=n)
-    if "--mem-fraction-static" in flags:
-        s.estimator_kw["kv_memory_fraction"] = _frac("--mem-fraction-static", flags["--mem-fraction-static"])
-        used.add("--mem-fraction-static")
-    if "--kv-cache-dtype" in flags:
-        s.estimator_kw["kv_cache_quant"] = _kv_dtype("--kv-cache-dtype", flags["--kv-cache-dtype"])
-        used.add("--kv-cache-dtype")
     if flags.get("--enable-mixed-chunk") is True:
         s.scheduler.update(mixed=True, lockstep=False)
         used.add("--enable-mixed-chunk")
-    if "--scheduler-recv-interval" in flags:
-        s.scheduler["recv_interval"] = _int("--scheduler-recv-interval", flags["--scheduler-recv-interval"])
-        used.add("--scheduler-recv-interval")
     if flags.get("--disable-overlap-schedule") is True:
         s.scheduler["overlap"] = False
         used.add("--disable-overlap-schedule")
@@ -284,12 +292,7 @@ def _sglang(argv: list[str]) -> EngineSettings:
     if "--moe-a2a-backend" in flags:
         used.add("--moe-a2a-backend")
         s.estimator_kw["moe_comm"] = "gather" if str(flags["--moe-a2a-backend"]).lower() == "none" else "alltoall"
-    if "--moe-runner-backend" in flags:
-        used.add("--moe-runner-backend")
-        if str(flags["--moe-runner-backend"]).lower() == "triton":
-            s.estimator_kw["moe_kernel"] = "triton"
-        else:
-            s.notes.append(f"--moe-runner-backend {flags['--moe-runner-backend']}: the table's own kernels are used")
+    _moe_runner(s, flags, used, "--moe-runner-backend")
     return _finish(s, flags, used)
 
 
