@@ -79,11 +79,12 @@ class StaticResult:
     memory: dict
     versions: dict
     quant: dict
-    gpus: int = 1  # of the replica: tp x attention_dp x pp
+    gpus: int = 1  # of the replica: tp x attention_dp x pp x cp
     layout: str = ""  # the layout in words (infercast.report.layout.layout_words)
     reason: str | None = None  # why it does not fit (fits is False)
     notes: list[str] = field(default_factory=list)
     breakdown: list[OpBreakdown] = field(default_factory=list)
+    cp: int = 1  # context-parallel ranks (infercast.models.context_parallel)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -106,6 +107,11 @@ class Estimator:
     ``"alltoall"`` (DeepEP-style dispatch / combine: SGLang's ``--moe-a2a-backend deepep``, vLLM's
     ``--all2all-backend deepep_*``, TensorRT-LLM's wide-EP); None: all-to-all where the backend's
     wide-EP expert tables cover the shape, else gather.
+
+    ``cp``: context-parallel ranks, each a copy of the ``tp x attention_dp x pp`` layout
+    (:mod:`infercast.models.context_parallel`: prompts split over them in zigzag chunks, the KV
+    cache sharded over them); ``cp_overlap``: their per-layer K/V exchange in prefill runs
+    concurrently with the attention (default: before it).
     """
 
     def __init__(
@@ -131,6 +137,8 @@ class Estimator:
         database_mode: str | DatabaseMode = DatabaseMode.SILICON,
         systems_path: str | Path | None = None,
         moe_comm: str | None = None,
+        cp: int = 1,
+        cp_overlap: bool = False,
     ):
         mode = DatabaseMode.parse(database_mode)
         if not (isinstance(model, str) and model.strip() or isinstance(model, os.PathLike)):
@@ -146,6 +154,10 @@ class Estimator:
         spec = replace(spec, quant=quant)
         par = ParallelConfig(_int("--tp", tp), _int("--pp", pp), _int("--attention-dp", attention_dp),
                              None if moe_tp is None else _int("--moe-tp", moe_tp), None if moe_ep is None else _int("--moe-ep", moe_ep))
+        if cp != 1 or cp_overlap:
+            if not isinstance(cp_overlap, bool):
+                raise InvalidInputError(f"cp_overlap must be true or false, got {cp_overlap!r}")
+            par = replace(par, cp=_int("--cp", cp), cp_overlap=cp_overlap)
         self.db = OpDB.shared(self.data, mode)
         self.data = self.db.data
         if moe_comm is not None:
@@ -319,7 +331,7 @@ class Estimator:
             model=self.spec.model_id, system=self.data.system.name, backend=self.data.backend,
             backend_version=self.data.version, tp=self.plan.parallel.tp, pp=self.plan.parallel.pp,
             attention_dp=self.plan.parallel.attention_dp, moe_tp=self.plan.parallel.etp, moe_ep=self.plan.parallel.ep,
-            batch_size=b, isl=isl, osl=osl, prefix=prefix, fits=fits,
+            cp=self.plan.parallel.cp, batch_size=b, isl=isl, osl=osl, prefix=prefix, fits=fits,
             ttft_ms=None, tpot_ms=None, request_latency_ms=None,
             tokens_per_s_per_gpu=None, tokens_per_s_per_user=None,
             memory_gb_per_gpu=used / GB,

@@ -19,7 +19,12 @@ Op kinds and how they are evaluated:
   ``(batch, cached tokens)``; a cached prefix scales the full causal attention over
   ``isl + prefix`` by the share of query-key pairs the new tokens own, never below the new tokens
   alone (:func:`~infercast.ops.attention.with_prefix`);
-* analytic (``elementwise``, ``p2p``): bytes over bandwidth plus a constant latency.
+* analytic (``elementwise``, ``p2p``): bytes over bandwidth plus a constant latency;
+* context parallelism (``plan.parallel.cp > 1``, :mod:`infercast.engine.context_parallel`):
+  prompt tokens count ``1 / cp`` in the token-wise ops, context attention is the slowest CP
+  rank's zigzag chunks, decode attention reads ``1 / cp`` of the KV, and the ``cp_exchange``
+  (prefill K/V all-gather over the sequence's ``isl + prefix`` tokens) and ``cp_combine``
+  (decode partial outputs over the decoding tokens) collectives are added per attention op.
 
 Every evaluator has a plain-Python scalar twin (:meth:`Grid.scalar`) for callers asking one
 shape at a time; the two agree to rounding.
@@ -36,6 +41,7 @@ from ..errors import NotAvailableError
 from ..interp.provenance import Prov
 from ..models.plan import Plan, PlanOp
 from ..ops.attention import prefixed_context, resolve_context_attention, resolve_generation_attention
+from .context_parallel import sharded_cached, sharded_cached_scalar, zigzag_context, zigzag_context_scalar
 from ..ops.base import OpDB, Resolved
 
 GRID_KINDS = ("gemm", "moe", "allreduce", "allgather", "reduce_scatter", "alltoall", "moe_dispatch")
@@ -44,6 +50,7 @@ ATTENTION_KINDS = ("attention", "mla", "dsa", "msa", "gdn", "mamba_conv", "mamba
 #: linear-attention layer keeps a fixed-size state): a prefix does not enter their context grid
 STATEFUL_KINDS = ("gdn", "mamba_conv", "mamba_ssm")
 ANALYTIC_KINDS = ("elementwise", "p2p")
+CP_KINDS = ("cp_exchange", "cp_combine")
 #: decode runs of at most this many steps are summed with the scalar grid path (a numpy call costs
 #: more than a few scalar lookups)
 SCALAR_RUN = 4
@@ -109,6 +116,12 @@ class CompiledEngine:
         self._draft_grid_ops = [c for c in draft if c.op.kind in GRID_KINDS]
         self._draft_attn_ops = [c for c in draft if c.op.kind in ATTENTION_KINDS]
         self._draft_analytic_ops = [c for c in draft if c.op.kind in ANALYTIC_KINDS]
+        #: context-parallel ranks (1: none) and their collectives
+        self.cp = int(plan.parallel.cp)
+        self._cp_exchange = [c for c in main if c.op.kind == "cp_exchange"]
+        self._cp_combine = [c for c in main if c.op.kind == "cp_combine"]
+        self._draft_cp_combine = [c for c in draft if c.op.kind == "cp_combine"]
+        self._by_name = {c.name: c for c in self.ops}
         #: main-model tokens per decoding sequence per step (1 + MTP draft tokens verified)
         self.decode_width = 1.0 + plan.spec_decode.nextn
         #: output tokens a decoding sequence gains per step on average
@@ -152,6 +165,12 @@ class CompiledEngine:
                                                 fused_input_quant=p.get("input_quant") == "fused"),))
         if op.kind in ("allreduce", "allgather", "reduce_scatter", "alltoall"):
             r = resolve_collective(self.db, _collective_name(op.kind), int(p["group"]))
+            return CompiledOp(op, (r,), x_per_token=float(p["elements_per_token"]))
+        if op.kind in CP_KINDS:
+            from ..models.context_parallel import check_context_parallel
+
+            check_context_parallel(self.plan.model, self.plan.parallel, self.db.system.node.nvlink_gpus)
+            r = resolve_collective(self.db, "all_gather", int(p["group"]))
             return CompiledOp(op, (r,), x_per_token=float(p["elements_per_token"]))
         if op.kind == "moe":
             from ..ops.moe import resolve_moe
@@ -259,6 +278,9 @@ class CompiledEngine:
         b = np.where(active, batch, 1.0)
         if c.op.kind in STATEFUL_KINDS:
             v, pr = c.resolved[0].grid(b, isl, refuse=True)
+        elif self.cp > 1:
+            grid = c.resolved[0].grid
+            v, pr = zigzag_context(lambda bb, q, pre: prefixed_context(grid, bb, q, pre), b, isl, prefix, self.cp)
         else:
             v, pr = prefixed_context(c.resolved[0].grid, b, isl, prefix)
         return np.where(active, v * c.op.count, 0.0), pr
@@ -266,9 +288,17 @@ class CompiledEngine:
     def _generation_attention(self, c: CompiledOp, batch, kv_len):
         active = batch > 0
         b = np.where(active, batch, 1.0)
-        step = np.maximum(kv_len - 1.0, 1.0)
+        step = sharded_cached(kv_len, self.cp) if self.cp > 1 else np.maximum(kv_len - 1.0, 1.0)
         v, pr = c.resolved[1].grid(b, step, refuse=True)
         return np.where(active, v * c.op.count, 0.0), pr
+
+    def _cp_collective(self, c: CompiledOp, tokens):
+        """A context-parallel all-gather over ``tokens`` tokens' elements, times its count (0 where
+        there are none)."""
+        tokens = np.asarray(tokens, dtype=float)
+        active = tokens > 0
+        v, pr = c.resolved[0].grid(np.where(active, tokens, 1.0) * c.x_per_token, refuse=True)
+        return np.where(active, v * c.op.count, 0.0), np.where(active, pr, 0).astype(np.int8)
 
     def components(
         self,
@@ -290,7 +320,7 @@ class CompiledEngine:
             *(np.asarray(a, dtype=float) for a in (ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv, dec_pad))
         )
         rows = dec_batch + dec_pad
-        tokens = ctx_batch * ctx_isl + rows * self.decode_width
+        tokens = (ctx_batch * ctx_isl if self.cp == 1 else ctx_batch * ctx_isl / self.cp) + rows * self.decode_width
         seqs = ctx_batch + rows
         zero = np.zeros_like(ctx_batch)
         out = {}
@@ -298,6 +328,16 @@ class CompiledEngine:
             if phase is not None and c.op.phase not in ("both", phase) or only is not None and c.name not in only:
                 continue
             draft = c.op.phase == "decode"  # MTP draft passes: one token per decoding sequence
+            if c.op.kind == "cp_exchange":
+                v, pr = self._cp_collective(c, ctx_batch * (ctx_isl + ctx_prefix))
+                if c.op.params.get("overlap"):  # hidden behind its attention: only the excess shows
+                    a, _ = self._context_attention(self._by_name[c.op.params["attention"]], ctx_batch, ctx_isl, ctx_prefix)
+                    v = np.maximum(v - a, 0.0)
+                out[c.name] = (v, pr)
+                continue
+            if c.op.kind == "cp_combine":
+                out[c.name] = self._cp_collective(c, dec_batch * (1.0 if draft else self.decode_width))
+                continue
             if c.op.kind in ATTENTION_KINDS:
                 vc, pc = self._context_attention(c, zero if draft else ctx_batch, ctx_isl, ctx_prefix)
                 vg, pg = self._generation_attention(c, dec_batch, dec_kv)
@@ -325,7 +365,8 @@ class CompiledEngine:
         decodes (plus ``dec_pad`` CUDA-graph padding rows for the token-wise ops): token-wise ops
         once over all tokens, context attention per group, generation attention of the decodes."""
         rows = dec_batch + dec_pad
-        tokens = sum(b * i for b, i, _ in groups) + rows * self.decode_width
+        tokens = sum(b * i for b, i, _ in groups) / self.cp + rows * self.decode_width if self.cp > 1 else \
+            sum(b * i for b, i, _ in groups) + rows * self.decode_width
         seqs = sum(b for b, _, _ in groups) + rows
         total = self.tokenwise_scalar(float(tokens), float(seqs), float(rows), context)
         for b, i, p in groups:
@@ -379,6 +420,8 @@ class CompiledEngine:
         return remember(self._context_memo, key, self._context_attention_sum(batch, isl, prefix))
 
     def _context_attention_sum(self, batch: float, isl: float, prefix: float) -> float:
+        if self.cp > 1:
+            return self._cp_context_attention_sum(batch, isl, prefix)
         frac = 1.0
         if prefix > 0:
             tot = isl + prefix
@@ -394,14 +437,50 @@ class CompiledEngine:
                 total += v * c.op.count
         return total
 
+    @staticmethod
+    def _prefixed_scalar(grid, batch: float, isl: float, prefix: float) -> float:
+        """Scalar twin of :func:`~infercast.ops.attention.prefixed_context`."""
+        v = grid.scalar(batch, isl + prefix, refuse=True)[0]
+        if prefix > 0:
+            tot = isl + prefix
+            frac = (isl * prefix + isl * (isl + 1.0) / 2.0) / (tot * (tot + 1.0) / 2.0)
+            v = max(v * frac, grid.scalar(batch, isl, refuse=True)[0])
+        return v
+
+    def _cp_context_attention_sum(self, batch: float, isl: float, prefix: float) -> float:
+        """Context attention of a context-parallel step: per attention op the slowest rank's
+        zigzag chunks, plus its K/V exchange (serial, or only its excess over the attention when
+        overlapped)."""
+        total = 0.0
+        attn = {}
+        for c in self._attn_ops:
+            grid = c.resolved[0].grid
+            v = zigzag_context_scalar(lambda b, q, pre: self._prefixed_scalar(grid, b, q, pre), batch, isl, prefix, self.cp)
+            attn[c.name] = v * c.op.count
+            total += attn[c.name]
+        for c in self._cp_exchange:
+            e = c.resolved[0].grid.scalar(batch * (isl + prefix) * c.x_per_token, refuse=True)[0] * c.op.count
+            if c.op.params.get("overlap"):
+                e = max(e - attn.get(c.op.params["attention"], 0.0), 0.0)
+            total += e
+        return total
+
     def generation_attention_scalar(self, batch: float, kv_len: float) -> float:
         if batch <= 0:
             return 0.0
+        if self.cp > 1:
+            step = sharded_cached_scalar(kv_len, self.cp)
+            total = sum(c.resolved[1].grid.scalar(batch, step, refuse=True)[0] * c.op.count for c in self._attn_ops + self._draft_attn_ops)
+            total += sum(c.resolved[0].grid.scalar(batch * self.decode_width * c.x_per_token, refuse=True)[0] * c.op.count
+                         for c in self._cp_combine)
+            return total + sum(c.resolved[0].grid.scalar(batch * c.x_per_token, refuse=True)[0] * c.op.count
+                               for c in self._draft_cp_combine)
         step = max(kv_len - 1.0, 1.0)
         return sum(c.resolved[1].grid.scalar(batch, step, refuse=True)[0] * c.op.count for c in self._attn_ops + self._draft_attn_ops)
 
     def prefill_scalar(self, batch: float, isl: float, prefix: float = 0.0) -> float:
-        return self.tokenwise_scalar(batch * isl, batch, context=batch > 0) + self.context_attention_scalar(batch, isl, prefix)
+        tokens = batch * isl if self.cp == 1 else batch * isl / self.cp
+        return self.tokenwise_scalar(tokens, batch, context=batch > 0) + self.context_attention_scalar(batch, isl, prefix)
 
     def decode_scalar(self, batch: float, kv_len: float, pad: float = 0.0) -> float:
         """One decode step of ``batch`` sequences at KV length ``kv_len`` (``pad``: CUDA-graph
@@ -422,10 +501,13 @@ class CompiledEngine:
             return np.array([self.decode_scalar(float(batch), float(x), pad) for x in kv.ravel()]).reshape(kv.shape)
         rows = float(batch) + pad
         total = np.full(kv.shape, self.tokenwise_scalar(rows * self.decode_width, rows, rows))
-        step = np.maximum(kv - 1.0, 1.0)
+        step = sharded_cached(kv, self.cp) if self.cp > 1 else np.maximum(kv - 1.0, 1.0)
         b = np.full(kv.shape, float(batch))
         for c in self._attn_ops + self._draft_attn_ops:
             total = total + c.resolved[1].grid(b, step, refuse=True)[0] * c.op.count
+        for c in self._cp_combine + self._draft_cp_combine:  # the same at every KV length
+            width = self.decode_width if c.op.phase != "decode" else 1.0
+            total = total + c.resolved[0].grid.scalar(float(batch) * width * c.x_per_token, refuse=True)[0] * c.op.count
         return total
 
     def mixed_step_ms(self, ctx_batch, ctx_isl, ctx_prefix, dec_batch: float, dec_kv: float) -> float:

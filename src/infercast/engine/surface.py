@@ -556,8 +556,15 @@ class Surface:
     @classmethod
     def build(cls, engine, identity: dict | None = None, provenance: dict | None = None,
               tol: float = DEFAULT_TOL, domain: dict | None = None) -> Surface:
-        """Tabulate ``engine`` (a :class:`~infercast.engine.compiled.CompiledEngine`)."""
+        """Tabulate ``engine`` (a :class:`~infercast.engine.compiled.CompiledEngine`). A
+        context-parallel engine is refused: the surfaces tabulate one rank's unsplit ops."""
         from .compiled import ANALYTIC_KINDS, ATTENTION_KINDS, GRID_KINDS, STATEFUL_KINDS
+
+        if getattr(engine, "cp", 1) > 1:
+            from ..errors import InvalidConfigError
+
+            raise InvalidConfigError(f"the compiled latency surfaces do not model context parallelism (cp {engine.cp})",
+                                     "simulate / compile / the forward-pass model need --cp 1; estimate, serve and search take it")
 
         dom = {**DEFAULT_DOMAIN, **(domain or {})}
         w = float(engine.decode_width)

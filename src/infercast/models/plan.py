@@ -42,6 +42,12 @@ class ParallelConfig:
     tokens reach the experts: ``"gather"`` (all-gather before, reduce-scatter after) or
     ``"alltoall"`` (each token is dispatched to the ranks holding its top-k experts and combined
     back, DeepEP-style; needs EP > 1).
+
+    ``cp`` context-parallel ranks, each a copy of the ``tp x attention_dp x pp`` layout (weights
+    replicated), multiply the GPU count: a prompt's tokens are split over them and each holds
+    ``1 / cp`` of every sequence's KV cache (:mod:`infercast.models.context_parallel`).
+    ``cp_overlap``: the per-layer K/V exchange of a context-parallel prefill runs concurrently
+    with the attention kernels (a layer takes the longer of the two) instead of before them.
     """
 
     tp: int = 1
@@ -50,10 +56,12 @@ class ParallelConfig:
     moe_tp: int | None = None
     moe_ep: int | None = None
     moe_comm: str = "gather"
+    cp: int = 1
+    cp_overlap: bool = False
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.attention_dp * self.pp
+        return self.tp * self.attention_dp * self.pp * self.cp
 
     @property
     def width(self) -> int:
@@ -71,7 +79,7 @@ class ParallelConfig:
         if self.moe_comm not in MOE_COMMS:
             raise InvalidInputError(f"unknown MoE communication {self.moe_comm!r}", available=list(MOE_COMMS))
         for name, v in (("tp", self.tp), ("pp", self.pp), ("attention-dp", self.attention_dp),
-                        ("moe-tp", self.moe_tp or 1), ("moe-ep", self.moe_ep or 1)):
+                        ("moe-tp", self.moe_tp or 1), ("moe-ep", self.moe_ep or 1), ("cp", self.cp)):
             if not isinstance(v, int) or v < 1:
                 raise InvalidInputError(f"--{name} must be a positive integer, got {v!r}")
             if v & (v - 1):
@@ -102,6 +110,10 @@ class ParallelConfig:
             )
         if self.pp > spec.num_layers:
             raise InvalidConfigError(f"PP {self.pp} exceeds the {spec.num_layers} layers")
+        if self.cp > 1:
+            from .context_parallel import check_context_parallel
+
+            check_context_parallel(spec, self, gpus_per_node)
         if spec.moe is None:
             if self.attention_dp > 1 or (self.moe_ep or 1) > 1 or (self.moe_tp not in (None, self.tp)):
                 raise InvalidConfigError(
@@ -187,6 +199,7 @@ class Fusions:
 
 #: The op kinds a plan may hold (what :mod:`infercast.engine.compiled` knows how to cost).
 OP_KINDS = ("gemm", "attention", "mla", "dsa", "msa", "gdn", "mamba_conv", "mamba_ssm", "moe", "moe_dispatch", "allreduce", "allgather",
+            "cp_exchange", "cp_combine",
             "reduce_scatter", "alltoall", "elementwise", "p2p")
 
 
@@ -543,6 +556,12 @@ def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
 
 def build_plan(spec: ModelSpec, par: ParallelConfig, spec_decode: SpecDecode | None = None,
                fusions: Fusions | None = None) -> Plan:
+    if par.cp > 1:
+        from .context_parallel import check_context_parallel, with_context_parallel
+
+        check_context_parallel(spec, par)
+        plan = build_plan(spec, replace(par, cp=1, cp_overlap=False), spec_decode, fusions)
+        return with_context_parallel(replace(plan, parallel=par))
     if spec.family == "dense":
         plan = dense_plan(spec, par, fusions)
     elif spec.family in ("moe", "mla_moe"):

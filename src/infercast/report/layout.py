@@ -19,14 +19,17 @@ def plural(n, noun: str) -> str:
 
 
 def layout_words(tp: int, pp: int = 1, attention_dp: int = 1, moe_tp: int | None = None, moe_ep: int | None = None,
-                 moe: bool = False) -> str:
+                 moe: bool = False, cp: int = 1) -> str:
     """E.g. "64 GPUs: 8 attention-DP ranks x TP 8; experts EP 8 x TP 8" (``moe``: the model has
-    experts, whose split is then stated; ``moe_tp`` defaults to the stage's GPUs over ``moe_ep``)."""
+    experts, whose split is then stated; ``moe_tp`` defaults to the stage's GPUs over ``moe_ep``;
+    ``cp`` context-parallel copies of the layout multiply the GPUs: "8 GPUs: TP 2, 4 context-parallel ranks")."""
     width = tp * attention_dp
-    gpus = width * pp
+    gpus = width * pp * cp
     attn = f"{attention_dp} attention-DP ranks x TP {tp}" if attention_dp > 1 else f"TP {tp}"
     if pp > 1:
         attn += f", {pp} pipeline stages"
+    if cp > 1:
+        attn += f", {cp} context-parallel ranks"
     text = f"{plural(gpus, 'GPU')}: {attn}"
     if moe:
         ep = moe_ep or 1
@@ -37,4 +40,4 @@ def layout_words(tp: int, pp: int = 1, attention_dp: int = 1, moe_tp: int | None
 
 def parallel_words(par, moe: bool) -> str:
     """:func:`layout_words` of a :class:`~infercast.models.plan.ParallelConfig`."""
-    return layout_words(par.tp, par.pp, par.attention_dp, par.etp, par.ep, moe)
+    return layout_words(par.tp, par.pp, par.attention_dp, par.etp, par.ep, moe, getattr(par, "cp", 1))

@@ -150,7 +150,13 @@ WINDOW_KV_COUNTED_FROM = 4096
 
 def kv_bytes_per_token(spec: ModelSpec, par: ParallelConfig, extra_layers: int = 0) -> float:
     """KV-cache bytes per token on one GPU: K and V per KV head for GQA, the compressed latent
-    (``kv_lora_rank + qk_rope_head_dim``, replicated on every TP rank) for MLA."""
+    (``kv_lora_rank + qk_rope_head_dim``, replicated on every TP rank) for MLA; with context
+    parallelism each of the ``cp`` ranks holds ``1 / cp`` of every sequence's tokens."""
+    per = _kv_bytes_per_token_unsplit(spec, par, extra_layers)
+    return per / par.cp if par.cp > 1 else per
+
+
+def _kv_bytes_per_token_unsplit(spec: ModelSpec, par: ParallelConfig, extra_layers: int = 0) -> float:
     kvb = KV_BYTES[spec.quant.kv_cache]
     if spec.attention_groups is not None:
         return _group_kv_bytes(spec, par, kvb, windowed=False)
