@@ -51,6 +51,9 @@ def _add_parallel_args(p: argparse.ArgumentParser, prefix: str = "", who: str = 
                         "(default: tp x attention-dp / moe-ep)")
     p.add_argument(f"{f}moe-ep", type=int, default=None,
                    help=f"expert parallel size{who}: the experts are spread over moe-ep groups of moe-tp GPUs (default 1)")
+    p.add_argument(f"{f}cp", type=int, default=1,
+                   help=f"context-parallel ranks{who}, each a copy of the tp x attention-dp x pp layout (GPUs x cp): "
+                        "prompts split over them, the KV cache sharded over them (default 1; docs/model.md)")
 
 
 def _add_model_args(p: argparse.ArgumentParser, parallel: bool = True) -> None:
@@ -75,6 +78,8 @@ def _add_model_args(p: argparse.ArgumentParser, parallel: bool = True) -> None:
                         "gpu_memory_utilization, SGLang mem_fraction_static (default: the engine's)")
     p.add_argument("--attention-quant", default=None, help="override the attention compute dtype (bfloat16, fp8)")
     p.add_argument("--database-mode", default="SILICON", help="SILICON (default), HYBRID, EMPIRICAL or SOL")
+    p.add_argument("--cp-overlap", action="store_true",
+                   help="with --cp > 1: the per-layer K/V exchange of a prefill overlaps its attention (default: runs before it)")
     p.add_argument("--moe-comm", choices=("gather", "alltoall"), default=None,
                    help="how attention-DP tokens reach the expert-parallel ranks: gather (all-gather + "
                         "reduce-scatter; TensorRT-LLM's and vLLM's default) or alltoall (DeepEP dispatch / combine: "
@@ -104,13 +109,14 @@ def _estimator(a, prefix: str = ""):
             gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
             kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode, systems_path=a.systems_path,
             moe_comm=getattr(a, "moe_comm", None),
+            cp=getattr(a, f"{prefix}_cp" if prefix else "cp", 1), cp_overlap=bool(getattr(a, "cp_overlap", False)),
         )
     except InfercastError as exc:
         if not prefix:
             raise
         # name the flag the user gave: --prefill-tp, not --tp
         def flag(text):
-            return re.sub(r"--(tp|pp|attention-dp|moe-tp|moe-ep)\b", rf"--{prefix}-\1", text)
+            return re.sub(r"--(tp|pp|attention-dp|moe-tp|moe-ep|cp)\b", rf"--{prefix}-\1", text)
 
         raise type(exc)(flag(exc.what), flag(exc.why), exc.available) from exc
     if a.moe_quant and est.spec.moe is None:
@@ -490,7 +496,7 @@ def _search_targets(a) -> dict:
 
 def _layout(est) -> dict:
     p = est.plan.parallel
-    return {"tp": p.tp, "pp": p.pp, "attention_dp": p.attention_dp, "moe_tp": p.etp, "moe_ep": p.ep}
+    return {"tp": p.tp, "pp": p.pp, "attention_dp": p.attention_dp, "moe_tp": p.etp, "moe_ep": p.ep, "cp": p.cp}
 
 
 def cmd_calibrate(a) -> int:

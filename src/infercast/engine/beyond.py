@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..interp.provenance import Prov
-from .compiled import ANALYTIC_KINDS, ATTENTION_KINDS, STATEFUL_KINDS
+from .compiled import ANALYTIC_KINDS, ATTENTION_KINDS, CP_KINDS, STATEFUL_KINDS
 
-COLLECTIVE_KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall")
+COLLECTIVE_KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall") + CP_KINDS
 #: resolutions with no measured table behind them
 UNMEASURED_HOW = ("sol", "empirical")
 
@@ -139,7 +139,7 @@ def _tokenwise_query(engine, c, ctx_batch: float, ctx_isl: float, dec_batch: flo
     rows = dec_batch + dec_pad
     draft = c.op.phase == "decode"
     if c.op.tokens == "all":
-        n = rows if draft else ctx_batch * ctx_isl + rows * engine.decode_width
+        n = rows if draft else ctx_batch * ctx_isl / getattr(engine, "cp", 1) + rows * engine.decode_width
     else:
         n = rows if draft else ctx_batch + rows
     if n <= 0:
@@ -158,12 +158,22 @@ def find(engine, *, ctx_batch: float = 0.0, ctx_isl: float = 1.0, ctx_prefix: fl
     for c in engine.ops:
         if c.op.phase not in ("both", phase) or c.op.kind in ANALYTIC_KINDS:
             continue
+        if c.op.kind == "cp_exchange":  # context parallelism: the K/V all-gather of the prompts
+            if ctx_batch > 0:
+                out += _check(c.resolved[0], (ctx_batch * (ctx_isl + ctx_prefix) * c.x_per_token,), axis_names(c.op.kind, 0), c.name, phase)
+            continue
+        if c.op.kind == "cp_combine":  # and the decodes' partial outputs
+            if dec_batch > 0:
+                width = 1.0 if c.op.phase == "decode" else engine.decode_width
+                out += _check(c.resolved[0], (dec_batch * width * c.x_per_token,), axis_names(c.op.kind, 0), c.name, phase)
+            continue
         if c.op.kind in ATTENTION_KINDS:
             if ctx_batch > 0 and c.op.phase != "decode":
                 length = ctx_isl if c.op.kind in STATEFUL_KINDS else ctx_isl + ctx_prefix
                 out += _check(c.resolved[0], (ctx_batch, length), axis_names(c.op.kind, 0), c.name, phase)
             if dec_batch > 0:
-                step = max(dec_kv - 1.0, 1.0)
+                cp = getattr(engine, "cp", 1)
+                step = max(dec_kv - 1.0, 1.0) if cp == 1 else max((dec_kv - 1.0) / cp, 1.0)
                 out += _check(c.resolved[1], (dec_batch, step), axis_names(c.op.kind, 1), c.name, phase)
             continue
         q = _tokenwise_query(engine, c, ctx_batch, ctx_isl, dec_batch, dec_pad)
@@ -197,7 +207,7 @@ def op_times(engine, names, weights=None, **shape) -> dict[str, float]:
     for c in engine.ops:
         if c.name not in names:
             continue
-        if c.op.kind in ATTENTION_KINDS:
+        if c.op.kind in ATTENTION_KINDS + CP_KINDS:
             attention.add(c.name)
             continue
         q = _tokenwise_query(engine, c, float(shape.get("ctx_batch", 0.0)), float(shape.get("ctx_isl", 1.0)),

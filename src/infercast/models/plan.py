@@ -557,9 +557,9 @@ def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
 def build_plan(spec: ModelSpec, par: ParallelConfig, spec_decode: SpecDecode | None = None,
                fusions: Fusions | None = None) -> Plan:
     if par.cp > 1:
-        from .context_parallel import check_context_parallel, with_context_parallel
+        from .context_parallel import with_context_parallel
 
-        check_context_parallel(spec, par)
+        par.check(spec)
         plan = build_plan(spec, replace(par, cp=1, cp_overlap=False), spec_decode, fusions)
         return with_context_parallel(replace(plan, parallel=par))
     if spec.family == "dense":
