@@ -14,12 +14,12 @@ from __future__ import annotations
 from ..errors import InvalidInputError
 
 #: infercast flag (argparse dest) -> its default: a dest still at its default takes the engine's value
-_LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "attention_dp": 1, "moe_tp": None, "moe_ep": None}
+_LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "attention_dp": 1, "moe_tp": None, "moe_ep": None, "cp": 1}
 _ESTIMATOR_DEFAULTS = {"kv_cache_quant": None, "nextn": 0, "moe_kernel": None, "kv_memory_fraction": None,
                        "moe_comm": None}
 _FLAG = {"kv_cache_quant": "--kv-cache-quant", "nextn": "--nextn", "moe_kernel": "--moe-kernel",
          "kv_memory_fraction": "--kv-memory-fraction", "moe_comm": "--moe-comm", "tp": "--tp", "pp": "--pp", "attention_dp": "--attention-dp",
-         "moe_tp": "--moe-tp", "moe_ep": "--moe-ep"}
+         "moe_tp": "--moe-tp", "moe_ep": "--moe-ep", "cp": "--cp"}
 
 
 def add_engine_args(p) -> None:

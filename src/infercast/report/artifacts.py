@@ -35,10 +35,10 @@ def _layout_kw(label: str) -> dict:
     """Estimator layout keywords of a layout label such as ``tp2-dp4-ep4`` or ``tp1-dp8-etp2-ep4``
     (``tp``, ``pp``, ``dp`` = attention DP, ``etp`` = expert TP, ``ep`` = expert parallel; without
     ``etp`` the experts' TP follows from the width rule)."""
-    names = {"tp": "tp", "pp": "pp", "dp": "attention_dp", "etp": "moe_tp", "ep": "moe_ep"}
+    names = {"tp": "tp", "pp": "pp", "dp": "attention_dp", "etp": "moe_tp", "ep": "moe_ep", "cp": "cp"}
     out: dict = {}
     for part in label.split("-"):
-        m = re.fullmatch(r"(etp|tp|pp|dp|ep)(\d+)", part)
+        m = re.fullmatch(r"(etp|tp|pp|dp|ep|cp)(\d+)", part)
         if not m:
             raise InvalidInputError(f"not a layout label: {label!r}", "expected parts like tp2, pp2, dp4, etp2, ep8 joined by -")
         out[names[m.group(1)]] = int(m.group(2))

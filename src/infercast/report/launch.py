@@ -12,7 +12,10 @@ The translation is one way, from infercast's inputs to each engine's own flag na
   rank (``--tensor-parallel-size`` with ``--data-parallel-size``). A layout an engine cannot run is
   refused with :class:`~infercast.errors.NotAvailableError` naming why: TensorRT-LLM's attention
   DP runs attention at TP 1 per rank; vLLM splits experts either by TP over every GPU of the stage
-  or by EP over them (``--enable-expert-parallel``), never both.
+  or by EP over them (``--enable-expert-parallel``), never both. Context-parallel ranks
+  (``cp``, beside the TP group): TensorRT-LLM's ``context_parallel_size`` (extra options), vLLM's
+  ``--prefill-context-parallel-size`` and SGLang's ``--attn-cp-size`` with ``--enable-prefill-cp``
+  (counted inside its ``--tp-size``, as :mod:`infercast.serving.engine_args` reads them).
 * **Scheduler.** :class:`~infercast.serving.backends.SchedulerParams` fields map to the engine's
   token budget, running-request cap, chunked prefill, attention-DP balance hold, context batching
   delay, receive interval and mixed chunks.
@@ -72,11 +75,12 @@ class WorkerSpec:
     batch_wait_max_tokens_ratio: float = 0.0
     recv_interval: int = 1
     mixed: bool = True
+    cp: int = 1
 
     @property
     def gpus(self) -> int:
         """GPUs of one worker."""
-        return self.tp * self.pp * self.attention_dp
+        return self.tp * self.pp * self.attention_dp * self.cp
 
 
 @dataclass(frozen=True)
@@ -116,7 +120,7 @@ def worker_spec(est, params, role: str = "agg", workers: int = 1) -> WorkerSpec:
         nextn=int(est.plan.spec_decode.nextn), moe_kernel=_moe_kernel(est), is_moe=est.spec.moe is not None,
         adp_balance_timeout_steps=int(params.adp_balance_timeout_steps), batch_wait_iters=int(params.batch_wait_iters),
         batch_wait_max_tokens_ratio=float(params.batch_wait_max_tokens_ratio), recv_interval=int(params.recv_interval),
-        mixed=bool(params.mixed),
+        mixed=bool(params.mixed), cp=int(p.cp),
     )
 
 
@@ -145,6 +149,8 @@ def trtllm_extra_options(w: WorkerSpec) -> dict:
         "kv_cache_config": {"free_gpu_memory_fraction": w.kv_memory_fraction,
                             "dtype": "fp8" if w.kv_cache_dtype == "fp8" else "auto"},
     }
+    if w.cp > 1:
+        opts["context_parallel_size"] = w.cp
     if w.attention_dp > 1:
         opts["enable_attention_dp"] = True
         if w.adp_balance_timeout_steps > 0:
@@ -183,6 +189,8 @@ def vllm_command(model: str, w: WorkerSpec) -> list[str]:
             "--tensor-parallel-size", str(w.tp), "--pipeline-parallel-size", str(w.pp)]
     if w.attention_dp > 1:
         argv += ["--data-parallel-size", str(w.attention_dp)]
+    if w.cp > 1:
+        argv += ["--prefill-context-parallel-size", str(w.cp)]
     if w.is_moe:
         stage = w.tp * w.attention_dp
         if w.moe_ep == stage:
@@ -209,9 +217,11 @@ def vllm_command(model: str, w: WorkerSpec) -> list[str]:
 def sglang_command(model: str, w: WorkerSpec) -> list[str]:
     """``python -m sglang.launch_server`` argv for ``w``."""
     argv = ["python", "-m", "sglang.launch_server", "--model-path", model, "--host", "0.0.0.0", "--port", "8000",
-            "--tp-size", str(w.tp * w.attention_dp), "--pp-size", str(w.pp)]
+            "--tp-size", str(w.tp * w.attention_dp * w.cp), "--pp-size", str(w.pp)]
     if w.attention_dp > 1:
         argv += ["--dp-size", str(w.attention_dp), "--enable-dp-attention"]
+    if w.cp > 1:
+        argv += ["--attn-cp-size", str(w.cp), "--enable-prefill-cp"]
     if w.is_moe and w.moe_ep > 1:
         argv += ["--ep-size", str(w.moe_ep)]
     argv += ["--max-running-requests", str(w.max_batch_size),

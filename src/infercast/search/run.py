@@ -163,9 +163,11 @@ def search_agg(
     scheduler: dict | None = None,
     cap_concurrency: bool = False,
     refine: bool | None = None,
+    cps=None,
     **estimator_kw,
 ) -> SearchResult:
     """Evaluate every layout of at most ``max_gpus`` GPUs (default: one node) at each concurrency.
+    ``cps``: the context-parallel degrees to search (default: 1 only; :func:`~infercast.search.space.layouts`).
 
     ``estimator_kw`` goes to every :class:`~infercast.Estimator` (quant overrides, ``nextn``,
     ``database_mode``); ``scheduler``: {SchedulerParams field: value} overriding the backend's
@@ -185,8 +187,8 @@ def search_agg(
     node = base.data.system.node
     res.max_gpus = node.gpus_per_node if max_gpus is None else _positive("max_gpus", max_gpus, int)
     params = replace(scheduler_params(backend, base.data.system, base.spec), **(scheduler or {}))
-    ests = _estimators(res, base, model, layouts(base.spec, res.max_gpus, node.nvlink_gpus), backend_version,
-                       systems_path, estimator_kw)
+    ests = _estimators(res, base, model, layouts(base.spec, res.max_gpus, node.nvlink_gpus, cps=context_parallel_degrees(cps)),
+                       backend_version, systems_path, estimator_kw)
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, (
         (lay.label, est.plan.parallel.attention_dp * rank_capacity(est, res.isl, res.osl, params))
         for lay, est in ests.items()))
@@ -355,9 +357,23 @@ def _estimators(res: SearchResult, base, model, space, backend_version, systems_
             out[lay] = make(lay) if make is not None else base if lay == Layout() else Estimator(
                 model, res.system, res.backend, backend_version,
                 lay.tp, lay.pp, attention_dp=lay.attention_dp, moe_tp=lay.moe_tp, moe_ep=lay.moe_ep,
-                systems_path=systems_path, **estimator_kw)
+                systems_path=systems_path, **({"cp": lay.cp} if lay.cp > 1 else {}), **estimator_kw)
         except InfercastError as exc:
             refuse(res, lay.label, "layout", str(exc), exc)
+    return out
+
+
+def context_parallel_degrees(cps) -> tuple[int, ...]:
+    """The context-parallel degrees a search takes: ``cps`` (positive powers of two) checked, or (1,)."""
+    if cps is None:
+        return (1,)
+    if isinstance(cps, (str, bytes)) or not hasattr(cps, "__iter__"):
+        raise InvalidInputError("the context-parallel degrees must be a list of positive integers", f"got {cps!r}")
+    out = tuple(sorted({_positive("cp", c, int, required=True) for c in cps}))
+    bad = [c for c in out if c & (c - 1)]
+    if not out or bad:
+        raise InvalidInputError(f"context-parallel degrees must be powers of two, got {list(cps)!r}",
+                                "serving backends shard by powers of two")
     return out
 
 
@@ -477,6 +493,7 @@ def search_disagg(
     cap_concurrency: bool = False,
     refine: bool | None = None,
     decode_system: str | None = None,
+    cps=None,
     **estimator_kw,
 ) -> SearchResult:
     """Disaggregated deployments of at most ``max_gpus`` GPUs in all (default: two nodes): a
@@ -491,7 +508,8 @@ def search_disagg(
     :func:`search_agg`'s, per deployment (layouts and worker counts). ``decode_system``: the
     decode workers run on this system (prefill on ``system``; the same model, backend and data
     version), the KV cache moving over the slower of the two systems' node-to-node links. The deployments of one decode layout are solved together, as arrays
-    (:func:`evaluate_disagg`)."""
+    (:func:`evaluate_disagg`). ``cps``: the context-parallel degrees of the prefill workers
+    (default: 1 only); decode workers are searched without context parallelism."""
     from dataclasses import replace
 
     from ..api import Estimator
@@ -507,11 +525,12 @@ def search_disagg(
         res.decode_system = decode_system
         dbase = Estimator(model, decode_system, backend, backend_version, systems_path=systems_path, **estimator_kw)
         dnode = dbase.data.system.node
-    pre = _estimators(res, base, model, layouts(base.spec, total, node.nvlink_gpus), backend_version, systems_path,
-                      estimator_kw, keep=lambda lay: disagg_worker(lay, node.nvlink_gpus, total))
-    roles = _roles(res, pre, ("prefill",))
+    cps = context_parallel_degrees(cps)
+    pre = _estimators(res, base, model, layouts(base.spec, total, node.nvlink_gpus, cps=cps + (1,)), backend_version,
+                      systems_path, estimator_kw, keep=lambda lay: disagg_worker(lay, node.nvlink_gpus, total))
+    roles = _roles(res, {lay: e for lay, e in pre.items() if lay.cp in cps}, ("prefill",))
     if dbase is base:
-        roles.update(_roles(res, pre, ("decode",)))
+        roles.update(_roles(res, {lay: e for lay, e in pre.items() if lay.cp == 1}, ("decode",)))
     else:
         def make(lay: Layout):
             return dbase if lay == Layout() else Estimator(

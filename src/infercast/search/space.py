@@ -15,7 +15,7 @@ its estimator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import InfercastError, InvalidInputError
 from ..models.plan import ParallelConfig
@@ -31,14 +31,15 @@ class Layout:
     attention_dp: int = 1
     moe_tp: int | None = None
     moe_ep: int | None = None
+    cp: int = 1  # context-parallel copies of the layout (infercast.models.context_parallel)
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.attention_dp * self.pp
+        return self.tp * self.attention_dp * self.pp * self.cp
 
     @property
     def parallel(self) -> ParallelConfig:
-        return ParallelConfig(self.tp, self.pp, self.attention_dp, self.moe_tp, self.moe_ep)
+        return ParallelConfig(self.tp, self.pp, self.attention_dp, self.moe_tp, self.moe_ep, cp=self.cp)
 
     @property
     def label(self) -> str:
@@ -54,6 +55,8 @@ class Layout:
             parts.append(f"etp{self.moe_tp}")
         if ep > 1:
             parts.append(f"ep{ep}")
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
         return "-".join(parts)
 
 
@@ -66,11 +69,14 @@ def powers_of_two(limit: int) -> list[int]:
     return out
 
 
-def layouts(spec: ModelSpec, max_gpus: int, tp_gpus: int, max_pp: int | None = None) -> tuple[list[Layout], dict[str, str]]:
+def layouts(spec: ModelSpec, max_gpus: int, tp_gpus: int, max_pp: int | None = None,
+            cps=(1,)) -> tuple[list[Layout], dict[str, str]]:
     """(the layouts of at most ``max_gpus`` GPUs that shard ``spec``, {label: why not} for the rest);
     a tensor-parallel group (attention TP, expert TP) spans at most ``tp_gpus`` (the NVLink domain,
     ``NodeSpec.nvlink_gpus``); ``max_pp``: the most pipeline stages (default: as many as fit).
-    Ordered by stage width, then attention TP descending, then expert TP descending, then stages."""
+    Ordered by stage width, then attention TP descending, then expert TP descending, then stages.
+    ``cps``: the context-parallel degrees to take (default 1 only): each layout without attention
+    DP is taken at each of them whose GPUs fit, its ``tp x cp`` within ``tp_gpus``."""
     if not isinstance(max_gpus, int) or max_gpus < 1:
         raise InvalidInputError(f"max_gpus must be a positive integer, got {max_gpus!r}")
     cand: list[Layout] = []
@@ -91,6 +97,10 @@ def layouts(spec: ModelSpec, max_gpus: int, tp_gpus: int, max_pp: int | None = N
             if lay.attention_dp == 1:  # pipeline stages of the layouts without attention DP
                 pps = powers_of_two(max_gpus // w)[1:]
                 cand.extend(Layout(lay.tp, pp, 1, lay.moe_tp, lay.moe_ep) for pp in pps if max_pp is None or pp <= max_pp)
+    cps = sorted(set(cps))
+    if cps != [1]:
+        cand = [replace(lay, cp=cp) for lay in cand for cp in cps
+                if cp == 1 or (lay.attention_dp == 1 and lay.gpus * cp <= max_gpus and lay.tp * cp <= tp_gpus)]
     ok, skipped = [], {}
     for lay in cand:
         try:

@@ -14,6 +14,16 @@ flag and the values it knows.
 
 Flag names are the engines' own, as their ``--help`` prints them (dashes and underscores, and
 ``--flag=value``, are both accepted where the engine accepts them).
+
+Context parallelism (infercast's ``cp``: ranks beside the TP group, prompts split over them, the
+KV cache sharded over them; :mod:`infercast.models.context_parallel`): vLLM's
+``--prefill-context-parallel-size`` / ``-pcp`` (its world is ``tp x pp x pcp``), SGLang's
+``--attn-cp-size`` (counted inside its ``--tp-size``, as its attention DP is: attention TP is
+``tp-size / attn-cp-size``) and TensorRT-LLM's ``context_parallel_size`` (``--cp_size`` on older
+``trtllm-serve``; a ``cp_config`` is read as that degree's settings). Decode context parallelism
+inside the TP group (vLLM ``--decode-context-parallel-size`` / ``-dcp``, SGLang ``--dcp-size``),
+which shards the KV cache over TP ranks without adding GPUs, is a different layout that infercast
+does not model: refused.
 """
 
 from __future__ import annotations
@@ -34,7 +44,8 @@ _SWITCHES = {
              "--disable-log-stats", "--async-scheduling", "--enable-eplb"},
     "sglang": {"--enable-dp-attention", "--enable-mixed-chunk", "--disable-overlap-schedule", "--disable-radix-cache",
                "--trust-remote-code", "--enable-torch-compile", "--disable-cuda-graph", "--enable-dp-lm-head",
-               "--enable-two-batch-overlap", "--enable-eplb"},
+               "--enable-two-batch-overlap", "--enable-eplb", "--enable-prefill-cp",
+               "--enable-nsa-prefill-context-parallel"},
     "trtllm": {"--trust_remote_code", "--trust-remote-code", "--enable_chunked_prefill"},
 }
 #: flags that do not change a prediction (server plumbing): read and ignored without a notice
@@ -208,6 +219,11 @@ def _vllm(argv: list[str]) -> EngineSettings:
     pp = _int("--pipeline-parallel-size", v3) if k3 else 1
     used |= {x for x in (k, k2, k3) if x}
     s.layout = {"tp": tp, "pp": pp, "attention_dp": dp}
+    _refuse_dcp(flags, "--decode-context-parallel-size", "-dcp")
+    k4, v4 = _first(flags, "--prefill-context-parallel-size", "-pcp")
+    if k4:
+        used.add(k4)
+        s.layout["cp"] = _int("--prefill-context-parallel-size", v4)
     if flags.get("--enable-expert-parallel") is True:
         used.add("--enable-expert-parallel")
         s.layout.update(moe_tp=1, moe_ep=tp * dp)
@@ -235,6 +251,15 @@ def _vllm(argv: list[str]) -> EngineSettings:
     return _finish(s, flags, used)
 
 
+def _refuse_dcp(flags: dict, *names: str) -> None:
+    """Refuse decode context parallelism inside the TP group (see the module docstring)."""
+    k, v = _first(flags, *names)
+    if k and _int(k, v) > 1:
+        raise InvalidInputError(f"{k} {v}: decode context parallelism inside the TP group is not modelled",
+                                "infercast's --cp models context-parallel ranks beside TP (vLLM "
+                                "--prefill-context-parallel-size, SGLang --attn-cp-size, TensorRT-LLM context_parallel_size)")
+
+
 def _sglang(argv: list[str]) -> EngineSettings:
     start = next((i + 1 for i, a in enumerate(argv) if "sglang.launch_server" in a), 1)
     _, flags = _tokens(argv[start:], "sglang")
@@ -258,6 +283,16 @@ def _sglang(argv: list[str]) -> EngineSettings:
         s.layout = {"tp": world // dp, "pp": pp, "attention_dp": dp}
     else:
         s.layout = {"tp": world, "pp": pp, "attention_dp": 1}
+    _refuse_dcp(flags, "--dcp-size", "--decode-context-parallel-size")
+    kc, vc = _first(flags, "--attn-cp-size")
+    if kc and _int("--attn-cp-size", vc) > 1:
+        cp = _int("--attn-cp-size", vc)
+        used.add(kc)
+        used |= {"--enable-prefill-cp", "--enable-nsa-prefill-context-parallel"} & set(flags)
+        if s.layout["attention_dp"] > 1 or s.layout["tp"] % cp:
+            raise InvalidInputError(f"--attn-cp-size {cp} must divide the attention TP ({s.layout['tp']}) of a layout "
+                                    "without DP attention", "infercast models context parallelism beside TP, not attention DP")
+        s.layout.update(tp=s.layout["tp"] // cp, cp=cp)
     ke, ve = _first(flags, "--ep-size", "--ep", "--expert-parallel-size")
     if ke:
         ep = _int("--ep-size", ve)
@@ -320,6 +355,14 @@ def parse_trtllm_options(options: dict, name: str = "extra options") -> EngineSe
     if "pipeline_parallel_size" in o:
         s.layout["pp"] = _int("pipeline_parallel_size", o["pipeline_parallel_size"])
         used.add("pipeline_parallel_size")
+    if o.get("context_parallel_size") is not None:
+        s.layout["cp"] = _int("context_parallel_size", o["context_parallel_size"])
+        used.add("context_parallel_size")
+    if o.get("cp_config"):
+        used.add("cp_config")
+        kind = (o["cp_config"] or {}).get("cp_type", "") if isinstance(o["cp_config"], dict) else ""
+        s.notes.append(f"cp_config {kind or '(no cp_type)'}: costed as infercast's context parallelism (prompt split "
+                       "over the cp ranks, decode KV sharded over them with the FFN replicated)")
     for key, dst in (("moe_expert_parallel_size", "moe_ep"), ("moe_tensor_parallel_size", "moe_tp")):
         if key in o and o[key] is not None and int(o[key]) > 0:
             s.layout[dst] = _int(key, o[key])
@@ -396,7 +439,7 @@ def _trtllm_cmd(argv: list[str]) -> EngineSettings:
         options = load_yaml(flags[key], key)
     # the command line's sizes, in the LLM API's names, under the file's other options
     names = {"--tp_size": "tensor_parallel_size", "--pp_size": "pipeline_parallel_size", "--ep_size": "moe_expert_parallel_size",
-             "--max_batch_size": "max_batch_size", "--max_num_tokens": "max_num_tokens"}
+             "--cp_size": "context_parallel_size", "--max_batch_size": "max_batch_size", "--max_num_tokens": "max_num_tokens"}
     for flag, key in names.items():
         if flag in flags:
             options.setdefault(key, _int(flag, flags[flag]))
