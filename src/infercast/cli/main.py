@@ -347,6 +347,13 @@ def cmd_search(a) -> int:
     cal, cal_notes = _calibration(a)
     if cal is not None:
         kw["scheduler"] = cal.overrides()
+    cps = _search_cps(a)
+    if cps is not None:
+        if mode == "fixed":
+            raise InvalidInputError("--cp / --cp-list are not searched with --mode fixed", "use --mode agg, disagg or both")
+        kw["cps"] = cps
+    if a.cp_overlap:
+        kw["cp_overlap"] = True
     if mode == "fixed":
         kw.pop("max_gpus")
         kw["gpus"] = a.gpus
@@ -379,7 +386,7 @@ def cmd_search(a) -> int:
         from ..report.artifacts import write_search_artifacts
 
         est_kw = {k: kw[k] for k in ("systems_path", "moe_quant", "gemm_quant", "kv_cache_quant", "attention_quant", "nextn",
-                                     "mtp_acceptance", "moe_kernel", "kv_memory_fraction", "database_mode")}
+                                     "mtp_acceptance", "moe_kernel", "kv_memory_fraction", "database_mode", "cp_overlap") if k in kw}
         if backends is None:
             write_search_artifacts(a.save_dir, results, est_kw)
         else:  # one report per backend (a deployment's launch files are its backend's)
@@ -403,6 +410,20 @@ def cmd_search(a) -> int:
     if not a.json:
         _print_search_tail(a, results)
     return rc
+
+
+def _search_cps(a) -> list[int] | None:
+    """The context-parallel degrees ``search`` takes from ``--cp`` / ``--cp-list`` (None: neither)."""
+    if a.cp is not None and a.cp_list is not None:
+        raise InvalidInputError("--cp and --cp-list both given", "give one degree with --cp or several with --cp-list")
+    if a.cp is not None:
+        return [a.cp]
+    if a.cp_list is None:
+        return None
+    try:
+        return [int(x) for x in a.cp_list.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidInputError(f"--cp-list must be comma-separated integers, got {a.cp_list!r}") from None
 
 
 def _search_backends(a) -> list[str] | None:
@@ -949,6 +970,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "(more is refused: the clients would only queue)")
     se.add_argument("--top", type=int, default=5, help="how many deployments that meet the targets to list (default 5)")
     se.add_argument("--all", action="store_true", help="JSON: include every evaluated candidate")
+    se.add_argument("--cp", type=int, default=None,
+                    help="context-parallel ranks of every layout searched (agg; disagg: of the prefill workers); default 1")
+    se.add_argument("--cp-list", default=None,
+                    help="comma-separated context-parallel degrees to search over, e.g. 1,2,4 (agg layouts; disagg: "
+                         "the prefill workers, decode workers at 1)")
     for act in se._actions:  # search also takes every backend at once
         if act.dest == "backend":
             act.choices = [*act.choices, "auto"]

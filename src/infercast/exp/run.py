@@ -46,7 +46,7 @@ def _serve(exp: Experiment, system: str, backend: str, kw: dict) -> list[dict]:
     if exp.layout is not None:
         lay = exp.layout
         est = Estimator(exp.model, system, backend, exp.backend_version, lay.tp, lay.pp, attention_dp=lay.attention_dp,
-                        moe_tp=lay.moe_tp, moe_ep=lay.moe_ep, **kw)
+                        moe_tp=lay.moe_tp, moe_ep=lay.moe_ep, cp=lay.cp, **kw)
         params = replace(scheduler_params(backend, est.data.system, est.spec), **overrides)
         for c in exp.concurrency:
             r, _ = serve_agg_replica(est, c, exp.isl, exp.osl, params)
@@ -55,7 +55,7 @@ def _serve(exp: Experiment, system: str, backend: str, kw: dict) -> list[dict]:
         return rows
     d = exp.disagg
     ests = {role: Estimator(exp.model, system, backend, exp.backend_version, s.tp, s.pp, attention_dp=s.attention_dp,
-                            moe_tp=s.moe_tp, moe_ep=s.moe_ep, **kw) for role, s in (("prefill", d.prefill), ("decode", d.decode))}
+                            moe_tp=s.moe_tp, moe_ep=s.moe_ep, cp=s.cp, **kw) for role, s in (("prefill", d.prefill), ("decode", d.decode))}
     params = {role: replace(scheduler_params(backend, e.data.system, e.spec), **overrides) for role, e in ests.items()}
     gpus = d.prefill_workers * ests["prefill"].gpus + d.decode_workers * ests["decode"].gpus
     for c in exp.concurrency:
@@ -72,7 +72,7 @@ def _label(lay) -> str:
     """The search's label of a :class:`~.schema.LayoutSpec` (``tp2-dp4-ep4``)."""
     from ..search.space import Layout
 
-    return Layout(lay.tp, lay.pp, lay.attention_dp, lay.moe_tp, lay.moe_ep).label
+    return Layout(lay.tp, lay.pp, lay.attention_dp, lay.moe_tp, lay.moe_ep, lay.cp).label
 
 
 def _metrics(r) -> dict:
@@ -100,7 +100,7 @@ def _search(exp: Experiment, system: str, backend: str, kw: dict) -> dict:
     for mode, fn in (("agg", search_agg), ("disagg", search_disagg)):
         if exp.mode in (mode, "both"):
             out[mode] = fn(exp.model, system, backend, exp.isl, exp.osl, max_gpus=exp.max_gpus,
-                           scheduler=overrides or None, **common)
+                           scheduler=overrides or None, **({"cps": exp.cp_list} if exp.cp_list else {}), **common)
     return out
 
 

@@ -57,6 +57,7 @@ class LayoutSpec(_Strict):
     attention_dp: int = Field(1, ge=1)
     moe_tp: int | None = Field(None, ge=1)
     moe_ep: int | None = Field(None, ge=1)
+    cp: int = Field(1, ge=1)  # context-parallel ranks (the estimate flag --cp)
 
 
 class DisaggSpec(_Strict):
@@ -137,6 +138,10 @@ class Experiment(_Strict):
     moe_kernel: str | None = None
     kv_memory_fraction: float | None = Field(None, gt=0, le=1)
     scheduler: Scheduler = Scheduler()
+    #: context-parallel degrees a search takes (agg layouts; disagg: the prefill workers); None: 1
+    cp_list: list[int] | None = Field(None, min_length=1)
+    #: the context-parallel K/V exchange overlaps the attention (the --cp-overlap flag)
+    cp_overlap: bool = False
 
     @field_validator("concurrency")
     @classmethod
@@ -159,6 +164,10 @@ class Experiment(_Strict):
             raise ValueError("mode fixed needs gpus: the number of GPUs every deployment uses")
         if self.gpus is not None and self.mode != "fixed":
             raise ValueError("gpus fixes the GPU count: use mode: fixed (or max_gpus for a budget)")
+        if self.cp_list is not None and (self.mode == "fixed" or self.layout is not None or self.disagg is not None):
+            raise ValueError("cp_list is searched over: give it to a search (mode agg, disagg or both), and cp in a layout")
+        if self.cp_list is not None and any(c < 1 or c & (c - 1) for c in self.cp_list):
+            raise ValueError("every cp_list entry must be a power of two >= 1")
         for t in (self.targets.ttft_ms, self.targets.tpot_ms):
             if t is not None and not math.isfinite(t):
                 raise ValueError("targets must be finite")
@@ -177,7 +186,7 @@ class Experiment(_Strict):
         q = self.quant
         return {"gemm_quant": q.gemm, "moe_quant": q.moe, "kv_cache_quant": q.kv_cache, "attention_quant": q.attention,
                 "nextn": self.nextn, "mtp_acceptance": self.mtp_acceptance, "moe_kernel": self.moe_kernel,
-                "kv_memory_fraction": self.kv_memory_fraction}
+                "kv_memory_fraction": self.kv_memory_fraction, **({"cp_overlap": True} if self.cp_overlap else {})}
 
 
 class ExpFile(_Strict):
