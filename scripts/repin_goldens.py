@@ -70,11 +70,12 @@ class Engine:
     nextn: int = 0
     database_mode: str = "SILICON"
     backend_version: str | None = None  # None: the backend's default version for the system
+    cp: int = 1  # context-parallel ranks
 
     #: (field, id label) of the optional arguments, in id order
     _OPTIONAL = (("attention_dp", "adp"), ("moe_tp", "moetp"), ("moe_ep", "ep"), ("gemm_quant", "gemm-"),
                  ("moe_quant", "moe-"), ("kv_cache_quant", "kv-"), ("nextn", "nextn"), ("database_mode", "mode-"),
-                 ("backend_version", "v"))
+                 ("backend_version", "v"), ("cp", "cp"))
 
     def _extras(self) -> list[tuple[str, str, object]]:
         defaults = {f.name: f.default for f in fields(self)}
@@ -96,7 +97,7 @@ class Engine:
             self.model, self.system, self.backend, tp=self.tp, pp=self.pp, attention_dp=self.attention_dp,
             moe_tp=self.moe_tp, moe_ep=self.moe_ep, gemm_quant=self.gemm_quant, moe_quant=self.moe_quant,
             kv_cache_quant=self.kv_cache_quant, nextn=self.nextn, database_mode=self.database_mode,
-            backend_version=self.backend_version,
+            backend_version=self.backend_version, cp=self.cp,
         )
 
 
@@ -408,6 +409,24 @@ SERVING_CASES: list = [
     AggCase(Engine(NANO, "h200_sxm", "vllm", 1), 32, 2048, 256),
     AggCase(Engine(SUPER4, "b200_sxm", "sglang", 2), 64, 4000, 500),
     AggCase(Engine(M3, "b200_sxm", "vllm", 8, moe_ep=8, backend_version="0.24.0"), 32, 4000, 500),
+]
+
+# context parallelism (#37 item 3): prompts split over cp ranks (zigzag attention, K/V all-gather),
+# the KV cache sharded over them in decode; GQA dense, GQA + MoE, MLA (latent exchange), a prefix
+DENSE_CASES += [
+    _s(L70, "h200_sxm", "trtllm", 2, 1, 1, 32768, 256, cp=2),
+    _s(L70, "h200_sxm", "trtllm", 2, 1, 1, 32768, 256, cp=4),
+    _s(Q32, "h200_sxm", "vllm", 1, 1, 2, 16384, 512, cp=2),
+    _s(Q32, "h200_sxm", "sglang", 2, 1, 1, 8192, 256, 8192, cp=4),
+]
+MOE_CASES += [
+    _s(Q235, "h200_sxm", "trtllm", 4, 1, 1, 32768, 512, cp=2),
+    _s(V3, "gb200", "trtllm", 8, 1, 1, 32768, 1024, moe_ep=8, cp=2),
+]
+SERVING_CASES += [
+    AggCase(Engine(Q32, "h200_sxm", "trtllm", 2, cp=2), 4, 32768, 256),
+    DisaggCase(Engine(L70, "h200_sxm", "trtllm", 2, cp=4), Engine(L70, "h200_sxm", "trtllm", 4), prefill_workers=1,
+               decode_workers=2, prefill_batch=1, concurrency=16, isl=32768, osl=512),
 ]
 
 GROUPS: dict[str, list] = {"dense": DENSE_CASES, "moe": MOE_CASES, "serving": SERVING_CASES, "hybrid": HYBRID_CASES}
