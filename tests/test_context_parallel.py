@@ -221,3 +221,15 @@ def test_bad_cp_is_refused(synth, kw, err, needle):
 def test_surfaces_refuse_cp(cp2):
     with pytest.raises(InvalidConfigError, match="context parallelism"):
         cp2.surface()
+
+
+def test_simulator_step_timer_composes_the_cp_step(cp2):
+    from infercast.serving.backends import scheduler_params
+    from infercast.serving.simulate.timer import _KV_GRID, EngineStepTimer
+
+    params = scheduler_params("trtllm", cp2.data.system, cp2.spec)
+    timer = EngineStepTimer(cp2.engine, params)
+    kv = float(_KV_GRID[_KV_GRID > 300][0])  # a grid point: no interpolation between KV lengths
+    got = timer.step_ms([(512.0, 128.0)], 4, 4 * kv)
+    want = params.step_ms(cp2.engine.mixed_step_ms([1.0], [512.0], [128.0], 4.0, kv), 5)
+    assert got == pytest.approx(want, rel=1e-9)

@@ -564,7 +564,7 @@ class Surface:
             from ..errors import InvalidConfigError
 
             raise InvalidConfigError(f"the compiled latency surfaces do not model context parallelism (cp {engine.cp})",
-                                     "simulate / compile / the forward-pass model need --cp 1; estimate, serve and search take it")
+                                     "compile and the forward-pass model need --cp 1; estimate, serve, simulate and search take it")
 
         dom = {**DEFAULT_DOMAIN, **(domain or {})}
         w = float(engine.decode_width)

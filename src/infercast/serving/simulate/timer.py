@@ -109,6 +109,9 @@ class EngineStepTimer:
             tokens += c
         seqs = len(chunks)
         rows = float(n)
+        cp = getattr(eng, "cp", 1)
+        if cp > 1:  # context parallelism: each rank runs its share of the prompt tokens
+            tokens = tokens / cp
         gpu = eng.tokenwise_scalar(tokens + rows * self.decode_width, seqs + rows, rows, True)
         for (c, p), b in groups.items():
             gpu += eng.context_attention_scalar(float(b), c, p)
