@@ -512,7 +512,7 @@ def test_serve_disagg_runs_each_pool_with_its_layout(synth, capsys):
     assert rc == 0, err
     d = json.loads(out)
     assert d["prefill"] == {"workers": 2, "gpus_per_worker": 1, "layout": "1 GPU: TP 1", "tp": 1, "pp": 1,
-                            "attention_dp": 1, "moe_tp": 1, "moe_ep": 1}
+                            "attention_dp": 1, "moe_tp": 1, "moe_ep": 1, "cp": 1}
     assert d["decode"]["tp"] == 2 and d["decode"]["gpus_per_worker"] == 2 and d["gpus"] == 4
     assert d["decode"]["layout"] == "2 GPUs: TP 2" and d["fits"] is True
     assert d["ttft_p50_ms"] <= d["ttft_p90_ms"] <= d["ttft_p99_ms"] and d["tpot_p99_ms"] == d["tpot_ms"]
