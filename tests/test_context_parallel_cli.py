@@ -137,3 +137,23 @@ def test_unmodelled_families_refuse_cp(real_pack_available, capsys, model, needl
     argv = ["estimate", "--model", model, "--system", "b200_sxm", "--backend", "trtllm", "--tp", "8", "--cp", "2",
             "--isl", "1024", "--osl", "8"]
     assert_one_line_error(*run_cli(capsys, argv), "context parallelism (--cp 2) is not modelled", needle)
+
+
+@pytest.mark.real_pack
+def test_sliding_window_chunks_see_at_most_the_window(real_pack_available):
+    import numpy as np
+
+    from infercast.ops.attention import prefixed_context
+
+    e = Estimator("openai/gpt-oss-120b", "h200_sxm", "vllm", tp=2, cp=2)
+    (win,) = [c for c in e.engine.ops if c.op.kind == "attention" and c.op.params["window"] > 0]
+    w, grid = float(win.op.params["window"]), win.resolved[0].grid
+
+    def chunk(q, pre):
+        return float(prefixed_context(grid, np.asarray(1.0), np.asarray(q), np.asarray(min(pre, w)))[0])
+
+    want = max(chunk(2048.0, 0.0) + chunk(2048.0, 6144.0), chunk(2048.0, 2048.0) + chunk(2048.0, 4096.0))
+    got = float(e.engine.components(ctx_batch=1.0, ctx_isl=8192.0, phase="prefill")[win.name][0])
+    assert got == pytest.approx(win.op.count * want, rel=1e-12)
+    assert e.engine.prefill_scalar(1.0, 8192.0) == pytest.approx(
+        sum(float(v) for v, _ in e.engine.components(ctx_batch=1.0, ctx_isl=8192.0, phase="prefill").values()), rel=1e-12)

@@ -280,7 +280,9 @@ class CompiledEngine:
             v, pr = c.resolved[0].grid(b, isl, refuse=True)
         elif self.cp > 1:
             grid = c.resolved[0].grid
-            v, pr = zigzag_context(lambda bb, q, pre: prefixed_context(grid, bb, q, pre), b, isl, prefix, self.cp)
+            w = float(c.op.params.get("window", 0) or 0)  # a sliding window sees at most w earlier tokens
+            v, pr = zigzag_context(lambda bb, q, pre: prefixed_context(grid, bb, q, np.minimum(pre, w) if w > 0 else pre),
+                                   b, isl, prefix, self.cp)
         else:
             v, pr = prefixed_context(c.resolved[0].grid, b, isl, prefix)
         return np.where(active, v * c.op.count, 0.0), pr
@@ -455,7 +457,9 @@ class CompiledEngine:
         attn = {}
         for c in self._attn_ops:
             grid = c.resolved[0].grid
-            v = zigzag_context_scalar(lambda b, q, pre: self._prefixed_scalar(grid, b, q, pre), batch, isl, prefix, self.cp)
+            w = float(c.op.params.get("window", 0) or 0)
+            v = zigzag_context_scalar(lambda b, q, pre: self._prefixed_scalar(grid, b, q, min(pre, w) if w > 0 else pre),
+                                      batch, isl, prefix, self.cp)
             attn[c.name] = v * c.op.count
             total += attn[c.name]
         for c in self._cp_exchange:

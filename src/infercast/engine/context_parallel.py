@@ -15,6 +15,9 @@ the measured curves need not, hence the maximum. With ``cp = 1`` the two chunks 
 halves of the prompt, which is not the unsplit prompt's cost: callers take this path only for
 ``cp > 1``.
 
+A sliding-window layer (window ``w``) sees at most ``w`` tokens before a chunk: its chunk is
+read with a cached prefix of ``min(prefix + j c, w)``.
+
 **Decode.** Each rank holds ``1 / cp`` of every sequence's KV: a decode at KV length ``kv``
 (the new token included) reads ``(kv - 1) / cp`` cached tokens per rank (at least 1), looked up
 in the generation table at that length.
