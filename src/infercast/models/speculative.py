@@ -34,7 +34,8 @@ with uniform grouped-query attention. The head's GEMMs are bf16 (the released he
 Not modelled (approximations, stated in the estimate's notes): the draft network's pass over the
 prompt at prefill (as for MTP, drafts are costed in decode steps only); the first EAGLE pass
 re-reading the verified positions (costed at one token per sequence like the others); tree
-drafting (``--speculative-eagle-topk`` > 1 is refused by the engine-config reader).
+drafting (SGLang's ``--speculative-eagle-topk`` > 1 is costed as a chain, said in the engine
+configuration's notes).
 """
 
 from __future__ import annotations
