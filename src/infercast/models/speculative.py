@@ -117,10 +117,11 @@ def _draft_ops(ops, k: int) -> tuple[PlanOp, ...]:
     return tuple(replace(o, name=f"draft_{o.name}", count=o.count * k, phase="decode") for o in ops if o.kind != "p2p")
 
 
-def eagle_ops(head: ModelSpec, dpar: ParallelConfig, method: str, k: int) -> tuple[PlanOp, ...]:
-    """The ops of ``k`` EAGLE / EAGLE-3 draft passes of ``head`` (see the module docstring)."""
+def eagle_ops(head: ModelSpec, dpar: ParallelConfig, method: str, k: int, fusions: Fusions | None = None) -> tuple[PlanOp, ...]:
+    """The ops of ``k`` EAGLE / EAGLE-3 draft passes of ``head`` (see the module docstring), with
+    the serving engine's kernel fusions ``fusions`` (the target's: the head runs in its engine)."""
     h = head.hidden
-    body = dense_plan(head, dpar).ops
+    body = dense_plan(head, dpar, fusions).ops
     if method == "eagle3":
         body = tuple(replace(o, params={**o.params, "k": 2 * h}) if o.name == "qkv_gemm" else o for o in body)
     ops = _draft_ops(body, k)
@@ -147,7 +148,7 @@ def with_speculation(plan: Plan, sd: SpecDecode, draft: ModelSpec | None = None,
     dpar = draft_parallel(sd, plan.parallel)
     if sd.method in EAGLE_METHODS:
         _check_tp(draft, dpar, "EAGLE head")
-        ops = eagle_ops(draft, dpar, sd.method, sd.nextn)
+        ops = eagle_ops(draft, dpar, sd.method, sd.nextn, plan.fusions)
     else:
         try:
             dplan = build_plan(draft, dpar, None, draft_fusions)
