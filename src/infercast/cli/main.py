@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InfercastError, InvalidInputError
-from .speculative import speculative_kw
+from .speculative import add_speculative_args, speculative_kw
 
 EXIT_USAGE = 2
 
@@ -62,8 +62,6 @@ def _add_model_args(p: argparse.ArgumentParser, parallel: bool = True) -> None:
     p.add_argument("--backend-version", default=None, help="data version or slot alias current/previous/next (default: current)")
     if parallel:
         _add_parallel_args(p)
-    from .speculative import add_speculative_args
-
     add_speculative_args(p)
     p.add_argument("--moe-quant", default=None, help="override the MoE expert quant mode (fp8_block, nvfp4, mxfp4, int4_wo, ...)")
     p.add_argument("--moe-kernel", default=None,
