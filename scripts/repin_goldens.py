@@ -71,11 +71,14 @@ class Engine:
     database_mode: str = "SILICON"
     backend_version: str | None = None  # None: the backend's default version for the system
     cp: int = 1  # context-parallel ranks
+    #: speculative decoding beyond MTP: the method (``nextn`` is its draft-token count) and draft model
+    spec_method: str | None = None
+    draft_model: str | None = None
 
     #: (field, id label) of the optional arguments, in id order
     _OPTIONAL = (("attention_dp", "adp"), ("moe_tp", "moetp"), ("moe_ep", "ep"), ("gemm_quant", "gemm-"),
                  ("moe_quant", "moe-"), ("kv_cache_quant", "kv-"), ("nextn", "nextn"), ("database_mode", "mode-"),
-                 ("backend_version", "v"), ("cp", "cp"))
+                 ("backend_version", "v"), ("cp", "cp"), ("spec_method", "spec-"), ("draft_model", "draft-"))
 
     def _extras(self) -> list[tuple[str, str, object]]:
         defaults = {f.name: f.default for f in fields(self)}
@@ -98,6 +101,7 @@ class Engine:
             moe_tp=self.moe_tp, moe_ep=self.moe_ep, gemm_quant=self.gemm_quant, moe_quant=self.moe_quant,
             kv_cache_quant=self.kv_cache_quant, nextn=self.nextn, database_mode=self.database_mode,
             backend_version=self.backend_version, cp=self.cp,
+            speculative={"method": self.spec_method, "draft_model": self.draft_model} if self.spec_method else None,
         )
 
 
@@ -275,6 +279,16 @@ DENSE_CASES += [
     _s(L70, "b200_sxm", "vllm", 2, 1, 32, 1024, 1024, gemm_quant="fp8"),
     _s(L70, "b200_sxm", "trtllm", 4, 1, 16, 8192, 1024, gemm_quant="fp8"),
     _s(L70, "h200_sxm", "trtllm", 1, 1, 8, 2048, 256, gemm_quant="fp8"),
+]
+# speculative decoding beyond MTP (models.speculative): EAGLE-3 heads of the target's shape, a
+# draft model (Qwen3-0.6B for Qwen3-32B), n-gram (verification only); acceptance 0.8 per position
+DENSE_CASES += [
+    _s(L8, "h200_sxm", "vllm", 1, 1, 16, 2048, 256, nextn=3, spec_method="eagle3"),
+    _s(L8, "h200_sxm", "trtllm", 1, 1, 16, 2048, 256, nextn=3, spec_method="eagle3"),
+    _s(Q32, "h200_sxm", "vllm", 2, 1, 8, 2048, 256, nextn=3, spec_method="eagle3"),
+    _s(Q32, "h200_sxm", "trtllm", 2, 1, 8, 2048, 256, nextn=3, spec_method="eagle3"),
+    _s(Q32, "h200_sxm", "vllm", 2, 1, 8, 2048, 256, nextn=4, spec_method="draft_model", draft_model="Qwen/Qwen3-0.6B"),
+    _s(L8, "h200_sxm", "sglang", 1, 1, 16, 2048, 256, nextn=4, spec_method="ngram"),
 ]
 
 MOE_CASES: list[StaticCase] = [

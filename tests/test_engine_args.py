@@ -68,7 +68,8 @@ def test_trtllm_command_with_its_options_file(tmp_path):
     ("vllm serve m --kv-cache-dtype fp4", "not a KV-cache dtype"),
     ("vllm serve m --tensor-parallel-size zero", "takes an integer"),
     ("vllm serve m --gpu-memory-utilization 1.5", "fraction of GPU memory"),
-    ("vllm serve m --speculative-config '{\"method\": \"ngram\"}'", "not modelled"),
+    ("vllm serve m --speculative-config '{\"method\": \"medusa\"}'", "not modelled"),
+    ("vllm serve m --speculative-config '{\"num_speculative_tokens\": 2}'", "not modelled"),
     ("python -m sglang.launch_server --model-path m --tp-size 8 --dp-size 2", "without --enable-dp-attention"),
     ("python -m sglang.launch_server --model-path m --tp-size 8 --ep-size 3", "not a multiple"),
     ("python -m sglang.launch_server --model-path m --speculative-algorithm LOOKAHEAD", "not modelled"),
@@ -78,7 +79,7 @@ def test_bad_values_are_refused(cmd, needle):
     with pytest.raises(InvalidInputError, match=needle):
         parse_engine_cmd(cmd)
     with pytest.raises(InvalidInputError, match="decoding_type"):
-        parse_trtllm_options({"speculative_config": {"decoding_type": "Eagle"}})
+        parse_trtllm_options({"speculative_config": {"decoding_type": "Medusa"}})
     with pytest.raises(InvalidInputError, match="kernel family"):
         parse_trtllm_options({"moe_config": {"backend": "WIDEEP_X"}})
 

@@ -32,10 +32,12 @@ from .models.plan import (
     with_moe_kernel,
 )
 from .models.spec import ModelSpec, build_spec
+from .models.speculative import EAGLE_METHODS, draft_parallel, eagle_head_spec, spec_decode_of, speculation_notes, with_speculation
 from .ops.base import DatabaseMode, OpDB, broadcast_named, check_positive, shown
 from .ops.moe import MOE_KERNELS, wide_ep_available
 from .serving.backends import backend_defaults
 from .serving.memory import GB, VISION_WEIGHT_BYTES, WINDOW_KV_COUNTED_FROM, MemoryBreakdown, memory_breakdown
+from .serving.speculative import draft_memory
 
 MAX_BATCH = 1_000_000
 MAX_TOKENS = 10_000_000
@@ -131,7 +133,7 @@ class Estimator:
         attention_quant: str | None = None,
         moe_quant: str | None = None,
         nextn: int = 0,
-        mtp_acceptance: float = 0.8,
+        mtp_acceptance: float | None = None,
         moe_kernel: str | None = None,
         kv_memory_fraction: float | None = None,
         database_mode: str | DatabaseMode = DatabaseMode.SILICON,
@@ -139,6 +141,7 @@ class Estimator:
         moe_comm: str | None = None,
         cp: int = 1,
         cp_overlap: bool = False,
+        speculative: dict | None = None,
     ):
         mode = DatabaseMode.parse(database_mode)
         if not (isinstance(model, str) and model.strip() or isinstance(model, os.PathLike)):
@@ -173,8 +176,14 @@ class Estimator:
             if wide_ep_available(self.db, quant=quant.moe or quant.gemm, hidden=spec.hidden, inter=m.inter, topk=m.topk,
                                  experts=m.experts, moe_tp=par.etp, moe_ep=par.ep, gated=m.gated, distribution=MOE_DISTRIBUTION):
                 par = replace(par, moe_comm="alltoall")  # the backend's wide-EP path (DeepEP dispatch / combine)
-        self.plan: Plan = build_plan(spec, par, SpecDecode(_nonneg_int("--nextn", nextn), _unit("--mtp-acceptance", mtp_acceptance)),
-                                     engine_fusions(backend, spec, par, self.data.system))
+        sd = spec_decode_of(_nonneg_int("--nextn", nextn),
+                            None if mtp_acceptance is None else _unit("--mtp-acceptance", mtp_acceptance), speculative)
+        fusions = engine_fusions(backend, spec, par, self.data.system)
+        self.plan: Plan = build_plan(spec, par, sd, fusions)
+        if sd.method != "mtp" and sd.nextn:
+            draft = self._draft_spec(sd, spec, kv_cache_quant)
+            dfus = engine_fusions(backend, draft, draft_parallel(sd, par), self.data.system) if sd.method == "draft_model" else None
+            self.plan = with_speculation(self.plan, sd, draft, dfus)
         if moe_kernel is not None:
             kernel = str(moe_kernel).lower()
             if kernel not in MOE_KERNELS:
@@ -187,9 +196,28 @@ class Estimator:
             if f == 0.0:
                 raise InvalidInputError("--kv-memory-fraction must be above 0", "a KV cache of no memory serves nothing")
             self.backend = replace(self.backend, kv_memory_fraction=f)
-        mtp = spec.mtp_layers if self.plan.spec_decode.nextn else 0
-        self.memory: MemoryBreakdown = memory_breakdown(spec, self.plan.parallel, self.data.system, self.backend, mtp)
+        mtp = spec.mtp_layers if self.plan.spec_decode.mtp_steps else 0
+        self.memory: MemoryBreakdown = memory_breakdown(spec, self.plan.parallel, self.data.system, self.backend, mtp,
+                                                        draft_memory(self.plan))
         self._cache: dict = {}
+
+    def _draft_spec(self, sd: SpecDecode, target: ModelSpec, kv_cache_quant: str | None) -> ModelSpec | None:
+        """The draft network of ``sd`` (:mod:`infercast.models.speculative`): an EAGLE head (from
+        its config when ``sd.draft`` names one, else the target's shape), or the draft model
+        resolved like ``model`` at its own quant (``sd.draft_quant`` overriding its GEMMs; the
+        KV-cache dtype override applies to the draft's cache too); None for n-gram."""
+        if sd.method == "ngram":
+            return None
+        mc = resolve_model(self.data.pack, sd.draft) if sd.draft else None
+        if sd.method in EAGLE_METHODS:
+            return eagle_head_spec(target, sd.method, mc.config if mc else None, sd.draft or "", sd.draft_quant)
+        d = build_spec(mc)
+        q = d.quant.with_overrides(gemm=sd.draft_quant, kv_cache=kv_cache_quant)
+        if d.moe is None:
+            q = replace(q, moe=None)
+        elif sd.draft_quant and d.quant.moe == d.quant.gemm:
+            q = replace(q, moe=sd.draft_quant)
+        return replace(d, quant=q)
 
     @classmethod
     def from_plan(cls, plan: Plan, system: str, backend: str, backend_version: str | None = None,
@@ -202,7 +230,7 @@ class Estimator:
         self.engine = CompiledEngine(plan, self.db)
         self.backend = backend_defaults(backend)
         self.memory = memory_breakdown(plan.model, plan.parallel, self.data.system, self.backend,
-                                       plan.model.mtp_layers if plan.spec_decode.nextn else 0)
+                                       plan.model.mtp_layers if plan.spec_decode.mtp_steps else 0, draft_memory(plan))
         self._cache = {}
         return self
 
@@ -305,6 +333,7 @@ class Estimator:
                          f"{p * VISION_WEIGHT_BYTES / GB:.2f} GB in bf16, split over TP) counts in memory; image "
                          "inputs and the encoder's time are not modelled")
         notes.extend(layer_group_notes(self.spec, WINDOW_KV_COUNTED_FROM))
+        notes.extend(speculation_notes(self.plan))
         total = int(isl) + int(prefix) + int(osl)
         if self.spec.max_position and total > self.spec.max_position:
             notes.append(f"isl+prefix+osl={total} exceeds the model's max_position_embeddings {self.spec.max_position}")
@@ -452,7 +481,18 @@ class Estimator:
             "backend_version": self.data.version, "tp": p.tp, "pp": p.pp, "attention_dp": p.attention_dp,
             "moe_tp": p.etp, "moe_ep": p.ep, "quant": asdict(self.spec.quant), "nextn": self.plan.spec_decode.nextn,
             "database_mode": str(getattr(self.db.mode, "value", self.db.mode)),
+            **self._speculative_identity(),
         }
+
+    def _speculative_identity(self) -> dict:
+        """The speculative method, draft network and tokens per step, for methods other than MTP."""
+        sd = self.plan.spec_decode
+        if sd.method == "mtp" or not sd.nextn:
+            return {}
+        d = self.plan.draft
+        return {"speculative": {"method": sd.method, "draft": d.resolved_id if d else None,
+                                "draft_tp": self.plan.draft_parallel.tp if d else None,
+                                "tokens_per_step": sd.tokens_per_step}}
 
     def versions(self) -> dict:
         return {"data_version": self.data.version, "slots": self.data.versions.slots(), "tables": self.data.provenance()}

@@ -2,7 +2,7 @@
 ``estimate``, ``serve`` and ``recommend`` (read by :mod:`infercast.serving.engine_args`).
 
 The configuration's settings fill in what the command line leaves at its defaults: the layout,
-the KV-cache dtype, MTP draft tokens, the MoE kernel family, the KV memory fraction and (``serve``)
+the KV-cache dtype, speculative decoding (method, draft tokens, draft model), the MoE kernel family, the KV memory fraction and (``serve``)
 the scheduler settings. A flag given on the command line with another value than the
 configuration's is a conflict, refused with both values named; the configuration's backend must
 be ``--backend``'s. The flags read and the flags infercast does not model are stated in the
@@ -16,10 +16,13 @@ from ..errors import InvalidInputError
 #: infercast flag (argparse dest) -> its default: a dest still at its default takes the engine's value
 _LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "attention_dp": 1, "moe_tp": None, "moe_ep": None, "cp": 1}
 _ESTIMATOR_DEFAULTS = {"kv_cache_quant": None, "nextn": 0, "moe_kernel": None, "kv_memory_fraction": None,
-                       "moe_comm": None}
+                       "moe_comm": None, "speculative_method": None, "draft_model": None, "draft_tp": None,
+                       "prompt_lookup_min": None, "prompt_lookup_max": None}
 _FLAG = {"kv_cache_quant": "--kv-cache-quant", "nextn": "--nextn", "moe_kernel": "--moe-kernel",
          "kv_memory_fraction": "--kv-memory-fraction", "moe_comm": "--moe-comm", "tp": "--tp", "pp": "--pp", "attention_dp": "--attention-dp",
-         "moe_tp": "--moe-tp", "moe_ep": "--moe-ep", "cp": "--cp"}
+         "moe_tp": "--moe-tp", "moe_ep": "--moe-ep", "cp": "--cp", "speculative_method": "--speculative-method",
+         "draft_model": "--draft-model", "draft_tp": "--draft-tp", "prompt_lookup_min": "--prompt-lookup-min",
+         "prompt_lookup_max": "--prompt-lookup-max"}
 
 
 def add_engine_args(p) -> None:
@@ -57,8 +60,15 @@ def apply_engine_config(a) -> None:
             _fill(a, dest, value, _LAYOUT_DEFAULTS[dest], source)
     elif layout:
         a.engine_notes.append(f"{source}: its layout is not used here (this command searches layouts)")
+    from .speculative import DESTS
+
+    dest_of = {key: dest for dest, key in DESTS.items()}
     for dest, value in s.estimator_kw.items():
-        if value is not None:
+        if dest == "speculative":  # the method and draft settings, one flag each
+            for key, v in (value or {}).items():
+                if v is not None:
+                    _fill(a, dest_of[key], v, _ESTIMATOR_DEFAULTS[dest_of[key]], source)
+        elif value is not None:
             _fill(a, dest, value, _ESTIMATOR_DEFAULTS[dest], source)
     a.engine_scheduler = dict(s.scheduler)
     read = ", ".join(s.read) or "nothing infercast models"

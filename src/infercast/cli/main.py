@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InfercastError, InvalidInputError
+from .speculative import add_speculative_args, speculative_kw
 
 EXIT_USAGE = 2
 
@@ -64,8 +65,7 @@ def _add_model_args(p: argparse.ArgumentParser, parallel: bool = True) -> None:
     p.add_argument("--backend-version", default=None, help="data version or slot alias current/previous/next (default: current)")
     if parallel:
         _add_parallel_args(p)
-    p.add_argument("--nextn", type=int, default=0, help="MTP speculative decoding: draft tokens per step (DeepSeek-style models)")
-    p.add_argument("--mtp-acceptance", type=float, default=0.8, help="MTP acceptance rate per draft position (default 0.8)")
+    add_speculative_args(p)
     p.add_argument("--moe-quant", default=None, help="override the MoE expert quant mode (fp8_block, nvfp4, mxfp4, int4_wo, ...)")
     p.add_argument("--moe-kernel", default=None,
                    help="MoE kernel family the engine runs: trtllm (TensorRT-LLM-gen), cutlass, deepgemm "
@@ -105,7 +105,7 @@ def _estimator(a, prefix: str = ""):
         est = Estimator(
             a.model, a.system, a.backend, a.backend_version, par("tp"), par("pp"),
             attention_dp=par("attention_dp"), moe_tp=par("moe_tp"), moe_ep=par("moe_ep"), moe_quant=a.moe_quant,
-            nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel,
+            nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel, speculative=speculative_kw(a),
             gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
             kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode, systems_path=a.systems_path,
             moe_comm=getattr(a, "moe_comm", None),
@@ -342,7 +342,7 @@ def cmd_search(a) -> int:
     kw = dict(max_gpus=a.max_gpus, concurrencies=conc, ttft_max_ms=targets["ttft_max_ms"], tpot_max_ms=targets["tpot_max_ms"],
               backend_version=a.backend_version, systems_path=a.systems_path, moe_quant=a.moe_quant,
               gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
-              nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel,
+              nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel, speculative=speculative_kw(a),
               kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode, cap_concurrency=True)
     cal, cal_notes = _calibration(a)
     if cal is not None:
@@ -386,7 +386,8 @@ def cmd_search(a) -> int:
         from ..report.artifacts import write_search_artifacts
 
         est_kw = {k: kw[k] for k in ("systems_path", "moe_quant", "gemm_quant", "kv_cache_quant", "attention_quant", "nextn",
-                                     "mtp_acceptance", "moe_kernel", "kv_memory_fraction", "database_mode", "cp_overlap") if k in kw}
+                                     "mtp_acceptance", "moe_kernel", "kv_memory_fraction", "database_mode", "cp_overlap",
+                                     "speculative") if k in kw}
         if backends is None:
             write_search_artifacts(a.save_dir, results, est_kw)
         else:  # one report per backend (a deployment's launch files are its backend's)

@@ -37,6 +37,7 @@ def cmd_recommend(a) -> int:
     if a.top < 1:
         raise InvalidInputError(f"--top must be >= 1, got {a.top}")
     from .main import _calibration, _search_targets, calibration_summary
+    from .speculative import speculative_kw
 
     targets = _search_targets(a)
     cal, cal_notes = _calibration(a)
@@ -44,6 +45,7 @@ def cmd_recommend(a) -> int:
     kw = dict(ttft_max_ms=ttft, tpot_max_ms=tpot, backend_version=a.backend_version, systems_path=a.systems_path,
               moe_quant=a.moe_quant, gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant,
               attention_quant=a.attention_quant, nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel,
+              speculative=speculative_kw(a),
               kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode)
     if cal is not None:
         kw["scheduler"] = cal.overrides()

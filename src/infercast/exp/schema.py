@@ -49,6 +49,25 @@ class Targets(_Strict):
     tpot_ms: float | None = Field(None, gt=0)
 
 
+class Speculative(_Strict):
+    """Speculative decoding (``speculative:``), in the CLI's and vLLM's names
+    (:mod:`infercast.models.speculative`): ``method`` (mtp, eagle, eagle3, ngram, draft_model),
+    ``num_speculative_tokens``, ``acceptance_rate`` or ``acceptance_per_position``, the draft
+    network (``draft_model``, ``draft_tp``, ``draft_quant``) and the n-gram window
+    (``prompt_lookup_min`` / ``prompt_lookup_max``). The experiment's ``nextn`` /
+    ``mtp_acceptance`` are the same draft-token count and acceptance rate."""
+
+    method: str | None = None
+    num_speculative_tokens: int | None = Field(None, ge=0)
+    acceptance_rate: float | None = Field(None, ge=0, le=1)
+    acceptance_per_position: list[float] | None = None
+    draft_model: str | None = None
+    draft_tp: int | None = Field(None, ge=1)
+    draft_quant: str | None = None
+    prompt_lookup_min: int | None = Field(None, ge=1)
+    prompt_lookup_max: int | None = Field(None, ge=1)
+
+
 class LayoutSpec(_Strict):
     """One replica's (or one worker's) parallel layout, as the ``estimate`` flags name it."""
 
@@ -134,7 +153,8 @@ class Experiment(_Strict):
     disagg: DisaggSpec | None = None
     quant: Quant = Quant()
     nextn: int = Field(0, ge=0)
-    mtp_acceptance: float = Field(0.8, ge=0, le=1)
+    mtp_acceptance: float | None = Field(None, ge=0, le=1)
+    speculative: Speculative | None = None
     moe_kernel: str | None = None
     kv_memory_fraction: float | None = Field(None, gt=0, le=1)
     scheduler: Scheduler = Scheduler()
@@ -186,7 +206,8 @@ class Experiment(_Strict):
         q = self.quant
         return {"gemm_quant": q.gemm, "moe_quant": q.moe, "kv_cache_quant": q.kv_cache, "attention_quant": q.attention,
                 "nextn": self.nextn, "mtp_acceptance": self.mtp_acceptance, "moe_kernel": self.moe_kernel,
-                "kv_memory_fraction": self.kv_memory_fraction, **({"cp_overlap": True} if self.cp_overlap else {})}
+                "kv_memory_fraction": self.kv_memory_fraction, **({"cp_overlap": True} if self.cp_overlap else {}),
+                "speculative": self.speculative.model_dump(exclude_none=True) if self.speculative else None}
 
 
 class ExpFile(_Strict):

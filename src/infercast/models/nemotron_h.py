@@ -400,7 +400,7 @@ def nemotron_h_plan(spec: ModelSpec, par: ParallelConfig, spec_decode: SpecDecod
     ops = _stack_ops(spec.mamba.pattern, spec, par, fusions) + _ends(spec, par)
     sd = spec_decode or SpecDecode()
     sd.check()
-    if sd.nextn:
+    if sd.mtp_steps:
         if spec.mtp_layers <= 0:
             raise InvalidConfigError(f"{spec.resolved_id} ships no MTP layers (num_nextn_predict_layers is 0)",
                                      "MTP speculative decoding needs the checkpoint's next-n prediction layers")

@@ -144,29 +144,103 @@ class ParallelConfig:
             raise InvalidConfigError(f"TP {self.tp} does not divide the shared-expert / dense FFN width")
 
 
+#: speculative decoding methods, in vLLM's ``speculative_config.method`` names: ``mtp`` the
+#: checkpoint's next-n prediction layers, ``eagle`` / ``eagle3`` an EAGLE draft head, ``ngram``
+#: prompt lookup (no draft network), ``draft_model`` a separate smaller model
+SPEC_METHODS = ("mtp", "eagle", "eagle3", "ngram", "draft_model")
+#: most draft tokens per step infercast accepts
+MAX_DRAFT_TOKENS = 8
+
+
 @dataclass(frozen=True)
 class SpecDecode:
-    """MTP speculative decoding: ``nextn`` draft tokens per step, each accepted with probability
-    ``acceptance`` given the previous one was (DeepSeek-V3 reports 85-90% for the first draft
-    token; 0.8 is the default here, per position).
+    """Speculative decoding: ``nextn`` draft tokens per step (vLLM's ``num_speculative_tokens``)
+    proposed by ``method`` (:data:`SPEC_METHODS`) and verified by the target model.
 
-    A decode step then verifies ``1 + nextn`` tokens per sequence in the main model (token-wise
-    ops on all of them; attention reads each sequence's KV once, so it is costed per sequence)
-    and runs ``nextn`` draft passes of one MTP layer plus the LM head; it yields on average
-    ``1 + acceptance + ... + acceptance**nextn`` tokens."""
+    Acceptance: ``acceptance`` is the probability that a draft token is accepted given the one
+    before it was (DeepSeek-V3 reports 85-90% for its first MTP token; 0.8 is the default here), so
+    position ``i`` (1-based) is accepted with probability ``acceptance**i``.
+    ``acceptance_per_position``, when given, replaces that: one probability per draft position
+    that the position is accepted (all before it too), as vLLM's spec-decode metrics report it
+    ("per-position acceptance rate"); it cannot grow along the positions. A step then yields on
+    average ``1 + sum(p_i)`` tokens (the bonus / corrected token plus the expected accepted
+    drafts): ``1 + acceptance + ... + acceptance**nextn`` with the rate.
+
+    A decode step verifies ``1 + nextn`` tokens per sequence in the main model (token-wise ops on
+    all of them; attention reads each sequence's KV once, so it is costed per sequence, as the
+    memory-bound generation kernels are) and runs the method's draft passes
+    (:mod:`infercast.models.speculative`). ``draft`` / ``draft_tp`` name the draft network (a
+    draft model or an EAGLE head: a pack id or a config path) and its TP size (None: the
+    target's); ``prompt_lookup_min`` / ``prompt_lookup_max`` are the n-gram matcher's window (they
+    change what is accepted, which ``acceptance`` states, not the cost)."""
 
     nextn: int = 0
     acceptance: float = 0.8
+    method: str = "mtp"
+    acceptance_per_position: tuple[float, ...] = ()
+    draft: str | None = None
+    draft_tp: int | None = None
+    draft_quant: str | None = None
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+
+    def __post_init__(self):
+        # a plan read back from JSON holds a list
+        object.__setattr__(self, "acceptance_per_position", tuple(float(p) for p in self.acceptance_per_position))
+
+    @property
+    def position_acceptance(self) -> tuple[float, ...]:
+        """Probability that each draft position is accepted (with all before it)."""
+        if self.acceptance_per_position:
+            return self.acceptance_per_position
+        return tuple(self.acceptance ** i for i in range(1, self.nextn + 1))
 
     @property
     def tokens_per_step(self) -> float:
-        return 1.0 + sum(self.acceptance ** i for i in range(1, self.nextn + 1))
+        """Output tokens a decoding sequence gains per step: ``1 + sum(position_acceptance)``."""
+        return 1.0 + sum(self.position_acceptance)
+
+    @property
+    def mtp_steps(self) -> int:
+        """Draft passes of the checkpoint's MTP layers (0 unless ``method`` is ``mtp``)."""
+        return self.nextn if self.method == "mtp" else 0
 
     def check(self) -> None:
-        if not isinstance(self.nextn, int) or self.nextn < 0 or self.nextn > 8:
-            raise InvalidInputError(f"--nextn must be an integer in 0..8, got {self.nextn!r}")
+        if self.method not in SPEC_METHODS:
+            raise InvalidInputError(f"unknown --speculative-method {self.method!r}", available=list(SPEC_METHODS))
+        if not isinstance(self.nextn, int) or self.nextn < 0 or self.nextn > MAX_DRAFT_TOKENS:
+            raise InvalidInputError(f"--num-speculative-tokens (--nextn) must be an integer in 0..{MAX_DRAFT_TOKENS}, "
+                                    f"got {self.nextn!r}")
         if not (0.0 <= float(self.acceptance) <= 1.0):
-            raise InvalidInputError(f"--mtp-acceptance must be in [0, 1], got {self.acceptance!r}")
+            raise InvalidInputError(f"--acceptance-rate (--mtp-acceptance) must be in [0, 1], got {self.acceptance!r}")
+        p = self.acceptance_per_position
+        if p:
+            if len(p) != self.nextn:
+                raise InvalidInputError(f"--acceptance-per-position gives {len(p)} values for {self.nextn} draft tokens",
+                                        "give one acceptance probability per draft position")
+            if any(not 0.0 <= x <= 1.0 for x in p):
+                raise InvalidInputError(f"--acceptance-per-position values must be in [0, 1], got {list(p)}")
+            if any(b > a + 1e-12 for a, b in zip(p, p[1:])):
+                raise InvalidInputError(f"--acceptance-per-position must not grow along the positions, got {list(p)}",
+                                        "position i is accepted only when every earlier one is")
+        if self.method != "mtp" and self.nextn == 0:
+            raise InvalidInputError(f"--speculative-method {self.method} needs --num-speculative-tokens >= 1")
+        if self.method == "draft_model" and not self.draft:
+            raise InvalidInputError("--speculative-method draft_model needs --draft-model",
+                                    "a model id of the pack or a config path of the draft model")
+        if self.draft and self.method not in ("eagle", "eagle3", "draft_model"):
+            raise InvalidInputError(f"--draft-model is given, but --speculative-method {self.method} runs no draft network",
+                                    "draft networks: eagle, eagle3 (the head's config), draft_model")
+        if self.draft_tp is not None and (not isinstance(self.draft_tp, int) or self.draft_tp < 1):
+            raise InvalidInputError(f"--draft-tp must be a positive integer, got {self.draft_tp!r}")
+        for name, v in (("--prompt-lookup-min", self.prompt_lookup_min), ("--prompt-lookup-max", self.prompt_lookup_max)):
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise InvalidInputError(f"{name} must be a positive integer, got {v!r}")
+        if (self.prompt_lookup_min or self.prompt_lookup_max) and self.method != "ngram":
+            raise InvalidInputError(f"--prompt-lookup-min/max set the n-gram matcher, not --speculative-method {self.method}")
+        if self.prompt_lookup_min and self.prompt_lookup_max and self.prompt_lookup_min > self.prompt_lookup_max:
+            raise InvalidInputError(f"--prompt-lookup-min {self.prompt_lookup_min} exceeds --prompt-lookup-max "
+                                    f"{self.prompt_lookup_max}")
 
 
 @dataclass(frozen=True)
@@ -221,20 +295,23 @@ class Plan:
     schema_version: int = PLAN_SCHEMA_VERSION
     spec_decode: SpecDecode = field(default_factory=lambda: SpecDecode())
     fusions: Fusions = field(default_factory=lambda: Fusions())
+    #: the draft network of EAGLE / draft-model speculation (an EAGLE head as a one-layer dense
+    #: spec, or the draft model's spec) and its layout; None for MTP, n-gram and no speculation
+    draft: ModelSpec | None = None
+    draft_parallel: ParallelConfig | None = None
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "schema_version": self.schema_version,
-                "model": self.model.to_dict(),
-                "parallel": asdict(self.parallel),
-                "ops": [asdict(o) for o in self.ops],
-                "spec_decode": asdict(self.spec_decode),
-                "fusions": asdict(self.fusions),
-            },
-            indent=1,
-            sort_keys=True,
-        )
+        d = {
+            "schema_version": self.schema_version,
+            "model": self.model.to_dict(),
+            "parallel": asdict(self.parallel),
+            "ops": [asdict(o) for o in self.ops],
+            "spec_decode": asdict(self.spec_decode),
+            "fusions": asdict(self.fusions),
+        }
+        if self.draft is not None:
+            d.update(draft=self.draft.to_dict(), draft_parallel=asdict(self.draft_parallel or ParallelConfig()))
+        return json.dumps(d, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
@@ -256,6 +333,8 @@ class Plan:
                 tuple(PlanOp(**o) for o in d["ops"]),
                 spec_decode=SpecDecode(**d.get("spec_decode", {})),
                 fusions=Fusions(**d.get("fusions", {})),
+                draft=ModelSpec.from_dict(d["draft"]) if d.get("draft") else None,
+                draft_parallel=ParallelConfig(**d["draft_parallel"]) if d.get("draft_parallel") else None,
             )
         except KeyError as exc:
             raise InvalidInputError(f"the plan lacks its {exc.args[0]!r} entry", "recompile the plan") from None
@@ -531,7 +610,7 @@ def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
     ``mtp`` block: self-attention + MoE): their full-attention ops join the draft, their
     Gated-DeltaNet ops do not."""
     sd.check()
-    if sd.nextn == 0:
+    if sd.mtp_steps == 0:
         return replace(plan, spec_decode=sd)
     if plan.model.mtp_layers <= 0:
         raise InvalidConfigError(

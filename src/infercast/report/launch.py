@@ -21,7 +21,10 @@ The translation is one way, from infercast's inputs to each engine's own flag na
   delay, receive interval and mixed chunks.
 * **Memory and precision.** The KV memory knob (``free_gpu_memory_fraction`` /
   ``gpu_memory_utilization`` / ``mem_fraction_static``, each in the engine's own sense), the KV
-  cache dtype, MTP speculative decoding and the MoE kernel family.
+  cache dtype, speculative decoding (MTP, EAGLE / EAGLE-3, n-gram, draft model: vLLM's
+  ``--speculative-config``, SGLang's ``--speculative-algorithm`` flags, TensorRT-LLM's
+  ``speculative_config``; an EAGLE head sized from the target is written as
+  :data:`DRAFT_PLACEHOLDER`, for the user to replace) and the MoE kernel family.
 
 Sources: ``trtllm-serve --help`` and the LLM API's option names (``kv_cache_config``,
 ``speculative_config``, ``attention_dp_config``, ``moe_config``, ``batch_wait_timeout_iters``);
@@ -51,7 +54,9 @@ class WorkerSpec:
     module docstring); ``max_num_tokens`` and ``max_batch_size`` the step's token budget and
     running-request cap; ``chunked`` chunked prefill; ``kv_memory_fraction`` the engine's KV
     memory knob in its own sense; ``kv_cache_dtype`` ``"bfloat16"`` / ``"fp8"``; ``nextn`` MTP
-    draft tokens (0: off); ``moe_kernel`` the expert kernel family, or None for the engine's
+    draft tokens (0: off) of the speculative method ``spec_method`` (vLLM's names: ``mtp``,
+    ``eagle``, ``eagle3``, ``ngram``, ``draft_model``) with its ``draft_model`` / ``draft_tp`` and
+    n-gram window ``prompt_lookup_min`` / ``prompt_lookup_max``; ``moe_kernel`` the expert kernel family, or None for the engine's
     default; the remaining fields are the scheduler settings of the same names in
     :class:`~infercast.serving.backends.SchedulerParams`."""
 
@@ -70,6 +75,11 @@ class WorkerSpec:
     nextn: int = 0
     moe_kernel: str | None = None
     is_moe: bool = False
+    spec_method: str = "mtp"
+    draft_model: str | None = None
+    draft_tp: int | None = None
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
     adp_balance_timeout_steps: int = 0
     batch_wait_iters: int = 0
     batch_wait_max_tokens_ratio: float = 0.0
@@ -120,8 +130,18 @@ def worker_spec(est, params, role: str = "agg", workers: int = 1) -> WorkerSpec:
         nextn=int(est.plan.spec_decode.nextn), moe_kernel=_moe_kernel(est), is_moe=est.spec.moe is not None,
         adp_balance_timeout_steps=int(params.adp_balance_timeout_steps), batch_wait_iters=int(params.batch_wait_iters),
         batch_wait_max_tokens_ratio=float(params.batch_wait_max_tokens_ratio), recv_interval=int(params.recv_interval),
-        mixed=bool(params.mixed), cp=int(p.cp),
+        mixed=bool(params.mixed), cp=int(p.cp), **_speculative_fields(est),
     )
+
+
+def _speculative_fields(est) -> dict:
+    """The WorkerSpec speculative fields of ``est``'s plan (the draft as the user named it)."""
+    sd = est.plan.spec_decode
+    if sd.method == "mtp" or not sd.nextn:
+        return {}
+    tp = est.plan.draft_parallel.tp if est.plan.draft_parallel is not None and sd.draft_tp else None
+    return {"spec_method": sd.method, "draft_model": sd.draft, "draft_tp": tp,
+            "prompt_lookup_min": sd.prompt_lookup_min, "prompt_lookup_max": sd.prompt_lookup_max}
 
 
 def _moe_kernel(est) -> str | None:
@@ -161,7 +181,7 @@ def trtllm_extra_options(w: WorkerSpec) -> dict:
     if w.moe_kernel in _TRTLLM_MOE_BACKEND:
         opts["moe_config"] = {"backend": _TRTLLM_MOE_BACKEND[w.moe_kernel]}
     if w.nextn > 0:
-        opts["speculative_config"] = {"decoding_type": "MTP", "num_nextn_predict_layers": w.nextn}
+        opts["speculative_config"] = _trtllm_speculative(w)
     if w.batch_wait_iters > 0:
         opts["batch_wait_timeout_iters"] = w.batch_wait_iters
         opts["batch_wait_max_tokens_ratio"] = w.batch_wait_max_tokens_ratio
@@ -206,7 +226,7 @@ def vllm_command(model: str, w: WorkerSpec) -> list[str]:
     if w.kv_cache_dtype == "fp8":
         argv += ["--kv-cache-dtype", "fp8"]
     if w.nextn > 0:
-        argv += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": w.nextn})]
+        argv += ["--speculative-config", json.dumps(_vllm_speculative(w))]
     if w.moe_kernel == "triton":
         argv += ["--moe-backend", "triton"]
     if w.role != "agg":
@@ -234,13 +254,66 @@ def sglang_command(model: str, w: WorkerSpec) -> list[str]:
     if w.recv_interval > 1:
         argv += ["--scheduler-recv-interval", str(w.recv_interval)]
     if w.nextn > 0:
-        argv += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(w.nextn),
-                 "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(w.nextn + 1)]
+        argv += _sglang_speculative(w)
     if w.moe_kernel == "triton":
         argv += ["--moe-runner-backend", "triton"]
     if w.role != "agg":
         argv += ["--disaggregation-mode", w.role]
     return argv
+
+
+#: what stands for the EAGLE head's checkpoint when the estimate sized it from the target (no
+#: ``--draft-model``): the engines need a path, which the user supplies
+DRAFT_PLACEHOLDER = "PATH_TO_DRAFT_CHECKPOINT"
+
+
+def _draft(w: WorkerSpec) -> str:
+    return w.draft_model or DRAFT_PLACEHOLDER
+
+
+def _trtllm_speculative(w: WorkerSpec) -> dict:
+    """TensorRT-LLM's ``speculative_config`` for ``w``'s method."""
+    if w.spec_method == "mtp":
+        return {"decoding_type": "MTP", "num_nextn_predict_layers": w.nextn}
+    kind = {"eagle": "Eagle", "eagle3": "Eagle3", "ngram": "NGram", "draft_model": "DraftTarget"}[w.spec_method]
+    cfg = {"decoding_type": kind, "max_draft_len": w.nextn}
+    if w.spec_method == "ngram":
+        if w.prompt_lookup_max:
+            cfg["max_matching_ngram_size"] = w.prompt_lookup_max
+    else:
+        cfg["speculative_model_dir"] = _draft(w)
+    return cfg
+
+
+def _vllm_speculative(w: WorkerSpec) -> dict:
+    """vLLM's ``--speculative-config`` for ``w``'s method."""
+    cfg: dict = {"method": w.spec_method, "num_speculative_tokens": w.nextn}
+    if w.spec_method in ("eagle", "eagle3", "draft_model"):
+        cfg["model"] = _draft(w)
+        if w.draft_tp:
+            cfg["draft_tensor_parallel_size"] = w.draft_tp
+    for key in ("prompt_lookup_min", "prompt_lookup_max"):
+        if getattr(w, key):
+            cfg[key] = getattr(w, key)
+    return cfg
+
+
+def _sglang_speculative(w: WorkerSpec) -> list[str]:
+    """SGLang's speculative flags for ``w``'s method: a chain (top-k 1) of ``nextn`` steps; MTP
+    runs as ``EAGLE`` over the checkpoint's MTP layers; n-gram verifies ``nextn + 1`` tokens."""
+    if w.spec_method == "ngram":
+        argv = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(w.nextn + 1)]
+        if w.prompt_lookup_min:
+            argv += ["--speculative-ngram-min-match-window-size", str(w.prompt_lookup_min)]
+        if w.prompt_lookup_max:
+            argv += ["--speculative-ngram-max-match-window-size", str(w.prompt_lookup_max)]
+        return argv
+    algo = {"mtp": "EAGLE", "eagle": "EAGLE", "eagle3": "EAGLE3", "draft_model": "STANDALONE"}[w.spec_method]
+    argv = ["--speculative-algorithm", algo]
+    if w.spec_method != "mtp":
+        argv += ["--speculative-draft-model-path", _draft(w)]
+    return argv + ["--speculative-num-steps", str(w.nextn), "--speculative-eagle-topk", "1",
+                   "--speculative-num-draft-tokens", str(w.nextn + 1)]
 
 
 def engine_command(d: Deployment, w: WorkerSpec) -> list[str]:

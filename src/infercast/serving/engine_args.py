@@ -8,7 +8,8 @@ same flags), the :class:`~infercast.Estimator` keywords (KV-cache dtype, MTP dra
 kernel family, KV memory fraction), the scheduler overrides
 (:class:`~infercast.serving.backends.SchedulerParams` fields), the flags read, and the flags
 infercast does not model (listed, never silently dropped). A value of a modelled flag that
-infercast cannot represent (an unknown KV-cache dtype, a speculative method other than MTP,
+infercast cannot represent (an unknown KV-cache dtype, a speculative method other than MTP, EAGLE,
+EAGLE-3, n-gram and draft model,
 ``--dp-size`` without DP attention) raises :class:`~infercast.errors.InvalidInputError` naming the
 flag and the values it knows.
 
@@ -206,6 +207,121 @@ def _moe_runner(s: EngineSettings, flags: dict, used: set[str], flag: str) -> No
         s.notes.append(f"{flag} {flags[flag]}: the table's own kernels are used")
 
 
+# ---- speculative decoding ----------------------------------------------------------------------
+# Each engine's speculative settings become ``estimator_kw["nextn"]`` (draft tokens per step) and,
+# for methods other than MTP, ``estimator_kw["speculative"]``: the method (vLLM's names), the draft
+# network and its TP size, the n-gram window (:func:`infercast.models.speculative.spec_decode_of`).
+
+_VLLM_METHODS = ("eagle", "eagle3", "ngram", "draft_model")
+
+
+def _speculative(s: EngineSettings, method: str, k: int, **kw) -> None:
+    s.estimator_kw["nextn"] = k
+    if method != "mtp":
+        s.estimator_kw["speculative"] = {"method": method, **{key: v for key, v in kw.items() if v is not None}}
+
+
+def _vllm_speculative(s: EngineSettings, spec: dict) -> None:
+    """vLLM's ``--speculative-config``: ``method`` (``mtp`` and the model-specific ``*_mtp`` names,
+    ``eagle``, ``eagle3``, ``ngram``, ``draft_model``; without one, a ``model`` is a draft model),
+    ``num_speculative_tokens``, ``model``, ``draft_tensor_parallel_size``,
+    ``prompt_lookup_min`` / ``prompt_lookup_max``; other keys are listed as not modelled."""
+    raw = spec.get("method")
+    method = str(raw or ("draft_model" if spec.get("model") else "")).lower()
+    if method.endswith("mtp"):
+        method = "mtp"
+    if method not in ("mtp",) + _VLLM_METHODS:
+        raise InvalidInputError(f"--speculative-config method {raw!r} is not modelled",
+                                "infercast models: mtp (and the *_mtp names), " + ", ".join(_VLLM_METHODS))
+    k = _int("num_speculative_tokens", spec.get("num_speculative_tokens", 1))
+    tp = spec.get("draft_tensor_parallel_size")
+    lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
+    _speculative(s, method, k, draft_model=spec.get("model") if method != "mtp" else None,
+                 draft_tp=None if tp is None else _int("draft_tensor_parallel_size", tp),
+                 prompt_lookup_min=None if lo is None else _int("prompt_lookup_min", lo),
+                 prompt_lookup_max=None if hi is None else _int("prompt_lookup_max", hi))
+    extra = sorted(set(spec) - {"method", "num_speculative_tokens", "model", "draft_tensor_parallel_size",
+                                "prompt_lookup_min", "prompt_lookup_max"})
+    if extra:
+        s.notes.append("--speculative-config keys not modelled, ignored: " + ", ".join(extra))
+
+
+_SGLANG_METHODS = {"EAGLE": "eagle", "EAGLE3": "eagle3", "NEXTN": "mtp", "STANDALONE": "draft_model", "NGRAM": "ngram"}
+
+
+def _sglang_speculative(s: EngineSettings, flags: dict, used: set[str]) -> None:
+    """SGLang's ``--speculative-algorithm`` (``EAGLE``, ``EAGLE3``, ``NEXTN``, ``STANDALONE``,
+    ``NGRAM``) with ``--speculative-num-steps`` (draft tokens of a chain; default 1),
+    ``--speculative-draft-model-path``, ``--speculative-eagle-topk``,
+    ``--speculative-num-draft-tokens`` and the n-gram match window
+    (``--speculative-ngram-min/max-match-window-size``). ``EAGLE`` without a draft path runs the
+    checkpoint's MTP layers (SGLang's way of serving them): read as MTP. ``NGRAM`` verifies
+    ``--speculative-num-draft-tokens`` tokens per step, the last verified one among them: its
+    draft tokens are that minus one. A tree (``--speculative-eagle-topk`` > 1) is costed as a chain
+    of ``--speculative-num-steps`` (said in the notes)."""
+    used.add("--speculative-algorithm")
+    algo = str(flags["--speculative-algorithm"]).upper()
+    if algo not in _SGLANG_METHODS:
+        raise InvalidInputError(f"--speculative-algorithm {flags['--speculative-algorithm']} is not modelled",
+                                "infercast models: " + ", ".join(_SGLANG_METHODS))
+    names = ("--speculative-num-steps", "--speculative-num-draft-tokens", "--speculative-eagle-topk",
+             "--speculative-draft-model-path", "--speculative-ngram-min-match-window-size",
+             "--speculative-ngram-max-match-window-size")
+    used |= set(names) & set(flags)
+    draft = flags.get("--speculative-draft-model-path")
+    method = _SGLANG_METHODS[algo]
+    if method == "eagle" and draft is None:
+        method = "mtp"
+    if method == "draft_model" and draft is None:
+        raise InvalidInputError("--speculative-algorithm STANDALONE needs --speculative-draft-model-path")
+    if method == "ngram":
+        n = flags.get("--speculative-num-draft-tokens")
+        k = _int("--speculative-num-draft-tokens", n) - 1 if n is not None else 1
+        if k < 1:
+            raise InvalidInputError("--speculative-num-draft-tokens must be >= 2 for NGRAM (the verified token and one draft)")
+    else:
+        steps = flags.get("--speculative-num-steps")
+        k = _int("--speculative-num-steps", steps) if steps is not None else 1
+    topk = flags.get("--speculative-eagle-topk")
+    if topk is not None and _int("--speculative-eagle-topk", topk) > 1:
+        s.notes.append(f"--speculative-eagle-topk {topk}: tree drafting is costed as a chain of {k} draft tokens")
+    lo, hi = flags.get("--speculative-ngram-min-match-window-size"), flags.get("--speculative-ngram-max-match-window-size")
+    _speculative(s, method, k, draft_model=None if method == "mtp" else draft,
+                 prompt_lookup_min=None if lo is None else _int("--speculative-ngram-min-match-window-size", lo),
+                 prompt_lookup_max=None if hi is None else _int("--speculative-ngram-max-match-window-size", hi))
+
+
+_TRTLLM_METHODS = {"MTP": "mtp", "EAGLE": "eagle", "EAGLE3": "eagle3", "NGRAM": "ngram", "DRAFTTARGET": "draft_model"}
+
+
+def _trtllm_speculative(s: EngineSettings, spec: dict) -> None:
+    """TensorRT-LLM's ``speculative_config``: ``decoding_type`` ``MTP`` (draft tokens
+    ``num_nextn_predict_layers``), ``Eagle``, ``Eagle3``, ``NGram``, ``DraftTarget`` (draft tokens
+    ``max_draft_len``; the draft network ``speculative_model_dir`` or ``speculative_model``; the
+    n-gram matcher's longest match ``max_matching_ngram_size``). Other keys are listed as not
+    modelled."""
+    if not isinstance(spec, dict):
+        raise InvalidInputError("speculative_config is a mapping", f"got {type(spec).__name__}")
+    raw = spec.get("decoding_type", "")
+    kind = str(raw).upper()
+    if kind not in _TRTLLM_METHODS:
+        raise InvalidInputError(f"speculative_config.decoding_type {raw!r} is not modelled",
+                                "known: MTP, Eagle, Eagle3, NGram, DraftTarget")
+    method = _TRTLLM_METHODS[kind]
+    if method == "mtp":
+        k = _int("speculative_config.num_nextn_predict_layers", spec.get("num_nextn_predict_layers", 1))
+        known = {"decoding_type", "num_nextn_predict_layers"}
+    else:
+        k = _int("speculative_config.max_draft_len", spec.get("max_draft_len", 1))
+        known = {"decoding_type", "max_draft_len", "speculative_model_dir", "speculative_model", "max_matching_ngram_size"}
+    hi = spec.get("max_matching_ngram_size") if method == "ngram" else None
+    _speculative(s, method, k, draft_model=spec.get("speculative_model_dir") or spec.get("speculative_model"),
+                 prompt_lookup_max=None if hi is None else _int("speculative_config.max_matching_ngram_size", hi))
+    extra = sorted(set(spec) - known)
+    if extra:
+        s.notes.append("speculative_config keys not modelled, ignored: " + ", ".join(extra))
+
+
 def _vllm(argv: list[str]) -> EngineSettings:
     start = 2 if argv[:2] == ["vllm", "serve"] else next((i + 1 for i, a in enumerate(argv) if "vllm.entrypoints" in a), 1)
     pos, flags = _tokens(argv[start:], "vllm")
@@ -238,11 +354,9 @@ def _vllm(argv: list[str]) -> EngineSettings:
             spec = json.loads(flags["--speculative-config"])
         except json.JSONDecodeError:
             raise InvalidInputError("--speculative-config is JSON", f"got {flags['--speculative-config']!r}") from None
-        method = str(spec.get("method", "")).lower()
-        if method not in ("mtp", "deepseek_mtp", "qwen3_next_mtp"):
-            raise InvalidInputError(f"--speculative-config method {spec.get('method')!r} is not modelled",
-                                    "infercast models MTP draft layers (method mtp / deepseek_mtp)")
-        s.estimator_kw["nextn"] = _int("num_speculative_tokens", spec.get("num_speculative_tokens", 1))
+        if not isinstance(spec, dict):
+            raise InvalidInputError("--speculative-config is a JSON object", f"got {flags['--speculative-config']!r}")
+        _vllm_speculative(s, spec)
     if "--all2all-backend" in flags:
         used.add("--all2all-backend")
         b = str(flags["--all2all-backend"]).lower()
@@ -316,14 +430,7 @@ def _sglang(argv: list[str]) -> EngineSettings:
         s.scheduler["overlap"] = False
         used.add("--disable-overlap-schedule")
     if "--speculative-algorithm" in flags:
-        used.add("--speculative-algorithm")
-        algo = str(flags["--speculative-algorithm"]).upper()
-        if algo not in ("EAGLE", "NEXTN"):
-            raise InvalidInputError(f"--speculative-algorithm {flags['--speculative-algorithm']} is not modelled",
-                                    "infercast models MTP draft layers (EAGLE / NEXTN with the checkpoint's MTP layers)")
-        steps = flags.get("--speculative-num-steps")
-        used |= {"--speculative-num-steps", "--speculative-num-draft-tokens", "--speculative-eagle-topk"} & set(flags)
-        s.estimator_kw["nextn"] = _int("--speculative-num-steps", steps) if steps is not None else 1
+        _sglang_speculative(s, flags, used)
     if "--moe-a2a-backend" in flags:
         used.add("--moe-a2a-backend")
         s.estimator_kw["moe_comm"] = "gather" if str(flags["--moe-a2a-backend"]).lower() == "none" else "alltoall"
@@ -390,12 +497,7 @@ def parse_trtllm_options(options: dict, name: str = "extra options") -> EngineSe
     spec = o.get("speculative_config")
     if spec:
         used.add("speculative_config")
-        kind = str(spec.get("decoding_type", "")).upper()
-        if kind != "MTP":
-            raise InvalidInputError(f"speculative_config.decoding_type {spec.get('decoding_type')!r} is not modelled",
-                                    "infercast models MTP draft layers (decoding_type: MTP)")
-        s.estimator_kw["nextn"] = _int("speculative_config.num_nextn_predict_layers",
-                                       spec.get("num_nextn_predict_layers", 1))
+        _trtllm_speculative(s, spec)
     moe = o.get("moe_config") or {}
     if "backend" in moe:
         used.add("moe_config")

@@ -233,8 +233,11 @@ def activation_bytes(spec: ModelSpec, par: ParallelConfig, be: BackendDefaults) 
     return t * per_token + logits
 
 
-def memory_breakdown(spec: ModelSpec, par: ParallelConfig, system: SystemSpec, be: BackendDefaults, mtp_layers: int = 0) -> MemoryBreakdown:
-    weights = weight_bytes_per_gpu(spec, par, mtp_layers)
+def memory_breakdown(spec: ModelSpec, par: ParallelConfig, system: SystemSpec, be: BackendDefaults, mtp_layers: int = 0,
+                     draft: tuple[float, float] = (0.0, 0.0)) -> MemoryBreakdown:
+    """``draft``: the speculative draft network's (weight bytes per GPU, KV bytes per token per
+    GPU) (:func:`infercast.serving.speculative.draft_memory`), added to the target's."""
+    weights = weight_bytes_per_gpu(spec, par, mtp_layers) + draft[0]
     acts = activation_bytes(spec, par, be)
     reserves = float(system.other_mem + system.nccl_mem_for(par.width))
     cap = float(system.gpu.mem_capacity)
@@ -245,7 +248,7 @@ def memory_breakdown(spec: ModelSpec, par: ParallelConfig, system: SystemSpec, b
     else:
         budget = be.kv_memory_fraction * cap - weights - acts - reserves
     budget = max(budget, 0.0)
-    per_tok = kv_bytes_per_token(spec, par, mtp_layers)
+    per_tok = kv_bytes_per_token(spec, par, mtp_layers) + draft[1]
     blocks = int(budget // (per_tok * be.tokens_per_block)) if per_tok > 0 else 0
     return MemoryBreakdown(
         weights=weights,
