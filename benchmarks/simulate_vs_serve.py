@@ -13,7 +13,7 @@ estimator, clients per attention-DP rank, the recipe's scheduler parameters):
   finished), each sending ``requests_per_client`` requests (the benchmark length serve assumes),
   every request counted (no warm-up cut: the benchmark client's mean). ``--lengths benchmark``
   (default) draws the lengths as the row's client did (uniform on [0.8 L, L] for the InferenceX rows,
-  :func:`infercast.validate.recipes.random_lengths`; the others at their ``isl`` / ``osl``);
+  the recipes' client ``random_range_ratio``; the others at their ``isl`` / ``osl``);
   ``nominal`` sends every request at the row's ``isl`` / ``osl``; ``all:R`` draws every row's uniformly on
   [R L, L] (an experiment: does a small spread de-phase fixed-length clients?). ``--rows``:
   only the random-length or the fixed-length rows.
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import csv
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -43,18 +44,11 @@ from infercast.validate.predict import (
     clients_per_rank,
     gpu_count,
 )
-from infercast.validate.recipes import (
-    postprocess_workers,
-    random_lengths,
-    recipe_scheduler,
-)
 from infercast.validate.silicon import load_ids, load_rows
 
 #: the fidelity rows' folder: ``shared/fidelity`` beside the checkout (or beside its worktrees' parent)
 FIDELITY = next((p / "shared" / "fidelity" for p in Path(__file__).resolve().parents
                  if (p / "shared" / "fidelity").is_dir()), Path("shared") / "fidelity")
-#: the InferenceX client's --random-range-ratio (infercast.validate.recipes)
-BENCHMARK_RANGE_RATIO = 0.8
 
 
 def setup(cache: EstimatorCache, row):
@@ -65,8 +59,10 @@ def setup(cache: EstimatorCache, row):
     benchmark_concurrency(row)
     est = cache.get(row, row.worker)
     per_rank = clients_per_rank(row, est)
-    base = scheduler_params(row.backend, est.data.system, est.spec, postprocess_workers(row))
-    return est, per_rank, recipe_scheduler(row, base, per_rank)
+    par = est.plan.parallel
+    rs = cache.settings(row, par.tp, par.attention_dp, per_rank)
+    base = scheduler_params(row.backend, est.data.system, est.spec)
+    return est, per_rank, replace(base, **rs.scheduler), rs.random_range_ratio
 
 
 def run_serve(est, per_rank, params, row):
@@ -74,13 +70,14 @@ def run_serve(est, per_rank, params, row):
     return r.ttft_ms, r.tpot_ms
 
 
-def run_simulate(est, per_rank, params, row, lengths: str, spread: float = 0.0, seed: int = 0):
+def run_simulate(est, per_rank, params, row, lengths: str, spread: float = 0.0, seed: int = 0,
+                 range_ratio: float | None = None):
     dp = est.plan.parallel.attention_dp
     clients = per_rank * dp
     n = round(params.requests_per_client * clients)
     ratio = None
-    if lengths == "benchmark" and random_lengths(row):
-        ratio = BENCHMARK_RANGE_RATIO
+    if lengths == "benchmark" and range_ratio is not None:
+        ratio = range_ratio
     elif lengths.startswith("all:"):
         ratio = float(lengths[4:])
     if ratio is not None:
@@ -131,8 +128,6 @@ def main() -> None:
     rows = [r for r in load_rows(default_silicon_csv(), load_ids(FIDELITY / "dev_fullspec_ids.txt")) if r.mode == "agg"]
     if a.max_concurrency:
         rows = [r for r in rows if (r.concurrency or 0) <= a.max_concurrency]
-    if a.rows != "all":
-        rows = [r for r in rows if random_lengths(r) == (a.rows == "random")]
     rows = rows[::max(1, a.every)]
     cache = EstimatorCache()
     out, skipped = [], {}
@@ -141,14 +136,18 @@ def main() -> None:
     t0 = time.perf_counter()
     for i, row in enumerate(rows, 1):
         try:
-            est, per_rank, params = setup(cache, row)
+            est, per_rank, params, ratio = setup(cache, row)
+            if a.rows != "all" and (ratio is not None) != (a.rows == "random"):
+                skipped[f"not {a.rows}-length"] = skipped.get(f"not {a.rows}-length", 0) + 1
+                continue
             if a.adp_only and est.plan.parallel.attention_dp == 1:
                 skipped["not attention-DP"] = skipped.get("not attention-DP", 0) + 1
                 continue
             c0 = time.process_time()
             s_ttft, s_tpot = run_serve(est, per_rank, params, row)
             c1 = time.process_time()
-            m_ttft, m_tpot, k = run_simulate(est, per_rank, params, row, a.lengths, a.front_end_spread)
+            m_ttft, m_tpot, k = run_simulate(est, per_rank, params, row, a.lengths, a.front_end_spread,
+                                           range_ratio=ratio)
             c2 = time.process_time()
         except InfercastError as exc:
             skipped[type(exc).__name__] = skipped.get(type(exc).__name__, 0) + 1

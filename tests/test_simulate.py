@@ -20,7 +20,6 @@ from infercast.serving.simulate import (
     write_out,
 )
 from infercast.serving.simulate.prefix_cache import PrefixCache
-from infercast.serving.simulate.scheduler import not_modelled
 
 
 def cfg(**kw) -> UnitConfig:
@@ -228,11 +227,51 @@ def test_out_files_round_trip_as_a_trace(tmp_path):
         write_out(res, tmp_path / "r.txt")
 
 
-def test_not_modelled_settings_are_named():
-    from infercast.serving.backends import SCHEDULERS
+def test_balance_hold_gathers_prefills_until_every_rank_has_one():
+    """Two attention-DP ranks stepping together, 2 ms per step, 1 decode each running a long
+    request; a prompt reaching rank 0 alone is held until the timeout (T = 3 steps), then runs;
+    one reaching both ranks runs at once."""
+    from infercast.serving.simulate.lockstep import Lockstep
+    from infercast.serving.simulate.scheduler import Request, Unit, UnitConfig
 
-    assert not_modelled(SCHEDULERS["vllm"]) == []
-    assert "attention-DP balance hold" in not_modelled(SCHEDULERS["trtllm"])[0]
+    class Const:
+        tokens_per_step, decode_width = 1.0, 1.0
+
+        def step_ms(self, chunks, n_dec, kv):
+            return 2.0
+
+    def group(timeout):
+        cfg = UnitConfig(max_num_tokens=10_000, max_batch_size=64, chunked=True, mixed=True,
+                         kv_capacity_tokens=1e9, kv_reserve_full=False)
+        ranks = [Unit(i, cfg, Const(), 16, prefix_cache=False) for i in range(2)]
+        g = Lockstep(ranks, balance_timeout_steps=timeout)
+        for i, r in enumerate(ranks):  # a long decode on each rank: admitted and prefilled in step 1
+            r.enqueue(Request(i, 0.0, 10, 1000))
+        g.plan(), g.commit()
+        return g, ranks
+
+    g, ranks = group(3)
+    ranks[0].enqueue(Request(9, 2.0, 10, 5))
+    ends = []
+    for _ in range(3):
+        ends.append(g.plan())
+        g.commit()
+        if ranks[0].prefilling or any(r.idx == 9 for r in ranks[0].decoding):
+            break
+    new = next(r for r in ranks[0].decoding if r.idx == 9)
+    # held 3 steps (a run of 3 decode steps ending at 2 + 3 x 2 = 8 ms), prefilled in the next step
+    assert ends[0] == pytest.approx(8.0) and new.first == pytest.approx(10.0)
+
+    g, ranks = group(3)
+    ranks[0].enqueue(Request(9, 2.0, 10, 5))
+    ranks[1].enqueue(Request(10, 2.0, 10, 5))
+    g.plan(), g.commit()  # every rank has a prompt: no hold
+    assert {r.idx for r in ranks[0].decoding} == {0, 9} and {r.idx for r in ranks[1].decoding} == {1, 10}
+
+    g, ranks = group(0)  # no hold configured: admitted at the next step
+    ranks[0].enqueue(Request(9, 2.0, 10, 5))
+    g.plan(), g.commit()
+    assert any(r.idx == 9 for r in ranks[0].decoding)
 
 
 # ---- loads and traces --------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from .load import Workload
 from .lockstep import Lockstep
 from .loop import run
 from .router import Router
-from .scheduler import Unit, UnitConfig, not_modelled
+from .scheduler import Unit, UnitConfig
 from .stats import SimResult, summarise
 from .timer import EngineStepTimer
 
@@ -24,12 +24,14 @@ from .timer import EngineStepTimer
 def simulate(timer, cfg: UnitConfig, workload: Workload, *, units: int = 1, replica_of=None, router: str = "round-robin",
              prefix_cache: bool = True, front_end=None, warmup: float = 0.1, cooldown: float = 0.1,
              ttft_ms: float | None = None, tpot_ms: float | None = None, progress: bool = False, notes=(),
-             front_end_spread: float = 0.0, seed: int = 0, lockstep: int = 1) -> SimResult:
+             front_end_spread: float = 0.0, seed: int = 0, lockstep: int = 1,
+             balance_timeout_steps: int = 0) -> SimResult:
     """Simulate ``workload`` on ``units`` identical schedulers of ``cfg`` timed by ``timer``;
     ``front_end(open streams, prompt tokens)`` -> ms before a request reaches its scheduler
     (default none), spread by ``front_end_spread`` (:func:`.loop.run`). ``lockstep`` ``n`` > 1:
     every ``n`` consecutive schedulers are the attention-DP ranks of one replica and step
-    together (:class:`.lockstep.Lockstep`); ``units`` must be a multiple of it."""
+    together (:class:`.lockstep.Lockstep`, with its balance hold of ``balance_timeout_steps``
+    steps); ``units`` must be a multiple of it."""
     us = [Unit(i, cfg, timer, workload.block_tokens, prefix_cache) for i in range(units)]
     if lockstep > 1:
         if units % lockstep:
@@ -37,7 +39,7 @@ def simulate(timer, cfg: UnitConfig, workload: Workload, *, units: int = 1, repl
 
             raise InvalidInputError(f"{units} schedulers do not split into replicas of {lockstep} attention-DP ranks")
         for i in range(0, units, lockstep):
-            Lockstep(us[i:i + lockstep])
+            Lockstep(us[i:i + lockstep], balance_timeout_steps)
     rt = Router(router, us)
     fe = front_end or (lambda streams, tokens: 0.0)
     reqs = run(us, rt, workload, fe, replica_of, progress, front_end_spread, seed)
@@ -59,14 +61,16 @@ def simulate_estimator(est, params, workload: Workload, *, replicas: int = 1, ro
     cap = est.memory.capacity_for(expected_running)
     cfg = UnitConfig.from_params(params, cap)
     units = replicas * dp
-    notes = [f"not modelled, run as if off: {x}" for x in not_modelled(params)]
+    notes = []
+    hold = int(params.adp_balance_timeout_steps) if dp > 1 else 0
     if dp > 1:
         notes.append(f"{dp} attention-DP ranks per replica: one scheduler each behind one front end, stepping "
-                     "together (each step as long as the slowest rank's)")
+                     "together (each step as long as the slowest rank's)"
+                     + (f"; new prompts held until every rank has one, up to {hold} steps" if hold > 0 else ""))
     res = simulate(timer, cfg, workload, units=units, replica_of=[i // dp for i in range(units)], router=router,
                    prefix_cache=prefix_cache, front_end=params.front_end_ms, warmup=warmup, cooldown=cooldown,
                    ttft_ms=ttft_ms, tpot_ms=tpot_ms, progress=progress, notes=notes,
-                   front_end_spread=front_end_spread, seed=seed, lockstep=dp)
+                   front_end_spread=front_end_spread, seed=seed, lockstep=dp, balance_timeout_steps=hold)
     return res, timer
 
 
@@ -112,7 +116,9 @@ def simulate_estimator_disagg(prefill, decode, params_prefill, params_decode, wo
     pdp, ddp = prefill.plan.parallel.attention_dp, decode.plan.parallel.attention_dp
     pcfg = UnitConfig.from_params(params_prefill, prefill.memory.capacity_for(1.0))
     dcfg = UnitConfig.from_params(params_decode, decode.memory.capacity_for(expected_running))
-    notes = [f"not modelled, run as if off: {x}" for x in not_modelled(params_decode)]
+    # the balance hold of attention-DP workers does not act here: a prefill worker runs no decodes
+    # and a decode worker no prompts, so neither ever holds (its ranks are independent schedulers)
+    notes = []
     base = params_prefill.arrival_delay_ms
     return simulate_disagg(EngineStepTimer(prefill.engine, params_prefill, quantum), pcfg,
                            EngineStepTimer(decode.engine, params_decode, quantum), dcfg, workload,

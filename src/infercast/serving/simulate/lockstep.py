@@ -15,6 +15,14 @@ every step boundary each rank plans its own work, and the group's segment is
   first and last steps of the run and linear between them (exact when one rank is the slowest
   throughout, the usual case; otherwise an upper bound on the steps between).
 
+With a balance hold (TensorRT-LLM's ``attention_dp_config: {enable_balance: true, timeout_iters:
+T}``, :attr:`~infercast.serving.backends.SchedulerParams.adp_balance_timeout_steps`), new prompts
+are admitted only at a step where every rank has one waiting, or once ``T`` steps have passed since
+the hold began, or when some rank has no decode running; until then every rank runs its decodes
+(and the chunks of prompts it already started) and the new prompts wait. This is the rule the
+analytic model's :func:`infercast.serving.agg.adp_balance_wait_steps` averages; here it is played
+out step by step, so the ranks' prefills are gathered into the same steps.
+
 A rank with nothing to run idles through the group's steps (its time does not count; the small
 cost of the dummy batch an idle rank runs on real engines is left out); a request reaching an idle
 rank, or any rank during a decode run, waits for the end of the group's step in progress.
@@ -27,8 +35,11 @@ class Lockstep:
     """Ranks (:class:`.scheduler.Unit`) stepping together; the event loop drives it as it drives
     a single scheduler (``plan``, ``commit``, ``truncate``, ``seg``, ``now``, ``version``)."""
 
-    def __init__(self, ranks):
+    def __init__(self, ranks, balance_timeout_steps: int = 0):
         self.ranks = list(ranks)
+        self.timeout = int(balance_timeout_steps) if len(self.ranks) > 1 else 0
+        self.held_steps = 0  # steps the current balance hold has lasted
+        self.holding = False  # the segment being run holds new prompts
         self.prefill_only = self.ranks[0].prefill_only
         self.now = 0.0
         self.seg = None  # the group's segment end, or None when every rank is idle
@@ -41,11 +52,24 @@ class Lockstep:
         """The rank that ran ``req``."""
         return self._by_index[req.unit]
 
+    def _hold(self) -> bool:
+        """Whether the balance hold keeps new prompts waiting at this step boundary."""
+        if self.timeout <= 0 or self.held_steps >= self.timeout:
+            return False
+        wants = [bool(r.waiting or r.inbox) for r in self.ranks]
+        if all(wants) or not any(wants):
+            return False
+        return all(r.n_dec > 0 for r in self.ranks)  # a rank without decodes releases the hold
+
     def plan(self) -> float | None:
         now = self.now
+        self.holding = hold = self._hold()
+        if not hold:
+            self.held_steps = 0
         active = []
         for r in self.ranks:
             r.now = now
+            r.adp_hold = hold
             if r.plan() is not None:
                 active.append(r)
         if not active:
@@ -59,6 +83,8 @@ class Lockstep:
                 r.seg = (*r.seg[:3], end) if r.seg[0] == "p" else ("d", 1, step, 0.0, end)
         else:
             k = min(r.seg[1] for r in active)
+            if hold:  # the run ends when the hold times out
+                k = max(1, min(k, self.timeout - self.held_steps))
             a = max(r.seg[2] for r in active)
             b = 0.0
             if k > 1:
@@ -77,9 +103,14 @@ class Lockstep:
         out = []
         if end is None:
             return out
+        steps = 1
         for r in self.ranks:
             if r.seg is not None:
+                if r.seg[0] == "d":
+                    steps = r.seg[1]
                 out.extend(r.commit())
+        if self.holding:
+            self.held_steps += steps
         self.now = end
         for r in self.ranks:
             r.now = end

@@ -39,8 +39,9 @@ A context batching delay (TensorRT-LLM's ``batch_wait_timeout_iters`` and
 decodes' plus the waiting prompts') would reach the ratio of the budget or the delay has lasted
 ``batch_wait_iters`` steps; an idle engine takes them at once.
 
-Not modelled here (said by :func:`not_modelled`): the attention-DP balance hold
-(``adp_balance_timeout_steps`` of :class:`~infercast.serving.backends.SchedulerParams`).
+The attention-DP balance hold (``adp_balance_timeout_steps``) is the replica's rule, played by
+:class:`.lockstep.Lockstep`, which sets ``adp_hold`` on its ranks: a held rank admits no new
+prompt (it runs its decodes and the chunks of prompts it already started).
 """
 
 from __future__ import annotations
@@ -75,13 +76,6 @@ class UnitConfig:
                    max(1, int(getattr(params, "recv_interval", 1))), int(getattr(params, "batch_wait_iters", 0)),
                    float(getattr(params, "batch_wait_max_tokens_ratio", 0.0)))
 
-
-def not_modelled(params) -> list[str]:
-    """The settings of ``params`` the simulation does not play out (it runs as if they were off)."""
-    out = []
-    if getattr(params, "adp_balance_timeout_steps", 0) > 0:
-        out.append(f"attention-DP balance hold ({params.adp_balance_timeout_steps} steps)")
-    return out
 
 
 class Request:
@@ -163,6 +157,7 @@ class Unit:
         self.poll_now = True  # the next step boundary polls (after a prefill step, or idle)
         self.held = 0  # steps the waiting prompts have been held by the context batching delay
         self.hold_active = False  # the segment being run holds them
+        self.adp_hold = False  # the attention-DP balance hold keeps new prompts waiting (set by Lockstep)
         self.prefilling: list[Request] = []
         self.decoding: dict[Request, None] = {}  # in admission order (preemption takes the last)
         self.heap: list = []  # (finish key, seq, request, incarnation)
@@ -268,7 +263,7 @@ class Unit:
             groups.append((r, chunk))
             room -= chunk
         self.hold_active = False
-        if not self.waiting:
+        if not self.waiting or self.adp_hold:
             return groups
         growth = self.n_dec * self.tau if (cfg.mixed and not cfg.kv_reserve_full) else 0.0
         self.hold_active = self._holding()
