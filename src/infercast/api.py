@@ -668,4 +668,10 @@ def serve_disagg(
                  + decode.serving_beyond_notes(prefill_batch=0, prefill_isl=isl, prefill_prefix=0, ttft_factor=0.0,
                                                decode_batch=res.decode_batch, isl=isl, osl=osl, tpot_ms=res.tpot_ms,
                                                phases=("decode",)))
+    if res.decode_batch > pd.max_batch_size:
+        # the disaggregated model sizes the decode batch by the closed loop alone (module
+        # docstring of serving.disagg); the engine's cap on running requests is not applied
+        res.notes.append(f"a decode rank runs {res.decode_batch:.1f} requests, more than the decode scheduler's "
+                         f"max_batch_size {pd.max_batch_size}: the disaggregated model does not cap the decode batch "
+                         f"by it (the numbers are for an uncapped decode pool)")
     return res

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InfercastError, InvalidInputError
+from .scheduler_args import add_scheduler_flags, add_shortcut_flags, role_overrides
 
 EXIT_USAGE = 2
 
@@ -184,36 +185,10 @@ def _scheduler_overrides(a) -> dict:
 
 
 def _scheduler_fields(items: list[str]) -> dict:
-    """``--scheduler FIELD=VALUE`` settings: any :class:`~infercast.serving.backends.SchedulerParams`
-    field, its value read as the field's type (true/false, an integer, a number, or a
-    comma-separated list of integers)."""
-    from dataclasses import fields
+    """``--scheduler FIELD=VALUE`` settings (:func:`.scheduler_args.parse_fields`)."""
+    from .scheduler_args import parse_fields
 
-    from ..serving.backends import SCHEDULERS, SchedulerParams
-
-    known = {f.name: type(getattr(SCHEDULERS["trtllm"], f.name)) for f in fields(SchedulerParams)}
-    out = {}
-    for item in items:
-        name, eq, text = item.partition("=")
-        name = name.strip().replace("-", "_")
-        if not eq or name not in known:
-            raise InvalidInputError(f"--scheduler {item!r} is not FIELD=VALUE of a scheduler setting",
-                                    available=sorted(known))
-        kind = known[name]
-        try:
-            if kind is bool:
-                if text.lower() not in ("true", "false", "1", "0", "on", "off"):
-                    raise ValueError
-                value = text.lower() in ("true", "1", "on")
-            elif kind is tuple:
-                value = tuple(int(x) for x in text.split(",") if x.strip())
-            else:
-                value = kind(text)
-        except ValueError:
-            what = {bool: "true or false", int: "an integer", float: "a number", tuple: "comma-separated integers"}[kind]
-            raise InvalidInputError(f"--scheduler {name} takes {what}, got {text!r}") from None
-        out[name] = value
-    return out
+    return parse_fields(items)
 
 
 def cmd_serve(a) -> int:
@@ -296,9 +271,9 @@ def cmd_serve_disagg(a) -> int:
             "gpus": a.prefill_workers * pe.gpus + a.decode_workers * de.gpus, "concurrency": a.concurrency,
             "isl": a.isl, "osl": a.osl, **layout}
     cal, cal_notes = _calibration(a, a.concurrency)
-    cal_values = cal.overrides() if cal else {}
-    pp = replace(scheduler_params(a.backend, pe.data.system, pe.spec), **cal_values)
-    pd = replace(scheduler_params(a.backend, de.data.system, de.spec), **cal_values)
+    roles = role_overrides(a, {**(cal.overrides() if cal else {}), **_scheduler_overrides(a)})
+    pp = replace(scheduler_params(a.backend, pe.data.system, pe.spec), **roles["prefill"])
+    pd = replace(scheduler_params(a.backend, de.data.system, de.spec), **roles["decode"])
     try:
         res = serve_disagg(pe, de, concurrency=a.concurrency, isl=a.isl, osl=a.osl, prefill_workers=a.prefill_workers,
                            decode_workers=a.decode_workers, prefill_batch=a.prefill_batch,
@@ -308,7 +283,7 @@ def cmd_serve_disagg(a) -> int:
     out = {"fits": True, **res.to_dict(), **head,
            "scheduler_prefill": asdict(pp),
            "scheduler_decode": asdict(pd),
-           "notes": pe.context_notes(a.isl, a.osl) + res.notes + cal_notes}
+           "notes": pe.context_notes(a.isl, a.osl) + res.notes + getattr(a, "engine_notes", []) + cal_notes}
     return _emit(a, out, "print_serving_disagg")
 
 
@@ -339,8 +314,7 @@ def cmd_search(a) -> int:
               nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel,
               kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode, cap_concurrency=True)
     cal, cal_notes = _calibration(a)
-    if cal is not None:
-        kw["scheduler"] = cal.overrides()
+    _search_scheduler(a, kw, cal, mode)
     if mode == "fixed":
         kw.pop("max_gpus")
         kw["gpus"] = a.gpus
@@ -356,10 +330,11 @@ def cmd_search(a) -> int:
     outs, results, per_backend = {}, {}, {}
     for m, fn in (("agg", search_agg), ("disagg", search_disagg), ("fixed", search_fixed)):
         if mode in (m, "both") and not (m == "fixed" and mode == "both"):
+            mkw = kw if m == "disagg" else {k: v for k, v in kw.items() if k != "scheduler_roles"}
             if backends is None:
-                res = results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, **kw)
+                res = results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, **mkw)
             else:
-                res, per_backend[m] = search_backends(fn, a.model, a.system, backends, a.isl, a.osl, **kw)
+                res, per_backend[m] = search_backends(fn, a.model, a.system, backends, a.isl, a.osl, **mkw)
                 results[m] = res
             out = res.to_dict(candidates=a.all)
             out["mode"] = m
@@ -397,6 +372,26 @@ def cmd_search(a) -> int:
     if not a.json:
         _print_search_tail(a, results)
     return rc
+
+
+def _search_scheduler(a, kw: dict, cal, mode: str) -> None:
+    """``search``'s scheduler settings into its keywords ``kw``: both roles' (an engine
+    configuration's, a calibration's, the shortcut flags', ``--scheduler``'s) as ``scheduler``,
+    and ``--prefill-scheduler`` / ``--decode-scheduler`` as ``scheduler_roles`` of the
+    disaggregated search (:func:`.scheduler_args.role_overrides`)."""
+    from .scheduler_args import parse_fields
+
+    shared = {**getattr(a, "engine_scheduler", {}), **(cal.overrides() if cal else {}), **_scheduler_overrides(a),
+              **parse_fields(a.scheduler)}
+    if shared:
+        kw["scheduler"] = shared
+    own = {role: parse_fields(getattr(a, f"{role}_scheduler"), f"--{role}-scheduler") for role in ("prefill", "decode")}
+    if any(own.values()):
+        if mode not in ("disagg", "both"):
+            given = "--prefill-scheduler" if own["prefill"] else "--decode-scheduler"
+            raise InvalidInputError(f"{given} sets the workers of one role of a disaggregated deployment: it needs "
+                                    f"--mode disagg or both, not {mode}", "--scheduler sets every worker")
+        kw["scheduler_roles"] = own
 
 
 def _search_backends(a) -> list[str] | None:
@@ -855,6 +850,18 @@ def cmd_simulate(a) -> int:
     return 0
 
 
+def _add_role_settings(p, engine_files: bool = True) -> None:
+    """The scheduler flags of a command with prefill and decode workers: the shortcut flags and
+    ``--scheduler`` for both roles, ``--prefill-scheduler`` / ``--decode-scheduler`` for one, and
+    (``engine_files``) ``--prefill-engine-args`` / ``--decode-engine-args`` (:mod:`.scheduler_args`)."""
+    add_shortcut_flags(p, SCHEDULER_FLAGS, " (prefill and decode workers)")
+    add_scheduler_flags(p, roles=True)
+    if engine_files:
+        from .engine_config import add_role_engine_args
+
+        add_role_engine_args(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="infercast", description="Predict LLM serving performance on GPUs from measured per-operator tables.")
     p.add_argument("--version", action="version", version=f"infercast {_version()}", help="print the version and exit")
@@ -881,9 +888,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--isl", type=int, required=True, help="input sequence length (prompt tokens per request)")
     sv.add_argument("--osl", type=int, required=True, help="output sequence length (tokens generated per request)")
     sv.add_argument("--json", action="store_true", help="print one JSON object")
-    for flag, (_, kind, _, what) in SCHEDULER_FLAGS.items():
-        sv.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None,
-                        help=f"{what} (default: the backend's, see infercast.serving.backends)")
+    add_shortcut_flags(sv, SCHEDULER_FLAGS)
     sv.add_argument("--prefill-scheduling", choices=("mixed", "prefill-first"), default=None,
                     help="mixed: prefill chunks share steps with decodes (vLLM, TensorRT-LLM, SGLang with "
                          "--enable-mixed-chunk); prefill-first: prompts get their own steps and decoding pauses "
@@ -895,9 +900,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the benchmark draws each request's input and output lengths uniformly from [R x L, L] "
                          "(benchmark_serving's --random-range-ratio): implies --random-lengths, and the KV cache "
                          "holds the mean lengths' tokens, (1 + R) / 2 of the nominal ones")
-    sv.add_argument("--scheduler", action="append", metavar="FIELD=VALUE", default=None,
-                    help="set any scheduler setting by its name in infercast.serving.backends.SchedulerParams "
-                         "(e.g. chunked=false, overlap=true, lockstep=false); repeatable; applied last")
+    add_scheduler_flags(sv, roles=False)
     sv.set_defaults(func=cmd_serve)
 
     sd = sub.add_parser("serve-disagg", help="serving model, disaggregated: prefill workers x decode workers under a "
@@ -916,6 +919,7 @@ def build_parser() -> argparse.ArgumentParser:
     sd.add_argument("--isl", type=int, required=True, help="input sequence length (prompt tokens per request)")
     sd.add_argument("--osl", type=int, required=True, help="output sequence length (tokens generated per request)")
     sd.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_role_settings(sd)
     sd.set_defaults(func=cmd_serve_disagg)
 
     se = sub.add_parser("search", help="search deployments (layouts x concurrency; agg, disagg or a fixed GPU count) under latency targets",
@@ -954,6 +958,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write the search's results (CSV, JSON), Pareto plot, HTML report and the top deployments' "
                          "launch and benchmark files here (created if missing)")
     se.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_role_settings(se, engine_files=False)
     se.set_defaults(func=cmd_search)
 
     co = sub.add_parser("compile", help="tabulate one configuration's latency surfaces into a file (Arrow IPC) a simulator can evaluate")
@@ -1114,9 +1119,10 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     try:
         if hasattr(a, "engine_args"):
-            from .engine_config import apply_engine_config
+            from .engine_config import apply_engine_config, apply_role_engine_configs
 
             apply_engine_config(a)
+            apply_role_engine_configs(a)
         return int(a.func(a) or 0)
     except InfercastError as exc:
         print(f"infercast: error: {exc}", file=sys.stderr)

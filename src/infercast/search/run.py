@@ -477,6 +477,7 @@ def search_disagg(
     cap_concurrency: bool = False,
     refine: bool | None = None,
     decode_system: str | None = None,
+    scheduler_roles: dict | None = None,
     **estimator_kw,
 ) -> SearchResult:
     """Disaggregated deployments of at most ``max_gpus`` GPUs in all (default: two nodes): a
@@ -486,7 +487,8 @@ def search_disagg(
     through the disaggregated serving model (:mod:`infercast.serving.disagg`). A deployment
     whose decode ranks would run more requests than their KV cache holds
     (:mod:`infercast.serving.memory`) is skipped. ``scheduler``: {SchedulerParams field: value}
-    overriding the backend's defaults in both roles. ``cap_concurrency``: as
+    overriding the backend's defaults in both roles, ``scheduler_roles`` ({"prefill": {...},
+    "decode": {...}}) in one role, over ``scheduler``. ``cap_concurrency``: as
     :func:`search_agg`'s, the bound being the most decode workers' requests; ``refine``: as
     :func:`search_agg`'s, per deployment (layouts and worker counts). ``decode_system``: the
     decode workers run on this system (prefill on ``system``; the same model, backend and data
@@ -521,8 +523,10 @@ def search_disagg(
         dec = _estimators(res, dbase, model, layouts(dbase.spec, total, dnode.nvlink_gpus), backend_version, systems_path,
                           estimator_kw, keep=lambda lay: disagg_worker(lay, dnode.nvlink_gpus, total), make=make)
         roles.update(_roles(res, dec, ("decode",)))
-    params = replace(scheduler_params(backend, base.data.system, base.spec), **scheduler) if scheduler else None
-    params_d = replace(scheduler_params(backend, dbase.data.system, dbase.spec), **scheduler) if scheduler else None
+    own = scheduler_roles or {}
+    pre_over, dec_over = ({**(scheduler or {}), **own.get(role, {})} for role in ("prefill", "decode"))
+    params = replace(scheduler_params(backend, base.data.system, base.spec), **pre_over) if pre_over else None
+    params_d = replace(scheduler_params(backend, dbase.data.system, dbase.spec), **dec_over) if dec_over else None
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, decode_holders(
         res, roles, total, max_workers, params_d or scheduler_params(backend, dbase.data.system, dbase.spec)))
     refine = concurrencies is None if refine is None else refine
