@@ -84,6 +84,9 @@ class StaticResult:
     reason: str | None = None  # why it does not fit (fits is False)
     notes: list[str] = field(default_factory=list)
     breakdown: list[OpBreakdown] = field(default_factory=list)
+    #: energy per request and per output token where the tables measured power
+    #: (:func:`static_energy`, :mod:`infercast.serving.energy`); None until asked for
+    energy: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -570,6 +573,20 @@ def _prefill_share_of_ttft(res) -> float:
     if not parts or not res.ttft_ms:
         return 1.0
     return parts["prefill"] / res.ttft_ms
+
+
+def static_energy(est: Estimator, res: StaticResult) -> dict | None:
+    """The energy of :meth:`Estimator.static`'s result ``res`` (:mod:`infercast.serving.energy`):
+    its prefill step and decode steps, per request and per output token; None when it does not fit."""
+    from .serving.energy import static_energy as energy
+
+    if not res.fits or res.ttft_ms is None:
+        return None
+    steps, kv, w = 0.0, None, None
+    if res.osl > 1:
+        steps = max((res.osl - 1) / est.engine.tokens_per_step, 1.0)
+        kv, w = decode_samples(res.isl + res.prefix, int(round(steps)) + 1)
+    return energy(est, res.batch_size, res.isl, res.osl, res.prefix, res.tokens_per_s_per_gpu, kv, w, steps)
 
 
 def serve_agg_replica(est: Estimator, concurrency: int, isl: int, osl: int, params=None):

@@ -121,8 +121,11 @@ def _estimator(a, prefix: str = ""):
 
 
 def cmd_estimate(a) -> int:
+    from ..api import static_energy
+
     est = _estimator(a)
     res = est.static(a.batch, a.isl, a.osl, a.prefix)
+    res.energy = static_energy(est, res)
     res.notes = list(res.notes) + getattr(a, "engine_notes", [])
     cal, cal_notes = _calibration(a)
     if cal is not None:
@@ -229,8 +232,10 @@ def cmd_serve(a) -> int:
         res, per_rank = serve_agg_replica(est, a.concurrency, a.isl, a.osl, params)
     except DoesNotFitError as exc:
         return _emit(a, _misfit(head, exc), "print_misfit")
+    from ..serving.energy import agg_energy
+
     out = {"fits": True, **res.to_dict(), **head, "concurrency_per_rank": per_rank,
-           "scheduler": asdict(params),
+           "energy": agg_energy(est, res, a.osl), "scheduler": asdict(params),
            "notes": est.context_notes(a.isl, a.osl) + res.notes + getattr(a, "engine_notes", []) + cal_notes}
     return _emit(a, out, "print_serving")
 
@@ -280,7 +285,9 @@ def cmd_serve_disagg(a) -> int:
                            params_prefill=pp, params_decode=pd)
     except DoesNotFitError as exc:
         return _emit(a, _misfit(head, exc), "print_misfit")
-    out = {"fits": True, **res.to_dict(), **head,
+    from ..serving.energy import disagg_energy
+
+    out = {"fits": True, **res.to_dict(), **head, "energy": disagg_energy(pe, de, res, a.isl, a.osl, pp, pd),
            "scheduler_prefill": asdict(pp),
            "scheduler_decode": asdict(pd),
            "notes": pe.context_notes(a.isl, a.osl) + res.notes + getattr(a, "engine_notes", []) + cal_notes}
