@@ -70,11 +70,12 @@ class Engine:
     nextn: int = 0
     database_mode: str = "SILICON"
     backend_version: str | None = None  # None: the backend's default version for the system
+    moe_kernel: str | None = None
 
     #: (field, id label) of the optional arguments, in id order
     _OPTIONAL = (("attention_dp", "adp"), ("moe_tp", "moetp"), ("moe_ep", "ep"), ("gemm_quant", "gemm-"),
                  ("moe_quant", "moe-"), ("kv_cache_quant", "kv-"), ("nextn", "nextn"), ("database_mode", "mode-"),
-                 ("backend_version", "v"))
+                 ("backend_version", "v"), ("moe_kernel", "mk-"))
 
     def _extras(self) -> list[tuple[str, str, object]]:
         defaults = {f.name: f.default for f in fields(self)}
@@ -96,7 +97,7 @@ class Engine:
             self.model, self.system, self.backend, tp=self.tp, pp=self.pp, attention_dp=self.attention_dp,
             moe_tp=self.moe_tp, moe_ep=self.moe_ep, gemm_quant=self.gemm_quant, moe_quant=self.moe_quant,
             kv_cache_quant=self.kv_cache_quant, nextn=self.nextn, database_mode=self.database_mode,
-            backend_version=self.backend_version,
+            backend_version=self.backend_version, moe_kernel=self.moe_kernel,
         )
 
 
@@ -163,6 +164,30 @@ class AggCase:
         r = serve_agg(est.engine, self.concurrency, self.isl, self.osl, scheduler_params(self.engine.backend),
                       est.memory.capacity_for(self.concurrency), est.gpus_per_rank)
         return {"backend_version": est.version, "tpot_ms": r.tpot_ms, "ttft_ms": r.ttft_ms}
+
+
+@dataclass(frozen=True)
+class AggEnergyCase(AggCase):
+    """An :class:`AggCase` and its energy (``serving.energy.agg_energy``: the measured part per
+    request and its coverage of the GPU time), for a deployment whose tables measured power."""
+
+    OUTPUT_KEYS = ("backend_version", "energy_coverage", "energy_measured_j_per_request", "tpot_ms", "ttft_ms")
+
+    @property
+    def id(self) -> str:
+        return "energy-" + super().id
+
+    def compute(self, ests: Estimators) -> dict:
+        from infercast.serving.agg import serve_agg
+        from infercast.serving.backends import scheduler_params
+        from infercast.serving.energy import agg_energy
+
+        est = ests.get_for(self.engine)
+        r = serve_agg(est.engine, self.concurrency, self.isl, self.osl, scheduler_params(self.engine.backend),
+                      est.memory.capacity_for(self.concurrency), est.gpus_per_rank)
+        e = agg_energy(est, r, self.osl)
+        return {"backend_version": est.version, "tpot_ms": r.tpot_ms, "ttft_ms": r.ttft_ms,
+                "energy_coverage": e["coverage"], "energy_measured_j_per_request": e["measured_j_per_request"]}
 
 
 @dataclass(frozen=True)
@@ -408,6 +433,8 @@ SERVING_CASES: list = [
     AggCase(Engine(NANO, "h200_sxm", "vllm", 1), 32, 2048, 256),
     AggCase(Engine(SUPER4, "b200_sxm", "sglang", 2), 64, 4000, 500),
     AggCase(Engine(M3, "b200_sxm", "vllm", 8, moe_ep=8, backend_version="0.24.0"), 32, 4000, 500),
+    # energy (#37): vLLM's b200 Triton expert rows (0.22.0) measured power
+    AggEnergyCase(Engine("Qwen/Qwen3-30B-A3B", "b200_sxm", "vllm", 1, moe_kernel="triton"), 16, 1024, 256),
 ]
 
 GROUPS: dict[str, list] = {"dense": DENSE_CASES, "moe": MOE_CASES, "serving": SERVING_CASES, "hybrid": HYBRID_CASES}
