@@ -132,6 +132,9 @@ def cmd_estimate(a) -> int:
         from ..calibrate.profile import apply_to_static
 
         res.notes += cal_notes + apply_to_static(res, cal)
+        if res.energy is not None and res.energy.get("available") and (
+                cal.values.get("prefill_scale", 1.0) != 1.0 or cal.values.get("decode_scale", 1.0) != 1.0):
+            res.energy["note"] += "; the calibration's GPU-time scales are not applied to energy"
     if a.plan_out:
         try:
             Path(a.plan_out).write_text(est.plan.to_json())
@@ -232,10 +235,10 @@ def cmd_serve(a) -> int:
         res, per_rank = serve_agg_replica(est, a.concurrency, a.isl, a.osl, params)
     except DoesNotFitError as exc:
         return _emit(a, _misfit(head, exc), "print_misfit")
-    from ..serving.energy import agg_energy
+    from ..serving.energy import agg_energy, with_scales_note
 
     out = {"fits": True, **res.to_dict(), **head, "concurrency_per_rank": per_rank,
-           "energy": agg_energy(est, res, a.osl), "scheduler": asdict(params),
+           "energy": with_scales_note(agg_energy(est, res, a.osl), params), "scheduler": asdict(params),
            "notes": est.context_notes(a.isl, a.osl) + res.notes + getattr(a, "engine_notes", []) + cal_notes}
     return _emit(a, out, "print_serving")
 
@@ -285,9 +288,10 @@ def cmd_serve_disagg(a) -> int:
                            params_prefill=pp, params_decode=pd)
     except DoesNotFitError as exc:
         return _emit(a, _misfit(head, exc), "print_misfit")
-    from ..serving.energy import disagg_energy
+    from ..serving.energy import disagg_energy, with_scales_note
 
-    out = {"fits": True, **res.to_dict(), **head, "energy": disagg_energy(pe, de, res, a.isl, a.osl, pp, pd),
+    out = {"fits": True, **res.to_dict(), **head,
+           "energy": with_scales_note(disagg_energy(pe, de, res, a.isl, a.osl, pp, pd), pp, pd),
            "scheduler_prefill": asdict(pp),
            "scheduler_decode": asdict(pd),
            "notes": pe.context_notes(a.isl, a.osl) + res.notes + getattr(a, "engine_notes", []) + cal_notes}

@@ -72,6 +72,16 @@ def energy_report(model: EnergyModel | list[EnergyModel], per_request: StepEnerg
     return out
 
 
+def with_scales_note(energy: dict | None, *params) -> dict | None:
+    """``energy`` with a note when a scheduler of ``params`` scales the GPU time (a calibration's
+    ``prefill_scale`` / ``decode_scale``): the energy stays at the tables' kernel times."""
+    scaled = [p for p in params if p is not None and (p.prefill_scale != 1.0 or p.decode_scale != 1.0)]
+    if energy is not None and energy.get("available") and scaled:
+        energy["note"] += ("; the calibration's GPU-time scales are not applied to energy (the tables' kernel times "
+                           "and measured power are)")
+    return energy
+
+
 def _not_modelled(why: str) -> dict:
     return {"available": False, "coverage": None, "measured_j_per_request": None, "measured_j_per_token": None,
             "upper_bound_j_per_request": None, "upper_bound_j_per_token": None, "note": f"not available: {why}"}
