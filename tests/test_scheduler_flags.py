@@ -132,3 +132,35 @@ def test_search_role_scheduler(synth, capsys):
                                                  "step_overhead_ms=5")), "--decode-scheduler", "--mode disagg or both")
     assert_one_line_error(*run_cli(capsys, _argv(synth, "search", "--max-gpus", "1", "--max-batch-size", "0")),
                           "--max-batch-size must be a finite number >= 1")
+
+
+def test_serve_disagg_role_model_settings(synth, capsys):
+    base = _disagg(synth, capsys)
+    # the decode workers' KV memory fraction: their KV capacity shrinks, the prefill workers' does not
+    small = _disagg(synth, capsys, "--decode-kv-memory-fraction", "0.3")
+    assert small["decode_kv_capacity"] < base["decode_kv_capacity"]
+    assert small["prefill_kv_capacity"] == pytest.approx(base["prefill_kv_capacity"])
+    # an fp8 KV cache on the prefill workers halves the KV bytes they send
+    fp8 = _disagg(synth, capsys, "--prefill-kv-cache-quant", "fp8")
+    assert fp8["kv_transfer_ms"] < base["kv_transfer_ms"]
+    assert fp8["decode_kv_capacity"] == pytest.approx(base["decode_kv_capacity"])
+    # a role's engine configuration sets that role's fraction only
+    d = _disagg(synth, capsys, "--decode-engine-cmd", "trtllm-serve MODEL --kv_cache_free_gpu_memory_fraction 0.3")
+    assert d["decode_kv_capacity"] == pytest.approx(small["decode_kv_capacity"])
+    assert_one_line_error(*run_cli(capsys, _argv(synth, "serve-disagg", "--prefill-workers", "1", "--decode-workers", "1",
+                                                 "--concurrency", "8", "--decode-kv-memory-fraction", "1.5")),
+                          "1.5")
+
+
+def test_search_takes_the_engine_configuration_scheduler(synth, capsys, tmp_path):
+    f = tmp_path / "extra.yaml"
+    f.write_text("max_batch_size: 2\n")
+    assert_one_line_error(*run_cli(capsys, _argv(synth, "search", "--max-gpus", "1", "--concurrency", "8",
+                                                 "--engine-args", str(f))), "runs 2 requests")
+
+
+def test_serve_disagg_engine_args_scheduler_both_roles(synth, capsys, tmp_path):
+    f = tmp_path / "extra.yaml"
+    f.write_text("max_num_tokens: 4096\n")
+    d = _disagg(synth, capsys, "--engine-args", str(f))
+    assert d["scheduler_prefill"]["max_num_tokens"] == d["scheduler_decode"]["max_num_tokens"] == 4096

@@ -97,14 +97,18 @@ def _estimator(a, prefix: str = ""):
     def par(name):
         return getattr(a, f"{prefix}_{name}" if prefix else name)
 
+    def role(name):  # a role's own model setting (--prefill-kv-cache-quant ...), else the shared flag's
+        own = getattr(a, f"{prefix}_{name}", None) if prefix else None
+        return getattr(a, name, None) if own is None else own
+
     try:
         est = Estimator(
             a.model, a.system, a.backend, a.backend_version, par("tp"), par("pp"),
             attention_dp=par("attention_dp"), moe_tp=par("moe_tp"), moe_ep=par("moe_ep"), moe_quant=a.moe_quant,
-            nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel,
-            gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
-            kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode, systems_path=a.systems_path,
-            moe_comm=getattr(a, "moe_comm", None),
+            nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=role("moe_kernel"),
+            gemm_quant=a.gemm_quant, kv_cache_quant=role("kv_cache_quant"), attention_quant=a.attention_quant,
+            kv_memory_fraction=role("kv_memory_fraction"), database_mode=a.database_mode, systems_path=a.systems_path,
+            moe_comm=role("moe_comm"),
         )
     except InfercastError as exc:
         if not prefix:
@@ -871,6 +875,13 @@ def _add_role_settings(p, engine_files: bool = True) -> None:
         from .engine_config import add_role_engine_args
 
         add_role_engine_args(p)
+        for r in ("prefill", "decode"):  # the model settings a role's engine may set apart from the other's
+            p.add_argument(f"--{r}-kv-cache-quant", default=None, help=f"as --kv-cache-quant, for the {r} workers only")
+            p.add_argument(f"--{r}-kv-memory-fraction", type=float, default=None,
+                           help=f"as --kv-memory-fraction, for the {r} workers only")
+            p.add_argument(f"--{r}-moe-kernel", default=None, help=f"as --moe-kernel, for the {r} workers only")
+            p.add_argument(f"--{r}-moe-comm", choices=("gather", "alltoall"), default=None,
+                           help=f"as --moe-comm, for the {r} workers only")
 
 
 def build_parser() -> argparse.ArgumentParser:
