@@ -149,7 +149,7 @@ def test_serve_disagg_role_model_settings(synth, capsys):
     assert d["decode_kv_capacity"] == pytest.approx(small["decode_kv_capacity"])
     assert_one_line_error(*run_cli(capsys, _argv(synth, "serve-disagg", "--prefill-workers", "1", "--decode-workers", "1",
                                                  "--concurrency", "8", "--decode-kv-memory-fraction", "1.5")),
-                          "1.5")
+                          "--decode-kv-memory-fraction", "1.5")
 
 
 def test_search_takes_the_engine_configuration_scheduler(synth, capsys, tmp_path):

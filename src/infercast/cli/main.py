@@ -113,9 +113,13 @@ def _estimator(a, prefix: str = ""):
     except InfercastError as exc:
         if not prefix:
             raise
-        # name the flag the user gave: --prefill-tp, not --tp
+        # name the flag the user gave: --prefill-tp, not --tp (and a role's own model setting)
+        own = [n.replace("_", "-") for n in ("kv_cache_quant", "kv_memory_fraction", "moe_kernel", "moe_comm")
+               if getattr(a, f"{prefix}_{n}", None) is not None]
+
         def flag(text):
-            return re.sub(r"--(tp|pp|attention-dp|moe-tp|moe-ep)\b", rf"--{prefix}-\1", text)
+            return re.sub(r"--(" + "|".join(["tp", "pp", "attention-dp", "moe-tp", "moe-ep", *own]) + r")\b(?!-)",
+                          rf"--{prefix}-\1", text)
 
         raise type(exc)(flag(exc.what), flag(exc.why), exc.available) from exc
     if a.moe_quant and est.spec.moe is None:
