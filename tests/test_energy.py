@@ -198,3 +198,25 @@ def test_real_h200_not_available(real_pack_available, capsys):
     assert rc == 0, err
     e = json.loads(out)["energy"]
     assert e["available"] is False and e["measured_j_per_request"] is None
+
+
+def test_search_candidates_carry_energy(powered, synth, capsys):
+    def best(pack):
+        rc, out, err = run_cli(capsys, ["search", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm",
+                                        "--systems-path", str(pack.systems_dir), "--isl", "256", "--osl", "16",
+                                        "--max-gpus", "1", "--concurrency", "4", "--json", "--ttft-ms", "inf",
+                                        "--tpot-ms", "inf"])
+        assert rc == 0, err
+        return json.loads(out)["best"]
+
+    b = best(powered)
+    from infercast.api import serve_agg_replica
+    from infercast.serving.energy import agg_energy
+
+    est = _est(powered)
+    res, _ = serve_agg_replica(est, 4, 256, 16)
+    e = agg_energy(est, res, 16)
+    assert b["energy_j_per_token"] == pytest.approx(e["measured_j_per_token"], rel=1e-9)
+    assert b["energy_coverage"] == pytest.approx(e["coverage"], rel=1e-9)
+    plain = best(synth)
+    assert plain["energy_j_per_token"] is None and plain["energy_coverage"] is None

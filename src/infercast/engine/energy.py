@@ -25,6 +25,7 @@ answer has no measured power).
 
 from __future__ import annotations
 
+import weakref
 from copy import copy
 from dataclasses import dataclass, fields
 
@@ -40,6 +41,8 @@ from .compiled import ANALYTIC_KINDS, CompiledEngine
 POWER = "power"
 
 _VIEWS: dict[int, tuple[Table, Table]] = {}
+#: :meth:`EnergyModel.of`'s models, per engine
+_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def energy_view(table: Table) -> Table:
@@ -102,6 +105,31 @@ class StepEnergy:
         return self.covered_ms / self.gpu_ms if self.gpu_ms > 0 else 0.0
 
 
+_POWER_DIRS: dict[str, bool] = {}
+
+
+def system_has_power(data: PerfData) -> bool:
+    """Whether any perf table of ``data``'s system (every backend and version) has a power column,
+    read from the parquet footers only; once per system data directory. A system without one has
+    no energy, so :class:`EnergyModel` skips resolving its ops again (the tables of other systems
+    serve only composite module tables, which carry no power in the pack)."""
+    import pyarrow.parquet as pq
+
+    d = data.system.data_dir
+    key = str(d)
+    if key not in _POWER_DIRS:
+        found = False
+        for f in sorted(d.rglob("*_perf.parquet")) if d.is_dir() else ():
+            try:
+                found = POWER in pq.read_schema(f).names
+            except Exception:  # noqa: BLE001  # an unreadable file (LFS pointer, damage) has no power
+                found = False
+            if found:
+                break
+        _POWER_DIRS[key] = found
+    return _POWER_DIRS[key]
+
+
 def _same_path(a, b) -> bool:
     return len(a.resolved) == len(b.resolved) and all(
         x.describe() == y.describe() for x, y in zip(a.resolved, b.resolved))
@@ -116,7 +144,7 @@ class EnergyModel:
         self.measured: tuple[str, ...] = ()
         self.unmeasured: tuple[str, ...] = tuple(c.name for c in engine.ops)
         self._energy = self._covered = None
-        if engine.db.mode is DatabaseMode.SOL:
+        if engine.db.mode is DatabaseMode.SOL or not system_has_power(engine.db.data):
             return
         probe = copy(engine)  # the same plan and compiler, reading energy tables
         probe.db = OpDB.shared(EnergyData.of(engine.db.data), DatabaseMode.SILICON)
@@ -137,6 +165,14 @@ class EnergyModel:
         self.unmeasured = tuple(c.name for c in engine.ops if c.name not in set(self.measured))
         self._energy = self._subset(energy_ops)
         self._covered = self._subset(time_ops)
+
+    @classmethod
+    def of(cls, engine: CompiledEngine) -> EnergyModel:
+        """The engine's energy model, built once per engine (kept while the engine is)."""
+        model = _MODELS.get(engine)
+        if model is None:
+            model = _MODELS[engine] = cls(engine)
+        return model
 
     def _subset(self, ops) -> CompiledEngine:
         e = copy(self.engine)

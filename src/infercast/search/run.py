@@ -60,6 +60,10 @@ class Candidate:
     meets_targets: bool = True
     description: str = ""  # the deployment's GPUs and layout in words
     backend: str = ""  # the serving backend (several in a search of every backend: search_backends)
+    #: aggregated deployments whose tables measured power (infercast.serving.energy): the measured
+    #: part of the energy per output token (J) and its coverage of the GPU time; None: not available
+    energy_j_per_token: float | None = None
+    energy_coverage: float | None = None
 
 
 @dataclass
@@ -397,6 +401,17 @@ def _fields(res: SearchResult, label: str, est, gpus: int, c: int, r, bound: str
             est.layout_words if description is None else description, est.data.backend)
 
 
+def with_energy(cand: Candidate, est, r, osl: int) -> Candidate:
+    """``cand`` with the energy of serving result ``r`` of ``est``'s layout, where its tables
+    measured power (:func:`infercast.serving.energy.agg_energy`)."""
+    from ..serving.energy import agg_energy
+
+    e = agg_energy(est, r, osl)
+    if e.get("available"):
+        cand.energy_j_per_token, cand.energy_coverage = e["measured_j_per_token"], e["coverage"]
+    return cand
+
+
 def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refine: bool = False) -> None:
     """Add ``lay`` (estimator ``est``) at each concurrency of ``conc`` to ``res`` (with ``refine``,
     then at the concurrencies :func:`refine_concurrency` probes)."""
@@ -411,7 +426,7 @@ def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refi
         except InfercastError as exc:
             refuse(res, f"{lay.label}@c{c}", "agg candidate", str(exc), exc)
             return None
-        cand = Candidate(*_fields(res, lay.label, est, est.gpus, c, r, r.bound))
+        cand = with_energy(Candidate(*_fields(res, lay.label, est, est.gpus, c, r, r.bound)), est, r, res.osl)
         res.candidates.append(cand)
         return cand.meets_targets
 

@@ -94,7 +94,7 @@ def agg_energy(est, res, osl: int) -> dict:
     if mix is None or not mix["requests"] > 0:
         return _not_modelled("the result is played out step by step (lock-step waves or one output token), "
                              "not as a steady state of steps")
-    model = EnergyModel(est.engine)
+    model = EnergyModel.of(est.engine)
     step = StepEnergy()
     for w, shape in mix["steps"]:
         if w > 0:
@@ -108,7 +108,7 @@ def agg_energy(est, res, osl: int) -> dict:
 def disagg_energy(pe, de, res, isl: int, osl: int, params_prefill, params_decode) -> dict:
     """``serve-disagg``'s energy of a :class:`~infercast.serving.disagg.DisaggResult`: a prompt's
     share of its prefill batch (or chunks) on ``pe``'s layout and of its decode steps on ``de``'s."""
-    pm, dm = EnergyModel(pe.engine), EnergyModel(de.engine)
+    pm, dm = EnergyModel.of(pe.engine), EnergyModel.of(de.engine)
     budget = params_prefill.max_num_tokens
     k = max(int(res.prefill_batch), 1)
     if isl <= budget:
@@ -134,7 +134,7 @@ def static_energy(est, batch: int, isl: int, osl: int, prefix: int, tokens_per_s
     """``estimate``'s energy: the batch's prefill step and its ``decode_steps`` decode steps (their
     mean over the KV lengths ``decode_kv`` with ``decode_weights``, as
     :meth:`~infercast.Estimator.decode_ms` averages), shared by the batch's requests."""
-    model = EnergyModel(est.engine)
+    model = EnergyModel.of(est.engine)
     b = float(batch)
     total = model.step(ctx_batch=b, ctx_isl=float(isl), ctx_prefix=float(prefix), phase="prefill")
     if decode_steps > 0:
