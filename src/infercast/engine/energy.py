@@ -139,8 +139,9 @@ class EnergyModel:
     """Per-step energy of a :class:`CompiledEngine` (module docstring). ``measured`` names the
     ops whose energy is known."""
 
-    def __init__(self, engine: CompiledEngine):
-        self.engine = engine
+    def __init__(self, engine: CompiledEngine, weak: bool = False):
+        # ``weak`` (:meth:`of`, one model per live engine): the model must not keep its engine alive
+        self._engine = weakref.ref(engine) if weak else (lambda: engine)
         self.measured: tuple[str, ...] = ()
         self.unmeasured: tuple[str, ...] = tuple(c.name for c in engine.ops)
         self._energy = self._covered = None
@@ -166,12 +167,16 @@ class EnergyModel:
         self._energy = self._subset(energy_ops)
         self._covered = self._subset(time_ops)
 
+    @property
+    def engine(self) -> CompiledEngine:
+        return self._engine()
+
     @classmethod
     def of(cls, engine: CompiledEngine) -> EnergyModel:
         """The engine's energy model, built once per engine (kept while the engine is)."""
         model = _MODELS.get(engine)
         if model is None:
-            model = _MODELS[engine] = cls(engine)
+            model = _MODELS[engine] = cls(engine, weak=True)
         return model
 
     def _subset(self, ops) -> CompiledEngine:
