@@ -144,3 +144,14 @@ def test_role_schedulers_and_engine_settings(synth):
         parse_experiments(DISAGG.replace("[8, 1, 4]", "[0, 4]"))
     with pytest.raises(ConfigFileError, match="moe_comm"):
         parse_experiments(DISAGG.replace("    concurrency: [8]\n", "    concurrency: [8]\n    moe_comm: sideways\n"))
+
+
+def test_role_schedulers_in_a_disagg_search(synth):
+    text = GOOD.replace("    mode: agg\n", "    mode: disagg\n    max_gpus: 2\n").replace(
+        "    targets: {ttft_ms: 5000}\n", "    targets: {ttft_ms: 5000}\n    decode_scheduler: {step_overhead_ms: 5}\n")
+    _, slow = parse_experiments(text)
+    _, plain = parse_experiments(GOOD.replace("    mode: agg\n", "    mode: disagg\n    max_gpus: 2\n"))
+    (a,) = run_experiment(slow, systems_path=synth.systems_dir)
+    (b,) = run_experiment(plain, systems_path=synth.systems_dir)
+    assert a.error is None and b.error is None
+    assert a.rows[0]["tpot_ms"] > b.rows[0]["tpot_ms"] + 4.0

@@ -164,3 +164,23 @@ def test_serve_disagg_engine_args_scheduler_both_roles(synth, capsys, tmp_path):
     f.write_text("max_num_tokens: 4096\n")
     d = _disagg(synth, capsys, "--engine-args", str(f))
     assert d["scheduler_prefill"]["max_num_tokens"] == d["scheduler_decode"]["max_num_tokens"] == 4096
+
+
+def test_serve_disagg_role_moe_kernel_real_pack(real_pack_available, capsys):
+    """vLLM on b200: the decode workers' Triton experts (0.22.0 rows) move TPOT and not the prefill
+    workers' step; their rows measured power, so the energy covers the decode experts only."""
+    def run(*extra):
+        rc, out, err = run_cli(capsys, ["serve-disagg", "--model", "Qwen/Qwen3-30B-A3B", "--system", "b200_sxm",
+                                        "--backend", "vllm", "--isl", "1024", "--osl", "128", "--concurrency", "16",
+                                        "--prefill-workers", "1", "--decode-workers", "1", "--json", *extra])
+        assert rc == 0, err
+        return json.loads(out)
+
+    base, triton = run(), run("--decode-moe-kernel", "triton")
+    assert triton["tpot_ms"] != pytest.approx(base["tpot_ms"], rel=1e-3)
+    assert base["energy"]["available"] is False
+    assert triton["energy"]["available"] and triton["energy"]["measured_ops"] == ["moe_experts"]
+    # Triton experts in both roles: the prefill's experts are measured too
+    both = run("--moe-kernel", "triton")
+    assert both["energy"]["measured_j_per_request"] > triton["energy"]["measured_j_per_request"]
+    assert both["energy"]["coverage"] > triton["energy"]["coverage"]
