@@ -74,11 +74,13 @@ class Engine:
     #: speculative decoding beyond MTP: the method (``nextn`` is its draft-token count) and draft model
     spec_method: str | None = None
     draft_model: str | None = None
+    moe_kernel: str | None = None
 
     #: (field, id label) of the optional arguments, in id order
     _OPTIONAL = (("attention_dp", "adp"), ("moe_tp", "moetp"), ("moe_ep", "ep"), ("gemm_quant", "gemm-"),
                  ("moe_quant", "moe-"), ("kv_cache_quant", "kv-"), ("nextn", "nextn"), ("database_mode", "mode-"),
-                 ("backend_version", "v"), ("cp", "cp"), ("spec_method", "spec-"), ("draft_model", "draft-"))
+                 ("backend_version", "v"), ("cp", "cp"), ("spec_method", "spec-"), ("draft_model", "draft-"),
+                 ("moe_kernel", "mk-"))
 
     def _extras(self) -> list[tuple[str, str, object]]:
         defaults = {f.name: f.default for f in fields(self)}
@@ -100,7 +102,7 @@ class Engine:
             self.model, self.system, self.backend, tp=self.tp, pp=self.pp, attention_dp=self.attention_dp,
             moe_tp=self.moe_tp, moe_ep=self.moe_ep, gemm_quant=self.gemm_quant, moe_quant=self.moe_quant,
             kv_cache_quant=self.kv_cache_quant, nextn=self.nextn, database_mode=self.database_mode,
-            backend_version=self.backend_version, cp=self.cp,
+            backend_version=self.backend_version, cp=self.cp, moe_kernel=self.moe_kernel,
             speculative={"method": self.spec_method, "draft_model": self.draft_model} if self.spec_method else None,
         )
 
@@ -168,6 +170,30 @@ class AggCase:
         r = serve_agg(est.engine, self.concurrency, self.isl, self.osl, scheduler_params(self.engine.backend),
                       est.memory.capacity_for(self.concurrency), est.gpus_per_rank)
         return {"backend_version": est.version, "tpot_ms": r.tpot_ms, "ttft_ms": r.ttft_ms}
+
+
+@dataclass(frozen=True)
+class AggEnergyCase(AggCase):
+    """An :class:`AggCase` and its energy (``serving.energy.agg_energy``: the measured part per
+    request and its coverage of the GPU time), for a deployment whose tables measured power."""
+
+    OUTPUT_KEYS = ("backend_version", "energy_coverage", "energy_measured_j_per_request", "tpot_ms", "ttft_ms")
+
+    @property
+    def id(self) -> str:
+        return "energy-" + super().id
+
+    def compute(self, ests: Estimators) -> dict:
+        from infercast.serving.agg import serve_agg
+        from infercast.serving.backends import scheduler_params
+        from infercast.serving.energy import agg_energy
+
+        est = ests.get_for(self.engine)
+        r = serve_agg(est.engine, self.concurrency, self.isl, self.osl, scheduler_params(self.engine.backend),
+                      est.memory.capacity_for(self.concurrency), est.gpus_per_rank)
+        e = agg_energy(est, r, self.osl)
+        return {"backend_version": est.version, "tpot_ms": r.tpot_ms, "ttft_ms": r.ttft_ms,
+                "energy_coverage": e["coverage"], "energy_measured_j_per_request": e["measured_j_per_request"]}
 
 
 @dataclass(frozen=True)
@@ -423,6 +449,8 @@ SERVING_CASES: list = [
     AggCase(Engine(NANO, "h200_sxm", "vllm", 1), 32, 2048, 256),
     AggCase(Engine(SUPER4, "b200_sxm", "sglang", 2), 64, 4000, 500),
     AggCase(Engine(M3, "b200_sxm", "vllm", 8, moe_ep=8, backend_version="0.24.0"), 32, 4000, 500),
+    # energy (#37): vLLM's b200 Triton expert rows (0.22.0) measured power
+    AggEnergyCase(Engine("Qwen/Qwen3-30B-A3B", "b200_sxm", "vllm", 1, moe_kernel="triton"), 16, 1024, 256),
 ]
 
 # context parallelism (#37 item 3): prompts split over cp ranks (zigzag attention, K/V all-gather),

@@ -35,10 +35,18 @@ def test_sglang_command():
                           "--enable-mixed-chunk", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
                           "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--cuda-graph-max-bs", "256"])
     assert s.layout == {"tp": 1, "pp": 1, "attention_dp": 8, "moe_tp": 1, "moe_ep": 8}
+    graphs = s.scheduler.pop("graph_batch_sizes")
     assert s.scheduler == {"chunked": True, "max_num_tokens": 16384, "max_batch_size": 1024, "recv_interval": 10,
                            "mixed": True, "lockstep": False}
     assert s.estimator_kw == {"kv_memory_fraction": 0.9, "kv_cache_quant": "fp8", "nextn": 3}
-    assert s.ignored == ["--cuda-graph-max-bs"]
+    assert s.ignored == []
+    # --cuda-graph-max-bs 256: SGLang's default capture list up to 256
+    assert graphs[:5] == (1, 2, 4, 8, 16) and graphs[-1] == 256 and all(b % 8 == 0 for b in graphs[3:])
+    small = parse_engine_cmd("python -m sglang.launch_server --model-path m --cuda-graph-max-bs 20").scheduler
+    assert small["graph_batch_sizes"] == (1, 2, 4, 8, 16)
+    for cmd in ("python -m sglang.launch_server --model-path m --disable-cuda-graph", "vllm serve m --enforce-eager"):
+        e = parse_engine_cmd(cmd)
+        assert e.scheduler == {"graph_batch_sizes": ()} and any("no CUDA graphs" in n for n in e.notes)
     assert parse_engine_cmd("python -m sglang.launch_server --model-path m --tp 4 --chunked-prefill-size -1").scheduler == {"chunked": False}
 
 

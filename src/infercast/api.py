@@ -87,6 +87,9 @@ class StaticResult:
     notes: list[str] = field(default_factory=list)
     breakdown: list[OpBreakdown] = field(default_factory=list)
     cp: int = 1  # context-parallel ranks (infercast.models.context_parallel)
+    #: energy per request and per output token where the tables measured power
+    #: (:func:`static_energy`, :mod:`infercast.serving.energy`); None until asked for
+    energy: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -624,6 +627,20 @@ def _prefill_share_of_ttft(res) -> float:
     return parts["prefill"] / res.ttft_ms
 
 
+def static_energy(est: Estimator, res: StaticResult) -> dict | None:
+    """The energy of :meth:`Estimator.static`'s result ``res`` (:mod:`infercast.serving.energy`):
+    its prefill step and decode steps, per request and per output token; None when it does not fit."""
+    from .serving.energy import static_energy as energy
+
+    if not res.fits or res.ttft_ms is None:
+        return None
+    steps, kv, w = 0.0, None, None
+    if res.osl > 1:
+        steps = max((res.osl - 1) / est.engine.tokens_per_step, 1.0)
+        kv, w = decode_samples(res.isl + res.prefix, int(round(steps)) + 1)
+    return energy(est, res.batch_size, res.isl, res.osl, res.prefix, res.tokens_per_s_per_gpu, kv, w, steps)
+
+
 def serve_agg_replica(est: Estimator, concurrency: int, isl: int, osl: int, params=None):
     """:func:`serve_agg` for ``concurrency`` clients of the whole replica: ``(result, clients per
     rank)``. With attention data parallelism the clients spread over the ranks, the busiest rank
@@ -720,4 +737,10 @@ def serve_disagg(
                  + decode.serving_beyond_notes(prefill_batch=0, prefill_isl=isl, prefill_prefix=0, ttft_factor=0.0,
                                                decode_batch=res.decode_batch, isl=isl, osl=osl, tpot_ms=res.tpot_ms,
                                                phases=("decode",)))
+    if res.decode_batch > pd.max_batch_size:
+        # the disaggregated model sizes the decode batch by the closed loop alone (module
+        # docstring of serving.disagg); the engine's cap on running requests is not applied
+        res.notes.append(f"a decode rank runs {res.decode_batch:.1f} requests, more than the decode scheduler's "
+                         f"max_batch_size {pd.max_batch_size}: the disaggregated model does not cap the decode batch "
+                         f"by it (the numbers are for an uncapped decode pool)")
     return res

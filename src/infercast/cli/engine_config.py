@@ -78,10 +78,63 @@ def apply_engine_config(a) -> None:
         a.engine_notes.append(f"engine configuration names model {s.model}; estimated: {a.model}")
 
 
-def _fill(a, dest: str, value, default, source: str) -> None:
+def _fill(a, dest: str, value, default, source: str, flag: str | None = None) -> None:
     given = getattr(a, dest)
     if given == default:
         setattr(a, dest, value)
     elif given != value:
-        raise InvalidInputError(f"{_FLAG[dest]} {given} conflicts with {source}, which sets {value}",
+        raise InvalidInputError(f"{flag or _FLAG[dest]} {given} conflicts with {source}, which sets {value}",
                                 "drop the flag or change the configuration")
+
+
+#: model settings a disaggregated deployment's roles may set apart (``--prefill-kv-cache-quant`` ...)
+ROLE_MODEL_SETTINGS = ("kv_cache_quant", "kv_memory_fraction", "moe_kernel", "moe_comm")
+
+
+def add_role_engine_args(p) -> None:
+    """``--prefill-engine-args`` / ``--prefill-engine-cmd`` and the decode pair: one engine
+    configuration per role of a disaggregated deployment."""
+    for role in ("prefill", "decode"):
+        g = p.add_mutually_exclusive_group()
+        g.add_argument(f"--{role}-engine-args", metavar="FILE", default=None,
+                       help=f"the {role} workers' engine configuration (as --engine-args): their layout, KV dtype, "
+                            f"memory fraction, MoE kernel and all-to-all, and scheduler settings; MTP is shared by the roles")
+        g.add_argument(f"--{role}-engine-cmd", metavar="CMD", default=None,
+                       help=f"the same, as one command line in quotes (the {role} workers' `vllm serve ...`)")
+
+
+def apply_role_engine_configs(a) -> None:
+    """Fold ``--prefill-engine-args`` / ``--decode-engine-args`` (or ``-cmd``) into ``a`` (in
+    place): the configuration's layout fills the role's ``--<role>-tp`` ... flags left at their
+    defaults, its KV dtype, memory fraction, MoE kernel and all-to-all the role's own flags
+    (:data:`ROLE_MODEL_SETTINGS`), its MTP the shared flag (a second role that sets another value
+    is a conflict), its scheduler settings go to ``a.role_scheduler[role]``. A command without
+    these flags is left alone."""
+    from ..serving.engine_args import parse_engine_cmd, parse_engine_file
+
+    a.role_scheduler = {}
+    for role in ("prefill", "decode"):
+        path, cmd = getattr(a, f"{role}_engine_args", None), getattr(a, f"{role}_engine_cmd", None)
+        if path is None and cmd is None:
+            continue
+        s = parse_engine_file(path) if path is not None else parse_engine_cmd(cmd)
+        source = f"--{role}-engine-args {path}" if path is not None else f"--{role}-engine-cmd"
+        if s.backend != a.backend:
+            raise InvalidInputError(f"{source} configures {s.backend}, but --backend is {a.backend}",
+                                    "give the engine's configuration for the backend being estimated")
+        layout = dict(s.layout)
+        if layout.pop("enable_attention_dp", False):
+            layout.update(tp=1, attention_dp=getattr(a, f"{role}_tp"))
+        for dest, value in layout.items():
+            _fill(a, f"{role}_{dest}", value, _LAYOUT_DEFAULTS[dest], source, f"--{role}-{dest.replace('_', '-')}")
+        for dest, value in s.estimator_kw.items():
+            if value is None:
+                continue
+            if dest in ROLE_MODEL_SETTINGS:  # the role's own flag (--decode-kv-memory-fraction ...)
+                _fill(a, f"{role}_{dest}", value, None, source, f"--{role}-{dest.replace('_', '-')}")
+            else:
+                _fill(a, dest, value, _ESTIMATOR_DEFAULTS[dest], source)
+        a.role_scheduler[role] = dict(s.scheduler)
+        read = ", ".join(s.read) or "nothing infercast models"
+        a.engine_notes.append(f"{role} engine configuration ({s.backend}, {source}): read {read}")
+        a.engine_notes += [f"{role} engine configuration: {n}" for n in s.notes]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..errors import InfercastError, InvalidInputError
 from .speculative import add_speculative_args, speculative_kw
+from .scheduler_args import add_scheduler_flags, add_shortcut_flags, role_overrides
 
 EXIT_USAGE = 2
 
@@ -101,22 +102,30 @@ def _estimator(a, prefix: str = ""):
     def par(name):
         return getattr(a, f"{prefix}_{name}" if prefix else name)
 
+    def role(name):  # a role's own model setting (--prefill-kv-cache-quant ...), else the shared flag's
+        own = getattr(a, f"{prefix}_{name}", None) if prefix else None
+        return getattr(a, name, None) if own is None else own
+
     try:
         est = Estimator(
             a.model, a.system, a.backend, a.backend_version, par("tp"), par("pp"),
             attention_dp=par("attention_dp"), moe_tp=par("moe_tp"), moe_ep=par("moe_ep"), moe_quant=a.moe_quant,
-            nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel, speculative=speculative_kw(a),
-            gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
-            kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode, systems_path=a.systems_path,
-            moe_comm=getattr(a, "moe_comm", None),
+            nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=role("moe_kernel"), speculative=speculative_kw(a),
+            gemm_quant=a.gemm_quant, kv_cache_quant=role("kv_cache_quant"), attention_quant=a.attention_quant,
+            kv_memory_fraction=role("kv_memory_fraction"), database_mode=a.database_mode, systems_path=a.systems_path,
+            moe_comm=role("moe_comm"),
             cp=getattr(a, f"{prefix}_cp" if prefix else "cp", 1), cp_overlap=bool(getattr(a, "cp_overlap", False)),
         )
     except InfercastError as exc:
         if not prefix:
             raise
-        # name the flag the user gave: --prefill-tp, not --tp
+        # name the flag the user gave: --prefill-tp, not --tp (and a role's own model setting)
+        own = [n.replace("_", "-") for n in ("kv_cache_quant", "kv_memory_fraction", "moe_kernel", "moe_comm")
+               if getattr(a, f"{prefix}_{n}", None) is not None]
+
         def flag(text):
-            return re.sub(r"--(tp|pp|attention-dp|moe-tp|moe-ep|cp)\b", rf"--{prefix}-\1", text)
+            return re.sub(r"--(" + "|".join(["tp", "pp", "attention-dp", "moe-tp", "moe-ep", "cp", *own]) + r")\b(?!-)",
+                          rf"--{prefix}-\1", text)
 
         raise type(exc)(flag(exc.what), flag(exc.why), exc.available) from exc
     if a.moe_quant and est.spec.moe is None:
@@ -126,14 +135,20 @@ def _estimator(a, prefix: str = ""):
 
 
 def cmd_estimate(a) -> int:
+    from ..api import static_energy
+
     est = _estimator(a)
     res = est.static(a.batch, a.isl, a.osl, a.prefix)
+    res.energy = static_energy(est, res)
     res.notes = list(res.notes) + getattr(a, "engine_notes", [])
     cal, cal_notes = _calibration(a)
     if cal is not None:
         from ..calibrate.profile import apply_to_static
 
         res.notes += cal_notes + apply_to_static(res, cal)
+        if res.energy is not None and res.energy.get("available") and (
+                cal.values.get("prefill_scale", 1.0) != 1.0 or cal.values.get("decode_scale", 1.0) != 1.0):
+            res.energy["note"] += "; the calibration's GPU-time scales are not applied to energy"
     if a.plan_out:
         try:
             Path(a.plan_out).write_text(est.plan.to_json())
@@ -190,36 +205,10 @@ def _scheduler_overrides(a) -> dict:
 
 
 def _scheduler_fields(items: list[str]) -> dict:
-    """``--scheduler FIELD=VALUE`` settings: any :class:`~infercast.serving.backends.SchedulerParams`
-    field, its value read as the field's type (true/false, an integer, a number, or a
-    comma-separated list of integers)."""
-    from dataclasses import fields
+    """``--scheduler FIELD=VALUE`` settings (:func:`.scheduler_args.parse_fields`)."""
+    from .scheduler_args import parse_fields
 
-    from ..serving.backends import SCHEDULERS, SchedulerParams
-
-    known = {f.name: type(getattr(SCHEDULERS["trtllm"], f.name)) for f in fields(SchedulerParams)}
-    out = {}
-    for item in items:
-        name, eq, text = item.partition("=")
-        name = name.strip().replace("-", "_")
-        if not eq or name not in known:
-            raise InvalidInputError(f"--scheduler {item!r} is not FIELD=VALUE of a scheduler setting",
-                                    available=sorted(known))
-        kind = known[name]
-        try:
-            if kind is bool:
-                if text.lower() not in ("true", "false", "1", "0", "on", "off"):
-                    raise ValueError
-                value = text.lower() in ("true", "1", "on")
-            elif kind is tuple:
-                value = tuple(int(x) for x in text.split(",") if x.strip())
-            else:
-                value = kind(text)
-        except ValueError:
-            what = {bool: "true or false", int: "an integer", float: "a number", tuple: "comma-separated integers"}[kind]
-            raise InvalidInputError(f"--scheduler {name} takes {what}, got {text!r}") from None
-        out[name] = value
-    return out
+    return parse_fields(items)
 
 
 def cmd_serve(a) -> int:
@@ -260,8 +249,10 @@ def cmd_serve(a) -> int:
         res, per_rank = serve_agg_replica(est, a.concurrency, a.isl, a.osl, params)
     except DoesNotFitError as exc:
         return _emit(a, _misfit(head, exc), "print_misfit")
+    from ..serving.energy import agg_energy, with_scales_note
+
     out = {"fits": True, **res.to_dict(), **head, "concurrency_per_rank": per_rank,
-           "scheduler": asdict(params),
+           "energy": with_scales_note(agg_energy(est, res, a.osl), params), "scheduler": asdict(params),
            "notes": est.context_notes(a.isl, a.osl) + res.notes + getattr(a, "engine_notes", []) + cal_notes}
     return _emit(a, out, "print_serving")
 
@@ -302,19 +293,22 @@ def cmd_serve_disagg(a) -> int:
             "gpus": a.prefill_workers * pe.gpus + a.decode_workers * de.gpus, "concurrency": a.concurrency,
             "isl": a.isl, "osl": a.osl, **layout}
     cal, cal_notes = _calibration(a, a.concurrency)
-    cal_values = cal.overrides() if cal else {}
-    pp = replace(scheduler_params(a.backend, pe.data.system, pe.spec), **cal_values)
-    pd = replace(scheduler_params(a.backend, de.data.system, de.spec), **cal_values)
+    roles = role_overrides(a, {**(cal.overrides() if cal else {}), **_scheduler_overrides(a)})
+    pp = replace(scheduler_params(a.backend, pe.data.system, pe.spec), **roles["prefill"])
+    pd = replace(scheduler_params(a.backend, de.data.system, de.spec), **roles["decode"])
     try:
         res = serve_disagg(pe, de, concurrency=a.concurrency, isl=a.isl, osl=a.osl, prefill_workers=a.prefill_workers,
                            decode_workers=a.decode_workers, prefill_batch=a.prefill_batch,
                            params_prefill=pp, params_decode=pd)
     except DoesNotFitError as exc:
         return _emit(a, _misfit(head, exc), "print_misfit")
+    from ..serving.energy import disagg_energy, with_scales_note
+
     out = {"fits": True, **res.to_dict(), **head,
+           "energy": with_scales_note(disagg_energy(pe, de, res, a.isl, a.osl, pp, pd), pp, pd),
            "scheduler_prefill": asdict(pp),
            "scheduler_decode": asdict(pd),
-           "notes": pe.context_notes(a.isl, a.osl) + res.notes + cal_notes}
+           "notes": pe.context_notes(a.isl, a.osl) + res.notes + getattr(a, "engine_notes", []) + cal_notes}
     return _emit(a, out, "print_serving_disagg")
 
 
@@ -345,8 +339,7 @@ def cmd_search(a) -> int:
               nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel, speculative=speculative_kw(a),
               kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode, cap_concurrency=True)
     cal, cal_notes = _calibration(a)
-    if cal is not None:
-        kw["scheduler"] = cal.overrides()
+    _search_scheduler(a, kw, cal, mode)
     cps = _search_cps(a)
     if cps is not None:
         if mode == "fixed":
@@ -369,10 +362,11 @@ def cmd_search(a) -> int:
     outs, results, per_backend = {}, {}, {}
     for m, fn in (("agg", search_agg), ("disagg", search_disagg), ("fixed", search_fixed)):
         if mode in (m, "both") and not (m == "fixed" and mode == "both"):
+            mkw = kw if m == "disagg" else {k: v for k, v in kw.items() if k != "scheduler_roles"}
             if backends is None:
-                res = results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, **kw)
+                res = results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, **mkw)
             else:
-                res, per_backend[m] = search_backends(fn, a.model, a.system, backends, a.isl, a.osl, **kw)
+                res, per_backend[m] = search_backends(fn, a.model, a.system, backends, a.isl, a.osl, **mkw)
                 results[m] = res
             out = res.to_dict(candidates=a.all)
             out["mode"] = m
@@ -425,6 +419,26 @@ def _search_cps(a) -> list[int] | None:
         return [int(x) for x in a.cp_list.split(",") if x.strip()]
     except ValueError:
         raise InvalidInputError(f"--cp-list must be comma-separated integers, got {a.cp_list!r}") from None
+
+
+def _search_scheduler(a, kw: dict, cal, mode: str) -> None:
+    """``search``'s scheduler settings into its keywords ``kw``: both roles' (an engine
+    configuration's, a calibration's, the shortcut flags', ``--scheduler``'s) as ``scheduler``,
+    and ``--prefill-scheduler`` / ``--decode-scheduler`` as ``scheduler_roles`` of the
+    disaggregated search (:func:`.scheduler_args.role_overrides`)."""
+    from .scheduler_args import parse_fields
+
+    shared = {**getattr(a, "engine_scheduler", {}), **(cal.overrides() if cal else {}), **_scheduler_overrides(a),
+              **parse_fields(a.scheduler)}
+    if shared:
+        kw["scheduler"] = shared
+    own = {role: parse_fields(getattr(a, f"{role}_scheduler"), f"--{role}-scheduler") for role in ("prefill", "decode")}
+    if any(own.values()):
+        if mode not in ("disagg", "both"):
+            given = "--prefill-scheduler" if own["prefill"] else "--decode-scheduler"
+            raise InvalidInputError(f"{given} sets the workers of one role of a disaggregated deployment: it needs "
+                                    f"--mode disagg or both, not {mode}", "--scheduler sets every worker")
+        kw["scheduler_roles"] = own
 
 
 def _search_backends(a) -> list[str] | None:
@@ -883,6 +897,25 @@ def cmd_simulate(a) -> int:
     return 0
 
 
+def _add_role_settings(p, engine_files: bool = True) -> None:
+    """The scheduler flags of a command with prefill and decode workers: the shortcut flags and
+    ``--scheduler`` for both roles, ``--prefill-scheduler`` / ``--decode-scheduler`` for one, and
+    (``engine_files``) ``--prefill-engine-args`` / ``--decode-engine-args`` (:mod:`.scheduler_args`)."""
+    add_shortcut_flags(p, SCHEDULER_FLAGS, " (prefill and decode workers)")
+    add_scheduler_flags(p, roles=True)
+    if engine_files:
+        from .engine_config import add_role_engine_args
+
+        add_role_engine_args(p)
+        for r in ("prefill", "decode"):  # the model settings a role's engine may set apart from the other's
+            p.add_argument(f"--{r}-kv-cache-quant", default=None, help=f"as --kv-cache-quant, for the {r} workers only")
+            p.add_argument(f"--{r}-kv-memory-fraction", type=float, default=None,
+                           help=f"as --kv-memory-fraction, for the {r} workers only")
+            p.add_argument(f"--{r}-moe-kernel", default=None, help=f"as --moe-kernel, for the {r} workers only")
+            p.add_argument(f"--{r}-moe-comm", choices=("gather", "alltoall"), default=None,
+                           help=f"as --moe-comm, for the {r} workers only")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="infercast", description="Predict LLM serving performance on GPUs from measured per-operator tables.")
     p.add_argument("--version", action="version", version=f"infercast {_version()}", help="print the version and exit")
@@ -909,9 +942,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--isl", type=int, required=True, help="input sequence length (prompt tokens per request)")
     sv.add_argument("--osl", type=int, required=True, help="output sequence length (tokens generated per request)")
     sv.add_argument("--json", action="store_true", help="print one JSON object")
-    for flag, (_, kind, _, what) in SCHEDULER_FLAGS.items():
-        sv.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None,
-                        help=f"{what} (default: the backend's, see infercast.serving.backends)")
+    add_shortcut_flags(sv, SCHEDULER_FLAGS)
     sv.add_argument("--prefill-scheduling", choices=("mixed", "prefill-first"), default=None,
                     help="mixed: prefill chunks share steps with decodes (vLLM, TensorRT-LLM, SGLang with "
                          "--enable-mixed-chunk); prefill-first: prompts get their own steps and decoding pauses "
@@ -923,9 +954,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the benchmark draws each request's input and output lengths uniformly from [R x L, L] "
                          "(benchmark_serving's --random-range-ratio): implies --random-lengths, and the KV cache "
                          "holds the mean lengths' tokens, (1 + R) / 2 of the nominal ones")
-    sv.add_argument("--scheduler", action="append", metavar="FIELD=VALUE", default=None,
-                    help="set any scheduler setting by its name in infercast.serving.backends.SchedulerParams "
-                         "(e.g. chunked=false, overlap=true, lockstep=false); repeatable; applied last")
+    add_scheduler_flags(sv, roles=False)
     sv.set_defaults(func=cmd_serve)
 
     sd = sub.add_parser("serve-disagg", help="serving model, disaggregated: prefill workers x decode workers under a "
@@ -944,6 +973,7 @@ def build_parser() -> argparse.ArgumentParser:
     sd.add_argument("--isl", type=int, required=True, help="input sequence length (prompt tokens per request)")
     sd.add_argument("--osl", type=int, required=True, help="output sequence length (tokens generated per request)")
     sd.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_role_settings(sd)
     sd.set_defaults(func=cmd_serve_disagg)
 
     se = sub.add_parser("search", help="search deployments (layouts x concurrency; agg, disagg or a fixed GPU count) under latency targets",
@@ -987,6 +1017,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write the search's results (CSV, JSON), Pareto plot, HTML report and the top deployments' "
                          "launch and benchmark files here (created if missing)")
     se.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_role_settings(se, engine_files=False)
     se.set_defaults(func=cmd_search)
 
     co = sub.add_parser("compile", help="tabulate one configuration's latency surfaces into a file (Arrow IPC) a simulator can evaluate")
@@ -1147,9 +1178,10 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     try:
         if hasattr(a, "engine_args"):
-            from .engine_config import apply_engine_config
+            from .engine_config import apply_engine_config, apply_role_engine_configs
 
             apply_engine_config(a)
+            apply_role_engine_configs(a)
         return int(a.func(a) or 0)
     except InfercastError as exc:
         print(f"infercast: error: {exc}", file=sys.stderr)

@@ -108,6 +108,12 @@ class CompiledEngine:
         self.plan = plan
         self.db = db
         self.ops: list[CompiledOp] = [self._compile_backfilled(op) for op in plan.ops]
+        self._index_ops()
+
+    def _index_ops(self) -> None:
+        """Group :attr:`ops` by kind and phase for the evaluators, and start with empty memos
+        (called again by a copy that keeps only some ops, :mod:`.energy`)."""
+        plan = self.plan
         main = [c for c in self.ops if c.op.phase != "decode"]
         draft = [c for c in self.ops if c.op.phase == "decode"]
         self._grid_ops = [c for c in main if c.op.kind in GRID_KINDS]

@@ -56,7 +56,9 @@ def _serve(exp: Experiment, system: str, backend: str, kw: dict) -> list[dict]:
     d = exp.disagg
     ests = {role: Estimator(exp.model, system, backend, exp.backend_version, s.tp, s.pp, attention_dp=s.attention_dp,
                             moe_tp=s.moe_tp, moe_ep=s.moe_ep, cp=s.cp, **kw) for role, s in (("prefill", d.prefill), ("decode", d.decode))}
-    params = {role: replace(scheduler_params(backend, e.data.system, e.spec), **overrides) for role, e in ests.items()}
+    own = exp.role_overrides()
+    params = {role: replace(scheduler_params(backend, e.data.system, e.spec), **{**overrides, **own[role]})
+              for role, e in ests.items()}
     gpus = d.prefill_workers * ests["prefill"].gpus + d.decode_workers * ests["decode"].gpus
     for c in exp.concurrency:
         r = serve_disagg(ests["prefill"], ests["decode"], concurrency=c, isl=exp.isl, osl=exp.osl,
@@ -99,8 +101,10 @@ def _search(exp: Experiment, system: str, backend: str, kw: dict) -> dict:
         return out
     for mode, fn in (("agg", search_agg), ("disagg", search_disagg)):
         if exp.mode in (mode, "both"):
+            roles = {"scheduler_roles": exp.role_overrides()} if mode == "disagg" else {}
             out[mode] = fn(exp.model, system, backend, exp.isl, exp.osl, max_gpus=exp.max_gpus,
-                           scheduler=overrides or None, **({"cps": exp.cp_list} if exp.cp_list else {}), **common)
+                           scheduler=overrides or None, **roles, **({"cps": exp.cp_list} if exp.cp_list else {}),
+                           **common)
     return out
 
 

@@ -114,15 +114,33 @@ class Scheduler(_Strict):
     batch_wait_max_tokens_ratio: float | None = Field(None, ge=0, le=1)
     recv_interval: int | None = Field(None, ge=1)
     prefill_scheduling: Literal["mixed", "prefill-first"] | None = None
+    min_prefill_chunk: int | None = Field(None, ge=1)
+    seq_overhead_ms: float | None = Field(None, ge=0)
+    overlap: bool | None = None
+    overlap_residual_ms: float | None = Field(None, ge=0)
+    cuda_graph_sizes: list[int] | None = None
+    kv_reserve_full: bool | None = None
+    kv_length_ratio: float | None = Field(None, gt=0, le=1)
+    prefill_scale: float | None = Field(None, gt=0)
+    decode_scale: float | None = Field(None, gt=0)
+
+    @field_validator("cuda_graph_sizes")
+    @classmethod
+    def _graph_sizes(cls, v):
+        if v is not None and any(b < 1 for b in v):
+            raise ValueError("every CUDA-graph batch size must be >= 1")
+        return v
 
     def overrides(self) -> dict:
         """{SchedulerParams field: value} of the settings given."""
-        rename = {"front_end_ms": "arrival_delay_ms", "chunked_prefill": "chunked"}
+        rename = {"front_end_ms": "arrival_delay_ms", "chunked_prefill": "chunked", "cuda_graph_sizes": "graph_batch_sizes"}
         out = {}
         for key, value in self.model_dump(exclude_none=True).items():
             if key == "prefill_scheduling":
                 mixed = value == "mixed"
                 out.update(mixed=mixed, lockstep=not mixed)
+            elif key == "cuda_graph_sizes":
+                out["graph_batch_sizes"] = tuple(sorted(set(value)))
             else:
                 out[rename.get(key, key)] = value
         return out
@@ -157,11 +175,16 @@ class Experiment(_Strict):
     speculative: Speculative | None = None
     moe_kernel: str | None = None
     kv_memory_fraction: float | None = Field(None, gt=0, le=1)
+    moe_comm: Literal["gather", "alltoall"] | None = None
     scheduler: Scheduler = Scheduler()
     #: context-parallel degrees a search takes (agg layouts; disagg: the prefill workers); None: 1
     cp_list: list[int] | None = Field(None, min_length=1)
     #: the context-parallel K/V exchange overlaps the attention (the --cp-overlap flag)
     cp_overlap: bool = False
+    #: a disaggregated deployment's (``disagg``, or a ``disagg`` / ``both`` search) prefill and
+    #: decode workers' own settings, over ``scheduler``
+    prefill_scheduler: Scheduler = Scheduler()
+    decode_scheduler: Scheduler = Scheduler()
 
     @field_validator("concurrency")
     @classmethod
@@ -188,6 +211,10 @@ class Experiment(_Strict):
             raise ValueError("cp_list is searched over: give it to a search (mode agg, disagg or both), and cp in a layout")
         if self.cp_list is not None and any(c < 1 or c & (c - 1) for c in self.cp_list):
             raise ValueError("every cp_list entry must be a power of two >= 1")
+        if (self.prefill_scheduler.overrides() or self.decode_scheduler.overrides()) and not (
+                self.disagg is not None or (self.layout is None and self.mode in ("disagg", "both"))):
+            raise ValueError("prefill_scheduler / decode_scheduler set a disaggregated deployment's workers: give "
+                             "disagg, or mode disagg or both (scheduler sets every worker)")
         for t in (self.targets.ttft_ms, self.targets.tpot_ms):
             if t is not None and not math.isfinite(t):
                 raise ValueError("targets must be finite")
@@ -201,12 +228,17 @@ class Experiment(_Strict):
     def backend_list(self) -> list[str]:
         return list(self.backends) if self.backends is not None else [self.backend]
 
+    def role_overrides(self) -> dict[str, dict]:
+        """{"prefill": ..., "decode": ...}: each role's own SchedulerParams overrides."""
+        return {"prefill": self.prefill_scheduler.overrides(), "decode": self.decode_scheduler.overrides()}
+
     def estimator_kw(self) -> dict:
         """The :class:`~infercast.Estimator` keywords this experiment sets."""
         q = self.quant
         return {"gemm_quant": q.gemm, "moe_quant": q.moe, "kv_cache_quant": q.kv_cache, "attention_quant": q.attention,
                 "nextn": self.nextn, "mtp_acceptance": self.mtp_acceptance, "moe_kernel": self.moe_kernel,
-                "kv_memory_fraction": self.kv_memory_fraction, **({"cp_overlap": True} if self.cp_overlap else {}),
+                "kv_memory_fraction": self.kv_memory_fraction, "moe_comm": self.moe_comm,
+                **({"cp_overlap": True} if self.cp_overlap else {}),
                 "speculative": self.speculative.model_dump(exclude_none=True) if self.speculative else None}
 
 

@@ -161,8 +161,11 @@ class OpDB:
         """One OpDB per (pack, system, backend, data version, mode) in this process, so that
         estimators of different parallel layouts build each table's site curves once (a search
         builds tens of them: 20 DeepSeek-R1 layouts on gb200 took 9.5 s, most of it the same
-        lattices again). Everything it memoises is keyed by what it depends on."""
-        key = (str(data.pack.systems_dir), data.system.name, str(data.system.data_dir), data.backend, data.version, mode)
+        lattices again). Everything it memoises is keyed by what it depends on, the kind of data
+        included (a latency database and its energy reading, :mod:`infercast.engine.energy`, are
+        two)."""
+        key = (str(data.pack.systems_dir), data.system.name, str(data.system.data_dir), data.backend, data.version, mode,
+               type(data).__name__)
         db = _SHARED.get(key)
         if db is None:
             db = _SHARED[key] = cls(data, mode)

@@ -65,6 +65,7 @@ def print_static(res, explain: bool = False) -> None:
     t.add_row(_f(res.ttft_ms), _f(res.tpot_ms, "{:.3f}"), _f(res.request_latency_ms, "{:.0f}"),
               _f(res.tokens_per_s_per_gpu, "{:.1f}"), _f(res.tokens_per_s_per_user, "{:.1f}"))
     c.print(_fold(t))
+    print_energy(c, res.energy)
     if res.breakdown:
         b = Table(title="per-op (all layers)", show_header=True, header_style="bold")
         b.add_column("op")
@@ -168,7 +169,25 @@ def print_serving_disagg(d: dict) -> None:
     if pcap is not None and d.get("prefill_batch", 1) > pcap:
         c.print(f"[yellow]warning: a prefill rank runs {d.get('prefill_batch', 1)} prompts at once but its KV cache "
                 f"holds {pcap:.1f} of {d['isl']} tokens by infercast's memory model[/yellow]")
+    print_energy(c, d.get("energy"))
     _print_notes(c, d)
+
+
+def print_energy(c, e: dict | None) -> None:
+    """One line of energy (:mod:`infercast.serving.energy`): the measured part per request and
+    per output token with its coverage, and the TDP bound; "not available" when nothing was
+    measured."""
+    if e is None:
+        return
+    if not e.get("available"):
+        c.print(f"energy: not available ({escape(e.get('note', '').removeprefix('not available: '))})")
+        return
+    line = (f"energy (measured part, {e['coverage']:.0%} of GPU time): {e['measured_j_per_request']:.3g} J/request, "
+            f"{e['measured_j_per_token']:.3g} J/token")
+    if e.get("upper_bound_j_per_request") is not None:
+        line += (f"; upper bound with the rest at {e['tdp_w']:g} W TDP: {e['upper_bound_j_per_request']:.3g} J/request, "
+                 f"{e['upper_bound_j_per_token']:.3g} J/token")
+    c.print(line)
 
 
 def _print_notes(c, d: dict) -> None:
@@ -206,6 +225,7 @@ def print_serving(d: dict) -> None:
     if d.get("balance_hold_ms"):
         c.print(f"attention-DP balance hold: {d['balance_hold_ms']:.1f} ms of the steady-state TTFT (a prefill waits "
                 "until every rank has one, or the backend's timeout)")
+    print_energy(c, d.get("energy"))
     _print_notes(c, d)
 
 

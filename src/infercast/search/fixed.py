@@ -34,6 +34,7 @@ from .run import (
     rank_capacity,
     refine_concurrency,
     refuse,
+    with_energy,
 )
 from .space import Layout, layouts
 
@@ -109,7 +110,7 @@ def search_fixed(
                 refuse(res, f"{label}@c{c}", "agg candidate", str(exc), exc)
                 return None
             r.tokens_per_s_per_gpu *= c / (per_replica * replicas)  # idle clients' share: replicas hold fewer
-            cand = Candidate(*_fields(res, label, est, n, c, r, r.bound, words))
+            cand = with_energy(Candidate(*_fields(res, label, est, n, c, r, r.bound, words)), est, r, res.osl)
             res.candidates.append(cand)
             return cand.meets_targets
 

@@ -60,6 +60,10 @@ class Candidate:
     meets_targets: bool = True
     description: str = ""  # the deployment's GPUs and layout in words
     backend: str = ""  # the serving backend (several in a search of every backend: search_backends)
+    #: aggregated deployments whose tables measured power (infercast.serving.energy): the measured
+    #: part of the energy per output token (J) and its coverage of the GPU time; None: not available
+    energy_j_per_token: float | None = None
+    energy_coverage: float | None = None
 
 
 @dataclass
@@ -413,6 +417,17 @@ def _fields(res: SearchResult, label: str, est, gpus: int, c: int, r, bound: str
             est.layout_words if description is None else description, est.data.backend)
 
 
+def with_energy(cand: Candidate, est, r, osl: int) -> Candidate:
+    """``cand`` with the energy of serving result ``r`` of ``est``'s layout, where its tables
+    measured power (:func:`infercast.serving.energy.agg_energy`)."""
+    from ..serving.energy import agg_energy
+
+    e = agg_energy(est, r, osl)
+    if e.get("available"):
+        cand.energy_j_per_token, cand.energy_coverage = e["measured_j_per_token"], e["coverage"]
+    return cand
+
+
 def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refine: bool = False) -> None:
     """Add ``lay`` (estimator ``est``) at each concurrency of ``conc`` to ``res`` (with ``refine``,
     then at the concurrencies :func:`refine_concurrency` probes)."""
@@ -427,7 +442,7 @@ def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refi
         except InfercastError as exc:
             refuse(res, f"{lay.label}@c{c}", "agg candidate", str(exc), exc)
             return None
-        cand = Candidate(*_fields(res, lay.label, est, est.gpus, c, r, r.bound))
+        cand = with_energy(Candidate(*_fields(res, lay.label, est, est.gpus, c, r, r.bound)), est, r, res.osl)
         res.candidates.append(cand)
         return cand.meets_targets
 
@@ -494,6 +509,7 @@ def search_disagg(
     refine: bool | None = None,
     decode_system: str | None = None,
     cps=None,
+    scheduler_roles: dict | None = None,
     **estimator_kw,
 ) -> SearchResult:
     """Disaggregated deployments of at most ``max_gpus`` GPUs in all (default: two nodes): a
@@ -503,7 +519,8 @@ def search_disagg(
     through the disaggregated serving model (:mod:`infercast.serving.disagg`). A deployment
     whose decode ranks would run more requests than their KV cache holds
     (:mod:`infercast.serving.memory`) is skipped. ``scheduler``: {SchedulerParams field: value}
-    overriding the backend's defaults in both roles. ``cap_concurrency``: as
+    overriding the backend's defaults in both roles, ``scheduler_roles`` ({"prefill": {...},
+    "decode": {...}}) in one role, over ``scheduler``. ``cap_concurrency``: as
     :func:`search_agg`'s, the bound being the most decode workers' requests; ``refine``: as
     :func:`search_agg`'s, per deployment (layouts and worker counts). ``decode_system``: the
     decode workers run on this system (prefill on ``system``; the same model, backend and data
@@ -540,8 +557,10 @@ def search_disagg(
         dec = _estimators(res, dbase, model, layouts(dbase.spec, total, dnode.nvlink_gpus), backend_version, systems_path,
                           estimator_kw, keep=lambda lay: disagg_worker(lay, dnode.nvlink_gpus, total), make=make)
         roles.update(_roles(res, dec, ("decode",)))
-    params = replace(scheduler_params(backend, base.data.system, base.spec), **scheduler) if scheduler else None
-    params_d = replace(scheduler_params(backend, dbase.data.system, dbase.spec), **scheduler) if scheduler else None
+    own = scheduler_roles or {}
+    pre_over, dec_over = ({**(scheduler or {}), **own.get(role, {})} for role in ("prefill", "decode"))
+    params = replace(scheduler_params(backend, base.data.system, base.spec), **pre_over) if pre_over else None
+    params_d = replace(scheduler_params(backend, dbase.data.system, dbase.spec), **dec_over) if dec_over else None
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, decode_holders(
         res, roles, total, max_workers, params_d or scheduler_params(backend, dbase.data.system, dbase.spec)))
     refine = concurrencies is None if refine is None else refine

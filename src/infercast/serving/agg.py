@@ -81,7 +81,7 @@ kernel tables'.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -212,6 +212,11 @@ class ServingResult(ServingMetrics):
     step_ms: float
     bound: str  # what limits the decode batch: clients / token budget / kv cache / max requests
     balance_hold_ms: float = 0.0  # steady-state prefill hold of the attention-DP balance rule
+    #: the steady state's average step as a mix of step shapes, for quantities summed over steps
+    #: (energy, :mod:`.energy`): ``steps`` [(steps of this shape per average step, the shape's
+    #: ``CompiledEngine.step_ms`` keywords)], ``requests`` completed per average step; None for
+    #: a result played out step by step (lock-step waves, one output token)
+    step_mix: dict | None = field(default=None, kw_only=True, repr=False, metadata={"report": False})
 
 
 def _steps(engine, d, isl, osl, chunk, chunk_prefix, n_prefill_in_step, mixed: bool, pad: float = 0.0):
@@ -289,6 +294,13 @@ def solve_steady(
     per_step = max(1.0, chunk_load)
     frac = min(1.0, chunk_load)  # share of steps carrying prefill work
     dec, mix, pre = _steps(engine, d, isl, osl, chunk, prefix, per_step, params.mixed, params.graph_pad(d))
+    kv = isl + osl / 2.0
+    prefill_shape = dict(ctx_batch=per_step, ctx_isl=chunk, ctx_prefix=prefix)
+    dec_shape = dict(dec_batch=d, dec_kv=kv, dec_pad=params.graph_pad(d))
+    if params.mixed:  # a decode-only step, or one carrying prefill chunks beside the decodes
+        step_mix = [(1.0 - frac, dec_shape), (frac, {**prefill_shape, "dec_batch": d, "dec_kv": kv})]
+    else:  # every decode step, and the prefill steps between them
+        step_mix = [(1.0, dec_shape), (chunk_load / per_step, prefill_shape)]
     if params.mixed:
         t_avg = (1.0 - frac) * params.step_ms(dec, d) + frac * params.step_ms(mix, d + per_step)
         # the step that carries a request's own prefill also carries the prompts that arrived
@@ -346,6 +358,7 @@ def solve_steady(
         bound=bound,
         balance_hold_ms=balance * t_avg,
         ttft_parts=ttft_parts(params.arrival_delay_ms, wait_ms, own_prefill),
+        step_mix={"steps": step_mix, "requests": lam},
     )
     res.set_percentiles(ttft_dist, tpot_dist)
     return res

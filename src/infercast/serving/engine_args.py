@@ -361,6 +361,7 @@ def _vllm(argv: list[str]) -> EngineSettings:
         used.add("--all2all-backend")
         b = str(flags["--all2all-backend"]).lower()
         s.estimator_kw["moe_comm"] = "gather" if b in ("allgather_reducescatter", "naive") else "alltoall"
+    _cuda_graphs(s, flags, used)
     _moe_runner(s, flags, used, "--moe-backend")
     return _finish(s, flags, used)
 
@@ -372,6 +373,30 @@ def _refuse_dcp(flags: dict, *names: str) -> None:
         raise InvalidInputError(f"{k} {v}: decode context parallelism inside the TP group is not modelled",
                                 "infercast's --cp models context-parallel ranks beside TP (vLLM "
                                 "--prefill-context-parallel-size, SGLang --attn-cp-size, TensorRT-LLM context_parallel_size)")
+
+
+def _cuda_graphs(s: EngineSettings, flags: dict, used: set) -> None:
+    """The decode CUDA-graph sizes (``graph_batch_sizes``) a command line sets: vLLM
+    ``--enforce-eager`` and SGLang ``--disable-cuda-graph`` capture none (decode batches run
+    unpadded; the host cost of eager steps is not modelled); SGLang ``--cuda-graph-max-bs N``
+    captures its default sizes up to ``N`` (:data:`~infercast.serving.backends.CUDA_GRAPH_SIZES`,
+    the large-GPU list), a decode batch above ``N`` running unpadded."""
+    from .backends import SGLANG_LARGE_GPU_GRAPH_SIZES
+
+    for flag in ("--enforce-eager", "--disable-cuda-graph"):
+        if flags.get(flag) is True:
+            used.add(flag)
+            s.scheduler["graph_batch_sizes"] = ()
+            s.notes.append(f"{flag}: no CUDA graphs, decode batches are not padded (the host cost of eager steps is "
+                           "not modelled)")
+            return
+    if s.backend == "sglang" and "--cuda-graph-max-bs" in flags:
+        n = _int("--cuda-graph-max-bs", flags["--cuda-graph-max-bs"])
+        used.add("--cuda-graph-max-bs")
+        s.scheduler["graph_batch_sizes"] = tuple(b for b in SGLANG_LARGE_GPU_GRAPH_SIZES if b <= n)
+        if n > SGLANG_LARGE_GPU_GRAPH_SIZES[-1]:
+            s.notes.append(f"--cuda-graph-max-bs {n}: the sizes above {SGLANG_LARGE_GPU_GRAPH_SIZES[-1]} are not known "
+                           "here; decode batches above it run unpadded")
 
 
 def _sglang(argv: list[str]) -> EngineSettings:
@@ -434,6 +459,7 @@ def _sglang(argv: list[str]) -> EngineSettings:
     if "--moe-a2a-backend" in flags:
         used.add("--moe-a2a-backend")
         s.estimator_kw["moe_comm"] = "gather" if str(flags["--moe-a2a-backend"]).lower() == "none" else "alltoall"
+    _cuda_graphs(s, flags, used)
     _moe_runner(s, flags, used, "--moe-runner-backend")
     return _finish(s, flags, used)
 

@@ -180,8 +180,10 @@ class ServingMetrics:
     tpot_dist: Distribution | None = field(default=None, kw_only=True, repr=False)
 
     def to_dict(self) -> dict:
-        """The numbers (per-request distributions, fields ending in ``_dist``, left out)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.endswith("_dist")}
+        """The numbers (per-request distributions, fields ending in ``_dist``, and fields marked
+        ``metadata={"report": False}`` left out)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if not f.name.endswith("_dist") and f.metadata.get("report", True)}
 
     def set_percentiles(self, ttft: Distribution, tpot: Distribution) -> None:
         """Keep the per-request distributions and fill ``ttft_p50_ms`` ... ``tpot_p99_ms``."""
