@@ -1,5 +1,10 @@
 """Closed-loop simulation against ``serve``'s analytic model on the dev silicon rows:
-``python -m benchmarks.simulate_vs_serve [--max-concurrency C] [--every K] [--lengths benchmark|nominal|all:R] [--rows all|random|fixed] [--front-end-spread S] [--adp-only] [--out CSV]``.
+``python -m benchmarks.simulate_vs_serve [--mode agg|disagg] [--max-concurrency C] [--every K] [--lengths benchmark|nominal|all:R] [--rows all|random|fixed] [--front-end-spread S] [--adp-only] [--out CSV]``.
+
+``--mode disagg``: the fully specified disaggregated dev rows instead, each served by
+``serve-disagg`` and by :func:`infercast.serving.simulate.simulate_estimator_disagg` with the row's
+worker counts and layouts, the backends' default schedulers (as ``validate`` serves these rows)
+and nominal lengths.
 
 For each fully specified *agg* dev row (../shared/fidelity/dev_fullspec_ids.txt; dev ids only)
 both models see the same deployment, built by the validation harness
@@ -33,10 +38,15 @@ from pathlib import Path
 
 import numpy as np
 
-from infercast.api import serve_agg
+from infercast.api import serve_agg, serve_disagg
 from infercast.errors import InfercastError, UnsupportedModelError
 from infercast.serving.backends import scheduler_params
-from infercast.serving.simulate import Workload, simulate_estimator, uniform_lengths
+from infercast.serving.simulate import (
+    Workload,
+    simulate_estimator,
+    simulate_estimator_disagg,
+    uniform_lengths,
+)
 from infercast.validate.cli import default_silicon_csv
 from infercast.validate.predict import (
     EstimatorCache,
@@ -91,6 +101,33 @@ def run_simulate(est, per_rank, params, row, lengths: str, spread: float = 0.0, 
     return res.latency["ttft_ms"]["mean"], res.latency["tpot_ms"]["mean"], res.steps
 
 
+def run_disagg(cache: EstimatorCache, row):
+    """(serve TTFT, serve TPOT, simulate TTFT, simulate TPOT, engine steps, serve CPU s, simulate
+    CPU s) of a disaggregated row, as ``validate`` serves it: the backend's default scheduler for
+    each role (no recipe reaches disaggregated rows), the row's worker counts and layouts, the
+    benchmark's concurrency over the whole deployment, nominal lengths."""
+    if not (row.prefill_workers and row.decode_workers and row.prefill and row.decode):
+        raise UnsupportedModelError("disaggregated row without prefill/decode worker counts", "left out")
+    concurrency = benchmark_concurrency(row)
+    pe, de = cache.get(row, row.prefill), cache.get(row, row.decode)
+    pp = scheduler_params(row.backend, pe.data.system, pe.spec)
+    pd = scheduler_params(row.backend, de.data.system, de.spec)
+    c0 = time.process_time()
+    r = serve_disagg(pe, de, concurrency=concurrency, isl=row.isl, osl=row.osl, prefill_workers=row.prefill_workers,
+                     decode_workers=row.decode_workers, prefill_batch=row.prefill.batch_size or 1,
+                     params_prefill=pp, params_decode=pd)
+    c1 = time.process_time()
+    n = round(pd.requests_per_client * concurrency)
+    w = Workload(np.full(n, row.isl), np.full(n, row.osl), clients=concurrency)
+    ranks = row.decode_workers * de.plan.parallel.attention_dp
+    res = simulate_estimator_disagg(pe, de, pp, pd, w, prefill_workers=row.prefill_workers,
+                                    decode_workers=row.decode_workers, warmup=0.0, cooldown=0.0,
+                                    expected_running=concurrency / ranks)
+    c2 = time.process_time()
+    return (r.ttft_ms, r.tpot_ms, res.latency["ttft_ms"]["mean"], res.latency["tpot_ms"]["mean"], res.steps,
+            c1 - c0, c2 - c1)
+
+
 def _ape(p, m):
     return abs(p - m) / m
 
@@ -124,8 +161,10 @@ def main() -> None:
                     help="each request's front-end time uniform on [(1-s) m, (1+s) m] (default 0: fixed)")
     ap.add_argument("--adp-only", action="store_true", help="only the rows deployed with attention data parallelism")
     ap.add_argument("--out", default=None, help="per-row CSV (dev rows only)")
+    ap.add_argument("--mode", choices=("agg", "disagg"), default="agg",
+                    help="the aggregated rows (default) or the disaggregated ones with worker counts")
     a = ap.parse_args()
-    rows = [r for r in load_rows(default_silicon_csv(), load_ids(FIDELITY / "dev_fullspec_ids.txt")) if r.mode == "agg"]
+    rows = [r for r in load_rows(default_silicon_csv(), load_ids(FIDELITY / "dev_fullspec_ids.txt")) if r.mode == a.mode]
     if a.max_concurrency:
         rows = [r for r in rows if (r.concurrency or 0) <= a.max_concurrency]
     rows = rows[::max(1, a.every)]
@@ -136,24 +175,27 @@ def main() -> None:
     t0 = time.perf_counter()
     for i, row in enumerate(rows, 1):
         try:
-            est, per_rank, params, ratio = setup(cache, row)
-            if a.rows != "all" and (ratio is not None) != (a.rows == "random"):
-                skipped[f"not {a.rows}-length"] = skipped.get(f"not {a.rows}-length", 0) + 1
-                continue
-            if a.adp_only and est.plan.parallel.attention_dp == 1:
-                skipped["not attention-DP"] = skipped.get("not attention-DP", 0) + 1
-                continue
-            c0 = time.process_time()
-            s_ttft, s_tpot = run_serve(est, per_rank, params, row)
-            c1 = time.process_time()
-            m_ttft, m_tpot, k = run_simulate(est, per_rank, params, row, a.lengths, a.front_end_spread,
-                                           range_ratio=ratio)
-            c2 = time.process_time()
+            if a.mode == "disagg":
+                s_ttft, s_tpot, m_ttft, m_tpot, k, cs, cm = run_disagg(cache, row)
+            else:
+                est, per_rank, params, ratio = setup(cache, row)
+                if a.rows != "all" and (ratio is not None) != (a.rows == "random"):
+                    skipped[f"not {a.rows}-length"] = skipped.get(f"not {a.rows}-length", 0) + 1
+                    continue
+                if a.adp_only and est.plan.parallel.attention_dp == 1:
+                    skipped["not attention-DP"] = skipped.get("not attention-DP", 0) + 1
+                    continue
+                c0 = time.process_time()
+                s_ttft, s_tpot = run_serve(est, per_rank, params, row)
+                c1 = time.process_time()
+                m_ttft, m_tpot, k = run_simulate(est, per_rank, params, row, a.lengths, a.front_end_spread,
+                                               range_ratio=ratio)
+                cs, cm = c1 - c0, time.process_time() - c1
         except InfercastError as exc:
             skipped[type(exc).__name__] = skipped.get(type(exc).__name__, 0) + 1
             continue
-        t_serve += c1 - c0
-        t_sim += c2 - c1
+        t_serve += cs
+        t_sim += cm
         steps += k
         mt, mp = row.measured_ttft_ms, row.measured_tpot_ms if row.tpot_defined else None
         out.append({"id": row.id, "backend": row.backend, "model": row.model, "system": row.system,
@@ -171,7 +213,7 @@ def main() -> None:
             w = csv.DictWriter(f, fieldnames=list(out[0]))
             w.writeheader()
             w.writerows(out)
-    print(f"agg dev fullspec rows: {len(rows)} asked, {len(out)} predicted by both; left out: {skipped}")
+    print(f"{a.mode} dev fullspec rows: {len(rows)} asked, {len(out)} predicted by both; left out: {skipped}")
     print(f"lengths: {a.lengths}; front-end spread {a.front_end_spread:g}; CPU s: serve {t_serve:.1f}, simulate {t_sim:.1f} ({steps} engine steps simulated)")
     head = f"{'scope':<14}{'rows':>6}  {'TTFT medAPE serve/sim':>22}  {'TPOT medAPE serve/sim':>22}  " \
            f"{'TTFT<=20%':>14}  {'TPOT<=20%':>14}  {'|sim/serve-1| TTFT/TPOT':>24}"
