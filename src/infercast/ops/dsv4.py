@@ -156,22 +156,22 @@ def _compressed_pairs(x, ratio, cap):
 
 
 def dsv4_sol(system, phase: str, batch, x, *, dims: DSV4Dims, heads: int, o_groups: int, ratio: int,
-             weight_bytes: float, kv_bytes: float, gemm_compute: str = "bfloat16"):
+             weight_bytes: float, kv_bytes: float, gemm_compute: str = "bfloat16", indexer: bool = False):
     """Roofline (ms) of one DeepSeek-V4 attention module on one GPU. ``phase`` ``"context"``: ``x``
     new tokens per request, no prefix; ``"generation"``: one token per request after ``x`` cached.
 
     Per new token: q LoRA (``hidden x q_lora + q_lora x heads x head_dim``), the latent KV
     projection (``hidden x head_dim``), the grouped output LoRA (``heads x head_dim x o_lora`` +
     ``o_groups x o_lora x hidden``), with ``ratio > 0`` the compressor (``hidden x 2 head_dim``
-    per compressed stream, two overlapping streams at ratio 4), and on CSA (``ratio`` <= 4, an
-    indexer) its q / weight projections and key compressor. Attention: each query attends
+    per compressed stream, two overlapping streams on CSA), and on CSA (``indexer``) the indexer's
+    q / weight projections and key compressor. Attention: each query attends
     ``min(position, window)`` window entries plus ``position / ratio`` compressed ones, capped at
     ``index_topk`` on CSA, 4 x head_dim FLOPs per pair and head; the CSA indexer scores every
     compressed entry (2 x index heads x index_head_dim FLOPs each). Memory: weights, the cache
     entries read / written, hidden states in and out (bf16)."""
     batch, x = np.broadcast_arrays(np.asarray(batch, dtype=float), np.asarray(x, dtype=float))
     d = dims
-    csa = 0 < ratio <= 4
+    csa = bool(indexer) and ratio > 0
     streams = (2 if csa else 1) if ratio else 0
     w = (d.hidden * d.q_lora_rank + d.q_lora_rank * heads * d.head_dim + d.hidden * d.head_dim
          + heads * d.head_dim * d.o_lora_rank + o_groups * d.o_lora_rank * d.hidden
@@ -354,7 +354,7 @@ def resolve_dsv4_attention(db: OpDB, phase: str, *, kind: str, ratio: int, dims:
 
     def sol_at(h: int, gq: str):
         kw = dict(dims=dims, heads=int(h), o_groups=o_groups, ratio=ratio, weight_bytes=WEIGHT_BYTES[gq],
-                  kv_bytes=KV_BYTES[kv_quant], gemm_compute=COMPUTE_DTYPE.get(gq, "bfloat16"))
+                  kv_bytes=KV_BYTES[kv_quant], gemm_compute=COMPUTE_DTYPE.get(gq, "bfloat16"), indexer=kind == "csa")
 
         def f(batch, x):
             return dsv4_sol(db.system, phase, batch, x, **kw)
