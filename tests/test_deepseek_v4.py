@@ -18,7 +18,7 @@ from infercast.data.model_configs import ModelConfig
 from infercast.errors import InvalidConfigError, InvalidInputError, NotAvailableError
 from infercast.interp.provenance import Prov
 from infercast.models.deepseek_v4 import kv_bytes_per_token, state_bytes_per_request
-from infercast.models.plan import ParallelConfig, SpecDecode, build_plan
+from infercast.models.plan import ParallelConfig, Plan, SpecDecode, build_plan
 from infercast.models.spec import ModelSpec, build_spec
 from infercast.ops.base import DatabaseMode, OpDB
 from infercast.ops.dsv4 import DSV4Dims, dims_of_config, dsv4_sol, resolve_dsv4_attention
@@ -273,7 +273,9 @@ def test_plan():
     assert ops["router_gemm"].count == 4  # the 2 hash-routed layers have no gate
     assert ops["moe_experts"].count == 6 and ops["moe_experts"].params["quant"] == "mxfp4"
     assert ops["shared_gate_up_gemm"].params["n"] == 2 * 32 // 2
-    mtp = {o.name: o for o in build_plan(s, ParallelConfig(tp=1), SpecDecode(nextn=2)).ops}
+    plan = build_plan(s, ParallelConfig(tp=1), SpecDecode(nextn=2))
+    assert Plan.from_json(plan.to_json()) == plan  # the family's spec part survives a plan file
+    mtp = {o.name: o for o in plan.ops}
     assert mtp["mtp_attention_csa4"].count == 2 and mtp["mtp_attention_csa4"].phase == "decode"
     assert mtp["mtp_proj"].params["k"] == 128 and mtp["mtp_lm_head"].count == 2
     with pytest.raises(InvalidConfigError):

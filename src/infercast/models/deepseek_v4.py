@@ -286,8 +286,8 @@ def plan_notes(spec: ModelSpec) -> list[str]:
     n = spec.dsv4.count("window")
     if not n:
         return []
-    return [f"{n} window-only attention layers (compress ratio 0) costed with the HCA module (ratio {WINDOW_AS_RATIO}): "
-            "no table times them alone; an upper bound by the 1/128 compressed entries HCA adds"]
+    return [(f"{n} window-only attention layers (compress ratio 0) costed with the HCA module (ratio {WINDOW_AS_RATIO}): "
+             f"no table times them alone; an upper bound by the 1/{WINDOW_AS_RATIO} compressed entries HCA adds")]
 
 
 # ------------------------------------------------------------------------------------------------

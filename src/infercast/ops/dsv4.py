@@ -281,12 +281,10 @@ def _lattice(db: OpDB, kind: str, phase: str, ratio: int, pick, kv_quant: str, t
     if table.has("tp_size"):
         keep = np.zeros_like(mask)
         heads_col = table.keys["num_heads"]
-        used = set()
         for h in sorted(set(heads_col[mask].tolist())):
             hm = mask & (heads_col == h)
             tps = sorted(set(table.keys["tp_size"][hm].astype(int).tolist()))
             best = min(tps, key=lambda t: (abs(math.log2(t / tp)), t))
-            used.add(best)
             keep |= hm & (table.keys["tp_size"] == best)
         mask = keep
     curve = ("batch_size", "isl") if phase == "context" else ("batch_size", "step")
@@ -353,8 +351,8 @@ def resolve_dsv4_attention(db: OpDB, phase: str, *, kind: str, ratio: int, dims:
     ratio = int(ratio)
 
     def sol_at(h: int, gq: str):
-        kw = dict(dims=dims, heads=int(h), o_groups=o_groups, ratio=ratio, weight_bytes=WEIGHT_BYTES[gq],
-                  kv_bytes=KV_BYTES[kv_quant], gemm_compute=COMPUTE_DTYPE.get(gq, "bfloat16"), indexer=kind == "csa")
+        kw = {"dims": dims, "heads": int(h), "o_groups": o_groups, "ratio": ratio, "weight_bytes": WEIGHT_BYTES[gq],
+              "kv_bytes": KV_BYTES[kv_quant], "gemm_compute": COMPUTE_DTYPE.get(gq, "bfloat16"), "indexer": kind == "csa"}
 
         def f(batch, x):
             return dsv4_sol(db.system, phase, batch, x, **kw)
