@@ -303,7 +303,8 @@ def _lattice(db: OpDB, kind: str, phase: str, ratio: int, pick, kv_quant: str, t
     return _Lattice(st, "+".join(k for k in kernels if k), sites, curves, tuple(notes), gemm_type)
 
 
-def _site_grid(db: OpDB, phase: str, lat: _Lattice, i: int, sol_at) -> Grid:
+def _site_grid(db: OpDB, phase: str, lat: _Lattice, i: int, sol_at, key: tuple) -> Grid:
+    """Site ``i``'s filled grid; ``key`` names the roofline ``sol_at`` (the query's shape)."""
     def build():
         s = sol_at(int(lat.sites[i][0]), lat.gemm_type)
         ax, vals = lat.curves[i]
@@ -318,7 +319,7 @@ def _site_grid(db: OpDB, phase: str, lat: _Lattice, i: int, sol_at) -> Grid:
             prov = np.where(interp, int(Prov.INTERPOLATED), prov).astype(np.int8)
         return Grid(ax, filled, prov, s, scales=CTX_SCALES if phase == "context" else GEN_SCALES)
 
-    return db.memo(("dsv4-site", lat.stem, id(lat), i), build)
+    return db.memo(("dsv4-site", lat.stem, id(lat), i, key), build)
 
 
 # --------------------------------------------------------------------------------------------
@@ -351,7 +352,8 @@ def resolve_dsv4_attention(db: OpDB, phase: str, *, kind: str, ratio: int, dims:
     ratio = int(ratio)
 
     def sol_at(h: int, gq: str):
-        kw = {"dims": dims, "heads": int(h), "o_groups": o_groups, "ratio": ratio, "weight_bytes": WEIGHT_BYTES[gq],
+        # output groups per GPU follow the heads per GPU (both split over TP)
+        kw = {"dims": dims, "heads": int(h), "o_groups": max(1, o_groups * int(h) // heads), "ratio": ratio, "weight_bytes": WEIGHT_BYTES[gq],
               "kv_bytes": KV_BYTES[kv_quant], "gemm_compute": COMPUTE_DTYPE.get(gq, "bfloat16"), "indexer": kind == "csa"}
 
         def f(batch, x):
@@ -366,6 +368,7 @@ def resolve_dsv4_attention(db: OpDB, phase: str, *, kind: str, ratio: int, dims:
     if db.mode is DatabaseMode.SOL:
         return sol_resolved(axes, query_sol, scales)
     st = stem(kind, phase)
+    skey = (dims, o_groups, heads)
     reason = None
     donors = None
     if not db.data.has_table(st):
@@ -379,11 +382,12 @@ def resolve_dsv4_attention(db: OpDB, phase: str, *, kind: str, ratio: int, dims:
                           lambda: _lattice(db, kind, phase, ratio, pick, kv_quant, tp))
             choice = choose_sites((float(heads),), lat.sites)
             if choice is None:
-                donors = [_site_grid(db, phase, lat, i, sol_at) for i in range(len(lat.sites))]
+                donors = [_site_grid(db, phase, lat, i, sol_at, skey) for i in range(len(lat.sites))]
                 reason = f"{st} heads={heads} is outside the collected head counts' gates ({[int(s[0]) for s in lat.sites]})"
             else:
                 labels = tuple(f"num_heads={int(lat.sites[i][0])} w={w:.2f}" for i, w in zip(choice.indices, choice.weights))
-                g = transfer_grid(choice, lambda i: _site_grid(db, phase, lat, i, sol_at), sol_at(heads, lat.gemm_type), labels)
+                g = transfer_grid(choice, lambda i: _site_grid(db, phase, lat, i, sol_at, skey), sol_at(heads, lat.gemm_type),
+                                  labels)
                 how = choice.how
                 if lat.gemm_type != gemm_quant:
                     mesh = np.meshgrid(*g.axes, indexing="ij")
