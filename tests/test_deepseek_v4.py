@@ -346,3 +346,20 @@ def test_no_table_is_a_one_line_refusal(capsys):
     rc, out, err = run_cli(capsys, ["estimate", "--model", "deepseek-ai/DeepSeek-V4-Flash", "--system", "h200_sxm",
                                     "--backend", "trtllm", "--tp", "4", "--batch", "4", "--isl", "1024", "--osl", "128"])
     assert_one_line_error(rc, out, err, "DeepSeek-V4")
+
+
+@pytest.mark.real_pack
+def test_search_and_disaggregated_serving_real_pack(capsys):
+    from cli_helpers import run_cli
+
+    base = ["--model", "deepseek-ai/DeepSeek-V4-Flash", "--system", "b200_sxm", "--backend", "vllm", "--isl", "1024",
+            "--osl", "128", "--json"]
+    rc, out, err = run_cli(capsys, ["search", *base, "--max-gpus", "4", "--mode", "agg", "--concurrency", "8", "--top", "2"])
+    assert rc == 0, err
+    front = json.loads(out)["frontier"]
+    assert front and all(r["tpot_ms"] > 0 and r["ttft_ms"] > 0 for r in front)
+    rc, out, err = run_cli(capsys, ["serve-disagg", *base, "--concurrency", "16", "--prefill-workers", "1",
+                                    "--prefill-tp", "2", "--decode-workers", "1", "--decode-tp", "2"])
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["ttft_ms"] > 0 and d["tpot_ms"] > 0
