@@ -363,3 +363,26 @@ def test_search_and_disaggregated_serving_real_pack(capsys):
     assert rc == 0, err
     d = json.loads(out)
     assert d["ttft_ms"] > 0 and d["tpot_ms"] > 0
+
+
+@pytest.mark.real_pack
+@pytest.mark.parametrize("backend,version,offset", [("sglang", "0.5.14", 0), ("vllm", "0.24.0", 1)])
+def test_real_cells_reproduced(backend, version, offset):
+    """Collected cells come back exactly: context at no prefix, generation at step = cached tokens
+    (vLLM's rows count the decoded token)."""
+    import pandas as pd
+
+    from infercast.data.model_configs import resolve_model
+
+    db = OpDB(PerfData.open("h200_sxm", backend, version))
+    dims = dims_of_config(resolve_model(db.data.pack, "deepseek-ai/DeepSeek-V4-Flash").config)
+    for phase, query, pick in (("context", (4, 1024), {"step": 0, "batch_size": 4, "isl": 1024}),
+                               ("generation", (8, 4096 - offset), {"batch_size": 8, "step": 4096})):
+        r = resolve_dsv4_attention(db, phase, kind="csa", ratio=4, dims=dims, heads=16, o_groups=2, gemm_quant="fp8_block",
+                                   kv_quant="fp8", tp=4, model_id="deepseek-ai/DeepSeek-V4-Flash")
+        t = pd.read_parquet(db.data.table(f"dsv4_csa_{phase}_module").path)
+        sel = (t.model == "sgl-project/DeepSeek-V4-Flash-FP8") & (t.gemm_type == "fp8_block") & (t.num_heads == 16) & (t.tp_size == 4)
+        for k, v in pick.items():
+            sel &= t[k] == v
+        assert sel.sum() == 1
+        assert r.grid.scalar(*query)[0] == pytest.approx(float(t.latency[sel].iloc[0]))
