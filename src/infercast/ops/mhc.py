@@ -18,9 +18,12 @@ size). Rows are matched exactly on ``hc_mult`` and ``sinkhorn_iters``; another `
 carried from the nearest collected one at equal utilisation against :func:`mhc_sol`
 (provenance ``transferred``). Without a matching table (the system / backend / version collected
 none, or another ``hc_mult`` / iteration count) the op is the roofline :func:`mhc_sol` in every
-database mode, provenance ``sol`` with a note: the kernels are memory-bound elementwise work
-whose roofline is a close bound (the tables' large-token rows reach 60-80% of it), and this
-keeps a DeepSeek-V4 estimate possible where only the attention and MoE tables exist.
+database mode, provenance ``sol`` with a note: the kernels are memory-bound elementwise work,
+and this keeps a DeepSeek-V4 estimate possible where only the attention and MoE tables exist. How
+far the roofline is from the measured kernels (hidden 4096, 16k-131k tokens; b200 SGLang, h200
+vLLM / TensorRT-LLM): pre 0.50-0.60 of the measured time, post 1.09-1.12 (the post kernels move
+the streams at about the system's effective bandwidth; the byte counts are this module's
+estimate of the kernels' traffic).
 """
 
 from __future__ import annotations
