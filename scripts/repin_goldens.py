@@ -429,6 +429,18 @@ MOE_CASES += [
     _s(M3F, "b200_sxm", "trtllm", 4, 1, 16, 8192, 512, moe_ep=4, backend_version="1.3.0rc23"),
 ]
 
+# DeepSeek-V4 (#37): CSA / HCA attention from the dsv4 module tables, mHC from the mhc tables,
+# MXFP4 / NVFP4 / FP8 experts
+V4F = "deepseek-ai/DeepSeek-V4-Flash"
+V4P = "deepseek-ai/DeepSeek-V4-Pro"
+MOE_CASES += [
+    _s(V4F, "h200_sxm", "sglang", 8, 1, 16, 2048, 256, moe_ep=8, backend_version="0.5.14"),
+    _s("sgl-project/DeepSeek-V4-Flash-FP8", "h200_sxm", "vllm", 4, 1, 16, 4096, 256, moe_ep=4, backend_version="0.24.0"),
+    _s(V4P, "b200_sxm", "trtllm", 8, 1, 8, 8192, 512, moe_ep=8, nextn=1, backend_version="1.3.0rc23"),
+    _s("nvidia/DeepSeek-V4-Pro-NVFP4", "b200_sxm", "sglang", 8, 1, 16, 2048, 256, moe_ep=8, backend_version="0.5.14"),
+    _s(V4F, "gb200", "vllm", 1, 1, 32, 2048, 256, attention_dp=4, moe_ep=4, backend_version="0.24.0"),
+]
+
 _DS_PREFILL = Engine(V3, "h200_sxm", "trtllm", 8)
 _DS_DECODE = Engine(V3, "h200_sxm", "trtllm", 1, attention_dp=8, moe_ep=8)
 
@@ -451,6 +463,7 @@ SERVING_CASES: list = [
     AggCase(Engine(M3, "b200_sxm", "vllm", 8, moe_ep=8, backend_version="0.24.0"), 32, 4000, 500),
     # energy (#37): vLLM's b200 Triton expert rows (0.22.0) measured power
     AggEnergyCase(Engine("Qwen/Qwen3-30B-A3B", "b200_sxm", "vllm", 1, moe_kernel="triton"), 16, 1024, 256),
+    AggCase(Engine(V4F, "b200_sxm", "sglang", 4, moe_ep=4, backend_version="0.5.14"), 32, 4000, 500),
 ]
 
 # context parallelism (#37 item 3): prompts split over cp ranks (zigzag attention, K/V all-gather),

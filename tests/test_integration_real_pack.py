@@ -199,7 +199,7 @@ def test_cli_models_json(real_pack_available, capsys):
     assert rows["Qwen/Qwen3-32B"]["architecture"] == "Qwen3ForCausalLM"
     assert rows["meta-llama/Meta-Llama-3.1-70B"]["supported"] is True
     assert rows["deepseek-ai/DeepSeek-V3"]["supported"] is True
-    assert rows["deepseek-ai/DeepSeek-V4-Flash"]["supported"] is False
+    assert rows["deepseek-ai/DeepSeek-V4-Flash"]["supported"] is True
 
 
 def test_cli_tables_print_whole_values_when_piped(real_pack_available, capsys):

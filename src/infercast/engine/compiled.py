@@ -44,8 +44,8 @@ from ..ops.attention import prefixed_context, resolve_context_attention, resolve
 from .context_parallel import sharded_cached, sharded_cached_scalar, zigzag_context, zigzag_context_scalar
 from ..ops.base import OpDB, Resolved
 
-GRID_KINDS = ("gemm", "moe", "allreduce", "allgather", "reduce_scatter", "alltoall", "moe_dispatch")
-ATTENTION_KINDS = ("attention", "mla", "dsa", "msa", "gdn", "mamba_conv", "mamba_ssm")
+GRID_KINDS = ("gemm", "moe", "allreduce", "allgather", "reduce_scatter", "alltoall", "moe_dispatch", "mhc")
+ATTENTION_KINDS = ("attention", "mla", "dsa", "msa", "dsv4_attention", "gdn", "mamba_conv", "mamba_ssm")
 #: attention-like kinds whose cost does not depend on cached tokens before the new ones (a
 #: linear-attention layer keeps a fixed-size state): a prefix does not enter their context grid
 STATEFUL_KINDS = ("gdn", "mamba_conv", "mamba_ssm")
@@ -229,6 +229,21 @@ class CompiledEngine:
             kw = {k: p[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "topk_tokens", "gemm_quant", "kv_quant")}
             kw["tp"] = int(p.get("tp", 1))
             return CompiledOp(op, (resolve_msa(self.db, "context", **kw), resolve_msa(self.db, "generation", **kw)))
+        if op.kind == "dsv4_attention":
+            from ..ops.dsv4 import DSV4Dims, resolve_dsv4_attention
+
+            dims = DSV4Dims(*(int(p[k]) for k in ("hidden", "q_lora_rank", "o_lora_rank", "head_dim", "qk_rope_head_dim",
+                                                  "index_n_heads", "index_head_dim", "index_topk", "window")))
+            kw = {"kind": p["kind"], "ratio": int(p["ratio"]), "dims": dims, "heads": int(p["heads"]),
+                  "o_groups": int(p["o_groups"]), "gemm_quant": p["gemm_quant"], "kv_quant": p["kv_quant"],
+                  "tp": int(p.get("tp", 1)), "model_id": p.get("model_id")}
+            return CompiledOp(op, (resolve_dsv4_attention(self.db, "context", **kw),
+                                   resolve_dsv4_attention(self.db, "generation", **kw)))
+        if op.kind == "mhc":
+            from ..ops.mhc import resolve_mhc
+
+            return CompiledOp(op, (resolve_mhc(self.db, p["which"], hidden=int(p["hidden"]), hc_mult=int(p["hc_mult"]),
+                                               sinkhorn_iters=int(p["sinkhorn_iters"])),))
         if op.kind == "gdn":
             from ..ops.gdn import resolve_gdn
 

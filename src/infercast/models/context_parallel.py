@@ -47,6 +47,8 @@ def check_context_parallel(spec: ModelSpec, par, gpus_per_node: int | None = Non
     why = None
     if spec.sparse_attention:
         why = "DSA sparse attention (its indexer's top-k over a split sequence)"
+    elif getattr(spec, "dsv4", None) is not None:
+        why = "DeepSeek-V4's compressed sparse attention (its compressors and top-k over a split sequence)"
     elif spec.msa_layers:
         why = "MiniMax sparse attention layers"
     elif spec.gdn is not None:

@@ -78,4 +78,8 @@ def layer_group_notes(spec, window_kv_limit: int) -> list[str]:
     for g in narrow:
         notes.append(f"attention of the {g.label} layers costed at head size {g.head_dim} for q, k and v "
                      f"(its v heads are {g.v_head_dim} wide; the tables hold one head size)")
+    if getattr(spec, "dsv4", None) is not None:
+        from .deepseek_v4 import plan_notes
+
+        notes.extend(plan_notes(spec))
     return notes

@@ -13,6 +13,7 @@ from ..errors import InvalidConfigError, InvalidInputError, UnsupportedModelErro
 from .groups import AttentionGroup, FFNGroup
 
 if TYPE_CHECKING:
+    from .deepseek_v4 import DeepSeekV4Spec
     from .nemotron_h import MambaSpec
 
 
@@ -248,6 +249,8 @@ class ModelSpec:
     #: indexer keeps at most ``msa_topk_tokens`` keys per query (top blocks x block size)
     msa_layers: int = 0
     msa_topk_tokens: int = 0
+    #: DeepSeek-V4: per-layer attention kinds, mHC, hash routing (:mod:`infercast.models.deepseek_v4`)
+    dsv4: DeepSeekV4Spec | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -272,6 +275,10 @@ class ModelSpec:
             from .nemotron_h import MambaSpec
 
             d["mamba"] = MambaSpec(**d["mamba"])
+        if d.get("dsv4"):
+            from .deepseek_v4 import DeepSeekV4Spec
+
+            d["dsv4"] = DeepSeekV4Spec.from_dict(d["dsv4"])
         return cls(**d)
 
 
@@ -315,6 +322,8 @@ FAMILIES = {
     "MiniMaxM3ForCausalLM": "moe",
     "MiniMaxM3SparseForCausalLM": "moe",
     "MiniMaxM3SparseForConditionalGeneration": "moe",
+    # DeepSeek-V4: CSA / HCA / window attention per layer, mHC, MoE (:mod:`infercast.models.deepseek_v4`)
+    "DeepseekV4ForCausalLM": "deepseek_v4",
 }
 
 
@@ -404,6 +413,10 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
         from .nemotron_h import build_nemotron_h_spec
 
         return build_nemotron_h_spec(mc, arch)
+    if family == "deepseek_v4":
+        from .deepseek_v4 import build_dsv4_spec
+
+        return build_dsv4_spec(mc, arch)
     where = mc.resolved_id
     from .families import READERS  # the readers use this module's helpers
 

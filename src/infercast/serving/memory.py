@@ -110,6 +110,10 @@ def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig, extra_layers: int
         from ..models.nemotron_h import layer_weight_bytes
 
         return layer_weight_bytes(spec, par, extra_layers) + _ends_weight_bytes(spec, tp, pp)
+    if spec.dsv4 is not None:  # DeepSeek-V4: per layer kind (models.deepseek_v4)
+        from ..models.deepseek_v4 import layer_weight_bytes as dsv4_weights
+
+        return dsv4_weights(spec, par, extra_layers) + _ends_weight_bytes(spec, tp, pp)
     attn = _attention_weights(spec, tp, WEIGHT_BYTES[spec.quant.attention_gemm]) + 2 * h * 2.0  # + norms
     m = spec.moe
     if m is None and spec.ffn_groups is not None:
@@ -158,6 +162,10 @@ def kv_bytes_per_token(spec: ModelSpec, par: ParallelConfig, extra_layers: int =
 
 def _kv_bytes_per_token_unsplit(spec: ModelSpec, par: ParallelConfig, extra_layers: int = 0) -> float:
     kvb = KV_BYTES[spec.quant.kv_cache]
+    if spec.dsv4 is not None:  # DeepSeek-V4: compressed entries per layer kind (models.deepseek_v4)
+        from ..models.deepseek_v4 import kv_bytes_per_token as dsv4_kv
+
+        return dsv4_kv(spec, par, extra_layers)
     if spec.attention_groups is not None:
         return _group_kv_bytes(spec, par, kvb, windowed=False)
     layers = math.ceil(spec.num_layers / par.pp) + extra_layers
@@ -209,6 +217,10 @@ def state_bytes_per_request(spec: ModelSpec, par: ParallelConfig) -> float:
         from ..models.nemotron_h import state_bytes_per_request as mamba_state
 
         return mamba_state(spec, par)
+    if spec.dsv4 is not None:  # DeepSeek-V4: sliding windows and compressor states
+        from ..models.deepseek_v4 import state_bytes_per_request as dsv4_state
+
+        return dsv4_state(spec, par)
     if spec.attention_groups is not None:
         return _group_window_state(spec, par)
     if spec.gdn is None:
