@@ -315,6 +315,9 @@ FAMILIES = {
     "MiniMaxM3ForCausalLM": "moe",
     "MiniMaxM3SparseForCausalLM": "moe",
     "MiniMaxM3SparseForConditionalGeneration": "moe",
+    # Step-3.7-Flash: sliding-window / full GQA layers, MoE with a shared expert after dense
+    # layers, MTP (:mod:`infercast.models.step3`)
+    "Step3p7FlashForCausalLM": "moe",
 }
 
 

@@ -354,12 +354,24 @@ def _resolve(db: OpDB, stem: str, heads: int, kv_heads: int, head_dim: int, kv_q
     return Resolved(g, stem, db.served_version(stem), kernel, choice.how, labels if choice.how != "exact" else (), notes)
 
 
+def _resolve_window(db: OpDB, stem: str, heads, kv_heads, head_dim, kv_quant, attn_quant, window) -> Resolved:
+    """A window the table collected at ``head_dim`` (or full attention) as it is; another window
+    from the same shape's full-attention curves (:mod:`infercast.ops.window`)."""
+    from .window import window_collected, windowed_from_full
+
+    if not window or window_collected(db, stem, head_dim, window):
+        return _resolve(db, stem, heads, kv_heads, head_dim, kv_quant, attn_quant, window)
+    full = _resolve(db, stem, heads, kv_heads, head_dim, kv_quant, attn_quant, 0)
+    phase = "context" if stem == "context_attention" else "generation"
+    return windowed_from_full(db, phase, full, heads, kv_heads, head_dim, kv_quant, attn_quant, window)
+
+
 def resolve_context_attention(db: OpDB, heads, kv_heads, head_dim, kv_quant="bfloat16", attn_quant="bfloat16", window=0) -> Resolved:
-    return _resolve(db, "context_attention", heads, kv_heads, head_dim, kv_quant, attn_quant, window)
+    return _resolve_window(db, "context_attention", heads, kv_heads, head_dim, kv_quant, attn_quant, window)
 
 
 def resolve_generation_attention(db: OpDB, heads, kv_heads, head_dim, kv_quant="bfloat16", attn_quant="bfloat16", window=0) -> Resolved:
-    return _resolve(db, "generation_attention", heads, kv_heads, head_dim, kv_quant, attn_quant, window)
+    return _resolve_window(db, "generation_attention", heads, kv_heads, head_dim, kv_quant, attn_quant, window)
 
 
 def prefix_fraction(isl, prefix):
