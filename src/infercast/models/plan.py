@@ -186,7 +186,7 @@ class Fusions:
 
 
 #: The op kinds a plan may hold (what :mod:`infercast.engine.compiled` knows how to cost).
-OP_KINDS = ("gemm", "attention", "mla", "dsa", "msa", "gdn", "mamba_conv", "mamba_ssm", "moe", "moe_dispatch", "allreduce", "allgather",
+OP_KINDS = ("gemm", "attention", "mla", "dsa", "msa", "gdn", "kda", "mamba_conv", "mamba_ssm", "moe", "moe_dispatch", "allreduce", "allgather",
             "reduce_scatter", "alltoall", "elementwise", "p2p")
 
 
@@ -564,6 +564,10 @@ def build_plan(spec: ModelSpec, par: ParallelConfig, spec_decode: SpecDecode | N
         from .nemotron_h import nemotron_h_plan
 
         return nemotron_h_plan(spec, par, spec_decode, fusions)
+    elif spec.family == "kimi_k3":
+        from .kimi_k3 import kimi_k3_plan
+
+        return kimi_k3_plan(spec, par, spec_decode, fusions)
     else:
         raise InvalidConfigError(f"no op plan for family {spec.family!r}")
     return _with_mtp(plan, spec_decode or SpecDecode())

@@ -13,6 +13,7 @@ from ..errors import InvalidConfigError, InvalidInputError, UnsupportedModelErro
 from .groups import AttentionGroup, FFNGroup
 
 if TYPE_CHECKING:
+    from .kimi_k3 import KimiLinearSpec
     from .nemotron_h import MambaSpec
 
 
@@ -133,8 +134,11 @@ def infer_quant(mc: ModelConfig, text_cfg: dict, num_layers: int) -> QuantSpec:
         moe, src = "mxfp4", "quantization_config mxfp4 (experts; w4a8 on GPUs with FP4, w4a16 before)"
     elif method == "compressed-tensors":
         groups = qc.get("config_groups") or {}
-        bits = {((g.get("weights") or {}).get("num_bits")) for g in groups.values()}
-        if 4 in bits:
+        weights = [g.get("weights") or {} for g in groups.values()]
+        if any(w.get("num_bits") == 4 and w.get("type") == "float" and w.get("group_size") == 32 for w in weights):
+            # 4-bit float weights in groups of 32: MXFP4 (Kimi-K3's "mxfp4-pack-quantized")
+            moe, src = "mxfp4", "compressed-tensors mxfp4 weights (experts; w4a8 on GPUs with FP4, w4a16 before)"
+        elif any(w.get("num_bits") == 4 for w in weights):
             moe, src = "int4_wo", "compressed-tensors int4 weights (experts)"
     kv_algo = (hq.get("kv_cache_quant_algo") or qc.get("kv_cache_quant_algo") or "")
     kv_scheme = qc.get("kv_cache_scheme") or {}
@@ -248,6 +252,9 @@ class ModelSpec:
     #: indexer keeps at most ``msa_topk_tokens`` keys per query (top blocks x block size)
     msa_layers: int = 0
     msa_topk_tokens: int = 0
+    #: Kimi-K3 (Kimi-Linear): KDA / MLA layer pattern, latent MoE, attention residuals
+    #: (:mod:`infercast.models.kimi_k3`)
+    kimi: KimiLinearSpec | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -272,6 +279,10 @@ class ModelSpec:
             from .nemotron_h import MambaSpec
 
             d["mamba"] = MambaSpec(**d["mamba"])
+        if d.get("kimi"):
+            from .kimi_k3 import KimiLinearSpec
+
+            d["kimi"] = KimiLinearSpec(**d["kimi"])
         return cls(**d)
 
 
@@ -318,6 +329,9 @@ FAMILIES = {
     # Step-3.7-Flash: sliding-window / full GQA layers, MoE with a shared expert after dense
     # layers, MTP (:mod:`infercast.models.step3`)
     "Step3p7FlashForCausalLM": "moe",
+    # Kimi-K3: KDA linear attention / gated MLA layers, latent MoE (:mod:`infercast.models.kimi_k3`)
+    "KimiK3ForConditionalGeneration": "kimi_k3",
+    "KimiLinearForCausalLM": "kimi_k3",
 }
 
 
@@ -407,6 +421,10 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
         from .nemotron_h import build_nemotron_h_spec
 
         return build_nemotron_h_spec(mc, arch)
+    if family == "kimi_k3":
+        from .kimi_k3 import build_kimi_k3_spec
+
+        return build_kimi_k3_spec(mc, arch)
     where = mc.resolved_id
     from .families import READERS  # the readers use this module's helpers
 

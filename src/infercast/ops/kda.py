@@ -21,11 +21,29 @@ read. Head counts that were not collected (12 / 24 / 48 / 96 heads of 128 are) a
 through utilisation against the Gated DeltaNet roofline (:func:`infercast.interp.sol.gdn`): the
 same conv and state sizes, the per-channel decay's few extra element-wise FLOPs left out.
 
-The recurrent state a request holds is fixed-size (:func:`kda_state_bytes`)."""
+The recurrent state a request holds is fixed-size (:func:`kda_state_bytes`).
+
+**Where the chosen data version has no ``kda_perf``.** The tables were collected in a few builds
+only (SGLang 0.5.16, vLLM's dev build ``0.1.dev19262`` and gb300's 0.27.0; no TensorRT-LLM), so
+SGLang 0.5.14 -- the current SGLang data -- has none, and the newer 0.5.16 is out of the
+version backfill's reach (it never reads a newer version). In SILICON mode the KDA op then reads,
+in this order, this backend's other collected versions' ``kda_perf`` (newest first), then
+another serving backend's on the same GPU (:data:`~infercast.data.versions.SERVING_BACKENDS`
+order): the engines run the same kernels (flash-linear-attention's ``chunk_kda`` /
+``fused_recurrent_kda`` and the ``causal_conv1d`` kernels). The cells are marked
+``transferred`` and a note names the table read (:func:`_donor_db`)."""
 
 from __future__ import annotations
 
-from .base import OpDB, Resolved
+from dataclasses import replace
+
+import numpy as np
+
+from ..data.versions import SERVING_BACKENDS, version_key
+from ..errors import InfercastError, NotAvailableError
+from ..interp.grid import Grid
+from ..interp.provenance import Prov
+from .base import DatabaseMode, OpDB, Resolved
 from .gdn import gdn_state_bytes, resolve_gdn
 
 STEM = "kda"
@@ -43,6 +61,48 @@ def kda_state_bytes(num_heads: int, head_dim: int, conv_kernel: int, state_bytes
 def resolve_kda(db: OpDB, phase: str, *, d_model: int, num_heads: int, head_dim: int, conv_kernel: int = 4,
                 model_name: str | None = None) -> Resolved:
     """Compile one KDA layer's conv + scan on one GPU for ``phase`` (``num_heads`` per GPU, key
-    and value heads alike) from ``kda_perf``; see the module docstring."""
-    return resolve_gdn(db, phase, d_model=d_model, num_k_heads=num_heads, head_k_dim=head_dim, num_v_heads=num_heads,
-                       head_v_dim=head_dim, conv_kernel=conv_kernel, model_name=model_name, stem=STEM)
+    and value heads alike) from ``kda_perf``, or, where the data version has none, from another
+    version's or backend's (see the module docstring)."""
+    kw = dict(d_model=d_model, num_k_heads=num_heads, head_k_dim=head_dim, num_v_heads=num_heads, head_v_dim=head_dim,
+              conv_kernel=conv_kernel, model_name=model_name, stem=STEM)
+    if db.mode is not DatabaseMode.SILICON or _has_table(db):
+        return resolve_gdn(db, phase, **kw)
+    donor = _donor_db(db)
+    if donor is None:
+        return resolve_gdn(db, phase, **kw)  # raises: no kda_perf anywhere for this GPU
+    r = resolve_gdn(donor, phase, **kw)
+    g = r.grid
+    grid = Grid(g.axes, g.values, np.maximum(g.prov, Prov.TRANSFERRED), g.sol, g.sites, g.scales)
+    note = (f"kda_perf from {donor.backend} {donor.data.version} on {db.system.name}: {db.backend} {db.data.version} "
+            "has no kda_perf (the same flash-linear-attention / causal_conv1d kernels)")
+    return replace(r, grid=grid, version=f"{donor.backend} {donor.data.version}", notes=r.notes + (note,))
+
+
+def _has_table(db: OpDB) -> bool:
+    try:
+        return db.table_or_none(STEM) is not None
+    except NotAvailableError:
+        return False
+
+
+def _donor_db(db: OpDB) -> OpDB | None:
+    """The first database with a ``kda_perf`` table: this backend's other collected versions,
+    newest first, then each other serving backend's current data on the same system."""
+
+    def build():
+        candidates = []
+        for v in sorted((v for v in db.data.versions.collected if v != db.data.version), key=version_key, reverse=True):
+            candidates.append(lambda v=v: replace(db.data, version=v, served={}))
+        for b in SERVING_BACKENDS:
+            if b != db.backend:
+                candidates.append(lambda b=b: db.data.for_backend(b))
+        for make in candidates:
+            try:
+                other = OpDB.shared(make(), db.mode)
+            except InfercastError:
+                continue
+            if _has_table(other):
+                return other
+        return None
+
+    return db.memo(("kda-donor",), build)

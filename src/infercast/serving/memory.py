@@ -110,6 +110,10 @@ def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig, extra_layers: int
         from ..models.nemotron_h import layer_weight_bytes
 
         return layer_weight_bytes(spec, par, extra_layers) + _ends_weight_bytes(spec, tp, pp)
+    if spec.kimi is not None:  # Kimi-K3: KDA / MLA layers, latent MoE (models.kimi_k3)
+        from ..models.kimi_k3 import layer_weight_bytes as kimi_weights
+
+        return kimi_weights(spec, par) + _ends_weight_bytes(spec, tp, pp)
     attn = _attention_weights(spec, tp, WEIGHT_BYTES[spec.quant.attention_gemm]) + 2 * h * 2.0  # + norms
     m = spec.moe
     if m is None and spec.ffn_groups is not None:
@@ -154,6 +158,10 @@ def kv_bytes_per_token(spec: ModelSpec, par: ParallelConfig, extra_layers: int =
     kvb = KV_BYTES[spec.quant.kv_cache]
     if spec.attention_groups is not None:
         return _group_kv_bytes(spec, par, kvb, windowed=False)
+    if spec.kimi is not None:  # Kimi-K3: only the MLA layers keep per-token KV
+        from ..models.kimi_k3 import kv_bytes_per_token as kimi_kv
+
+        return kimi_kv(spec, par, kvb)
     layers = math.ceil(spec.num_layers / par.pp) + extra_layers
     if spec.mla is not None:
         # latent cache; DSA models also keep one indexer key per token and layer
@@ -203,6 +211,10 @@ def state_bytes_per_request(spec: ModelSpec, par: ParallelConfig) -> float:
         from ..models.nemotron_h import state_bytes_per_request as mamba_state
 
         return mamba_state(spec, par)
+    if spec.kimi is not None:
+        from ..models.kimi_k3 import state_bytes_per_request as kda_state
+
+        return kda_state(spec, par)
     if spec.attention_groups is not None:
         return _group_window_state(spec, par)
     if spec.gdn is None:
