@@ -544,8 +544,10 @@ def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
     for o in plan.ops:
         per_layer = o.count in (L, moe_layers) and not o.name.startswith("dense_")
         attention_layer = gdn is not None and o.count == full_attention and not o.name.startswith("gdn")
-        # layer groups: the MTP layer's attention is the full-attention group's
-        attention_layer |= mtp_group is not None and o.name.endswith("_" + mtp_group.label)
+        # layer groups: the MTP layer's attention is the full-attention group's, no other group's
+        group = next((g for g in plan.model.attention_groups or () if o.name.endswith("_" + g.label)), None)
+        if group is not None:
+            per_layer, attention_layer = False, group == mtp_group
         # MiniMax sparse attention: the MTP layer's attention is costed as a sparse layer's
         if per_layer or attention_layer or o.kind == "msa":
             draft.append(replace(o, name=f"mtp_{o.name}", count=sd.nextn, phase="decode"))
