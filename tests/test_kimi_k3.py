@@ -268,3 +268,22 @@ def test_real_serve_and_search_cli(real_pack_available, capsys):
     assert main(["search", "--model", K3, "--system", "gb200", "--backend", "sglang", "--isl", "1024", "--osl", "128",
                  "--gpus", "32", "--json"]) == 0
     assert capsys.readouterr().out.strip()
+
+
+def test_kda_head_count_beyond_the_own_sites_reads_another_table(kda_pack, tmp_path):
+    """TensorRT-LLM with a table of 64-head sites only: 8 heads are outside its gates, and vLLM's
+    table, which collected 8, answers (noted)."""
+    import shutil
+
+    root = tmp_path / "pack"
+    shutil.copytree(kda_pack.root, root)
+    rows = _kda_rows()
+    rows["num_k_heads"] = [64] * len(rows["num_k_heads"])
+    rows["num_v_heads"] = [64] * len(rows["num_v_heads"])
+    d = root / kda_pack.data_dir.relative_to(kda_pack.root) / "kda" / "trtllm" / sp.TRTLLM_CURRENT
+    d.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(rows), d / "kda_perf.parquet")
+    db = OpDB(PerfData.open(sp.SYSTEM, "trtllm", sp.TRTLLM_CURRENT, systems_path=root / "systems"))
+    r = resolve_kda(db, "context", d_model=D, num_heads=8, head_dim=HD)
+    assert r.grid.scalar(4, 256)[0] == pytest.approx(0.001 * 4 * 256 + 0.01 * 4 * 256, rel=1e-12)
+    assert any("has no kda_perf site near 8 heads" in n for n in r.notes)

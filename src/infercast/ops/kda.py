@@ -31,7 +31,10 @@ in this order, this backend's other collected versions' ``kda_perf`` (newest fir
 another serving backend's on the same GPU (:data:`~infercast.data.versions.SERVING_BACKENDS`
 order): the engines run the same kernels (flash-linear-attention's ``chunk_kda`` /
 ``fused_recurrent_kda`` and the ``causal_conv1d`` kernels). The cells are marked
-``transferred`` and a note names the table read (:func:`_donor_db`)."""
+``transferred`` and a note names the table read (:func:`_donor_dbs`). The same order answers a
+head count outside the gates of the version's own table's sites (SGLang 0.5.16 collected
+generation at 24 / 48 / 96 heads, so 6 heads per GPU at TP 16 is read from vLLM's table, which
+also has 12)."""
 
 from __future__ import annotations
 
@@ -65,17 +68,30 @@ def resolve_kda(db: OpDB, phase: str, *, d_model: int, num_heads: int, head_dim:
     version's or backend's (see the module docstring)."""
     kw = dict(d_model=d_model, num_k_heads=num_heads, head_k_dim=head_dim, num_v_heads=num_heads, head_v_dim=head_dim,
               conv_kernel=conv_kernel, model_name=model_name, stem=STEM)
-    if db.mode is not DatabaseMode.SILICON or _has_table(db):
+    if db.mode is not DatabaseMode.SILICON:
         return resolve_gdn(db, phase, **kw)
-    donor = _donor_db(db)
-    if donor is None:
-        return resolve_gdn(db, phase, **kw)  # raises: no kda_perf anywhere for this GPU
-    r = resolve_gdn(donor, phase, **kw)
-    g = r.grid
-    grid = Grid(g.axes, g.values, np.maximum(g.prov, Prov.TRANSFERRED), g.sol, g.sites, g.scales)
-    note = (f"kda_perf from {donor.backend} {donor.data.version} on {db.system.name}: {db.backend} {db.data.version} "
-            "has no kda_perf (the same flash-linear-attention / causal_conv1d kernels)")
-    return replace(r, grid=grid, version=f"{donor.backend} {donor.data.version}", notes=r.notes + (note,))
+    own = _has_table(db)
+    refusal = None
+    if own:
+        try:
+            return resolve_gdn(db, phase, **kw)
+        except NotAvailableError as exc:  # the head count is outside its sites' gates
+            refusal = exc
+    for donor in _donor_dbs(db):
+        try:
+            r = resolve_gdn(donor, phase, **kw)
+        except NotAvailableError:
+            continue
+        g = r.grid
+        grid = Grid(g.axes, g.values, np.maximum(g.prov, Prov.TRANSFERRED), g.sol, g.sites, g.scales)
+        why = "has no kda_perf" if not own else f"has no kda_perf site near {num_heads} heads of {head_dim}"
+        served = f"{donor.backend} {donor.served_version(STEM) or donor.data.version}"
+        note = (f"kda_perf from {served} on {db.system.name}: {db.backend} {db.data.version} "
+                f"{why} (the same flash-linear-attention / causal_conv1d kernels)")
+        return replace(r, grid=grid, version=served, notes=r.notes + (note,))
+    if refusal is not None:
+        raise refusal
+    return resolve_gdn(db, phase, **kw)  # raises: no kda_perf anywhere for this GPU
 
 
 def _has_table(db: OpDB) -> bool:
@@ -85,9 +101,10 @@ def _has_table(db: OpDB) -> bool:
         return False
 
 
-def _donor_db(db: OpDB) -> OpDB | None:
-    """The first database with a ``kda_perf`` table: this backend's other collected versions,
-    newest first, then each other serving backend's current data on the same system."""
+def _donor_dbs(db: OpDB) -> list[OpDB]:
+    """The other databases with a ``kda_perf`` table, in the order they are asked: this
+    backend's other collected versions, newest first, then each other serving backend's current
+    data on the same system."""
 
     def build():
         candidates = []
@@ -96,13 +113,17 @@ def _donor_db(db: OpDB) -> OpDB | None:
         for b in SERVING_BACKENDS:
             if b != db.backend:
                 candidates.append(lambda b=b: db.data.for_backend(b))
+        found, seen = [], set()
         for make in candidates:
             try:
                 other = OpDB.shared(make(), db.mode)
+                loc = other.data.locate(STEM)
             except InfercastError:
                 continue
-            if _has_table(other):
-                return other
-        return None
+            # one entry per table file (a version without its own table backfills an older one's)
+            if loc is not None and (other.backend, loc.served_by) not in seen and _has_table(other):
+                seen.add((other.backend, loc.served_by))
+                found.append(other)
+        return found
 
-    return db.memo(("kda-donor",), build)
+    return db.memo(("kda-donors",), build)
