@@ -36,7 +36,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: Families that are not modelled yet. When MoE/MLA support lands, move the id out of this list
 #: (and into the integration tests); the test below then fails until that is done.
-UNSUPPORTED_REAL_MODELS = ["deepseek-ai/DeepSeek-V4-Flash", "stepfun-ai/Step-3.7-Flash"]
+UNSUPPORTED_REAL_MODELS = ["deepseek-ai/DeepSeek-V4-Flash"]
 
 
 def estimate_argv(synth, *extra, model=sp.MODEL_ID, system=sp.SYSTEM, backend="trtllm"):
