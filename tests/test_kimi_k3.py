@@ -255,6 +255,7 @@ def test_real_estimates(real_pack_available, system, backend, layout):
     b = est.engine.components(dec_batch=8.0, dec_kv=8192.0)["kda"][0]
     assert float(a) == pytest.approx(float(b), rel=1e-12)
     assert est.memory.state_per_request > 0
+    assert any("latent MoE projections" in n for n in est.context_notes(1024, 256))
 
 
 @pytest.mark.real_pack
