@@ -21,8 +21,9 @@ Per GPU under tensor parallelism ``tp`` (heads and FFN widths split over TP), ``
   core and ``o_proj`` as one op); with ``mla_use_output_gate`` a sigmoid output gate: a ``g_proj``
   GEMM (``h -> heads x v_head_dim`` per GPU) and the gating (read the attention output and the
   gate, write the product). ``mla_use_nope`` (no rotary embedding) leaves the shapes, and so the
-  cost, unchanged. The MLA module tables were collected for DeepSeek-V3's module, which has no
-  output gate, so the gate is costed beside it. Only these layers keep per-token KV (the
+  cost, unchanged. The MLA module tables time vLLM's / TensorRT-LLM's DeepSeek MLA module, which
+  has no output gate (gb300 vLLM 0.27.0's rows for Kimi-K3 itself too: its collection_meta says
+  the collector builds ``DeepseekV2MLAAttention``), so the gate is costed beside it. Only these layers keep per-token KV (the
   ``kv_lora_rank + qk_rope_head_dim`` latent).
 * **FFN**: the first ``first_k_dense_replace`` layers run a gated MLP of ``intermediate_size``
   (SiTU activation, costed as SwiGLU's); the others a latent MoE (``latent_moe``,
@@ -347,7 +348,7 @@ def plan_notes(spec: ModelSpec) -> list[str]:
         notes.append(f"latent MoE projections ({spec.hidden} <-> {k.moe_latent}) costed with the {LATENT_GEMM_QUANT} GEMM tables "
                      f"(the checkpoint stores them {spec.quant.moe}; no such GEMM table): an upper bound at decode sizes")
     if k.mla_output_gate:
-        notes.append("MLA output gate costed beside the MLA module tables (collected for DeepSeek-V3's module, which has none)")
+        notes.append("MLA output gate costed beside the MLA module tables (they time DeepSeek's MLA module, which has none)")
     return notes
 
 
