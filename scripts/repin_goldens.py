@@ -11,7 +11,7 @@ Four groups, one file each:
                    pipeline stages, MTP speculative decoding, long context, quant overrides,
                    configurations that do not fit;
 * ``hybrid.json``  static estimates of Nemotron-H hybrids (Mamba2 blocks between attention and
-                   MoE / MLP blocks);
+                   MoE / MLP blocks) and Kimi-K3 (KDA linear-attention and MLA layers);
 * ``serving.json`` the serving models: ``serving.agg.serve_agg`` (aggregated, closed-loop
                    benchmark) and ``serving.disagg.solve_disagg`` (prefill / decode pools).
 
@@ -441,6 +441,25 @@ MOE_CASES += [
     _s(V4F, "gb200", "vllm", 1, 1, 32, 2048, 256, attention_dp=4, moe_ep=4, backend_version="0.24.0"),
 ]
 
+# Step-3.7-Flash (#37): sliding / full GQA layer groups (the 512-token window from the full-attention
+# curves), shared expert, dense first layers, MTP; MiMo-V2-Flash with a bf16 KV cache where vLLM
+# 0.24.0 on b200 collected head size 192 with fp8 KV only
+STEP = "stepfun-ai/Step-3.7-Flash"
+MOE_CASES += [
+    _s(STEP, "h200_sxm", "vllm", 8, 1, 16, 2048, 256),
+    _s(STEP + "-FP8", "b200_sxm", "sglang", 4, 1, 8, 4096, 512),
+    _s(STEP, "b200_sxm", "trtllm", 8, 1, 16, 2048, 256, nextn=3),
+    _s(MIMO, "b200_sxm", "vllm", 4, 1, 16, 2048, 256),
+]
+
+# Kimi-K3 (#37): KDA / gated-MLA layers, latent MoE with MXFP4 experts, attention residuals
+K3 = "moonshotai/Kimi-K3"
+HYBRID_CASES += [
+    _s(K3, "b200_sxm", "vllm", 16, 1, 8, 2048, 256),
+    _s(K3, "gb200", "sglang", 8, 1, 16, 2048, 256, attention_dp=4, moe_ep=32),
+    _s(K3, "b200_sxm", "sglang", 8, 1, 8, 4096, 256, attention_dp=2, moe_ep=16, backend_version="0.5.16"),
+]
+
 _DS_PREFILL = Engine(V3, "h200_sxm", "trtllm", 8)
 _DS_DECODE = Engine(V3, "h200_sxm", "trtllm", 1, attention_dp=8, moe_ep=8)
 
@@ -482,6 +501,8 @@ SERVING_CASES += [
     AggCase(Engine(Q32, "h200_sxm", "trtllm", 2, cp=2), 4, 32768, 256),
     DisaggCase(Engine(L70, "h200_sxm", "trtllm", 2, cp=4), Engine(L70, "h200_sxm", "trtllm", 4), prefill_workers=1,
                decode_workers=2, prefill_batch=1, concurrency=16, isl=32768, osl=512),
+    AggCase(Engine(STEP, "h200_sxm", "vllm", 8), 32, 4000, 500),
+    AggCase(Engine(K3, "gb200", "sglang", 8, attention_dp=4, moe_ep=32), 32, 2048, 256),
 ]
 
 GROUPS: dict[str, list] = {"dense": DENSE_CASES, "moe": MOE_CASES, "serving": SERVING_CASES, "hybrid": HYBRID_CASES}

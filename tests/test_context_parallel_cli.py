@@ -129,6 +129,7 @@ def test_trtllm_launch_files_cp():
 @pytest.mark.parametrize(("model", "needle"), [
     ("deepseek-ai/DeepSeek-V3.2", "DSA sparse attention"),
     ("deepseek-ai/DeepSeek-V4-Flash", "DeepSeek-V4"),
+    ("moonshotai/Kimi-K3", "Kimi Delta Attention"),
     ("Qwen/Qwen3.5-397B-A17B", "Gated-DeltaNet"),
     ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "Mamba"),
 ])

@@ -145,13 +145,21 @@ def test_gemma4_bf16_parameter_count(real_pack_available):
 
 
 @pytest.mark.real_pack
-def test_gemma4_sliding_shape_without_data_is_refused_in_silicon_mode(real_pack_available):
+def test_gemma4_on_h200_trtllm_sliding_from_full_curves_global_refused(real_pack_available):
     from infercast import Estimator
+    from infercast.data.database import PerfData
     from infercast.errors import NotAvailableError
+    from infercast.ops.attention import resolve_generation_attention
+    from infercast.ops.base import OpDB
 
     # TensorRT-LLM's h200 attention tables hold no 1024-token window (the support matrix has no
-    # Gemma-4 row there either): SILICON refuses, HYBRID answers from the roofline
-    with pytest.raises(NotAvailableError, match="head_dim=256 window=1024"):
+    # Gemma-4 row there either): the sliding layers are read from the head-256 full-attention
+    # curves (ops/window.py), noted; the global layers' head size 512 is not collected at all, so
+    # SILICON still refuses the model and HYBRID answers
+    db = OpDB(PerfData.open("h200_sxm", "trtllm"))
+    r = resolve_generation_attention(db, 16, 8, 256, window=1024)
+    assert any("window 1024 not collected at head_dim=256" in n for n in r.notes)
+    with pytest.raises(NotAvailableError, match="head_dim=512"):
         Estimator("google/gemma-4-26B-A4B", "h200_sxm", "trtllm", tp=1).static(8, 2048, 128)
     hybrid = Estimator("google/gemma-4-26B-A4B", "h200_sxm", "trtllm", tp=1, database_mode="HYBRID")
     assert hybrid.static(8, 2048, 128).ttft_ms > 0

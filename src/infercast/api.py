@@ -326,7 +326,8 @@ class Estimator:
     def context_notes(self, isl: int, osl: int, prefix: int = 0) -> list[str]:
         """Notes on what a request of these lengths is taken to be: a vision-language checkpoint
         serves text (its vision tower takes memory, images are not modelled), what a model's layer
-        groups approximate (:func:`infercast.models.groups.layer_group_notes`), and a request
+        groups approximate (:func:`infercast.models.groups.layer_group_notes`) and Kimi-K3's
+        costing does (:func:`infercast.models.kimi_k3.plan_notes`), and a request
         longer than the model's context window (the engines refuse such requests unless the
         window is extended, e.g. by RoPE scaling in the config)."""
         notes = []
@@ -337,6 +338,10 @@ class Estimator:
                          "inputs and the encoder's time are not modelled")
         notes.extend(layer_group_notes(self.spec, WINDOW_KV_COUNTED_FROM))
         notes.extend(speculation_notes(self.plan))
+        if self.spec.kimi is not None:  # Kimi-K3's costing approximations (models.kimi_k3)
+            from .models.kimi_k3 import plan_notes
+
+            notes.extend(plan_notes(self.spec))
         total = int(isl) + int(prefix) + int(osl)
         if self.spec.max_position and total > self.spec.max_position:
             notes.append(f"isl+prefix+osl={total} exceeds the model's max_position_embeddings {self.spec.max_position}")

@@ -45,10 +45,10 @@ from .context_parallel import sharded_cached, sharded_cached_scalar, zigzag_cont
 from ..ops.base import OpDB, Resolved
 
 GRID_KINDS = ("gemm", "moe", "allreduce", "allgather", "reduce_scatter", "alltoall", "moe_dispatch", "mhc")
-ATTENTION_KINDS = ("attention", "mla", "dsa", "msa", "dsv4_attention", "gdn", "mamba_conv", "mamba_ssm")
+ATTENTION_KINDS = ("attention", "mla", "dsa", "msa", "dsv4_attention", "gdn", "kda", "mamba_conv", "mamba_ssm")
 #: attention-like kinds whose cost does not depend on cached tokens before the new ones (a
 #: linear-attention layer keeps a fixed-size state): a prefix does not enter their context grid
-STATEFUL_KINDS = ("gdn", "mamba_conv", "mamba_ssm")
+STATEFUL_KINDS = ("gdn", "kda", "mamba_conv", "mamba_ssm")
 ANALYTIC_KINDS = ("elementwise", "p2p")
 CP_KINDS = ("cp_exchange", "cp_combine")
 #: decode runs of at most this many steps are summed with the scalar grid path (a numpy call costs
@@ -250,6 +250,12 @@ class CompiledEngine:
             kw = {k: p[k] for k in ("d_model", "num_k_heads", "head_k_dim", "num_v_heads", "head_v_dim", "conv_kernel")}
             kw["model_name"] = p.get("model_name")
             return CompiledOp(op, (resolve_gdn(self.db, "context", **kw), resolve_gdn(self.db, "generation", **kw)))
+        if op.kind == "kda":
+            from ..ops.kda import resolve_kda
+
+            kw = {k: int(p[k]) for k in ("d_model", "num_heads", "head_dim", "conv_kernel")}
+            kw["model_name"] = p.get("model_name")
+            return CompiledOp(op, (resolve_kda(self.db, "context", **kw), resolve_kda(self.db, "generation", **kw)))
         if op.kind in ("mamba_conv", "mamba_ssm"):
             from ..ops.mamba import resolve_mamba_conv, resolve_mamba_ssm
 

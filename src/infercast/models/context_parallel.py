@@ -51,6 +51,8 @@ def check_context_parallel(spec: ModelSpec, par, gpus_per_node: int | None = Non
         why = "DeepSeek-V4's compressed sparse attention (its compressors and top-k over a split sequence)"
     elif spec.msa_layers:
         why = "MiniMax sparse attention layers"
+    elif getattr(spec, "kimi", None) is not None:
+        why = "Kimi Delta Attention linear-attention layers (a per-request state a sequence split must pass along)"
     elif spec.gdn is not None:
         why = "Gated-DeltaNet linear-attention layers (a per-request state a sequence split must pass along)"
     elif spec.mamba is not None or spec.family == "nemotron_h":

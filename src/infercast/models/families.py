@@ -287,6 +287,12 @@ def minimax_m3(mc: ModelConfig, cfg: dict, text: dict, arch: str, family: str) -
     )
 
 
+def _step3p7(mc: ModelConfig, cfg: dict, text: dict, arch: str, family: str) -> ModelSpec:
+    from .step3 import step3p7  # its own module (models/step3.py), which uses this one's helpers
+
+    return step3p7(mc, cfg, text, arch, family)
+
+
 #: architecture -> reader
 READERS = {
     "Gemma4ForConditionalGeneration": gemma4,
@@ -295,4 +301,5 @@ READERS = {
     "MiniMaxM3ForCausalLM": minimax_m3,
     "MiniMaxM3SparseForCausalLM": minimax_m3,
     "MiniMaxM3SparseForConditionalGeneration": minimax_m3,
+    "Step3p7FlashForCausalLM": _step3p7,
 }

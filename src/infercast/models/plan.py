@@ -272,8 +272,8 @@ class Fusions:
 
 
 #: The op kinds a plan may hold (what :mod:`infercast.engine.compiled` knows how to cost).
-OP_KINDS = ("gemm", "attention", "mla", "dsa", "msa", "dsv4_attention", "mhc", "gdn", "mamba_conv", "mamba_ssm", "moe", "moe_dispatch", "allreduce", "allgather",
-            "cp_exchange", "cp_combine",
+OP_KINDS = ("gemm", "attention", "mla", "dsa", "msa", "dsv4_attention", "mhc", "gdn", "kda", "mamba_conv", "mamba_ssm", "moe",
+            "moe_dispatch", "allreduce", "allgather", "cp_exchange", "cp_combine",
             "reduce_scatter", "alltoall", "elementwise", "p2p")
 
 
@@ -603,12 +603,22 @@ def with_moe_kernel(plan: Plan, kernel: str | None) -> Plan:
     return replace(plan, ops=ops)
 
 
+def _mtp_attention_group(spec: ModelSpec):
+    """The attention group whose ops an MTP draft layer runs, for a spec with
+    ``attention_groups``: the full-attention GQA group (else the first GQA group); None for
+    other specs."""
+    gqa = [g for g in spec.attention_groups or () if g.kind == "gqa"]
+    full = [g for g in gqa if g.window == 0]
+    return (full or gqa or [None])[0]
+
+
 def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
     """Append the MTP draft passes: ``nextn`` executions of one layer's ops and the LM head,
     on one token per sequence, in decode steps only. The MTP layer is a full-attention decoder
     layer, also in hybrid models whose other layers are mostly linear attention (Qwen3.5's
     ``mtp`` block: self-attention + MoE): their full-attention ops join the draft, their
-    Gated-DeltaNet ops do not."""
+    Gated-DeltaNet ops do not; in a spec with layer groups, the full-attention group's ops
+    (:func:`_mtp_attention_group`)."""
     sd.check()
     if sd.mtp_steps == 0:
         return replace(plan, spec_decode=sd)
@@ -621,10 +631,15 @@ def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
     moe_layers = L - (plan.model.moe.first_dense_layers if plan.model.moe else 0)
     gdn = plan.model.gdn
     full_attention = L - gdn.linear_layers if gdn else L
+    mtp_group = _mtp_attention_group(plan.model)
     draft = []
     for o in plan.ops:
         per_layer = o.count in (L, moe_layers) and not o.name.startswith("dense_")
         attention_layer = gdn is not None and o.count == full_attention and not o.name.startswith("gdn")
+        # layer groups: the MTP layer's attention is the full-attention group's, no other group's
+        group = next((g for g in plan.model.attention_groups or () if o.name.endswith("_" + g.label)), None)
+        if group is not None:
+            per_layer, attention_layer = False, group == mtp_group
         # MiniMax sparse attention: the MTP layer's attention is costed as a sparse layer's
         if per_layer or attention_layer or o.kind == "msa":
             draft.append(replace(o, name=f"mtp_{o.name}", count=sd.nextn, phase="decode"))
@@ -653,6 +668,10 @@ def build_plan(spec: ModelSpec, par: ParallelConfig, spec_decode: SpecDecode | N
         from .deepseek_v4 import dsv4_plan
 
         return dsv4_plan(spec, par, spec_decode, fusions)
+    elif spec.family == "kimi_k3":
+        from .kimi_k3 import kimi_k3_plan
+
+        return kimi_k3_plan(spec, par, spec_decode, fusions)
     else:
         raise InvalidConfigError(f"no op plan for family {spec.family!r}")
     return _with_mtp(plan, spec_decode or SpecDecode())

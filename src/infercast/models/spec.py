@@ -14,6 +14,7 @@ from .groups import AttentionGroup, FFNGroup
 
 if TYPE_CHECKING:
     from .deepseek_v4 import DeepSeekV4Spec
+    from .kimi_k3 import KimiLinearSpec
     from .nemotron_h import MambaSpec
 
 
@@ -134,8 +135,11 @@ def infer_quant(mc: ModelConfig, text_cfg: dict, num_layers: int) -> QuantSpec:
         moe, src = "mxfp4", "quantization_config mxfp4 (experts; w4a8 on GPUs with FP4, w4a16 before)"
     elif method == "compressed-tensors":
         groups = qc.get("config_groups") or {}
-        bits = {((g.get("weights") or {}).get("num_bits")) for g in groups.values()}
-        if 4 in bits:
+        weights = [g.get("weights") or {} for g in groups.values()]
+        if any(w.get("num_bits") == 4 and w.get("type") == "float" and w.get("group_size") == 32 for w in weights):
+            # 4-bit float weights in groups of 32: MXFP4 (Kimi-K3's "mxfp4-pack-quantized")
+            moe, src = "mxfp4", "compressed-tensors mxfp4 weights (experts; w4a8 on GPUs with FP4, w4a16 before)"
+        elif any(w.get("num_bits") == 4 for w in weights):
             moe, src = "int4_wo", "compressed-tensors int4 weights (experts)"
     kv_algo = (hq.get("kv_cache_quant_algo") or qc.get("kv_cache_quant_algo") or "")
     kv_scheme = qc.get("kv_cache_scheme") or {}
@@ -251,6 +255,9 @@ class ModelSpec:
     msa_topk_tokens: int = 0
     #: DeepSeek-V4: per-layer attention kinds, mHC, hash routing (:mod:`infercast.models.deepseek_v4`)
     dsv4: DeepSeekV4Spec | None = None
+    #: Kimi-K3 (Kimi-Linear): KDA / MLA layer pattern, latent MoE, attention residuals
+    #: (:mod:`infercast.models.kimi_k3`)
+    kimi: KimiLinearSpec | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -279,6 +286,10 @@ class ModelSpec:
             from .deepseek_v4 import DeepSeekV4Spec
 
             d["dsv4"] = DeepSeekV4Spec.from_dict(d["dsv4"])
+        if d.get("kimi"):
+            from .kimi_k3 import KimiLinearSpec
+
+            d["kimi"] = KimiLinearSpec(**d["kimi"])
         return cls(**d)
 
 
@@ -324,6 +335,12 @@ FAMILIES = {
     "MiniMaxM3SparseForConditionalGeneration": "moe",
     # DeepSeek-V4: CSA / HCA / window attention per layer, mHC, MoE (:mod:`infercast.models.deepseek_v4`)
     "DeepseekV4ForCausalLM": "deepseek_v4",
+    # Step-3.7-Flash: sliding-window / full GQA layers, MoE with a shared expert after dense
+    # layers, MTP (:mod:`infercast.models.step3`)
+    "Step3p7FlashForCausalLM": "moe",
+    # Kimi-K3: KDA linear attention / gated MLA layers, latent MoE (:mod:`infercast.models.kimi_k3`)
+    "KimiK3ForConditionalGeneration": "kimi_k3",
+    "KimiLinearForCausalLM": "kimi_k3",
 }
 
 
@@ -417,6 +434,10 @@ def _build_spec(mc: ModelConfig) -> ModelSpec:
         from .deepseek_v4 import build_dsv4_spec
 
         return build_dsv4_spec(mc, arch)
+    if family == "kimi_k3":
+        from .kimi_k3 import build_kimi_k3_spec
+
+        return build_kimi_k3_spec(mc, arch)
     where = mc.resolved_id
     from .families import READERS  # the readers use this module's helpers
 

@@ -288,6 +288,9 @@ def _lattice(db: OpDB, stem: str, head_dim: int, kv_quant: str, attn_quant: str,
         )
     kernel = choose_kernel(table, db.backend, base)
     combos = [(attn_quant, kv_quant), (kv_quant, kv_quant), ("bfloat16", kv_quant)]
+    # another KV dtype's rows of the same shapes, last (carried over through utilisation: _resolve)
+    other_kv = [k for k in table.unique("kv_cache_dtype") if k != kv_quant and np.any(base & (table.keys["kv_cache_dtype"] == k))]
+    combos += [(ad, k) for k in other_kv for ad in (attn_quant, k, "bfloat16")]
     kernels = [kernel] + [k for k in table.unique("kernel_source") if k != kernel]
     for kern in kernels:
         for ad, kd in combos:
@@ -351,15 +354,43 @@ def _resolve(db: OpDB, stem: str, heads: int, kv_heads: int, head_dim: int, kv_q
     labels = tuple(f"(heads={int(sites[i][0])}, kv={int(sites[i][1])}) w={w:.2f}" for i, w in zip(choice.indices, choice.weights))
     g = transfer_grid(choice, site_grid, sol_q, labels)
     notes = () if (ad, kd) == (attn_quant, kv_quant) else (f"served by attn={ad} kv={kd} rows",)
+    if kd != kv_quant:
+        g = _other_kv_dtype(g, sol_q, choice.how == "exact")
+        notes = (f"no kv={kv_quant} rows at head_dim={head_dim}: kv={kd} rows carried over through utilisation "
+                 f"(SOL with {kv_quant} KV / SOL with {kd} KV)",)
     return Resolved(g, stem, db.served_version(stem), kernel, choice.how, labels if choice.how != "exact" else (), notes)
 
 
+def _resolve_window(db: OpDB, stem: str, heads, kv_heads, head_dim, kv_quant, attn_quant, window) -> Resolved:
+    """A window the table collected at ``head_dim`` (or full attention) as it is; another window
+    from the same shape's full-attention curves (:mod:`infercast.ops.window`)."""
+    from .window import window_collected, windowed_from_full
+
+    if not window or window_collected(db, stem, head_dim, window):
+        return _resolve(db, stem, heads, kv_heads, head_dim, kv_quant, attn_quant, window)
+    full = _resolve(db, stem, heads, kv_heads, head_dim, kv_quant, attn_quant, 0)
+    phase = "context" if stem == "context_attention" else "generation"
+    return windowed_from_full(db, phase, full, heads, kv_heads, head_dim, kv_quant, attn_quant, window)
+
+
+def _other_kv_dtype(g: Grid, sol_q, exact: bool) -> Grid:
+    """A grid read from another KV dtype's rows, for the queried one: a transferred grid is
+    already on the query's SOL (:func:`~infercast.interp.transfer.transfer_grid` divides the
+    query's roofline by the donors' utilisation); an exact site's grid is scaled by the two
+    rooflines' ratio, i.e. it keeps its measured utilisation. Every cell is marked transferred."""
+    if exact:
+        mesh = np.meshgrid(*g.axes, indexing="ij")
+        v, p = g(*mesh)
+        g = Grid(g.axes, v * sol_q(*mesh) / g.sol(*mesh), p, sol_q, g.sites, scales=g.scales)
+    return Grid(g.axes, g.values, np.maximum(g.prov, Prov.TRANSFERRED), g.sol, g.sites, scales=g.scales)
+
+
 def resolve_context_attention(db: OpDB, heads, kv_heads, head_dim, kv_quant="bfloat16", attn_quant="bfloat16", window=0) -> Resolved:
-    return _resolve(db, "context_attention", heads, kv_heads, head_dim, kv_quant, attn_quant, window)
+    return _resolve_window(db, "context_attention", heads, kv_heads, head_dim, kv_quant, attn_quant, window)
 
 
 def resolve_generation_attention(db: OpDB, heads, kv_heads, head_dim, kv_quant="bfloat16", attn_quant="bfloat16", window=0) -> Resolved:
-    return _resolve(db, "generation_attention", heads, kv_heads, head_dim, kv_quant, attn_quant, window)
+    return _resolve_window(db, "generation_attention", heads, kv_heads, head_dim, kv_quant, attn_quant, window)
 
 
 def prefix_fraction(isl, prefix):

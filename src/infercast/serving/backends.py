@@ -376,8 +376,8 @@ def scheduler_params(name: str, system=None, spec=None, postprocess_workers: int
             p = replace(p, graph_batch_sizes=SGLANG_LARGE_GPU_GRAPH_SIZES)
     if system is not None and name == "vllm" and _vllm_small_gpu(system):
         p = replace(p, max_num_tokens=VLLM_SMALL_GPU_TOKENS, max_batch_size=VLLM_SMALL_GPU_SEQS)
-    if name == "sglang" and spec is not None and (getattr(spec, "gdn", None) is not None or getattr(spec, "mamba", None) is not None):
-        # SGLang runs hybrid linear-attention (Gated DeltaNet / Mamba) models without the overlap
+    if name == "sglang" and spec is not None and any(getattr(spec, k, None) is not None for k in ("gdn", "mamba", "kimi")):
+        # SGLang runs hybrid linear-attention (Gated DeltaNet / Mamba / KDA) models without the overlap
         # scheduler unless --mamba-scheduler-strategy extra_buffer is set (sgl-project/sglang#14792)
         # or, from the builds of SGLANG_HYBRID_OVERLAP_FROM, the radix cache is off
         p = replace(p, overlap=False)

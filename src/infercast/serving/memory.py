@@ -114,6 +114,10 @@ def weight_bytes_per_gpu(spec: ModelSpec, par: ParallelConfig, extra_layers: int
         from ..models.deepseek_v4 import layer_weight_bytes as dsv4_weights
 
         return dsv4_weights(spec, par, extra_layers) + _ends_weight_bytes(spec, tp, pp)
+    if spec.kimi is not None:  # Kimi-K3: KDA / MLA layers, latent MoE (models.kimi_k3)
+        from ..models.kimi_k3 import layer_weight_bytes as kimi_weights
+
+        return kimi_weights(spec, par) + _ends_weight_bytes(spec, tp, pp)
     attn = _attention_weights(spec, tp, WEIGHT_BYTES[spec.quant.attention_gemm]) + 2 * h * 2.0  # + norms
     m = spec.moe
     if m is None and spec.ffn_groups is not None:
@@ -168,6 +172,10 @@ def _kv_bytes_per_token_unsplit(spec: ModelSpec, par: ParallelConfig, extra_laye
         return dsv4_kv(spec, par, extra_layers)
     if spec.attention_groups is not None:
         return _group_kv_bytes(spec, par, kvb, windowed=False)
+    if spec.kimi is not None:  # Kimi-K3: only the MLA layers keep per-token KV
+        from ..models.kimi_k3 import kv_bytes_per_token as kimi_kv
+
+        return kimi_kv(spec, par, kvb)
     layers = math.ceil(spec.num_layers / par.pp) + extra_layers
     if spec.mla is not None:
         # latent cache; DSA models also keep one indexer key per token and layer
@@ -221,6 +229,10 @@ def state_bytes_per_request(spec: ModelSpec, par: ParallelConfig) -> float:
         from ..models.deepseek_v4 import state_bytes_per_request as dsv4_state
 
         return dsv4_state(spec, par)
+    if spec.kimi is not None:
+        from ..models.kimi_k3 import state_bytes_per_request as kda_state
+
+        return kda_state(spec, par)
     if spec.attention_groups is not None:
         return _group_window_state(spec, par)
     if spec.gdn is None:
