@@ -220,12 +220,22 @@ class IntervalTable:
     def interval(self, model: str, metric: str, value: float, cond: dict[str, str], invert: bool = False) -> Interval:
         """The ranges of a predicted ``value`` of ``metric`` in the cell of ``cond``; ``invert``:
         ``value`` is inversely proportional to the metric (a throughput from a latency)."""
-        entry, used = self.lookup(model, metric, cond)
-        ranges = {}
-        for lv in LEVELS:
-            lo, hi = entry[_level_key(lv)]
-            ranges[lv] = (value * math.exp(-hi), value * math.exp(-lo)) if invert else (value * math.exp(lo), value * math.exp(hi))
-        return Interval(ranges, used, int(entry["n"]))
+        factors, used, n = self.factors(model, metric, cond, invert)
+        return Interval({lv: (value * a, value * b) for lv, (a, b) in factors.items()}, used, n)
+
+    def factors(self, model: str, metric: str, cond: dict[str, str], invert: bool = False):
+        """``({level: (low, high) factor on the predicted value}, keys used, rows)`` of ``cond``'s
+        cell (kept: a search asks for the same few cells tens of thousands of times)."""
+        key = ("factors", model, metric, tuple(sorted(cond.items())), invert)
+        hit = self._found.get(key)
+        if hit is None:
+            entry, used = self.lookup(model, metric, cond)
+            f = {}
+            for lv in LEVELS:
+                lo, hi = entry[_level_key(lv)]
+                f[lv] = (math.exp(-hi), math.exp(-lo)) if invert else (math.exp(lo), math.exp(hi))
+            hit = self._found[key] = (f, used, int(entry["n"]))
+        return hit
 
 
 def _level_key(level: float) -> str:
