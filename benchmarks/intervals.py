@@ -13,8 +13,8 @@ Prints, per model (serving / static) and metric, the coverage overall and per co
 (backend, mode, concurrency band, measured / extrapolated tables), nominal against achieved.
 The throughputs' ranges are the request latency's inverted, so their coverage is the latency's.
 
-    PYTHONPATH=src python benchmarks/intervals.py                 # cached predictions in /tmp
-    PYTHONPATH=src python benchmarks/intervals.py --split model
+    PYTHONPATH=src python -m benchmarks.intervals                # predictions cached in /tmp
+    PYTHONPATH=src python -m benchmarks.intervals --split model
 """
 
 from __future__ import annotations

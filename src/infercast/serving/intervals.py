@@ -18,8 +18,8 @@ A cell is the combination of what makes the error differ (:func:`condition`):
   prediction's step time (the larger share of a one-prompt prefill step and of a decode step at
   the mean running batch) came from ops answered beyond the measured range of their tables: held
   at the edge of the collected range, from a learned utilisation or from a roofline
-  (:data:`EXTRAPOLATED_CODES`, :func:`extrapolated_share`). On the tuning rows such predictions
-  miss by about twice as much as the others (TTFT's 10-90% log-ratio spread 2.9 against 1.2).
+  (:data:`EXTRAPOLATED_CODES`, :func:`extrapolated_share`). Such predictions miss by two to three
+  times as much as the others (docs/fidelity.md, 'Prediction intervals').
 
 The builder keeps a cell only when it holds at least ``min_rows`` rows; a lookup takes the first
 cell of :data:`HIERARCHY` the table holds (the backend dropped first, then agg / disagg, then
