@@ -239,3 +239,52 @@ def test_search_json_carries_intervals(capsys):
     _check_ranges(d["best"])
     assert all("intervals" in c for c in d["frontier"] + d["top"])
     assert "tables=" not in d["best"]["intervals"]["ttft_ms"]["cell"]  # the search does not compute the share
+
+
+# ---- the extrapolated share and the build script (synthetic) -----------------------------------
+
+
+def test_extrapolated_share_grows_beyond_the_tables(synth):
+    import synthpack as sp
+
+    from infercast.api import Estimator
+    from infercast.interp.provenance import Prov
+    from infercast.serving.intervals import EXTRAPOLATED_CODES, extrapolated_share, provenance_shares
+
+    est = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", systems_path=synth.systems_dir)
+    inside = provenance_shares(est.engine, ctx_batch=1.0, ctx_isl=256.0)
+    assert inside.sum() == pytest.approx(1.0) and len(inside) == len(Prov)
+    # a prompt 4x the longest collected context length: attention and the token-wise ops held
+    beyond = provenance_shares(est.engine, ctx_batch=1.0, ctx_isl=4.0 * max(sp.CTX_ISL))
+    idx = [int(c) for c in EXTRAPOLATED_CODES]
+    assert beyond[idx].sum() > inside[idx].sum()
+    share = extrapolated_share(est.engine, est.engine, isl=4 * max(sp.CTX_ISL), osl=1, decode_batch=1)
+    assert share == pytest.approx(beyond[idx].sum())
+
+
+def test_build_table_dedupes_and_takes_the_request_latency():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import build_intervals as bi
+
+    def rec(i, meas_ttft, pred_ttft, meas_tpot, pred_tpot, conc=8):
+        return {"id": f"r{i}", "model": "m", "system": "s", "backend": "vllm", "mode": "agg", "concurrency": conc,
+                "isl": 100, "osl": 11, "gpus": 1, "measured_ttft_ms": meas_ttft, "measured_tpot_ms": meas_tpot,
+                "ttft_ms": pred_ttft, "tpot_ms": pred_tpot, "shares": None}
+
+    recs = [rec(i, 100.0 + i, 100.0, 10.0, 10.0 * (1 + i / 100)) for i in range(40)]
+    recs.append(dict(recs[0], id="copy"))  # the same measurement exported twice counts once
+    assert len(bi.dedupe(recs)) == 40
+    res, conds = bi.residuals(bi.dedupe(recs))
+    i = 7
+    assert res["ttft"][i] == pytest.approx(math.log(107.0 / 100.0))
+    assert res["latency"][i] == pytest.approx(math.log((107.0 + 10 * 10.0) / (100.0 + 10 * 10.0 * 1.07)))
+    assert conds[i] == {"backend": "vllm", "mode": "agg", "band": "c5-32"}
+    doc = bi.build_table({"serving": recs, "static": recs}, min_rows=30)
+    t = _check_table(doc, "<built>")
+    entry, used = t.lookup("serving", "ttft", conds[0])
+    assert used == conds[0] and entry["n"] == 40
+    # 80%: rank ceil(41 x 0.9) = 37 of 40 from each end: the 4th and 37th smallest ratio
+    assert entry["p80"] == pytest.approx([math.log(103.0 / 100.0), math.log(136.0 / 100.0)])
