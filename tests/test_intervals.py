@@ -288,3 +288,22 @@ def test_build_table_dedupes_and_takes_the_request_latency():
     assert used == conds[0] and entry["n"] == 40
     # 80%: rank ceil(41 x 0.9) = 37 of 40 from each end: the 4th and 37th smallest ratio
     assert entry["p80"] == pytest.approx([math.log(103.0 / 100.0), math.log(136.0 / 100.0)])
+
+
+# ---- a broken table reaches the user as one line -----------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["serve", "--concurrency", "4"], ["estimate", "--batch", "4"]])
+def test_cli_reports_a_broken_table_in_one_line(synth, capsys, monkeypatch, tmp_path, command):
+    import synthpack as sp
+    from cli_helpers import assert_one_line_error
+
+    import infercast.serving.intervals as iv
+
+    bad = tmp_path / "intervals.json"
+    bad.write_text(json.dumps({"format_version": 1, "models": {}}))
+    monkeypatch.setattr(iv, "default_intervals", lambda: load_intervals(bad))
+    argv = [command[0], "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm",
+            "--systems-path", str(synth.systems_dir), "--isl", "128", "--osl", "8", *command[1:]]
+    rc, out, err = run_cli(capsys, argv)
+    assert_one_line_error(rc, out, err, "prediction-interval table", "rebuild it with scripts/build_intervals.py")
