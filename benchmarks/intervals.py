@@ -29,9 +29,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import build_intervals as bi  # noqa: E402
+import build_intervals as bi
 
-from infercast.serving.intervals import KEYS, LEVELS, METRICS, MODELS, IntervalTable, _check_table  # noqa: E402
+from infercast.serving.intervals import (
+    KEYS,
+    LEVELS,
+    METRICS,
+    MODELS,
+    IntervalTable,
+    _check_table,
+)
 
 
 def fold_of(rec: dict, folds: int) -> int:

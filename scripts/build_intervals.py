@@ -56,7 +56,12 @@ def predict_rows(ids_path: Path, kind: str = "serving", progress: bool = True) -
     import re
 
     from infercast.validate.cli import default_silicon_csv, select_rows
-    from infercast.validate.predict import EstimatorCache, clients_per_rank, gpu_count, static_predictor
+    from infercast.validate.predict import (
+        EstimatorCache,
+        clients_per_rank,
+        gpu_count,
+        static_predictor,
+    )
     from infercast.validate.recipes import RecipeBook
     from infercast.validate.runner import run_grouped
     from infercast.validate.serving_predict import serving_predictor
@@ -171,7 +176,13 @@ def model_cells(recs: list[dict], min_rows: int = MIN_ROWS) -> dict:
 
 def build_table(recs_by_model: dict[str, list[dict]], min_rows: int = MIN_ROWS) -> dict:
     """The ``intervals.json`` document of each model's records."""
-    from infercast.serving.intervals import BANDS, EXTRAPOLATED_SHARE, FORMAT_VERSION, HIERARCHY, LEVELS
+    from infercast.serving.intervals import (
+        BANDS,
+        EXTRAPOLATED_SHARE,
+        FORMAT_VERSION,
+        HIERARCHY,
+        LEVELS,
+    )
 
     return {
         "format_version": FORMAT_VERSION,

@@ -249,7 +249,11 @@ def test_extrapolated_share_grows_beyond_the_tables(synth):
 
     from infercast.api import Estimator
     from infercast.interp.provenance import Prov
-    from infercast.serving.intervals import EXTRAPOLATED_CODES, extrapolated_share, provenance_shares
+    from infercast.serving.intervals import (
+        EXTRAPOLATED_CODES,
+        extrapolated_share,
+        provenance_shares,
+    )
 
     est = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", systems_path=synth.systems_dir)
     inside = provenance_shares(est.engine, ctx_batch=1.0, ctx_isl=256.0)

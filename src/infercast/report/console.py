@@ -54,7 +54,7 @@ def _print_intervals(c, intervals: dict | None) -> None:
         t.add_column(col, justify="left" if col in ("figure", "from") else "right")
     for key, iv in intervals.items():
         name, fmt = _INTERVAL_NAMES.get(key, (key, "{:.4g}"))
-        t.add_row(name, *("{} - {}".format(fmt.format(iv[p][0]), fmt.format(iv[p][1])) for p in ("p80", "p95")),
+        t.add_row(name, *(f"{fmt.format(iv[p][0])} - {fmt.format(iv[p][1])}" for p in ("p80", "p95")),
                   f"{iv['cell']} ({iv['n']} rows)")
     c.print(_fold(t))
 

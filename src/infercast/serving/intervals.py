@@ -7,7 +7,8 @@ only, as ``infercast validate``'s ``defaults_only`` score does) and kept, per *c
 quantiles of the log ratio ``log(measured / predicted)``. This module reads that table (shipped as
 package data, ``infercast/data/intervals.json``) and turns a prediction into ranges:
 ``[predicted x exp(q_lo), predicted x exp(q_hi)]`` with ``q_lo`` / ``q_hi`` the cell's
-``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles. Nothing reads the CSV at run time.
+``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles (split-conformal ranks,
+:func:`_quantile_pair`). Nothing reads the CSV at run time.
 
 A cell is the combination of what makes the error differ (:func:`condition`):
 
@@ -49,25 +50,25 @@ from ..errors import DataFileError
 from ..interp.provenance import Prov
 
 __all__ = [
+    "BANDS",
+    "EXTRAPOLATED_SHARE",
+    "HIERARCHY",
     "LEVELS",
     "METRICS",
-    "BANDS",
-    "HIERARCHY",
-    "EXTRAPOLATED_SHARE",
-    "IntervalTable",
     "Interval",
+    "IntervalTable",
+    "agg_intervals",
     "band_of",
     "condition",
-    "extrapolated_share",
-    "load_intervals",
     "default_intervals",
+    "disagg_intervals",
+    "extrapolated_share",
+    "flat_intervals",
+    "intervals_dict",
+    "load_intervals",
     "quantile_cells",
     "serving_intervals",
-    "agg_intervals",
-    "disagg_intervals",
     "static_intervals",
-    "intervals_dict",
-    "flat_intervals",
 ]
 
 #: the nominal coverages every figure carries a range for
@@ -307,7 +308,7 @@ def _quantile_pair(v: np.ndarray, level: float) -> tuple[float, float]:
     ``(1 - level) / 2``."""
     s = np.sort(v)
     n = len(s)
-    k = min(n, int(math.ceil((n + 1) * (1 + level) / 2)))
+    k = min(n, math.ceil((n + 1) * (1 + level) / 2 - 1e-9))  # less a rounding error: (n + 1) q may be whole
     return float(s[n - k]), float(s[k - 1])
 
 
