@@ -13,7 +13,11 @@ Four groups, one file each:
 * ``hybrid.json``  static estimates of Nemotron-H hybrids (Mamba2 blocks between attention and
                    MoE / MLP blocks) and Kimi-K3 (KDA linear-attention and MLA layers);
 * ``serving.json`` the serving models: ``serving.agg.serve_agg`` (aggregated, closed-loop
-                   benchmark) and ``serving.disagg.solve_disagg`` (prefill / decode pools).
+                   benchmark) and ``serving.disagg.solve_disagg`` (prefill / decode pools);
+* ``intervals.json`` the 80% / 95% prediction intervals (``serving.intervals``) of a static
+                   estimate, an aggregated and a disaggregated serving result, as the CLI
+                   attaches them: the shipped interval table, the cell lookup and the
+                   extrapolated share end to end.
 
 Every case runs on the real aiconfigurator-core pack. Files are written with sorted keys, one
 value per line and a trailing newline, so ``git diff tests/goldens/`` after a re-pin shows exactly
@@ -237,6 +241,49 @@ class DisaggCase:
                          scheduler_params(self.prefill.backend), scheduler_params(self.decode.backend), transfer, gpus,
                          prefill_dp=pe.plan.parallel.attention_dp)
         return {"backend_version": pe.version, "tpot_ms": r.tpot_ms, "ttft_ms": r.ttft_ms}
+
+
+@dataclass(frozen=True)
+class IntervalCase:
+    """The prediction intervals the CLI attaches to ``case``'s result (a :class:`StaticCase`:
+    ``estimate``; an :class:`AggCase`: ``serve`` through :func:`infercast.api.serve_agg`, its
+    ``concurrency`` per attention-DP rank; a :class:`DisaggCase`: ``serve-disagg`` through
+    :func:`infercast.api.serve_disagg`): the predicted TTFT / TPOT, each figure's range ends
+    (:func:`infercast.serving.intervals.flat_intervals`) and the TTFT's cell."""
+
+    case: object
+
+    OUTPUT_KEYS = ("ttft_ms", "tpot_ms", "ttft_cell", *(f"{f}_p{p}_{end}" for f in (
+        "ttft_ms", "tpot_ms", "request_latency_ms", "tokens_per_s_per_gpu", "tokens_per_s_per_user")
+        for p in (80, 95) for end in ("lo", "hi")))
+
+    @property
+    def id(self) -> str:
+        return f"intervals|{self.case.id}"
+
+    def inputs(self) -> dict:
+        return self.case.inputs()
+
+    def compute(self, ests: Estimators) -> dict:
+        from infercast.api import serve_agg, serve_disagg
+        from infercast.serving.intervals import agg_intervals, disagg_intervals, flat_intervals, static_intervals
+
+        c = self.case
+        if isinstance(c, StaticCase):
+            est = ests.get_for(c.engine)
+            r = est.static(c.batch, c.isl, c.osl, c.prefix, breakdown=False)
+            iv = static_intervals(est, r)
+        elif isinstance(c, AggCase):
+            est = ests.get_for(c.engine)
+            r = serve_agg(est, c.concurrency, c.isl, c.osl)
+            iv = agg_intervals(est, r, concurrency=c.concurrency * est.plan.parallel.attention_dp, isl=c.isl, osl=c.osl)
+        else:
+            pe, de = ests.get_for(c.prefill), ests.get_for(c.decode)
+            r = serve_disagg(pe, de, concurrency=c.concurrency, isl=c.isl, osl=c.osl, prefill_workers=c.prefill_workers,
+                             decode_workers=c.decode_workers, prefill_batch=c.prefill_batch)
+            iv = disagg_intervals(pe, de, r, concurrency=c.concurrency, isl=c.isl, osl=c.osl)
+        cell = ", ".join(f"{k}={v}" for k, v in iv["ttft_ms"].cell.items()) or "all"
+        return {"ttft_ms": r.ttft_ms, "tpot_ms": r.tpot_ms, "ttft_cell": cell, **flat_intervals(iv)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,7 +552,18 @@ SERVING_CASES += [
     AggCase(Engine(K3, "gb200", "sglang", 8, attention_dp=4, moe_ep=32), 32, 2048, 256),
 ]
 
-GROUPS: dict[str, list] = {"dense": DENSE_CASES, "moe": MOE_CASES, "serving": SERVING_CASES, "hybrid": HYBRID_CASES}
+INTERVAL_CASES: list = [
+    IntervalCase(_s(Q32, "h200_sxm", "vllm", 2, 1, 16, 1000, 200)),
+    IntervalCase(AggCase(Engine(L8, "h200_sxm", "trtllm", 1), 32, 2048, 256)),
+    IntervalCase(AggCase(Engine(V3, "h200_sxm", "sglang", 8), 64, 2048, 512)),
+    IntervalCase(AggCase(Engine(V3, "b200_sxm", "trtllm", 1, attention_dp=8, moe_ep=8), 16, 1024, 512)),
+    IntervalCase(DisaggCase(_DS_PREFILL, _DS_DECODE, prefill_workers=2, decode_workers=1, prefill_batch=1,
+                            concurrency=256, isl=4000, osl=1000)),
+    IntervalCase(AggCase(Engine(Q32, "h200_sxm", "vllm", 2), 4, 64000, 200)),  # prompts beyond the tables: extrapolated
+]
+
+GROUPS: dict[str, list] = {"dense": DENSE_CASES, "moe": MOE_CASES, "serving": SERVING_CASES, "hybrid": HYBRID_CASES,
+                           "intervals": INTERVAL_CASES}
 
 
 def golden_path(group: str, directory: Path = GOLDEN_DIR) -> Path:

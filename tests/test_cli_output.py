@@ -178,7 +178,9 @@ def test_piped_output_is_not_wrapped(synth, capsys):
     rows = [ln for ln in lines if ln.startswith("│")]
     rc, out, err = run_cli(capsys, _argv(synth, "search", "--max-gpus", "2", "--concurrency", "1,2", "--json"))
     d = json.loads(out)
-    assert len(rows) == len(d["frontier"]) + len(d["top"]) > 0  # one line per row: no cell folded
+    # one line per row, no cell folded: the frontier, the top deployments and the recommendation's
+    # prediction intervals (one row per figure)
+    assert len(rows) == len(d["frontier"]) + len(d["top"]) + len(d["best"]["intervals"]) > 0
 
 
 # ---- help, version, plain numbers in errors --------------------------------------------------

@@ -40,6 +40,7 @@ GUARDED = {
     "moe": ("ttft_ms", "tpot_ms", "tokens_per_s_per_gpu", "memory_gb_per_gpu"),
     "serving": ("ttft_ms", "tpot_ms"),
     "hybrid": ("ttft_ms", "tpot_ms", "tokens_per_s_per_gpu", "memory_gb_per_gpu"),
+    "intervals": ("ttft_ms_p80_lo", "ttft_ms_p95_hi", "tpot_ms_p80_hi", "tokens_per_s_per_gpu_p80_lo"),
 }
 
 
@@ -108,6 +109,17 @@ def test_serving_coverage(pinned):
     assert modes.count("agg") >= 5 and modes.count("disagg") >= 1
     assert {c["inputs"]["backend"] for c in pinned["serving"]["cases"] if c["inputs"]["mode"] == "agg"} == {"trtllm", "vllm", "sglang"}
     assert any("DeepSeek" in c["inputs"]["prefill"]["model"] for c in pinned["serving"]["cases"] if c["inputs"]["mode"] == "disagg")
+
+
+def test_interval_coverage(pinned):
+    cases = pinned["intervals"]["cases"]
+    kinds = {c["inputs"].get("mode", "static") for c in cases}
+    assert kinds == {"static", "agg", "disagg"}
+    assert {c["inputs"]["backend"] for c in cases if "backend" in c["inputs"]} == {"trtllm", "vllm", "sglang"}
+    for c in cases:  # each range holds the narrower one
+        o = c["outputs"]
+        for f in ("ttft_ms", "tpot_ms", "tokens_per_s_per_gpu"):
+            assert o[f"{f}_p95_lo"] <= o[f"{f}_p80_lo"] < o[f"{f}_p80_hi"] <= o[f"{f}_p95_hi"]
 
 
 # ---------------------------------------------------------------------------------------------

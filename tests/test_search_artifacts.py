@@ -36,6 +36,13 @@ def test_tables_hold_every_candidate(saved):
     doc = json.loads((out / "results.json").read_text())
     assert doc["agg"]["best"]["layout"] == results["agg"].candidates[results["agg"].best].layout
     assert (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # every candidate carries its prediction intervals: CSV columns per end, JSON objects
+    for r in rows + pareto:
+        for f in ("ttft_ms", "tpot_ms", "tokens_per_s_per_gpu", "tokens_per_s_per_user"):
+            lo80, hi80 = float(r[f"{f}_p80_lo"]), float(r[f"{f}_p80_hi"])
+            assert float(r[f"{f}_p95_lo"]) <= lo80 < hi80 <= float(r[f"{f}_p95_hi"])
+    best = doc["agg"]["best"]["intervals"]
+    assert set(best) >= {"ttft_ms", "tpot_ms", "tokens_per_s_per_gpu"} and best["ttft_ms"]["n"] >= 30
     assert (out.parent / "keep.txt").exists() and all(p.exists() for p in written)
 
 
@@ -71,3 +78,6 @@ def test_report_html_renders_in_headless_chromium(saved, tmp_path):
     # plotly drew its SVG: one main-svg per figure layer, and a scatter trace per mode
     assert dom.count('class="main-svg"') >= 1
     assert dom.count('class="trace scatter') >= 2 * len(results)
+    # the frontier's 80% prediction intervals: an error bar in x and in y per frontier point
+    n_front = sum(len(r.frontier) for r in results.values())
+    assert dom.count('class="yerror"') >= n_front and dom.count('class="xerror"') >= n_front

@@ -154,12 +154,15 @@ def cmd_estimate(a) -> int:
             Path(a.plan_out).write_text(est.plan.to_json())
         except OSError as exc:
             raise InvalidInputError(f"cannot write --plan-out {a.plan_out}", exc.strerror or str(exc)) from exc
+    from ..serving.intervals import intervals_dict, static_intervals
+
+    intervals = intervals_dict(static_intervals(est, res)) if res.fits else {}
     if a.json:
-        print(json.dumps(res.to_dict(), indent=1, default=str))
+        print(json.dumps({**res.to_dict(), "intervals": intervals}, indent=1, default=str))
         return 0
     from ..report.console import print_static
 
-    print_static(res, explain=a.explain)
+    print_static(res, explain=a.explain, intervals=intervals)
     return 0
 
 
@@ -250,8 +253,10 @@ def cmd_serve(a) -> int:
     except DoesNotFitError as exc:
         return _emit(a, _misfit(head, exc), "print_misfit")
     from ..serving.energy import agg_energy, with_scales_note
+    from ..serving.intervals import agg_intervals, intervals_dict
 
     out = {"fits": True, **res.to_dict(), **head, "concurrency_per_rank": per_rank,
+           "intervals": intervals_dict(agg_intervals(est, res, concurrency=a.concurrency, isl=a.isl, osl=a.osl)),
            "energy": with_scales_note(agg_energy(est, res, a.osl), params), "scheduler": asdict(params),
            "notes": est.context_notes(a.isl, a.osl) + res.notes + getattr(a, "engine_notes", []) + cal_notes}
     return _emit(a, out, "print_serving")
@@ -303,8 +308,10 @@ def cmd_serve_disagg(a) -> int:
     except DoesNotFitError as exc:
         return _emit(a, _misfit(head, exc), "print_misfit")
     from ..serving.energy import disagg_energy, with_scales_note
+    from ..serving.intervals import disagg_intervals, intervals_dict
 
     out = {"fits": True, **res.to_dict(), **head,
+           "intervals": intervals_dict(disagg_intervals(pe, de, res, concurrency=a.concurrency, isl=a.isl, osl=a.osl)),
            "energy": with_scales_note(disagg_energy(pe, de, res, a.isl, a.osl, pp, pd), pp, pd),
            "scheduler_prefill": asdict(pp),
            "scheduler_decode": asdict(pd),
@@ -373,7 +380,7 @@ def cmd_search(a) -> int:
             out["targets"] = targets
             if cal is not None:
                 out["calibration"] = calibration_summary(cal, cal_notes, res.concurrencies)
-            out["top"] = [candidate_dict(c) for c in sorted((c for c in res.candidates if c.meets_targets),
+            out["top"] = [candidate_dict(c, res) for c in sorted((c for c in res.candidates if c.meets_targets),
                                                     key=lambda c: -c.tokens_per_s_per_gpu)[:a.top]]
             outs[m] = out
     if a.save_dir:

@@ -9,7 +9,10 @@ Layout of ``DIR``::
     pareto.csv                  the candidates on each mode's frontier
     pareto.png                  tokens/s/GPU against tokens/s/user, frontier per mode
     report.html                 the same, interactive (hover: layout, concurrency, TTFT, TPOT),
-                                plus the per-op breakdown of each mode's recommendation
+                                the frontier's 80% prediction intervals as error bars
+                                (:mod:`infercast.serving.intervals`; the CSV / JSON carry
+                                80% and 95%), plus the per-op breakdown of each mode's
+                                recommendation
     top/<mode>-<rank>/          launch files of the ``top`` best deployments per mode that meet
                                 the targets (``launch_*.sh``, TensorRT-LLM option YAMLs,
                                 ``k8s_dynamo.yaml``, ``benchmark.sh``, ``deployment.json``)
@@ -74,12 +77,17 @@ def deployment_of(candidate, result, estimator_kw: dict) -> tuple[Deployment, di
     return d, {role: e for role, (e, _) in roles.items()}
 
 
+def _row(mode: str, c, res) -> dict:
+    """A candidate's CSV row: its mode, fields and the ends of its prediction intervals
+    (``ttft_ms_p80_lo`` ... ``tokens_per_s_per_user_p95_hi``)."""
+    from ..search.run import candidate_intervals
+    from ..serving.intervals import flat_intervals
+
+    return {"mode": mode, **asdict(c), **flat_intervals(candidate_intervals(c, res))}
+
+
 def _rows(results: dict) -> list[dict]:
-    rows = []
-    for mode, res in results.items():
-        for c in res.candidates:
-            rows.append({"mode": mode, **asdict(c)})
-    return rows
+    return [_row(mode, c, res) for mode, res in results.items() for c in res.candidates]
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -119,10 +127,39 @@ def pareto_png(path: Path, results: dict) -> None:
     plt.close(fig)
 
 
-def _hover(c) -> str:
-    return (f"{c.layout}<br>{c.gpus} GPUs, {c.concurrency} clients<br>TTFT {c.ttft_ms:.0f} ms, "
-            f"TPOT {c.tpot_ms:.2f} ms<br>{c.tokens_per_s_per_gpu:.0f} tok/s/GPU, "
-            f"{c.tokens_per_s_per_user:.1f} tok/s/user" + ("" if c.meets_targets else "<br>misses the targets"))
+def _range(intervals: dict, key: str, level: float = 0.80) -> str:
+    iv = intervals.get(key)
+    if iv is None:
+        return ""
+    lo, hi = iv.ranges[level]
+    return f" ({round(100 * level)}%: {lo:.4g}-{hi:.4g})"
+
+
+def _hover(c, res=None) -> str:
+    iv = {}
+    if res is not None:
+        from ..search.run import candidate_intervals
+
+        iv = candidate_intervals(c, res)
+    return (f"{c.layout}<br>{c.gpus} GPUs, {c.concurrency} clients<br>TTFT {c.ttft_ms:.0f} ms{_range(iv, 'ttft_ms')}, "
+            f"TPOT {c.tpot_ms:.2f} ms{_range(iv, 'tpot_ms')}<br>{c.tokens_per_s_per_gpu:.0f} tok/s/GPU"
+            f"{_range(iv, 'tokens_per_s_per_gpu')}, {c.tokens_per_s_per_user:.1f} tok/s/user"
+            f"{_range(iv, 'tokens_per_s_per_user')}" + ("" if c.meets_targets else "<br>misses the targets"))
+
+
+def _error_bars(front: list, res, field: str, level: float = 0.80) -> dict:
+    """A plotly asymmetric error bar of each frontier point's ``level`` prediction interval of
+    ``field`` (:func:`infercast.search.run.candidate_intervals`)."""
+    from ..search.run import candidate_intervals
+
+    plus, minus = [], []
+    for c in front:
+        v = getattr(c, field)
+        iv = candidate_intervals(c, res).get(field)
+        lo, hi = iv.ranges[level] if iv is not None else (v, v)
+        plus.append(hi - v)
+        minus.append(v - lo)
+    return {"type": "data", "symmetric": False, "array": plus, "arrayminus": minus, "thickness": 1}
 
 
 def report_html(path: Path, results: dict, breakdowns: dict) -> None:
@@ -142,9 +179,12 @@ def report_html(path: Path, results: dict, breakdowns: dict) -> None:
                                  opacity=0.35, marker={"size": 6}, hovertext=[_hover(c) for c in res.candidates],
                                  hoverinfo="text"), row=1, col=1)
         front = sorted((res.candidates[i] for i in res.frontier), key=lambda c: getattr(c, X_AXIS[0]))
+        # the frontier's points carry their 80% prediction intervals as error bars
         fig.add_trace(go.Scatter(x=[getattr(c, X_AXIS[0]) for c in front], y=[getattr(c, Y_AXIS[0]) for c in front],
-                                 mode="lines+markers", name=f"{mode} frontier", hovertext=[_hover(c) for c in front],
-                                 hoverinfo="text"), row=1, col=1)
+                                 mode="lines+markers", name=f"{mode} frontier (bars: 80% prediction interval)",
+                                 hovertext=[_hover(c, res) for c in front], hoverinfo="text",
+                                 error_x=_error_bars(front, res, X_AXIS[0]), error_y=_error_bars(front, res, Y_AXIS[0])),
+                      row=1, col=1)
     fig.update_xaxes(title_text=X_AXIS[1], row=1, col=1)
     fig.update_yaxes(title_text=Y_AXIS[1], row=1, col=1)
     for i, (title, (phases, rows)) in enumerate(breakdowns.items(), start=2):
@@ -207,7 +247,7 @@ def write_search_artifacts(save_dir, results: dict, estimator_kw: dict, top: int
     p.write_text(json.dumps({mode: res.to_dict() for mode, res in results.items()}, indent=1, default=str))
     written.append(p)
     p = out / "pareto.csv"
-    _write_csv(p, [{"mode": m, **asdict(r.candidates[i])} for m, r in results.items() for i in r.frontier])
+    _write_csv(p, [_row(m, r.candidates[i], r) for m, r in results.items() for i in r.frontier])
     written.append(p)
     p = out / "pareto.png"
     pareto_png(p, results)

@@ -38,7 +38,28 @@ def _f(x, fmt="{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
-def print_static(res, explain: bool = False) -> None:
+#: how the console names a figure with a prediction interval
+_INTERVAL_NAMES = {"ttft_ms": ("TTFT ms", "{:.4g}"), "tpot_ms": ("TPOT ms", "{:.4g}"),
+                   "request_latency_ms": ("request ms", "{:.4g}"), "tokens_per_s_per_gpu": ("tok/s/GPU", "{:.4g}"),
+                   "tokens_per_s_per_user": ("tok/s/user", "{:.4g}")}
+
+
+def _print_intervals(c, intervals: dict | None) -> None:
+    """The 80% / 95% prediction intervals of a result's figures (:mod:`infercast.serving.intervals`)."""
+    if not intervals:
+        return
+    t = Table(title="prediction intervals: where a measured benchmark's mean falls, by similar benchmarks", show_header=True,
+              header_style="bold")
+    for col in ("figure", "80%", "95%", "from"):
+        t.add_column(col, justify="left" if col in ("figure", "from") else "right")
+    for key, iv in intervals.items():
+        name, fmt = _INTERVAL_NAMES.get(key, (key, "{:.4g}"))
+        t.add_row(name, *(f"{fmt.format(iv[p][0])} - {fmt.format(iv[p][1])}" for p in ("p80", "p95")),
+                  f"{iv['cell']} ({iv['n']} rows)")
+    c.print(_fold(t))
+
+
+def print_static(res, explain: bool = False, intervals: dict | None = None) -> None:
     c = new_console(min_width=140 if explain else 0)  # --explain: a source column of kernel names
     per_rank = " per attention-DP rank" if res.attention_dp > 1 else ""
     title = (
@@ -65,6 +86,7 @@ def print_static(res, explain: bool = False) -> None:
     t.add_row(_f(res.ttft_ms), _f(res.tpot_ms, "{:.3f}"), _f(res.request_latency_ms, "{:.0f}"),
               _f(res.tokens_per_s_per_gpu, "{:.1f}"), _f(res.tokens_per_s_per_user, "{:.1f}"))
     c.print(_fold(t))
+    _print_intervals(c, intervals)
     print_energy(c, res.energy)
     if res.breakdown:
         b = Table(title="per-op (all layers)", show_header=True, header_style="bold")
@@ -159,6 +181,7 @@ def print_serving_disagg(d: dict) -> None:
               _f(d["tokens_per_s_per_gpu"], "{:.1f}"), _f(d["tokens_per_s_per_user"], "{:.1f}"),
               _f(d["decode_batch"], "{:.1f}"), _f(d["prefill_utilisation"], "{:.2f}"), _f(d["kv_transfer_ms"], "{:.3f}"))
     c.print(_fold(t))
+    _print_intervals(c, d.get("intervals"))
     _print_percentiles(c, d)
     _print_ttft_parts(c, d)
     cap = d.get("decode_kv_capacity")
@@ -220,6 +243,7 @@ def print_serving(d: dict) -> None:
               _f(d["tokens_per_s_per_gpu"], "{:.1f}"), _f(d["tokens_per_s_per_user"], "{:.1f}"),
               _f(d["decode_batch"], "{:.1f}"), str(d["bound"]))
     c.print(_fold(t))
+    _print_intervals(c, d.get("intervals"))
     _print_percentiles(c, d)
     _print_ttft_parts(c, d)
     if d.get("balance_hold_ms"):
@@ -279,6 +303,7 @@ def print_search(d: dict) -> None:
                 f"{'' if mode == 'agg' else ' in all'}) at {plural(best['concurrency'], 'client')} {unit}: "
                 f"TTFT {best['ttft_ms']:.1f} ms, TPOT {best['tpot_ms']:.2f} ms, "
                 f"{best['tokens_per_s_per_gpu']:.1f} tokens/s/GPU, {best['tokens_per_s_per_user']:.1f} tokens/s/user")
+        _print_intervals(c, best.get("intervals"))
     if d["skipped"]:
         c.print(f"skipped ({len(d['skipped'])}):")
         for k, v in list(d["skipped"].items())[:8]:

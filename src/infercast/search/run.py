@@ -97,17 +97,41 @@ class SearchResult:
             v = getattr(self, f.name)
             if f.name == "candidates":
                 if candidates:
-                    d[f.name] = [candidate_dict(c) for c in v]
+                    d[f.name] = [candidate_dict(c, self) for c in v]
             else:
                 d[f.name] = dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v
-        d["frontier"] = [candidate_dict(self.candidates[i]) for i in self.frontier]
-        d["best"] = candidate_dict(self.candidates[self.best]) if self.best is not None else None
+        d["frontier"] = [candidate_dict(self.candidates[i], self) for i in self.frontier]
+        d["best"] = candidate_dict(self.candidates[self.best], self) if self.best is not None else None
         return d
 
 
-def candidate_dict(c: Candidate) -> dict:
-    """A candidate's fields as a dict (they are all scalars: the same as ``asdict``, faster)."""
-    return {name: getattr(c, name) for name in _field_names(type(c))}
+def candidate_dict(c: Candidate, res: SearchResult | None = None) -> dict:
+    """A candidate's fields as a dict (they are all scalars: the same as ``asdict``, faster);
+    with the search result ``res`` it was found in, also its prediction intervals
+    (``"intervals"``, :func:`candidate_intervals`)."""
+    d = {name: getattr(c, name) for name in _field_names(type(c))}
+    if res is not None:
+        from ..serving.intervals import intervals_dict
+
+        d["intervals"] = intervals_dict(candidate_intervals(c, res))
+    return d
+
+
+def candidate_intervals(c: Candidate, res: SearchResult) -> dict:
+    """The 80% / 95% ranges of a candidate's figures (:func:`infercast.serving.intervals.serving_intervals`):
+    its backend, agg or disagg, and the clients of one replica (an agg candidate of several
+    replicas: the concurrency divided over them). The search does not compute the share of a
+    candidate answered beyond measured table points; its ranges come from the cells pooled over
+    that condition."""
+    from ..serving.intervals import default_intervals, serving_intervals
+
+    disagg = bool(getattr(c, "prefill_layout", ""))
+    conc = float(c.concurrency)
+    if not disagg:
+        replicas = max(1, c.gpus // max(1, c.tp * c.pp * c.attention_dp))
+        conc = float(-(-c.concurrency // replicas))
+    return serving_intervals(default_intervals(), c, backend=c.backend or res.backend, mode="disagg" if disagg else "agg",
+                             concurrency=conc, osl=res.osl, share=None)
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
