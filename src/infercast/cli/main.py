@@ -644,7 +644,7 @@ def cmd_support(a) -> int:
     if bad or not modes:
         raise InvalidInputError(f"--mode {a.mode}: not a serving mode", available=MODES)
     for name in ("isl", "osl", "concurrency", "max_gpus", "jobs"):
-        if getattr(a, name) < 1:
+        if getattr(a, name) is not None and getattr(a, name) < 1:
             raise InvalidInputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     pack = find_pack(a.systems_path)
     probe = Probe(isl=a.isl, osl=a.osl, concurrency=a.concurrency, max_gpus=a.max_gpus)
@@ -668,7 +668,7 @@ def cmd_support(a) -> int:
             raise InvalidInputError("the pack's support matrix has no row for the filters",
                                     "its rows are of the systems", sorted({m.system for m in every}))
         with progress_bar("support vs the pack's matrix", enabled=not quiet) as progress:
-            agreement = compare(prober, matrix, jobs=a.jobs, progress=progress)
+            agreement = compare(prober, matrix, jobs=a.jobs, ray=a.ray, progress=progress)
         rows = [r for _, r in agreement.pairs]
         status = [m.status for m, _ in agreement.pairs]
         if a.json:
@@ -681,7 +681,7 @@ def cmd_support(a) -> int:
             print_agreement(agreement, by=("architecture", "system", "backend", "version"))
         return 0
     with progress_bar("support", enabled=not quiet) as progress:
-        rows = support_rows(prober, sel, modes, jobs=a.jobs, progress=progress)
+        rows = support_rows(prober, sel, modes, jobs=a.jobs, ray=a.ray, progress=progress)
     if a.json:
         print(json.dumps({"probe": probe.__dict__, "rows": [r.to_dict() for r in rows]}, indent=1))
     elif a.csv:
@@ -997,6 +997,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_args(m)
     m.set_defaults(func=cmd_models)
 
+    from .workflow import add_executor_args
+
     su = sub.add_parser("support", help="which model x system x backend x version x mode infercast answers, and why not")
     su.add_argument("--model", default=None, help="model id(s), comma-separated (default: every model_config in the pack)")
     su.add_argument("--system", default=None, help="system(s), comma-separated (default: every system with data)")
@@ -1011,8 +1013,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="GPU budget of the smallest layout that holds the model (default 128, as the pack's matrix)")
     su.add_argument("--against-pack", action="store_true",
                     help="probe the pack's own support_matrix rows (each with its GPU budget) and report agreement")
-    su.add_argument("--jobs", type=int, default=1,
-                    help="local processes to spread the (system, backend) groups over (default 1; same answers)")
+    add_executor_args(su, "the (system, backend) groups")
     su.add_argument("--csv", action="store_true", help="print CSV")
     su.add_argument("--json", action="store_true", help="print one JSON object")
     su.add_argument("--quiet", action="store_true", help="no progress bar on stderr")

@@ -86,16 +86,17 @@ def cmd_recommend(a) -> int:
 
 def cmd_exp(a) -> int:
     from ..exp import load_experiments
-    from ..exp.run import run_experiment
+    from ..exp.run import run_experiments, work_items
 
     exps = load_experiments(a.file)
-    total = sum(len(e.system_list) * len(e.backend_list) for e in exps)
-    outcomes = []
+    total = len(work_items(exps))
     with _progress(a.quiet) as prog:
         task = prog.add_task("experiments", total=total)
-        for e in exps:
-            prog.update(task, description=e.name)
-            outcomes += run_experiment(e, systems_path=a.systems_path, on_done=lambda _o: prog.advance(task))
+
+        def done(o) -> None:
+            prog.update(task, advance=1, description=f"{o.experiment} {o.system} {o.backend}")
+
+        outcomes = run_experiments(exps, a.systems_path, jobs=a.jobs, ray=a.ray, on_done=done)
     if a.save_dir:
         _save_exp(a.save_dir, outcomes)
     rows = [o.to_dict() for o in outcomes]
@@ -125,6 +126,17 @@ def _save_exp(save_dir, outcomes) -> None:
             write_search_artifacts(sub, o.searches, dict(o.estimator_kw))
         sub.mkdir(parents=True, exist_ok=True)
         (sub / "outcome.json").write_text(json.dumps(o.to_dict(), indent=1, default=str))
+
+
+def add_executor_args(p, what: str) -> None:
+    """``--jobs N`` and ``--ray [ADDRESS]``: where ``what`` runs (:mod:`infercast.search.executor`)."""
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help=f"run {what} over N local processes (default 1; same answers); with --ray: at most N Ray "
+                        "tasks at once (and the CPUs of --ray local)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help=f"run {what} as Ray tasks (pip install 'infercast[ray]'; same answers): ADDRESS local (a "
+                        "private instance started and stopped here), auto, HOST:PORT or ray://HOST:PORT of a running "
+                        "cluster; without ADDRESS, RAY_ADDRESS or else a new local instance")
 
 
 def add_parsers(sub, add_model_args) -> None:
@@ -158,6 +170,7 @@ def add_parsers(sub, add_model_args) -> None:
     e.add_argument("--save-dir", default=None, help="write each search's files under DIR/<name>/<system>-<backend>/")
     e.add_argument("--quiet", action="store_true", help="no progress display on stderr")
     e.add_argument("--json", action="store_true", help="print every result as one JSON object")
+    add_executor_args(e, "the experiments' (experiment, system, backend) runs")
     e.add_argument("--systems-path", help="a pack's systems/ directory (default: $INFERCAST_SYSTEMS_PATH, then the "
                                           "installed aiconfigurator-core data)")
     e.set_defaults(func=cmd_exp)
