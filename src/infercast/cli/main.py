@@ -313,6 +313,7 @@ def cmd_serve_disagg(a) -> int:
 
 
 def cmd_search(a) -> int:
+    from ..report.artifacts import ranked
     from ..search import search_agg, search_backends, search_disagg, search_fixed
     from ..search.run import candidate_dict
 
@@ -349,9 +350,6 @@ def cmd_search(a) -> int:
         if mode != "disagg":
             raise InvalidInputError(f"--decode-system puts disaggregated decode workers on another system: it needs "
                                     f"--mode disagg, not {mode}")
-        if a.save_dir:
-            raise InvalidInputError("--save-dir with --decode-system: launch files for workers on two systems are not "
-                                    "written yet", "drop --save-dir, or search one system")
         kw["decode_system"] = a.decode_system
     outs, results, per_backend = {}, {}, {}
     for m, fn in (("agg", search_agg), ("disagg", search_disagg), ("fixed", search_fixed)):
@@ -366,8 +364,7 @@ def cmd_search(a) -> int:
             out["targets"] = targets
             if cal is not None:
                 out["calibration"] = calibration_summary(cal, cal_notes, res.concurrencies)
-            out["top"] = [candidate_dict(c) for c in sorted((c for c in res.candidates if c.meets_targets),
-                                                    key=lambda c: -c.tokens_per_s_per_gpu)[:a.top]]
+            out["top"] = [candidate_dict(c) for c in ranked(res.candidates, a.top)]  # distinct layouts
             outs[m] = out
     if a.save_dir:
         from ..report.artifacts import write_search_artifacts
@@ -941,7 +938,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated clients per replica (agg) or of the whole deployment (disagg, fixed); "
                          "default 1, 2, 4, ..., 1024, up to the most requests a searched deployment runs at once "
                          "(more is refused: the clients would only queue)")
-    se.add_argument("--top", type=int, default=5, help="how many deployments that meet the targets to list (default 5)")
+    se.add_argument("--top", type=int, default=5,
+                    help="how many distinct deployments that meet the targets to list, each layout once at its best "
+                         "concurrency (default 5; --save-dir writes launch files for the first 3)")
     se.add_argument("--all", action="store_true", help="JSON: include every evaluated candidate")
     for act in se._actions:  # search also takes every backend at once
         if act.dest == "backend":

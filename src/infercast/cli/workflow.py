@@ -47,17 +47,23 @@ def cmd_recommend(a) -> int:
               kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode)
     if cal is not None:
         kw["scheduler"] = cal.overrides()
+    if a.decode_system is not None and a.mode != "disagg":
+        raise InvalidInputError(f"--decode-system puts disaggregated decode workers on another system: it needs "
+                                f"--mode disagg, not {a.mode}")
     results = {}
     modes = [m for m in ("agg", "disagg") if a.mode in (m, "both")]
     with _progress(a.quiet) as prog:
         task = prog.add_task("searching", total=len(modes))
         for m in modes:
             fn = search_agg if m == "agg" else search_disagg
-            results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, max_gpus=a.max_gpus, cap_concurrency=True, **kw)
+            extra = {"decode_system": a.decode_system} if m == "disagg" and a.decode_system else {}
+            results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, max_gpus=a.max_gpus, cap_concurrency=True,
+                            **kw, **extra)
             prog.advance(task)
     recs = recommend_deployment(results, rate=a.rate, clients=a.clients, top=a.top)
     first = next(iter(results.values()))
-    out = {"model": first.model, "system": a.system, "backend": a.backend, "backend_version": first.backend_version,
+    out = {"model": first.model, "system": a.system, "decode_system": first.decode_system, "backend": a.backend,
+           "backend_version": first.backend_version,
            "isl": a.isl, "osl": a.osl, "rate": a.rate, "clients": a.clients,
            "targets": {"ttft_ms": ttft, "tpot_ms": tpot},
            "recommendations": [r.to_dict() for r in recs],
@@ -160,6 +166,9 @@ def add_parsers(sub, add_model_args) -> None:
                    help="GPUs of one copy at most: per replica (agg, default one node), per deployment (disagg, "
                         "default two nodes)")
     r.add_argument("--top", type=int, default=5, help="how many options to list (default 5)")
+    r.add_argument("--decode-system", default=None,
+                   help="with --mode disagg: run the decode workers on this system (the prefill workers on --system); "
+                        "the KV cache moves over the slower of the two systems' node-to-node links")
     r.add_argument("--save-dir", default=None, help="write the searches' results, plots, report and launch files here")
     r.add_argument("--quiet", action="store_true", help="no progress display on stderr")
     r.add_argument("--json", action="store_true", help="print one JSON object")

@@ -16,6 +16,12 @@ The translation is one way, from infercast's inputs to each engine's own flag na
 * **Scheduler.** :class:`~infercast.serving.backends.SchedulerParams` fields map to the engine's
   token budget, running-request cap, chunked prefill, attention-DP balance hold, context batching
   delay, receive interval and mixed chunks.
+* **Hardware.** Each worker kind names the system it was predicted on (and its GPU memory):
+  prefill and decode workers may run on different systems (``search --decode-system``). The
+  launch scripts and ``deployment.json`` state it per worker kind; the Kubernetes manifest puts
+  it on each worker service as the annotation :data:`SYSTEM_KEY`, and when the worker kinds run on
+  different systems also as a ``nodeSelector`` on that key, so that each kind's pods land on
+  nodes labelled with its system (``kubectl label node NODE infercast/system=SYSTEM``).
 * **Memory and precision.** The KV memory knob (``free_gpu_memory_fraction`` /
   ``gpu_memory_utilization`` / ``mem_fraction_static``, each in the engine's own sense), the KV
   cache dtype, MTP speculative decoding and the MoE kernel family.
@@ -37,6 +43,8 @@ import yaml
 from ..errors import InvalidInputError, NotAvailableError
 
 BACKENDS = ("trtllm", "vllm", "sglang")
+#: the Kubernetes annotation / node-label key naming the system a worker kind was predicted on
+SYSTEM_KEY = "infercast/system"
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,9 @@ class WorkerSpec:
     running-request cap; ``chunked`` chunked prefill; ``kv_memory_fraction`` the engine's KV
     memory knob in its own sense; ``kv_cache_dtype`` ``"bfloat16"`` / ``"fp8"``; ``nextn`` MTP
     draft tokens (0: off); ``moe_kernel`` the expert kernel family, or None for the engine's
-    default; the remaining fields are the scheduler settings of the same names in
+    default; ``system``, ``backend_version`` and ``gpu_memory_gb`` the system (pack name), data
+    version and GPU memory (GB) the worker kind was predicted on ("" / 0 when not known); the
+    remaining fields are the scheduler settings of the same names in
     :class:`~infercast.serving.backends.SchedulerParams`."""
 
     role: str  # "agg" | "prefill" | "decode"
@@ -72,11 +82,21 @@ class WorkerSpec:
     batch_wait_max_tokens_ratio: float = 0.0
     recv_interval: int = 1
     mixed: bool = True
+    system: str = ""
+    backend_version: str = ""
+    gpu_memory_gb: float = 0.0
 
     @property
     def gpus(self) -> int:
         """GPUs of one worker."""
         return self.tp * self.pp * self.attention_dp
+
+    @property
+    def hardware(self) -> str:
+        """The system and GPU memory in words (empty when not known)."""
+        if not self.system:
+            return ""
+        return self.system + (f" ({self.gpu_memory_gb:.0f} GB per GPU)" if self.gpu_memory_gb else "")
 
 
 @dataclass(frozen=True)
@@ -103,10 +123,22 @@ class Deployment:
     def gpus(self) -> int:
         return sum(w.workers * w.gpus for w in self.workers)
 
+    @property
+    def systems(self) -> dict[str, str]:
+        """{role: system} of the worker kinds whose system is known."""
+        return {w.role: w.system for w in self.workers if w.system}
+
+    @property
+    def mixed_systems(self) -> bool:
+        """Whether the worker kinds run on different systems."""
+        return len(set(self.systems.values())) > 1
+
 
 def worker_spec(est, params, role: str = "agg", workers: int = 1) -> WorkerSpec:
     """The :class:`WorkerSpec` of an :class:`~infercast.Estimator` ``est`` served with scheduler
     parameters ``params`` (what the prediction ran with)."""
+    from ..serving.memory import GB
+
     p = est.plan.parallel
     q = est.spec.quant
     return WorkerSpec(
@@ -116,7 +148,8 @@ def worker_spec(est, params, role: str = "agg", workers: int = 1) -> WorkerSpec:
         nextn=int(est.plan.spec_decode.nextn), moe_kernel=_moe_kernel(est), is_moe=est.spec.moe is not None,
         adp_balance_timeout_steps=int(params.adp_balance_timeout_steps), batch_wait_iters=int(params.batch_wait_iters),
         batch_wait_max_tokens_ratio=float(params.batch_wait_max_tokens_ratio), recv_interval=int(params.recv_interval),
-        mixed=bool(params.mixed),
+        mixed=bool(params.mixed), system=str(est.data.system.name), backend_version=str(est.version),
+        gpu_memory_gb=float(est.data.system.gpu.mem_capacity) / GB,
     )
 
 
@@ -318,6 +351,10 @@ def dynamo_manifest(d: Deployment, name: str = "infercast-deployment") -> list[d
                      "extraPodSpec": {"mainContainer": container}}
         if w.role != "agg":
             svc["subComponentType"] = w.role
+        if w.system:
+            svc["annotations"] = {SYSTEM_KEY: w.system}
+            if d.mixed_systems:  # each kind's pods on its own hardware
+                svc["extraPodSpec"]["nodeSelector"] = {SYSTEM_KEY: w.system}
         if d.backend == "trtllm":
             container["volumeMounts"] = [{"name": "engine-config", "mountPath": TRTLLM_CONFIG_DIR}]
             svc["extraPodSpec"]["volumes"] = [{"name": "engine-config", "configMap": {"name": f"{name}-engine-config"}}]
@@ -342,7 +379,8 @@ def launch_files(d: Deployment) -> dict[str, str]:
     files: dict[str, str] = {}
     for w in d.workers:
         argv = engine_command(d, w)
-        head = (f"# {w.role} worker: {w.workers} x {w.gpus} GPU(s); {d.backend} {d.backend_version}\n"
+        on = f" on {w.hardware}" if w.hardware else ""
+        head = (f"# {w.role} worker: {w.workers} x {w.gpus} GPU(s){on}; {d.backend} {w.backend_version or d.backend_version}\n"
                 f"# infercast layout: tp {w.tp}, pp {w.pp}, attention-dp {w.attention_dp}, "
                 f"moe-tp {w.moe_tp}, moe-ep {w.moe_ep}\n")
         files[f"launch_{w.role}.sh"] = "#!/usr/bin/env bash\n" + head + shlex.join(argv) + "\n"
@@ -355,6 +393,6 @@ def launch_files(d: Deployment) -> dict[str, str]:
                              + "\n".join(f"# {k}\n{shlex.join(v)}" for k, v in bench.items()) + "\n")
     files["deployment.json"] = json.dumps(
         {"model": d.model, "backend": d.backend, "backend_version": d.backend_version, "isl": d.isl, "osl": d.osl,
-         "concurrency": d.concurrency, "gpus": d.gpus, "notes": list(d.notes),
+         "concurrency": d.concurrency, "gpus": d.gpus, "systems": d.systems, "notes": list(d.notes),
          "workers": [{**w.__dict__, "gpus_per_worker": w.gpus} for w in d.workers]}, indent=1)
     return files
