@@ -142,7 +142,8 @@ def add_executor_args(p, what: str) -> None:
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help=f"run {what} as Ray tasks (pip install 'infercast[ray]'; same answers): ADDRESS local (a "
                         "private instance started and stopped here), auto, HOST:PORT or ray://HOST:PORT of a running "
-                        "cluster; without ADDRESS, RAY_ADDRESS or else a new local instance")
+                        "cluster; without ADDRESS, RAY_ADDRESS, else the cluster last started here, else a new local "
+                        "instance")
 
 
 def add_parsers(sub, add_model_args) -> None:

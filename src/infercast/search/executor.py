@@ -11,7 +11,8 @@ support``, ``infercast exp``).
   process (``jobs`` CPUs when given, else every core) and stops it at the end; ``"auto"``, an
   address ``HOST:PORT`` (the cluster's GCS) or ``ray://HOST:PORT`` (Ray Client) connects to a
   running cluster; ``""`` (``--ray`` without an address) lets :func:`ray.init` choose (the
-  ``RAY_ADDRESS`` environment variable, else a new local instance). When Ray is already
+  ``RAY_ADDRESS`` environment variable, else the cluster last started on this machine, else a
+  new local instance). When Ray is already
   initialised in this process (a library caller ran :func:`ray.init`), that connection is used
   and left open. ``jobs`` then caps the tasks in flight.
 
