@@ -52,11 +52,11 @@ def test_search_save_dir_states_each_roles_system(two_systems, tmp_path, capsys)
     for sub in tops:
         meta = json.loads((sub / "deployment.json").read_text())
         assert meta["systems"] == {"prefill": sp.SYSTEM, "decode": BIG}
-        mem = {w["role"]: (w["system"], w["backend_version"], w["gpu_memory_gb"]) for w in meta["workers"]}
-        assert mem == {"prefill": (sp.SYSTEM, "1.0", pytest.approx(17.179869184)),
-                       "decode": (BIG, "1.0", pytest.approx(34.359738368))}
-        assert _header((sub / "launch_prefill.sh").read_text()).endswith(f"on {sp.SYSTEM} (17 GB per GPU); trtllm 1.0")
-        assert _header((sub / "launch_decode.sh").read_text()).endswith(f"on {BIG} (34 GB per GPU); trtllm 1.0")
+        mem = {w["role"]: (w["system"], w["backend_version"], w["gpu_memory_gib"]) for w in meta["workers"]}
+        assert mem == {"prefill": (sp.SYSTEM, "1.0", 16.0),
+                       "decode": (BIG, "1.0", 32.0)}
+        assert _header((sub / "launch_prefill.sh").read_text()).endswith(f"on {sp.SYSTEM} (16 GiB per GPU); trtllm 1.0")
+        assert _header((sub / "launch_decode.sh").read_text()).endswith(f"on {BIG} (32 GiB per GPU); trtllm 1.0")
         docs = list(yaml.safe_load_all((sub / "k8s_dynamo.yaml").read_text()))
         svcs = docs[-1]["spec"]["services"]
         for name, system in (("PrefillWorker", sp.SYSTEM), ("DecodeWorker", BIG)):
@@ -87,8 +87,8 @@ def test_recommend_decode_system_needs_disagg(two_systems, capsys):
 
 
 def test_one_system_gets_annotations_but_no_node_selector():
-    pre = WorkerSpec(role="prefill", workers=1, tp=2, system="h200_sxm", gpu_memory_gb=141.0)
-    dec = WorkerSpec(role="decode", workers=1, tp=4, system="h200_sxm", gpu_memory_gb=141.0)
+    pre = WorkerSpec(role="prefill", workers=1, tp=2, system="h200_sxm", gpu_memory_gib=141.0)
+    dec = WorkerSpec(role="decode", workers=1, tp=4, system="h200_sxm", gpu_memory_gib=141.0)
     d = Deployment("org/model", "vllm", "1.0", (pre, dec), 1000, 100, 8)
     assert not d.mixed_systems
     svcs = dynamo_manifest(d)[-1]["spec"]["services"]

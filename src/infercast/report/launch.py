@@ -57,9 +57,10 @@ class WorkerSpec:
     running-request cap; ``chunked`` chunked prefill; ``kv_memory_fraction`` the engine's KV
     memory knob in its own sense; ``kv_cache_dtype`` ``"bfloat16"`` / ``"fp8"``; ``nextn`` MTP
     draft tokens (0: off); ``moe_kernel`` the expert kernel family, or None for the engine's
-    default; ``system``, ``backend_version`` and ``gpu_memory_gb`` the system (pack name), data
-    version and GPU memory (GB) the worker kind was predicted on ("" / 0 when not known); the
-    remaining fields are the scheduler settings of the same names in
+    default; ``system``, ``backend_version`` and ``gpu_memory_gib`` the system (pack name), data
+    version and GPU memory (GiB, the unit GPUs are sold in: 141 on an H200) the worker kind was
+    predicted on ("" / 0 when not known); the remaining fields are the scheduler settings of the
+    same names in
     :class:`~infercast.serving.backends.SchedulerParams`."""
 
     role: str  # "agg" | "prefill" | "decode"
@@ -84,7 +85,7 @@ class WorkerSpec:
     mixed: bool = True
     system: str = ""
     backend_version: str = ""
-    gpu_memory_gb: float = 0.0
+    gpu_memory_gib: float = 0.0
 
     @property
     def gpus(self) -> int:
@@ -96,7 +97,7 @@ class WorkerSpec:
         """The system and GPU memory in words (empty when not known)."""
         if not self.system:
             return ""
-        return self.system + (f" ({self.gpu_memory_gb:.0f} GB per GPU)" if self.gpu_memory_gb else "")
+        return self.system + (f" ({self.gpu_memory_gib:.0f} GiB per GPU)" if self.gpu_memory_gib else "")
 
 
 @dataclass(frozen=True)
@@ -137,8 +138,6 @@ class Deployment:
 def worker_spec(est, params, role: str = "agg", workers: int = 1) -> WorkerSpec:
     """The :class:`WorkerSpec` of an :class:`~infercast.Estimator` ``est`` served with scheduler
     parameters ``params`` (what the prediction ran with)."""
-    from ..serving.memory import GB
-
     p = est.plan.parallel
     q = est.spec.quant
     return WorkerSpec(
@@ -149,7 +148,7 @@ def worker_spec(est, params, role: str = "agg", workers: int = 1) -> WorkerSpec:
         adp_balance_timeout_steps=int(params.adp_balance_timeout_steps), batch_wait_iters=int(params.batch_wait_iters),
         batch_wait_max_tokens_ratio=float(params.batch_wait_max_tokens_ratio), recv_interval=int(params.recv_interval),
         mixed=bool(params.mixed), system=str(est.data.system.name), backend_version=str(est.version),
-        gpu_memory_gb=float(est.data.system.gpu.mem_capacity) / GB,
+        gpu_memory_gib=float(est.data.system.gpu.mem_capacity) / 2**30,
     )
 
 

@@ -34,7 +34,7 @@ import os
 import re
 import socket
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Self
 
 from ..errors import InvalidInputError, NotAvailableError
 
@@ -52,7 +52,7 @@ class Executor:
 
     name = "serial"
 
-    def __enter__(self) -> Executor:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -120,7 +120,7 @@ class RayExecutor(Executor):
             return
         import logging
 
-        kw: dict = dict(logging_level=logging.ERROR, log_to_driver=False, configure_logging=True)
+        kw: dict = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
         if address == "local":
             kw.update(address="local", include_dashboard=False)
             if jobs is not None:
