@@ -1,6 +1,6 @@
 """Coverage of the pack's own support matrix: which of its PASS rows infercast answers.
 
-``python -m benchmarks.support_matrix [--all] [--system S] [--backend B] [--jobs N] [--json] [--quiet]``
+``python -m benchmarks.support_matrix [--all] [--system S] [--backend B] [--jobs N] [--ray [ADDRESS]] [--json] [--quiet]``
 
 Reads ``systems/support_matrix/*.csv`` of the pack (:mod:`infercast.data.support_matrix`) and
 probes one representative configuration per PASS row in this one process
@@ -12,7 +12,8 @@ answers, for a check of their sense.
 
 Work is shared: a (model, system, backend, version) is probed once for both modes, rows are
 visited grouped by (system, backend, version) so each table is read once, and each model's spec is
-built once; ``--jobs N`` spreads the (system, backend) groups over N processes (same answers).
+built once; ``--jobs N`` spreads the (system, backend) groups over N processes, ``--ray [ADDRESS]``
+runs them as Ray tasks (:mod:`infercast.search.executor`; same answers either way).
 Progress goes to stderr (rich); ``--json`` prints only the numbers on stdout.
 """
 
@@ -37,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--system", help="only this system's rows")
     ap.add_argument("--backend", help="only this backend's rows")
     ap.add_argument("--systems-path", help="the pack's systems/ directory (default: the installed pack)")
-    ap.add_argument("--jobs", type=int, default=1, help="processes to spread the (system, backend) groups over")
+    ap.add_argument("--jobs", type=int, default=None, help="processes to spread the (system, backend) groups over")
+    ap.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                    help="run the groups as Ray tasks: local, auto, HOST:PORT or ray://HOST:PORT (as infercast support)")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON on stdout")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     a = ap.parse_args(argv)
@@ -50,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     prober = Prober(Probe(), systems_path=a.systems_path)
     t0 = time.perf_counter()
     with progress_bar("support matrix", enabled=not a.quiet) as progress:
-        agreement = compare(prober, matrix, statuses=None if a.all else ("PASS",), jobs=a.jobs, progress=progress)
+        agreement = compare(prober, matrix, statuses=None if a.all else ("PASS",), jobs=a.jobs, ray=a.ray,
+                            progress=progress)
     wall = time.perf_counter() - t0
     combos = prober.probed
     if a.json:

@@ -320,6 +320,7 @@ def cmd_serve_disagg(a) -> int:
 
 
 def cmd_search(a) -> int:
+    from ..report.artifacts import ranked
     from ..search import search_agg, search_backends, search_disagg, search_fixed
     from ..search.run import candidate_dict
 
@@ -362,9 +363,6 @@ def cmd_search(a) -> int:
         if mode != "disagg":
             raise InvalidInputError(f"--decode-system puts disaggregated decode workers on another system: it needs "
                                     f"--mode disagg, not {mode}")
-        if a.save_dir:
-            raise InvalidInputError("--save-dir with --decode-system: launch files for workers on two systems are not "
-                                    "written yet", "drop --save-dir, or search one system")
         kw["decode_system"] = a.decode_system
     outs, results, per_backend = {}, {}, {}
     for m, fn in (("agg", search_agg), ("disagg", search_disagg), ("fixed", search_fixed)):
@@ -380,8 +378,7 @@ def cmd_search(a) -> int:
             out["targets"] = targets
             if cal is not None:
                 out["calibration"] = calibration_summary(cal, cal_notes, res.concurrencies)
-            out["top"] = [candidate_dict(c, res) for c in sorted((c for c in res.candidates if c.meets_targets),
-                                                    key=lambda c: -c.tokens_per_s_per_gpu)[:a.top]]
+            out["top"] = [candidate_dict(c, res) for c in ranked(res.candidates, a.top)]  # distinct layouts
             outs[m] = out
     if a.save_dir:
         from ..report.artifacts import write_search_artifacts
@@ -693,7 +690,7 @@ def cmd_support(a) -> int:
     if bad or not modes:
         raise InvalidInputError(f"--mode {a.mode}: not a serving mode", available=MODES)
     for name in ("isl", "osl", "concurrency", "max_gpus", "jobs"):
-        if getattr(a, name) < 1:
+        if getattr(a, name) is not None and getattr(a, name) < 1:
             raise InvalidInputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     pack = find_pack(a.systems_path)
     probe = Probe(isl=a.isl, osl=a.osl, concurrency=a.concurrency, max_gpus=a.max_gpus)
@@ -717,7 +714,7 @@ def cmd_support(a) -> int:
             raise InvalidInputError("the pack's support matrix has no row for the filters",
                                     "its rows are of the systems", sorted({m.system for m in every}))
         with progress_bar("support vs the pack's matrix", enabled=not quiet) as progress:
-            agreement = compare(prober, matrix, jobs=a.jobs, progress=progress)
+            agreement = compare(prober, matrix, jobs=a.jobs, ray=a.ray, progress=progress)
         rows = [r for _, r in agreement.pairs]
         status = [m.status for m, _ in agreement.pairs]
         if a.json:
@@ -730,7 +727,7 @@ def cmd_support(a) -> int:
             print_agreement(agreement, by=("architecture", "system", "backend", "version"))
         return 0
     with progress_bar("support", enabled=not quiet) as progress:
-        rows = support_rows(prober, sel, modes, jobs=a.jobs, progress=progress)
+        rows = support_rows(prober, sel, modes, jobs=a.jobs, ray=a.ray, progress=progress)
     if a.json:
         print(json.dumps({"probe": probe.__dict__, "rows": [r.to_dict() for r in rows]}, indent=1))
     elif a.csv:
@@ -1006,7 +1003,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated clients per replica (agg) or of the whole deployment (disagg, fixed); "
                          "default 1, 2, 4, ..., 1024, up to the most requests a searched deployment runs at once "
                          "(more is refused: the clients would only queue)")
-    se.add_argument("--top", type=int, default=5, help="how many deployments that meet the targets to list (default 5)")
+    se.add_argument("--top", type=int, default=5,
+                    help="how many distinct deployments that meet the targets to list, each layout once at its best "
+                         "concurrency (default 5; --save-dir writes launch files for the first 3)")
     se.add_argument("--all", action="store_true", help="JSON: include every evaluated candidate")
     se.add_argument("--cp", type=int, default=None,
                     help="context-parallel ranks of every layout searched (agg; disagg: of the prefill workers); default 1")
@@ -1068,6 +1067,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_args(m)
     m.set_defaults(func=cmd_models)
 
+    from .workflow import add_executor_args
+
     su = sub.add_parser("support", help="which model x system x backend x version x mode infercast answers, and why not")
     su.add_argument("--model", default=None, help="model id(s), comma-separated (default: every model_config in the pack)")
     su.add_argument("--system", default=None, help="system(s), comma-separated (default: every system with data)")
@@ -1082,8 +1083,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="GPU budget of the smallest layout that holds the model (default 128, as the pack's matrix)")
     su.add_argument("--against-pack", action="store_true",
                     help="probe the pack's own support_matrix rows (each with its GPU budget) and report agreement")
-    su.add_argument("--jobs", type=int, default=1,
-                    help="local processes to spread the (system, backend) groups over (default 1; same answers)")
+    add_executor_args(su, "the (system, backend) groups")
     su.add_argument("--csv", action="store_true", help="print CSV")
     su.add_argument("--json", action="store_true", help="print one JSON object")
     su.add_argument("--quiet", action="store_true", help="no progress bar on stderr")

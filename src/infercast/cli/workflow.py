@@ -49,17 +49,23 @@ def cmd_recommend(a) -> int:
               kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode)
     if cal is not None:
         kw["scheduler"] = cal.overrides()
+    if a.decode_system is not None and a.mode != "disagg":
+        raise InvalidInputError(f"--decode-system puts disaggregated decode workers on another system: it needs "
+                                f"--mode disagg, not {a.mode}")
     results = {}
     modes = [m for m in ("agg", "disagg") if a.mode in (m, "both")]
     with _progress(a.quiet) as prog:
         task = prog.add_task("searching", total=len(modes))
         for m in modes:
             fn = search_agg if m == "agg" else search_disagg
-            results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, max_gpus=a.max_gpus, cap_concurrency=True, **kw)
+            extra = {"decode_system": a.decode_system} if m == "disagg" and a.decode_system else {}
+            results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, max_gpus=a.max_gpus, cap_concurrency=True,
+                            **kw, **extra)
             prog.advance(task)
     recs = recommend_deployment(results, rate=a.rate, clients=a.clients, top=a.top)
     first = next(iter(results.values()))
-    out = {"model": first.model, "system": a.system, "backend": a.backend, "backend_version": first.backend_version,
+    out = {"model": first.model, "system": a.system, "decode_system": first.decode_system, "backend": a.backend,
+           "backend_version": first.backend_version,
            "isl": a.isl, "osl": a.osl, "rate": a.rate, "clients": a.clients,
            "targets": {"ttft_ms": ttft, "tpot_ms": tpot},
            "recommendations": [r.to_dict() for r in recs],
@@ -88,16 +94,17 @@ def cmd_recommend(a) -> int:
 
 def cmd_exp(a) -> int:
     from ..exp import load_experiments
-    from ..exp.run import run_experiment
+    from ..exp.run import run_experiments, work_items
 
     exps = load_experiments(a.file)
-    total = sum(len(e.system_list) * len(e.backend_list) for e in exps)
-    outcomes = []
+    total = len(work_items(exps))
     with _progress(a.quiet) as prog:
         task = prog.add_task("experiments", total=total)
-        for e in exps:
-            prog.update(task, description=e.name)
-            outcomes += run_experiment(e, systems_path=a.systems_path, on_done=lambda _o: prog.advance(task))
+
+        def done(o) -> None:
+            prog.update(task, advance=1, description=f"{o.experiment} {o.system} {o.backend}")
+
+        outcomes = run_experiments(exps, a.systems_path, jobs=a.jobs, ray=a.ray, on_done=done)
     if a.save_dir:
         _save_exp(a.save_dir, outcomes)
     rows = [o.to_dict() for o in outcomes]
@@ -129,6 +136,18 @@ def _save_exp(save_dir, outcomes) -> None:
         (sub / "outcome.json").write_text(json.dumps(o.to_dict(), indent=1, default=str))
 
 
+def add_executor_args(p, what: str) -> None:
+    """``--jobs N`` and ``--ray [ADDRESS]``: where ``what`` runs (:mod:`infercast.search.executor`)."""
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help=f"run {what} over N local processes (default 1; same answers); with --ray: at most N Ray "
+                        "tasks at once (and the CPUs of --ray local)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help=f"run {what} as Ray tasks (pip install 'infercast[ray]'; same answers): ADDRESS local (a "
+                        "private instance started and stopped here), auto, HOST:PORT or ray://HOST:PORT of a running "
+                        "cluster; without ADDRESS, RAY_ADDRESS, else the cluster last started here, else a new local "
+                        "instance")
+
+
 def add_parsers(sub, add_model_args) -> None:
     """Add ``recommend`` and ``exp`` to the subcommand parsers ``sub`` (``add_model_args``: the
     model / system / backend / quant flags every estimating command takes)."""
@@ -150,6 +169,9 @@ def add_parsers(sub, add_model_args) -> None:
                    help="GPUs of one copy at most: per replica (agg, default one node), per deployment (disagg, "
                         "default two nodes)")
     r.add_argument("--top", type=int, default=5, help="how many options to list (default 5)")
+    r.add_argument("--decode-system", default=None,
+                   help="with --mode disagg: run the decode workers on this system (the prefill workers on --system); "
+                        "the KV cache moves over the slower of the two systems' node-to-node links")
     r.add_argument("--save-dir", default=None, help="write the searches' results, plots, report and launch files here")
     r.add_argument("--quiet", action="store_true", help="no progress display on stderr")
     r.add_argument("--json", action="store_true", help="print one JSON object")
@@ -160,6 +182,7 @@ def add_parsers(sub, add_model_args) -> None:
     e.add_argument("--save-dir", default=None, help="write each search's files under DIR/<name>/<system>-<backend>/")
     e.add_argument("--quiet", action="store_true", help="no progress display on stderr")
     e.add_argument("--json", action="store_true", help="print every result as one JSON object")
+    add_executor_args(e, "the experiments' (experiment, system, backend) runs")
     e.add_argument("--systems-path", help="a pack's systems/ directory (default: $INFERCAST_SYSTEMS_PATH, then the "
                                           "installed aiconfigurator-core data)")
     e.set_defaults(func=cmd_exp)

@@ -108,32 +108,50 @@ def _search(exp: Experiment, system: str, backend: str, kw: dict) -> dict:
     return out
 
 
-def run_experiment(exp: Experiment, systems_path=None, on_done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
-    """Every (system, backend) of ``exp``; ``on_done`` is called after each (progress)."""
+def run_one(item: tuple[Experiment, str, str, object]) -> Outcome:
+    """The outcome of one (experiment, system, backend, systems_path): a typed error becomes the
+    outcome's ``error``. A module-level function of plain data, so that local processes and Ray
+    tasks can run it (:mod:`infercast.search.executor`)."""
     from dataclasses import asdict
 
+    exp, system, backend, systems_path = item
     kw = {**exp.estimator_kw(), "systems_path": systems_path}
-    outs = []
-    for system in exp.system_list:
-        for backend in exp.backend_list:
-            kind = ("serve" if exp.layout is not None else "serve-disagg") if exp.concurrency and (
-                exp.layout is not None or exp.disagg is not None) else exp.mode
-            o = Outcome(exp.name, system, backend, kind, estimator_kw=kw)
-            try:
-                if kind.startswith("serve"):
-                    o.rows = _serve(exp, system, backend, kw)
-                else:
-                    o.searches = _search(exp, system, backend, kw)
-                    for mode, res in o.searches.items():
-                        if res.best is not None:
-                            o.rows.append({"mode": mode, "backend_version": res.backend_version,
-                                           **asdict(res.candidates[res.best])})
-                    if not o.rows:
-                        o.error = "no deployment meets the targets" if any(r.candidates for r in o.searches.values()) \
-                            else "no deployment could be evaluated"
-            except InfercastError as exc:
-                o.error = str(exc)
-            outs.append(o)
-            if on_done is not None:
-                on_done(o)
-    return outs
+    kind = ("serve" if exp.layout is not None else "serve-disagg") if exp.concurrency and (
+        exp.layout is not None or exp.disagg is not None) else exp.mode
+    o = Outcome(exp.name, system, backend, kind, estimator_kw=kw)
+    try:
+        if kind.startswith("serve"):
+            o.rows = _serve(exp, system, backend, kw)
+        else:
+            o.searches = _search(exp, system, backend, kw)
+            for mode, res in o.searches.items():
+                if res.best is not None:
+                    o.rows.append({"mode": mode, "backend_version": res.backend_version,
+                                   **asdict(res.candidates[res.best])})
+            if not o.rows:
+                o.error = "no deployment meets the targets" if any(r.candidates for r in o.searches.values()) \
+                    else "no deployment could be evaluated"
+    except InfercastError as exc:
+        o.error = str(exc)
+    return o
+
+
+def work_items(exps: list[Experiment], systems_path=None) -> list[tuple]:
+    """Every (experiment, system, backend, systems_path) of ``exps``, in the file's order."""
+    return [(e, system, backend, systems_path) for e in exps for system in e.system_list for backend in e.backend_list]
+
+
+def run_experiments(exps: list[Experiment], systems_path=None, *, jobs: int | None = None, ray: str | None = None,
+                    on_done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    """Every (system, backend) of every experiment, in the file's order, run in this process, over
+    ``jobs`` local processes or as Ray tasks (``ray``; :func:`infercast.search.executor.executor`):
+    the same outcomes either way. ``on_done`` is called as each finishes (progress)."""
+    from ..search.executor import run_all
+
+    return run_all(run_one, work_items(exps, systems_path), jobs=jobs, ray=ray,
+                   on_done=None if on_done is None else (lambda _i, o: on_done(o)))
+
+
+def run_experiment(exp: Experiment, systems_path=None, on_done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    """Every (system, backend) of ``exp`` in this process; ``on_done`` is called after each (progress)."""
+    return run_experiments([exp], systems_path, on_done=on_done)

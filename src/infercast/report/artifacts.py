@@ -13,8 +13,9 @@ Layout of ``DIR``::
                                 (:mod:`infercast.serving.intervals`; the CSV / JSON carry
                                 80% and 95%), plus the per-op breakdown of each mode's
                                 recommendation
-    top/<mode>-<rank>/          launch files of the ``top`` best deployments per mode that meet
-                                the targets (``launch_*.sh``, TensorRT-LLM option YAMLs,
+    top/<mode>-<rank>/          launch files of the ``top`` best distinct deployments per mode
+                                that meet the targets (:func:`ranked`: each layout once, at its
+                                best concurrency; ``launch_*.sh``, TensorRT-LLM option YAMLs,
                                 ``k8s_dynamo.yaml``, ``benchmark.sh``, ``deployment.json``)
 """
 
@@ -49,26 +50,46 @@ def _layout_kw(label: str) -> dict:
 
 
 def ranked(candidates: list, top: int) -> list:
-    """The ``top`` candidates that meet the targets, most tokens/s per GPU first."""
-    ok = [c for c in candidates if c.meets_targets]
-    return sorted(ok, key=lambda c: -c.tokens_per_s_per_gpu)[:top]
+    """The ``top`` best *distinct deployments* that meet the targets, most tokens/s per GPU first:
+    each layout (an aggregated replica's layout, or a disaggregated deployment's prefill and
+    decode layouts with their worker counts; per backend when a search ranked several) appears
+    once, at its concurrency with the most tokens/s per GPU (the earliest evaluated on a tie), so
+    the top rows are different deployments rather than one layout at several client counts."""
+    ok = sorted((c for c in candidates if c.meets_targets), key=lambda c: -c.tokens_per_s_per_gpu)
+    out: list = []
+    seen: set = set()
+    for c in ok:
+        key = (getattr(c, "backend", ""), c.layout)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(c)
+        if len(out) == top:
+            break
+    return out
 
 
 def deployment_of(candidate, result, estimator_kw: dict) -> tuple[Deployment, dict]:
     """The :class:`Deployment` a search candidate stands for, and {role: Estimator} of its
-    worker layouts (built with the search's own estimator settings)."""
+    worker layouts (built with the search's own estimator settings). A disaggregated search with
+    decode workers on another system (``result.decode_system``) builds the decode worker on that
+    system at the data version the search used there, so each worker kind's launch files state
+    its own system."""
     from ..api import Estimator
     from ..serving.backends import scheduler_params
 
-    def est(label: str):
-        return Estimator(result.model, result.system, result.backend, result.backend_version,
-                         **_layout_kw(label), **estimator_kw)
+    def est(label: str, system: str, version):
+        return Estimator(result.model, system, result.backend, version, **_layout_kw(label), **estimator_kw)
 
     if getattr(candidate, "prefill_layout", ""):
-        roles = {"prefill": (est(candidate.prefill_layout), candidate.prefill_workers),
-                 "decode": (est(candidate.decode_layout), candidate.decode_workers)}
+        dsys = getattr(result, "decode_system", None) or result.system
+        dver = (getattr(result, "decode_backend_version", None) or result.backend_version) if dsys != result.system \
+            else result.backend_version
+        roles = {"prefill": (est(candidate.prefill_layout, result.system, result.backend_version), candidate.prefill_workers),
+                 "decode": (est(candidate.decode_layout, dsys, dver), candidate.decode_workers)}
     else:
-        roles = {"agg": (est(candidate.layout), getattr(candidate, "replicas", 1) or 1)}
+        roles = {"agg": (est(candidate.layout, result.system, result.backend_version),
+                         getattr(candidate, "replicas", 1) or 1)}
     workers = tuple(worker_spec(e, scheduler_params(result.backend, e.data.system, e.spec), role, n)
                     for role, (e, n) in roles.items())
     first = next(iter(roles.values()))[0]

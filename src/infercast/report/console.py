@@ -264,7 +264,9 @@ def print_search(d: dict) -> None:
     gpus = plural(d["max_gpus"], "GPU")
     scope = {"agg": f"up to {gpus} per replica", "fixed": f"exactly {gpus} (agg replicas "
              "or disaggregated workers)"}.get(mode, f"up to {gpus} in all (disaggregated)")
-    c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d['backend_version']} · isl {d['isl']} osl {d['osl']} · "
+    on = d["system"] + (f" (decode workers on {d['decode_system']}, {d.get('decode_backend_version') or ''})"
+                        if d.get("decode_system") else "")
+    c.print(f"[bold]{d['model']} on {on} · {d['backend']} {d['backend_version']} · isl {d['isl']} osl {d['osl']} · "
             f"{scope} · targets: {targets}[/bold]")
 
     conc = d.get("concurrencies")
@@ -293,7 +295,7 @@ def print_search(d: dict) -> None:
     else:
         table("Pareto frontier (tokens/s/user vs tokens/s/GPU)", d["frontier"])
     if d["top"]:
-        table("best deployments that meet the targets (tokens/s/GPU)", d["top"])
+        table("best deployments that meet the targets (tokens/s/GPU; each layout once, at its best clients)", d["top"])
     best = d["best"]
     if best is None:
         c.print(f"[yellow]no recommendation: {escape(d.get('reason') or 'no evaluated deployment meets the targets')}[/yellow]")

@@ -19,6 +19,12 @@ The translation is one way, from infercast's inputs to each engine's own flag na
 * **Scheduler.** :class:`~infercast.serving.backends.SchedulerParams` fields map to the engine's
   token budget, running-request cap, chunked prefill, attention-DP balance hold, context batching
   delay, receive interval and mixed chunks.
+* **Hardware.** Each worker kind names the system it was predicted on (and its GPU memory):
+  prefill and decode workers may run on different systems (``search --decode-system``). The
+  launch scripts and ``deployment.json`` state it per worker kind; the Kubernetes manifest puts
+  it on each worker service as the annotation :data:`SYSTEM_KEY`, and when the worker kinds run on
+  different systems also as a ``nodeSelector`` on that key, so that each kind's pods land on
+  nodes labelled with its system (``kubectl label node NODE infercast/system=SYSTEM``).
 * **Memory and precision.** The KV memory knob (``free_gpu_memory_fraction`` /
   ``gpu_memory_utilization`` / ``mem_fraction_static``, each in the engine's own sense), the KV
   cache dtype, speculative decoding (MTP, EAGLE / EAGLE-3, n-gram, draft model: vLLM's
@@ -43,6 +49,8 @@ import yaml
 from ..errors import InvalidInputError, NotAvailableError
 
 BACKENDS = ("trtllm", "vllm", "sglang")
+#: the Kubernetes annotation / node-label key naming the system a worker kind was predicted on
+SYSTEM_KEY = "infercast/system"
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,10 @@ class WorkerSpec:
     draft tokens (0: off) of the speculative method ``spec_method`` (vLLM's names: ``mtp``,
     ``eagle``, ``eagle3``, ``ngram``, ``draft_model``) with its ``draft_model`` / ``draft_tp`` and
     n-gram window ``prompt_lookup_min`` / ``prompt_lookup_max``; ``moe_kernel`` the expert kernel family, or None for the engine's
-    default; the remaining fields are the scheduler settings of the same names in
+    default; ``system``, ``backend_version`` and ``gpu_memory_gib`` the system (pack name), data
+    version and GPU memory (GiB, the unit GPUs are sold in: 141 on an H200) the worker kind was
+    predicted on ("" / 0 when not known); the remaining fields are the scheduler settings of the
+    same names in
     :class:`~infercast.serving.backends.SchedulerParams`."""
 
     role: str  # "agg" | "prefill" | "decode"
@@ -86,11 +97,21 @@ class WorkerSpec:
     recv_interval: int = 1
     mixed: bool = True
     cp: int = 1
+    system: str = ""
+    backend_version: str = ""
+    gpu_memory_gib: float = 0.0
 
     @property
     def gpus(self) -> int:
         """GPUs of one worker."""
         return self.tp * self.pp * self.attention_dp * self.cp
+
+    @property
+    def hardware(self) -> str:
+        """The system and GPU memory in words (empty when not known)."""
+        if not self.system:
+            return ""
+        return self.system + (f" ({self.gpu_memory_gib:.0f} GiB per GPU)" if self.gpu_memory_gib else "")
 
 
 @dataclass(frozen=True)
@@ -117,6 +138,16 @@ class Deployment:
     def gpus(self) -> int:
         return sum(w.workers * w.gpus for w in self.workers)
 
+    @property
+    def systems(self) -> dict[str, str]:
+        """{role: system} of the worker kinds whose system is known."""
+        return {w.role: w.system for w in self.workers if w.system}
+
+    @property
+    def mixed_systems(self) -> bool:
+        """Whether the worker kinds run on different systems."""
+        return len(set(self.systems.values())) > 1
+
 
 def worker_spec(est, params, role: str = "agg", workers: int = 1) -> WorkerSpec:
     """The :class:`WorkerSpec` of an :class:`~infercast.Estimator` ``est`` served with scheduler
@@ -131,6 +162,8 @@ def worker_spec(est, params, role: str = "agg", workers: int = 1) -> WorkerSpec:
         adp_balance_timeout_steps=int(params.adp_balance_timeout_steps), batch_wait_iters=int(params.batch_wait_iters),
         batch_wait_max_tokens_ratio=float(params.batch_wait_max_tokens_ratio), recv_interval=int(params.recv_interval),
         mixed=bool(params.mixed), cp=int(p.cp), **_speculative_fields(est),
+        system=str(est.data.system.name), backend_version=str(est.version),
+        gpu_memory_gib=float(est.data.system.gpu.mem_capacity) / 2**30,
     )
 
 
@@ -401,6 +434,10 @@ def dynamo_manifest(d: Deployment, name: str = "infercast-deployment") -> list[d
                      "extraPodSpec": {"mainContainer": container}}
         if w.role != "agg":
             svc["subComponentType"] = w.role
+        if w.system:
+            svc["annotations"] = {SYSTEM_KEY: w.system}
+            if d.mixed_systems:  # each kind's pods on its own hardware
+                svc["extraPodSpec"]["nodeSelector"] = {SYSTEM_KEY: w.system}
         if d.backend == "trtllm":
             container["volumeMounts"] = [{"name": "engine-config", "mountPath": TRTLLM_CONFIG_DIR}]
             svc["extraPodSpec"]["volumes"] = [{"name": "engine-config", "configMap": {"name": f"{name}-engine-config"}}]
@@ -425,7 +462,8 @@ def launch_files(d: Deployment) -> dict[str, str]:
     files: dict[str, str] = {}
     for w in d.workers:
         argv = engine_command(d, w)
-        head = (f"# {w.role} worker: {w.workers} x {w.gpus} GPU(s); {d.backend} {d.backend_version}\n"
+        on = f" on {w.hardware}" if w.hardware else ""
+        head = (f"# {w.role} worker: {w.workers} x {w.gpus} GPU(s){on}; {d.backend} {w.backend_version or d.backend_version}\n"
                 f"# infercast layout: tp {w.tp}, pp {w.pp}, attention-dp {w.attention_dp}, "
                 f"moe-tp {w.moe_tp}, moe-ep {w.moe_ep}\n")
         files[f"launch_{w.role}.sh"] = "#!/usr/bin/env bash\n" + head + shlex.join(argv) + "\n"
@@ -438,6 +476,6 @@ def launch_files(d: Deployment) -> dict[str, str]:
                              + "\n".join(f"# {k}\n{shlex.join(v)}" for k, v in bench.items()) + "\n")
     files["deployment.json"] = json.dumps(
         {"model": d.model, "backend": d.backend, "backend_version": d.backend_version, "isl": d.isl, "osl": d.osl,
-         "concurrency": d.concurrency, "gpus": d.gpus, "notes": list(d.notes),
+         "concurrency": d.concurrency, "gpus": d.gpus, "systems": d.systems, "notes": list(d.notes),
          "workers": [{**w.__dict__, "gpus_per_worker": w.gpus} for w in d.workers]}, indent=1)
     return files

@@ -12,7 +12,8 @@ def print_recommend(d: dict) -> None:
     c = new_console(min_width=120)
     load = f"{d['rate']:g} requests/s" if d.get("rate") is not None else f"{d['clients']} concurrent clients"
     t = d["targets"]
-    c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d.get('backend_version') or ''} · "
+    on = d["system"] + (f" (decode workers on {d['decode_system']})" if d.get("decode_system") else "")
+    c.print(f"[bold]{d['model']} on {on} · {d['backend']} {d.get('backend_version') or ''} · "
             f"{d['isl']} in / {d['osl']} out[/bold]")
     c.print(f"load: {load}; targets: mean TTFT <= {_f(t['ttft_ms'], '{:g}')} ms, mean TPOT <= {_f(t['tpot_ms'], '{:g}')} ms")
     recs = d["recommendations"]

@@ -85,6 +85,7 @@ class SearchResult:
     max_concurrency: int | None = None  # the most requests a deployment searched runs at once
     reason: str | None = None  # why there is no recommendation (best is None)
     decode_system: str | None = None  # disagg: the decode workers' system when not ``system``
+    decode_backend_version: str | None = None  # disagg: the decode workers' data version on ``decode_system``
     evaluated: dict[str, int] = field(default_factory=dict)  # kind of candidate -> how many were evaluated
     refused: dict[str, int] = field(default_factory=dict)  # "kind: reason" -> how many were refused
 
@@ -565,6 +566,7 @@ def search_disagg(
     if decode_system is not None and decode_system != system:
         res.decode_system = decode_system
         dbase = Estimator(model, decode_system, backend, backend_version, systems_path=systems_path, **estimator_kw)
+        res.decode_backend_version = dbase.version
         dnode = dbase.data.system.node
     cps = context_parallel_degrees(cps)
     pre = _estimators(res, base, model, layouts(base.spec, total, node.nvlink_gpus, cps=cps + (1,)), backend_version,

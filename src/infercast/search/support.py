@@ -26,7 +26,8 @@ matrix row's GPU budget (its ``--total-gpus``).
 Work is shared: a model's spec is built once, and one (model, system, backend, version, budget)
 is probed once for both modes and every caller (:class:`Prober` memoises); :func:`probe_many`
 visits many combinations grouped by (system, backend, version) so each table is read once, in
-one process or spread over several (``jobs``) with the same answers.
+one process or spread over local processes or Ray tasks (``jobs``, ``ray``: :mod:`.executor`)
+with the same answers.
 """
 
 from __future__ import annotations
@@ -265,43 +266,45 @@ def _probe_group(probe: Probe, systems_path, requests: list) -> list:
     return [(r, prober.probe_combo(*r)) for r in requests]
 
 
-def probe_many(prober: Prober, requests: Iterable[Request], *, jobs: int = 1,
+def probe_many(prober: Prober, requests: Iterable[Request], *, jobs: int | None = 1, ray: str | None = None,
                progress: Callable[[int, int, str], None] | None = None) -> None:
     """Probe every request not yet in ``prober``'s memo, visiting them grouped by (system, backend,
     version) so each table is read once (a version's older ones, which complete its partial
-    tables, come just before it). ``jobs`` > 1 spreads the (system, backend) groups over that many
-    processes (spawned: each reads its own tables); the answers are the serial run's, since a
-    probe depends on its request alone."""
-    if not isinstance(jobs, int) or jobs < 1:
-        raise InvalidInputError(f"--jobs must be a positive integer, got {jobs!r}")
-    todo = sorted({_key(prober, *r) for r in requests} - set(prober._done),
-                  key=lambda r: (r[1], r[2], version_key(r[3]), r[0], r[4]))
-    total = len(todo)
-    if jobs == 1 or total < 2:
-        for n, r in enumerate(todo):
-            if progress:
-                progress(n, total, f"{r[1]} {r[2]} {r[3]} {r[0]}")
-            prober.probe_combo(*r)
-    else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+    tables, come just before it). ``jobs`` > 1 or ``ray`` spreads the (system, backend) groups
+    over local processes or Ray tasks (:mod:`.executor`; each reads its own tables); the answers
+    are the serial run's, since a probe depends on its request alone."""
+    from functools import partial
 
-        groups: dict[tuple, list] = defaultdict(list)
-        for r in todo:
-            groups[(r[1], r[2])].append(r)
-        done = 0
-        if progress:
-            progress(0, total, f"{len(groups)} system / backend groups over {jobs} processes")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = [pool.submit(_probe_group, prober.probe, prober.systems_path, g)
-                       for g in sorted(groups.values(), key=len, reverse=True)]
-            for f in as_completed(futures):
-                got = f.result()
+    from .executor import executor
+
+    ex = executor(jobs, ray)  # checks jobs; connects to Ray
+    with ex:
+        todo = sorted({_key(prober, *r) for r in requests} - set(prober._done),
+                      key=lambda r: (r[1], r[2], version_key(r[3]), r[0], r[4]))
+        total = len(todo)
+        if ex.name == "serial" or total < 2:
+            for n, r in enumerate(todo):
+                if progress:
+                    progress(n, total, f"{r[1]} {r[2]} {r[3]} {r[0]}")
+                prober.probe_combo(*r)
+        else:
+            groups: dict[tuple, list] = defaultdict(list)
+            for r in todo:
+                groups[(r[1], r[2])].append(r)
+            ordered = sorted(groups.values(), key=len, reverse=True)  # the longest first: they finish last
+            done = 0
+            if progress:
+                progress(0, total, f"{len(groups)} system / backend groups {ex.describe()}")
+
+            def finished(_i: int, got: list) -> None:
+                nonlocal done
                 for r, rows in got:
                     prober._done[r] = rows
                 done += len(got)
                 if progress:
                     progress(done, total, f"{got[0][0][1]} {got[0][0][2]}" if got else "")
+
+            ex.map(partial(_probe_group, prober.probe, prober.systems_path), ordered, finished)
     if progress:
         progress(total, total, "done")
 
@@ -381,11 +384,11 @@ def combos(pack, models=None, systems=None, backends=None, versions=None) -> lis
     return out
 
 
-def support_rows(prober: Prober, combos_: list[Combo], modes: Iterable[str] = MODES, *, jobs: int = 1,
-                 progress: Callable[[int, int, str], None] | None = None) -> list[SupportRow]:
+def support_rows(prober: Prober, combos_: list[Combo], modes: Iterable[str] = MODES, *, jobs: int | None = 1,
+                 ray: str | None = None, progress: Callable[[int, int, str], None] | None = None) -> list[SupportRow]:
     """A row per combination and mode, probing each combination once (:func:`probe_many`)."""
     modes = list(modes)
-    probe_many(prober, [(c.model, c.system, c.backend, c.version, None) for c in combos_], jobs=jobs,
+    probe_many(prober, [(c.model, c.system, c.backend, c.version, None) for c in combos_], jobs=jobs, ray=ray,
                progress=progress)
     rows: list[SupportRow] = []
     for c in combos_:
@@ -435,13 +438,13 @@ class Agreement:
         return {k: (v[0], v[1]) for k, v in sorted(acc.items())}
 
 
-def compare(prober: Prober, matrix, *, statuses: Iterable[str] | None = None, jobs: int = 1,
-            progress: Callable[[int, int, str], None] | None = None) -> Agreement:
+def compare(prober: Prober, matrix, *, statuses: Iterable[str] | None = None, jobs: int | None = 1,
+            ray: str | None = None, progress: Callable[[int, int, str], None] | None = None) -> Agreement:
     """Probe every matrix row (or those whose status is in ``statuses``) with the row's own GPU
     budget (:func:`probe_many`); the answer's pairs are in the matrix's order."""
     rows = [m for m in matrix if statuses is None or m.status in set(statuses)]
     probe_many(prober, [(m.model, m.system, m.backend, m.version, m.total_gpus) for m in rows], jobs=jobs,
-               progress=progress)
+               ray=ray, progress=progress)
     answers: list = []
     for m in rows:
         got = prober.probe_combo(m.model, m.system, m.backend, m.version, m.total_gpus)
