@@ -3,7 +3,9 @@ mixture's :meth:`Distribution.percentiles` gives, over random deployments and th
 (no queueing wait, a saturated pool, a first-wave value equal to the steady state's floor)."""
 
 import numpy as np
+import synthpack as sp
 
+from infercast.api import Estimator
 from infercast.serving.disagg import DISAGG_REQUESTS_PER_CLIENT as K
 from infercast.serving.disagg import _ttft_percentiles_many
 from infercast.serving.result import PERCENTILES, Distribution, exponential_tail, mixture
@@ -39,3 +41,14 @@ def test_one_steady_point_and_one_batch():
     # the first wave above the steady point: p50 is the steady point, p90 / p99 the first wave's
     got = _ttft_percentiles_many([100.0], [1.0], [1], [0.0], [0.5], [50.0], K)
     assert got[:, 0].tolist() == [50.0, 101.0, 101.0]
+
+
+def test_decode_steps_equal_the_step_model(synth):
+    """CompiledEngine.decode_steps_ms (the disaggregated solver's decode steps) gives exactly
+    step_ms's decode-phase numbers, padded rows included."""
+    e = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", systems_path=synth.systems_dir)
+    d = np.concatenate([np.linspace(1.0, 60.0, 97), np.arange(1.0, 40.0)])
+    pad = np.where(d < 32, np.ceil(d / 8) * 8 - d, 0.0)  # rows padded to multiples of 8, as a CUDA graph would
+    want = e.engine.step_ms(dec_batch=d, dec_kv=90.0, dec_pad=pad, phase="decode")
+    got = e.engine.decode_steps_ms(d, 90.0, pad)
+    assert got.tolist() == want.tolist()

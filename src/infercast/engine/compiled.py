@@ -313,6 +313,29 @@ class CompiledEngine:
         comps = self.components(**shape)
         return sum(v for v, _ in comps.values())
 
+    def decode_steps_ms(self, batch, kv_len, pad=0.0) -> np.ndarray:
+        """``step_ms(dec_batch=batch, dec_kv=kv_len, dec_pad=pad, phase="decode")`` for arrays of
+        decode-only steps, with the same per-op values summed in the same order (so the same
+        numbers), at less cost: each token-wise op is evaluated once per distinct row count
+        ``batch + pad`` (CUDA-graph padding leaves few), and the context attention, which a step
+        without prompt tokens does not run (zero in :meth:`components`), is left out."""
+        batch, kv, pad = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (batch, kv_len, pad)))
+        rows, inv = np.unique(batch + pad, return_inverse=True)
+        inv = inv.reshape(batch.shape)
+        no_context = np.zeros(rows.shape, dtype=bool)
+        total = 0
+        for c in self.ops:
+            if c.op.phase not in ("both", "decode"):
+                continue
+            if c.op.kind in ATTENTION_KINDS:
+                v, _ = self._generation_attention(c, batch, kv)
+            else:
+                draft = c.op.phase == "decode"  # MTP draft passes: one token per decoding sequence
+                v, _ = self._tokenwise(c, rows if draft else rows * self.decode_width, rows, no_context)
+                v = v[inv]
+            total = total + v
+        return total
+
     def _step_scalar(self, ctx_batch=0.0, ctx_isl=1.0, ctx_prefix=0.0, dec_batch=0.0, dec_kv=1.0, dec_pad=0.0) -> float:
         """:meth:`step_ms` of one shape through the scalar twins (the same sums as
         :meth:`components`, without numpy per op)."""

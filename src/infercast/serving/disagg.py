@@ -406,7 +406,8 @@ def _decode_step_many(engine, params: SchedulerParams, d: np.ndarray, kv: float)
         held = (d > 0) & (d <= sizes[-1])
         i = np.searchsorted(sizes, d[held] - 1e-9)
         pad[held] = sizes[i] - d[held]
-    gpu = engine.step_ms(dec_batch=d, dec_kv=kv, dec_pad=pad, phase="decode")
+    fast = getattr(engine, "decode_steps_ms", None)  # CompiledEngine's; other engines answer step_ms
+    gpu = fast(d, kv, pad) if fast is not None else engine.step_ms(dec_batch=d, dec_kv=kv, dec_pad=pad, phase="decode")
     return params.step_ms(gpu, d)
 
 
