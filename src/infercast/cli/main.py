@@ -314,7 +314,7 @@ def cmd_serve_disagg(a) -> int:
 
 def cmd_search(a) -> int:
     from ..search import search_agg, search_backends, search_disagg, search_fixed
-    from ..search.run import candidate_dict
+    from ..search.run import candidate_dict, sharing_estimators
 
     conc = None
     if a.concurrency:
@@ -354,21 +354,22 @@ def cmd_search(a) -> int:
                                     "written yet", "drop --save-dir, or search one system")
         kw["decode_system"] = a.decode_system
     outs, results, per_backend = {}, {}, {}
-    for m, fn in (("agg", search_agg), ("disagg", search_disagg), ("fixed", search_fixed)):
-        if mode in (m, "both") and not (m == "fixed" and mode == "both"):
-            if backends is None:
-                res = results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, **kw)
-            else:
-                res, per_backend[m] = search_backends(fn, a.model, a.system, backends, a.isl, a.osl, **kw)
-                results[m] = res
-            out = res.to_dict(candidates=a.all)
-            out["mode"] = m
-            out["targets"] = targets
-            if cal is not None:
-                out["calibration"] = calibration_summary(cal, cal_notes, res.concurrencies)
-            out["top"] = [candidate_dict(c) for c in sorted((c for c in res.candidates if c.meets_targets),
-                                                    key=lambda c: -c.tokens_per_s_per_gpu)[:a.top]]
-            outs[m] = out
+    with sharing_estimators():  # --mode both: each layout compiled once for both searches
+        for m, fn in (("agg", search_agg), ("disagg", search_disagg), ("fixed", search_fixed)):
+            if mode in (m, "both") and not (m == "fixed" and mode == "both"):
+                if backends is None:
+                    res = results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, **kw)
+                else:
+                    res, per_backend[m] = search_backends(fn, a.model, a.system, backends, a.isl, a.osl, **kw)
+                    results[m] = res
+                out = res.to_dict(candidates=a.all)
+                out["mode"] = m
+                out["targets"] = targets
+                if cal is not None:
+                    out["calibration"] = calibration_summary(cal, cal_notes, res.concurrencies)
+                out["top"] = [candidate_dict(c) for c in sorted((c for c in res.candidates if c.meets_targets),
+                                                        key=lambda c: -c.tokens_per_s_per_gpu)[:a.top]]
+                outs[m] = out
     if a.save_dir:
         from ..report.artifacts import write_search_artifacts
 
