@@ -100,7 +100,7 @@ class CompiledEngine:
     def __init__(self, plan: Plan, db: OpDB):
         self.plan = plan
         self.db = db
-        self.ops: list[CompiledOp] = [self._compile_backfilled(op) for op in plan.ops]
+        self.ops: list[CompiledOp] = [self._compile_shared(op) for op in plan.ops]
         main = [c for c in self.ops if c.op.phase != "decode"]
         draft = [c for c in self.ops if c.op.phase == "decode"]
         self._grid_ops = [c for c in main if c.op.kind in GRID_KINDS]
@@ -116,6 +116,21 @@ class CompiledEngine:
         self._tokenwise_memo: dict = {}
         self._context_memo: dict = {}
         self._mixed_memo: dict = {}
+
+    def _compile_shared(self, op: PlanOp) -> CompiledOp:
+        """:meth:`_compile_backfilled`, kept in the database's memo (:meth:`OpDB.memo`) under
+        everything the resolution reads (the op's kind, phase and parameters, and for an MoE op
+        how tokens reach the experts): the layouts of a search share most of their op shapes, and
+        each is resolved once per process. The op's own name and count are put back on the
+        answer."""
+        try:
+            key = ("compiled-op", op.kind, op.phase, tuple(sorted(op.params.items())),
+                   self.plan.parallel.moe_comm if op.kind == "moe" else None)
+            hash(key)
+        except TypeError:  # a parameter that cannot be a key: resolved afresh
+            return self._compile_backfilled(op)
+        c = self.db.memo(key, lambda: self._compile_backfilled(op))
+        return c if c.op is op else replace(c, op=op)
 
     def _compile_backfilled(self, op: PlanOp) -> CompiledOp:
         """``op`` resolved against the engine's data version; when that version has no data for
