@@ -366,6 +366,8 @@ def _blend1(v0: float, v1: float, t: float, scale: str) -> float:
 
 
 SolFn = Callable[..., np.ndarray]
+#: answers a 1-D grid keeps for :meth:`Grid.scalar` (about 100 bytes each)
+SCALAR_MEMO_LIMIT = 50_000
 
 
 @dataclass
@@ -380,6 +382,9 @@ class Grid:
     _edges: tuple = field(default=(), repr=False)
     _edges_py: tuple = field(default=(), repr=False)
     _knots: np.ndarray | None = field(default=None, repr=False)
+    #: :meth:`scalar`'s answers on a 1-D grid, by query (a simulator asks the same token counts
+    #: again and again); emptied when it holds :data:`SCALAR_MEMO_LIMIT`
+    _scalar_memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
         self.axes = tuple(np.asarray(a, dtype=float) for a in self.axes)
@@ -506,6 +511,17 @@ class Grid:
     def scalar(self, *coords: float, refuse: bool = False) -> tuple[float, int]:
         """Same as calling with scalars, in plain Python (no numpy overhead): the hot path of a
         simulator asking one shape at a time. Agrees with :meth:`__call__` to rounding."""
+        if len(coords) == 1:
+            key = (coords[0], refuse)
+            hit = self._scalar_memo.get(key)
+            if hit is None:
+                if len(self._scalar_memo) >= SCALAR_MEMO_LIMIT:
+                    self._scalar_memo.clear()
+                hit = self._scalar_memo[key] = self._scalar(coords, refuse)
+            return hit
+        return self._scalar(coords, refuse)
+
+    def _scalar(self, coords: tuple, refuse: bool) -> tuple[float, int]:
         axes, V, P, K = self._py
         if len(axes) == 1:
             sc = self.scales[0]
