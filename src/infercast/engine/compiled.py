@@ -466,6 +466,13 @@ class CompiledEngine:
             total = total + c.resolved[1].grid(b, step, refuse=True)[0] * c.op.count
         return total
 
+    def decode_one_ms(self, batch: float, kv_len: float, pad: float = 0.0) -> float:
+        """:meth:`decode_run_ms` of a run of one step, as a float (the same number, without numpy:
+        a simulator's usual run ends at the next completion, one step on)."""
+        if batch <= 0:
+            return 0.0
+        return self.decode_scalar(float(batch), float(kv_len), pad)
+
     def mixed_step_ms(self, ctx_batch, ctx_isl, ctx_prefix, dec_batch: float, dec_kv: float) -> float:
         """One step carrying several prefill groups (sequences, new tokens, prefix each) and
         ``dec_batch`` decodes at mean KV length ``dec_kv``: token-wise ops run once over all
