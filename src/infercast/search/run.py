@@ -628,6 +628,9 @@ class DisaggGroup:
         self.solvers = []
         self._deployments: dict = {}  # (prefill layout, pw, dw) -> _deployment's answer
         self._words: dict = {}  # the layouts in words (Estimator.layout_words), by prefill index and "decode"
+        p = de.plan.parallel
+        self._decode_fields = (p.tp, p.pp, p.attention_dp, p.etp, p.ep, de.data.backend, dl.label)
+        self._prefill_labels = [pl.label for pl, _ in prefills]
         dnode = de.data.system.node
         for _, pe in prefills:
             node = pe.data.system.node
@@ -683,8 +686,7 @@ class DisaggGroup:
         """Add deployment (prefill layout ``i``, ``pw``, ``dw``) at ``c`` clients with result
         ``r`` to the search result: whether it meets the targets, or None when the decode ranks'
         KV cache cannot hold their batch (refused; more clients would not fit either)."""
-        res, dl, de = self.res, self.dl, self.de
-        pl, pe = self.prefills[i]
+        res = self.res
         label, gpus, words = self._deployment(i, pw, dw)
         _count(res, "disagg candidate")
         if r.decode_kv_capacity is not None and r.decode_batch > r.decode_kv_capacity:
@@ -692,13 +694,17 @@ class DisaggGroup:
                    f"a decode rank would run {r.decode_batch:.0f} requests; its KV cache holds "
                    f"{r.decode_kv_capacity:.0f} of {res.isl}+{res.osl} tokens", "decode KV cache overflows")
             return None
-        cand = DisaggCandidate(
-            *_fields(res, label, de, gpus, c, r, f"prefill util {r.prefill_utilisation:.2f}", words),
-            prefill_layout=pl.label, prefill_workers=pw, decode_layout=dl.label, decode_workers=dw,
+        # the fields of _fields, with the decode layout's degrees and labels read once per group
+        tp, pp, adp, etp, ep, backend, dlabel = self._decode_fields
+        ok = meets(r.ttft_ms, r.tpot_ms, res.ttft_max_ms, res.tpot_max_ms)
+        res.candidates.append(DisaggCandidate(
+            label, tp, pp, adp, etp, ep, gpus, c, r.ttft_ms, r.tpot_ms, r.ttft_p90_ms, r.tpot_p90_ms,
+            r.request_latency_ms, r.tokens_per_s_per_gpu, r.tokens_per_s_per_user,
+            f"prefill util {r.prefill_utilisation:.2f}", ok, words, backend,
+            prefill_layout=self._prefill_labels[i], prefill_workers=pw, decode_layout=dlabel, decode_workers=dw,
             prefill_utilisation=r.prefill_utilisation,
-        )
-        res.candidates.append(cand)
-        return cand.meets_targets
+        ))
+        return ok
 
 
 def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: list[list[tuple[int, int]]],
