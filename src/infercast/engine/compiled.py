@@ -335,19 +335,29 @@ class CompiledEngine:
         ``batch + pad`` (CUDA-graph padding leaves few), and the context attention, which a step
         without prompt tokens does not run (zero in :meth:`components`), is left out."""
         batch, kv, pad = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (batch, kv_len, pad)))
-        rows, inv = np.unique(batch + pad, return_inverse=True)
-        inv = inv.reshape(batch.shape)
-        no_context = np.zeros(rows.shape, dtype=bool)
+        rows, inv = batch + pad, None
+        if pad.any():  # padded to a few captured sizes: each evaluated once
+            rows, inv = np.unique(rows, return_inverse=True)
+            inv = inv.reshape(batch.shape)
         total = 0
         for c in self.ops:
             if c.op.phase not in ("both", "decode"):
                 continue
-            if c.op.kind in ATTENTION_KINDS:
-                v, _ = self._generation_attention(c, batch, kv)
-            else:
-                draft = c.op.phase == "decode"  # MTP draft passes: one token per decoding sequence
-                v, _ = self._tokenwise(c, rows if draft else rows * self.decode_width, rows, no_context)
-                v = v[inv]
+            if c.op.kind in ATTENTION_KINDS:  # _generation_attention's values
+                active = batch > 0
+                v = c.resolved[1].grid.latency(np.where(active, batch, 1.0), np.maximum(kv - 1.0, 1.0), refuse=True)
+                v = np.where(active, v * c.op.count, 0.0)
+            else:  # _tokenwise's values in a step without prompt tokens
+                n = rows if c.op.phase == "decode" or c.op.tokens != "all" else rows * self.decode_width
+                active = n > 0
+                if c.op.kind in ANALYTIC_KINDS:
+                    v = np.where(active, n, 1.0) * c.x_per_token * c.ms_per_unit + c.fixed_ms
+                else:  # a phase-split op reads its generation grid here
+                    grid = c.resolved[1 if c.phase_split else 0].grid
+                    v = grid.latency(np.where(active, n, 1.0) * c.x_per_token, refuse=True)
+                v = np.where(active, v * c.op.count, 0.0)
+                if inv is not None:
+                    v = v[inv]
             total = total + v
         return total
 
