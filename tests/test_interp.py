@@ -823,3 +823,21 @@ def test_low_edges_filled_from_siblings():
     assert A.build_site_grid("context_attention", axes, vals, sol, same).axes[0].tolist() == [2.0, 4.0]
     far = A.Siblings((8.0, 8.0), np.array([[1024.0, 1.0]]), [(sb, sl)], lambda k: sib_grid)
     assert A.build_site_grid("context_attention", axes, vals, sol, far).axes[0].tolist() == [2.0, 4.0]
+
+
+@pytest.mark.parametrize("scale", ["linear", "log", "tile"])
+def test_latency_and_memoised_scalar_equal_the_full_answer(scale):
+    """Grid.latency gives __call__'s latencies (inside, between points and held beyond both
+    edges), and a repeated Grid.scalar query gives its first answer, on 1-D and 2-D grids."""
+    xs = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
+    g = Grid((np.asarray(xs),), np.asarray([1.0, 1.1, 1.3, 2.0, 3.5, 6.0, 11.0]), np.zeros(7, np.int8),
+             lambda x: np.asarray(x, float) * 0.2 + 0.5, scales=(scale,))
+    q = np.array([0.25, 0.5, 1.0, 1.5, 3.0, 7.9, 8.0, 40.0, 64.0, 90.0, 150.0])
+    assert g.latency(q).tolist() == g(q)[0].tolist()
+    first = [g.scalar(x) for x in q]
+    assert [g.scalar(x) for x in q] == first == [g._scalar((x,), False) for x in q]
+    a0, a1 = np.array([1.0, 4.0, 16.0]), np.array([128.0, 512.0, 2048.0])
+    g2 = Grid((a0, a1), np.outer(a0, a1) * 1e-4 + 0.1, np.zeros((3, 3), np.int8),
+              lambda b, s: np.asarray(b, float) * np.asarray(s, float) * 1e-4 + 0.1)
+    b, s = np.meshgrid([0.5, 1.0, 3.0, 16.0, 20.0], [100.0, 128.0, 700.0, 3000.0], indexing="ij")
+    assert g2.latency(b, s).tolist() == g2(b, s)[0].tolist()

@@ -322,7 +322,7 @@ def cmd_serve_disagg(a) -> int:
 def cmd_search(a) -> int:
     from ..report.artifacts import ranked
     from ..search import search_agg, search_backends, search_disagg, search_fixed
-    from ..search.run import candidate_dict
+    from ..search.run import candidate_dict, sharing_estimators
 
     conc = None
     if a.concurrency:
@@ -365,21 +365,22 @@ def cmd_search(a) -> int:
                                     f"--mode disagg, not {mode}")
         kw["decode_system"] = a.decode_system
     outs, results, per_backend = {}, {}, {}
-    for m, fn in (("agg", search_agg), ("disagg", search_disagg), ("fixed", search_fixed)):
-        if mode in (m, "both") and not (m == "fixed" and mode == "both"):
-            mkw = kw if m == "disagg" else {k: v for k, v in kw.items() if k != "scheduler_roles"}
-            if backends is None:
-                res = results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, **mkw)
-            else:
-                res, per_backend[m] = search_backends(fn, a.model, a.system, backends, a.isl, a.osl, **mkw)
-                results[m] = res
-            out = res.to_dict(candidates=a.all)
-            out["mode"] = m
-            out["targets"] = targets
-            if cal is not None:
-                out["calibration"] = calibration_summary(cal, cal_notes, res.concurrencies)
-            out["top"] = [candidate_dict(c, res) for c in ranked(res.candidates, a.top)]  # distinct layouts
-            outs[m] = out
+    with sharing_estimators():  # --mode both: each layout compiled once for both searches
+        for m, fn in (("agg", search_agg), ("disagg", search_disagg), ("fixed", search_fixed)):
+            if mode in (m, "both") and not (m == "fixed" and mode == "both"):
+                mkw = kw if m == "disagg" else {k: v for k, v in kw.items() if k != "scheduler_roles"}
+                if backends is None:
+                    res = results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, **mkw)
+                else:
+                    res, per_backend[m] = search_backends(fn, a.model, a.system, backends, a.isl, a.osl, **mkw)
+                    results[m] = res
+                out = res.to_dict(candidates=a.all)
+                out["mode"] = m
+                out["targets"] = targets
+                if cal is not None:
+                    out["calibration"] = calibration_summary(cal, cal_notes, res.concurrencies)
+                out["top"] = [candidate_dict(c, res) for c in ranked(res.candidates, a.top)]  # distinct layouts
+                outs[m] = out
     if a.save_dir:
         from ..report.artifacts import write_search_artifacts
 

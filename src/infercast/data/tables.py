@@ -21,8 +21,6 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..errors import DataFileError, NotAvailableError
 from .pack import damaged_file_fix
@@ -122,8 +120,11 @@ class _Strings:
         return self.words[self.idx if which is None else self.idx[which]]
 
 
-def _column_to_numpy(col: pa.ChunkedArray, lazy: bool = False):
-    """The column as numpy; with ``lazy``, a string column as :class:`_Strings`."""
+def _column_to_numpy(col, lazy: bool = False):
+    """The column (a ``pyarrow.ChunkedArray``) as numpy; with ``lazy``, a string column as
+    :class:`_Strings`."""
+    import pyarrow as pa
+
     t = col.type
     if pa.types.is_large_string(t) or pa.types.is_string(t):
         enc = col.cast(pa.string()).combine_chunks().dictionary_encode()
@@ -201,6 +202,9 @@ def read_table(path: Path, stem: str | None = None) -> Table:
             f"perf table {path} is a Git LFS pointer, not data",
             f"fetch the real file (git lfs pull), or {damaged_file_fix()}",
         )
+    # pyarrow only when a table is parsed (the cache of parsed tables, :func:`cached_table`, needs none)
+    import pyarrow.parquet as pq
+
     t0 = time.perf_counter()
     try:
         # one file: ParquetFile reads it without pyarrow's datasets layer, whose first use costs

@@ -107,7 +107,7 @@ class CompiledEngine:
     def __init__(self, plan: Plan, db: OpDB):
         self.plan = plan
         self.db = db
-        self.ops: list[CompiledOp] = [self._compile_backfilled(op) for op in plan.ops]
+        self.ops: list[CompiledOp] = [self._compile_shared(op) for op in plan.ops]
         self._index_ops()
 
     def _index_ops(self) -> None:
@@ -135,6 +135,21 @@ class CompiledEngine:
         self._tokenwise_memo: dict = {}
         self._context_memo: dict = {}
         self._mixed_memo: dict = {}
+
+    def _compile_shared(self, op: PlanOp) -> CompiledOp:
+        """:meth:`_compile_backfilled`, kept in the database's memo (:meth:`OpDB.memo`) under
+        everything the resolution reads (the op's kind, phase and parameters, and for an MoE op
+        how tokens reach the experts): the layouts of a search share most of their op shapes, and
+        each is resolved once per process. The op's own name and count are put back on the
+        answer."""
+        try:
+            key = ("compiled-op", op.kind, op.phase, tuple(sorted(op.params.items())),
+                   self.plan.parallel.moe_comm if op.kind == "moe" else None)
+            hash(key)
+        except TypeError:  # a parameter that cannot be a key: resolved afresh
+            return self._compile_backfilled(op)
+        c = self.db.memo(key, lambda: self._compile_backfilled(op))
+        return c if c.op is op else replace(c, op=op)
 
     def _compile_backfilled(self, op: PlanOp) -> CompiledOp:
         """``op`` resolved against the engine's data version; when that version has no data for
@@ -382,6 +397,43 @@ class CompiledEngine:
         comps = self.components(**shape)
         return sum(v for v, _ in comps.values())
 
+    def decode_steps_ms(self, batch, kv_len, pad=0.0) -> np.ndarray:
+        """``step_ms(dec_batch=batch, dec_kv=kv_len, dec_pad=pad, phase="decode")`` for arrays of
+        decode-only steps, with the same per-op values summed in the same order (so the same
+        numbers), at less cost: each token-wise op is evaluated once per distinct row count
+        ``batch + pad`` (CUDA-graph padding leaves few), and the context attention, which a step
+        without prompt tokens does not run (zero in :meth:`components`), is left out. A
+        context-parallel engine (sharded KV reads, the partial outputs' combine) takes
+        :meth:`step_ms` itself."""
+        if self.cp > 1:
+            return self.step_ms(dec_batch=batch, dec_kv=kv_len, dec_pad=pad, phase="decode")
+        batch, kv, pad = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (batch, kv_len, pad)))
+        rows, inv = batch + pad, None
+        if pad.any():  # padded to a few captured sizes: each evaluated once
+            rows, inv = np.unique(rows, return_inverse=True)
+            inv = inv.reshape(batch.shape)
+        total = 0
+        for c in self.ops:
+            if c.op.phase not in ("both", "decode"):
+                continue
+            if c.op.kind in ATTENTION_KINDS:  # _generation_attention's values
+                active = batch > 0
+                v = c.resolved[1].grid.latency(np.where(active, batch, 1.0), np.maximum(kv - 1.0, 1.0), refuse=True)
+                v = np.where(active, v * c.op.count, 0.0)
+            else:  # _tokenwise's values in a step without prompt tokens
+                n = rows if c.op.phase == "decode" or c.op.tokens != "all" else rows * self.decode_width
+                active = n > 0
+                if c.op.kind in ANALYTIC_KINDS:
+                    v = np.where(active, n, 1.0) * c.x_per_token * c.ms_per_unit + c.fixed_ms
+                else:  # a phase-split op reads its generation grid here
+                    grid = c.resolved[1 if c.phase_split else 0].grid
+                    v = grid.latency(np.where(active, n, 1.0) * c.x_per_token, refuse=True)
+                v = np.where(active, v * c.op.count, 0.0)
+                if inv is not None:
+                    v = v[inv]
+            total = total + v
+        return total
+
     def _step_scalar(self, ctx_batch=0.0, ctx_isl=1.0, ctx_prefix=0.0, dec_batch=0.0, dec_kv=1.0, dec_pad=0.0) -> float:
         """:meth:`step_ms` of one shape through the scalar twins (the same sums as
         :meth:`components`, without numpy per op)."""
@@ -540,6 +592,13 @@ class CompiledEngine:
             width = self.decode_width if c.op.phase != "decode" else 1.0
             total = total + c.resolved[0].grid.scalar(float(batch) * width * c.x_per_token, refuse=True)[0] * c.op.count
         return total
+
+    def decode_one_ms(self, batch: float, kv_len: float, pad: float = 0.0) -> float:
+        """:meth:`decode_run_ms` of a run of one step, as a float (the same number, without numpy:
+        a simulator's usual run ends at the next completion, one step on)."""
+        if batch <= 0:
+            return 0.0
+        return self.decode_scalar(float(batch), float(kv_len), pad)
 
     def mixed_step_ms(self, ctx_batch, ctx_isl, ctx_prefix, dec_batch: float, dec_kv: float) -> float:
         """One step carrying several prefill groups (sequences, new tokens, prefix each) and

@@ -366,6 +366,8 @@ def _blend1(v0: float, v1: float, t: float, scale: str) -> float:
 
 
 SolFn = Callable[..., np.ndarray]
+#: answers a 1-D grid keeps for :meth:`Grid.scalar` (about 100 bytes each)
+SCALAR_MEMO_LIMIT = 50_000
 
 
 @dataclass
@@ -380,6 +382,9 @@ class Grid:
     _edges: tuple = field(default=(), repr=False)
     _edges_py: tuple = field(default=(), repr=False)
     _knots: np.ndarray | None = field(default=None, repr=False)
+    #: :meth:`scalar`'s answers on a 1-D grid, by query (a simulator asks the same token counts
+    #: again and again); emptied when it holds :data:`SCALAR_MEMO_LIMIT`
+    _scalar_memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
         self.axes = tuple(np.asarray(a, dtype=float) for a in self.axes)
@@ -410,6 +415,14 @@ class Grid:
         raises :class:`BeyondRangeError` too far beyond a climbing edge; the default holds, for
         compile-time composition (transfer donors, module sums) whose cells are held and marked
         so, and re-checked at query time by the composed grid's own edges."""
+        return self._evaluate(coords, refuse, True)
+
+    def latency(self, *coords, refuse: bool = False) -> np.ndarray:
+        """The latencies of :meth:`__call__` alone (the same values), without the provenance."""
+        return self._evaluate(coords, refuse, False)[0]
+
+    def _evaluate(self, coords: tuple, refuse: bool, with_prov: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        p = None
         coords = np.broadcast_arrays(*(np.asarray(c, dtype=float) for c in coords))
         if len(coords) != len(self.axes):
             raise ValueError(f"grid has {len(self.axes)} axes, got {len(coords)} coordinates")
@@ -422,8 +435,9 @@ class Grid:
                 v = np.where(t == 0.0, self.values[i], np.where(t == 1.0, self.values[i1], _blend(self._knots[i], self._knots[i1], t, sc)))
             else:
                 v = _blend(self.values[i], self.values[i1], t, sc)
-            on = (t == 0.0) | (t == 1.0)
-            p = np.where(t == 0.0, self.prov[i], np.where(t == 1.0, self.prov[i1], np.maximum(self.prov[i], self.prov[i1])))
+            if with_prov:
+                on = (t == 0.0) | (t == 1.0)
+                p = np.where(t == 0.0, self.prov[i], np.where(t == 1.0, self.prov[i1], np.maximum(self.prov[i], self.prov[i1])))
             clamped = (qc,)
         else:
             sa, sb = self.scales
@@ -434,14 +448,16 @@ class Grid:
             top = _blend(V[i, j], V[i1, j], ti, sa)
             bot = _blend(V[i, j1], V[i1, j1], ti, sa)
             v = _blend(top, bot, tj, sb)
-            on = ((ti == 0.0) | (ti == 1.0)) & ((tj == 0.0) | (tj == 1.0))
-            P = self.prov
-            # an exact hit only depends on its own cell
-            ci = np.where(ti == 1.0, i1, i)
-            cj = np.where(tj == 1.0, j1, j)
-            p = np.where(on, P[ci, cj], np.maximum.reduce([P[i, j], P[i1, j], P[i, j1], P[i1, j1]]))
+            if with_prov:
+                on = ((ti == 0.0) | (ti == 1.0)) & ((tj == 0.0) | (tj == 1.0))
+                P = self.prov
+                # an exact hit only depends on its own cell
+                ci = np.where(ti == 1.0, i1, i)
+                cj = np.where(tj == 1.0, j1, j)
+                p = np.where(on, P[ci, cj], np.maximum.reduce([P[i, j], P[i1, j], P[i, j1], P[i1, j1]]))
             clamped = (qa, qb)
-        p = np.where(on, p, np.maximum(p, Prov.INTERPOLATED))
+        if with_prov:
+            p = np.where(on, p, np.maximum(p, Prov.INTERPOLATED))
         outside = coords[0] != clamped[0]
         for c, qc in zip(coords[1:], clamped[1:]):
             outside = outside | (c != qc)
@@ -483,8 +499,9 @@ class Grid:
                 ratio = ratio * np.where(out_a & np.isfinite(f), f, 1.0)
                 here, s_here = nxt, s_next
             v = np.where(outside, v * ratio, v)
-            p = np.where(outside, np.maximum(p, Prov.HELD), p)
-        return v, p.astype(np.int8)
+            if with_prov:
+                p = np.where(outside, np.maximum(p, Prov.HELD), p)
+        return v, (p.astype(np.int8) if with_prov else None)
 
     def _refuse(self, a: int, q: float):
         edge = float(self.axes[a][-1])
@@ -506,6 +523,17 @@ class Grid:
     def scalar(self, *coords: float, refuse: bool = False) -> tuple[float, int]:
         """Same as calling with scalars, in plain Python (no numpy overhead): the hot path of a
         simulator asking one shape at a time. Agrees with :meth:`__call__` to rounding."""
+        if len(coords) == 1:
+            key = (coords[0], refuse)
+            hit = self._scalar_memo.get(key)
+            if hit is None:
+                if len(self._scalar_memo) >= SCALAR_MEMO_LIMIT:
+                    self._scalar_memo.clear()
+                hit = self._scalar_memo[key] = self._scalar(coords, refuse)
+            return hit
+        return self._scalar(coords, refuse)
+
+    def _scalar(self, coords: tuple, refuse: bool) -> tuple[float, int]:
         axes, V, P, K = self._py
         if len(axes) == 1:
             sc = self.scales[0]

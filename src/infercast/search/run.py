@@ -20,6 +20,7 @@ refused, by kind and reason.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from itertools import pairwise
 
@@ -273,15 +274,13 @@ def _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_ma
            estimator_kw, make=None):
     """Checked inputs: (concurrency grid, the TP1 estimator (``make(Layout())`` if given), an
     empty result)."""
-    from ..api import Estimator
-
     isl, osl = _positive("isl", isl, int, required=True), _positive("osl", osl, int, required=True)
     # an infinite target is no target
     ttft_max_ms = None if _is_inf(ttft_max_ms) else _positive("ttft target", ttft_max_ms)
     tpot_max_ms = None if _is_inf(tpot_max_ms) else _positive("tpot target", tpot_max_ms)
     conc = _concurrencies(concurrencies)
-    base = make(Layout()) if make is not None else Estimator(model, system, backend, backend_version,
-                                                             systems_path=systems_path, **estimator_kw)
+    base = make(Layout()) if make is not None else estimator(model, system, backend, backend_version, Layout(),
+                                                             systems_path, estimator_kw)
     return conc, base, SearchResult(base.spec.model_id, system, backend, base.version, isl, osl, 0, ttft_max_ms, tpot_max_ms)
 
 
@@ -369,13 +368,52 @@ def _fit_concurrencies(res: SearchResult, conc: list[int], given: bool, cap: boo
     return [c for c in conc if c <= bound]
 
 
+#: the estimator caches of the open :func:`sharing_estimators` blocks (innermost last)
+_SHARED: list[dict] = []
+
+
+@contextmanager
+def sharing_estimators():
+    """Within this block, the searches reuse one :class:`~infercast.Estimator` per model, system,
+    backend, data version, layout and estimator options (:func:`estimator`): a search of both modes
+    compiles each layout once for the aggregated search and the disaggregated roles together. An
+    estimator is not changed by the searches (its memos only hold what it computes), so sharing it
+    gives the same numbers; outside the block every search builds its own."""
+    _SHARED.append({})
+    try:
+        yield
+    finally:
+        _SHARED.pop()
+
+
+def estimator(model, system: str, backend: str, backend_version, lay: Layout, systems_path, estimator_kw: dict):
+    """The :class:`~infercast.Estimator` of ``lay``: the one the innermost :func:`sharing_estimators`
+    block already built for the same arguments, else a new one (kept there if a block is open)."""
+    from ..api import Estimator
+
+    cache = _SHARED[-1] if _SHARED else None
+    key = None
+    if cache is not None:
+        try:
+            key = (model, system, backend, backend_version, lay, str(systems_path), tuple(sorted(estimator_kw.items())))
+            hash(key)
+        except TypeError:  # an option that cannot be a key: not shared
+            key = None
+        if key is not None and key in cache:
+            return cache[key]
+    e = Estimator(model, system, backend, backend_version, lay.tp, lay.pp, attention_dp=lay.attention_dp,
+                  moe_tp=lay.moe_tp, moe_ep=lay.moe_ep, systems_path=systems_path,
+                  **({"cp": lay.cp} if lay.cp > 1 else {}), **estimator_kw)
+    if key is not None:
+        cache[key] = e
+    return e
+
+
 def _estimators(res: SearchResult, base, model, space, backend_version, systems_path, estimator_kw,
                 keep=lambda lay: True, make=None) -> dict:
     """An estimator per layout of ``space`` (= :func:`layouts`'s answer) that ``keep`` accepts,
     built by ``make(layout)`` if given; the rest and those that cannot be built go to
     ``res.skipped``."""
-    from ..api import Estimator
-
     lays, skipped = space
     for label, why in skipped.items():
         refuse(res, label, "layout", why, "does not shard the model")
@@ -383,10 +421,8 @@ def _estimators(res: SearchResult, base, model, space, backend_version, systems_
     for lay in filter(keep, lays):
         _count(res, "layout")
         try:
-            out[lay] = make(lay) if make is not None else base if lay == Layout() else Estimator(
-                model, res.system, res.backend, backend_version,
-                lay.tp, lay.pp, attention_dp=lay.attention_dp, moe_tp=lay.moe_tp, moe_ep=lay.moe_ep,
-                systems_path=systems_path, **({"cp": lay.cp} if lay.cp > 1 else {}), **estimator_kw)
+            out[lay] = make(lay) if make is not None else base if lay == Layout() else estimator(
+                model, res.system, res.backend, backend_version, lay, systems_path, estimator_kw)
         except InfercastError as exc:
             refuse(res, lay.label, "layout", str(exc), exc)
     return out
@@ -554,7 +590,6 @@ def search_disagg(
     (default: 1 only); decode workers are searched without context parallelism."""
     from dataclasses import replace
 
-    from ..api import Estimator
     from ..serving.backends import scheduler_params
 
     max_workers = None if max_workers is None else _positive("max_workers", max_workers, int, required=True)
@@ -565,7 +600,7 @@ def search_disagg(
     dbase, dnode = base, node
     if decode_system is not None and decode_system != system:
         res.decode_system = decode_system
-        dbase = Estimator(model, decode_system, backend, backend_version, systems_path=systems_path, **estimator_kw)
+        dbase = estimator(model, decode_system, backend, backend_version, Layout(), systems_path, estimator_kw)
         res.decode_backend_version = dbase.version
         dnode = dbase.data.system.node
     cps = context_parallel_degrees(cps)
@@ -576,9 +611,8 @@ def search_disagg(
         roles.update(_roles(res, {lay: e for lay, e in pre.items() if lay.cp == 1}, ("decode",)))
     else:
         def make(lay: Layout):
-            return dbase if lay == Layout() else Estimator(
-                model, decode_system, backend, backend_version, lay.tp, lay.pp, attention_dp=lay.attention_dp,
-                moe_tp=lay.moe_tp, moe_ep=lay.moe_ep, systems_path=systems_path, **estimator_kw)
+            return dbase if lay == Layout() else estimator(model, decode_system, backend, backend_version, lay,
+                                                           systems_path, estimator_kw)
 
         dec = _estimators(res, dbase, model, layouts(dbase.spec, total, dnode.nvlink_gpus), backend_version, systems_path,
                           estimator_kw, keep=lambda lay: disagg_worker(lay, dnode.nvlink_gpus, total), make=make)
@@ -657,6 +691,11 @@ class DisaggGroup:
         self.res, self.prefills, self.dl, self.de = res, prefills, dl, de
         self.pd = params_decode or params or scheduler_params(de.data.backend, de.data.system, de.spec)
         self.solvers = []
+        self._deployments: dict = {}  # (prefill layout, pw, dw) -> _deployment's answer
+        self._words: dict = {}  # the layouts in words (Estimator.layout_words), by prefill index and "decode"
+        p = de.plan.parallel
+        self._decode_fields = (p.tp, p.pp, p.attention_dp, p.etp, p.ep, de.data.backend, dl.label)
+        self._prefill_labels = [pl.label for pl, _ in prefills]
         dnode = de.data.system.node
         for _, pe in prefills:
             node = pe.data.system.node
@@ -691,29 +730,46 @@ class DisaggGroup:
             r.decode_kv_capacity = de.memory.capacity_for(r.decode_batch) / (res.isl + res.osl)
         return out
 
+    def _deployment(self, i: int, pw: int, dw: int) -> tuple[str, int, str]:
+        """(label, GPUs, the deployment in words) of prefill layout ``i`` x ``pw`` and the decode
+        layout x ``dw`` (kept: a deployment is added at many concurrencies)."""
+        key = (i, pw, dw)
+        hit = self._deployments.get(key)
+        if hit is None:
+            pl, pe = self.prefills[i]
+            if i not in self._words:
+                self._words[i] = pe.layout_words
+            if "decode" not in self._words:
+                self._words["decode"] = self.de.layout_words
+            gpus = pw * pe.gpus + dw * self.de.gpus
+            words = (f"{plural(gpus, 'GPU')}: {plural(pw, 'prefill worker')} x ({self._words[i]}) + "
+                     f"{plural(dw, 'decode worker')} x ({self._words['decode']})")
+            hit = self._deployments[key] = (f"P{pw}x{pl.label} D{dw}x{self.dl.label}", gpus, words)
+        return hit
+
     def add(self, i: int, pw: int, dw: int, c: int, r) -> bool | None:
         """Add deployment (prefill layout ``i``, ``pw``, ``dw``) at ``c`` clients with result
         ``r`` to the search result: whether it meets the targets, or None when the decode ranks'
         KV cache cannot hold their batch (refused; more clients would not fit either)."""
-        res, dl, de = self.res, self.dl, self.de
-        pl, pe = self.prefills[i]
-        label = f"P{pw}x{pl.label} D{dw}x{dl.label}"
+        res = self.res
+        label, gpus, words = self._deployment(i, pw, dw)
         _count(res, "disagg candidate")
         if r.decode_kv_capacity is not None and r.decode_batch > r.decode_kv_capacity:
             refuse(res, f"{label}@c{c}", "disagg candidate",
                    f"a decode rank would run {r.decode_batch:.0f} requests; its KV cache holds "
                    f"{r.decode_kv_capacity:.0f} of {res.isl}+{res.osl} tokens", "decode KV cache overflows")
             return None
-        gpus = pw * pe.gpus + dw * de.gpus
-        words = (f"{plural(gpus, 'GPU')}: {plural(pw, 'prefill worker')} x ({pe.layout_words}) + "
-                 f"{plural(dw, 'decode worker')} x ({de.layout_words})")
-        cand = DisaggCandidate(
-            *_fields(res, label, de, gpus, c, r, f"prefill util {r.prefill_utilisation:.2f}", words),
-            prefill_layout=pl.label, prefill_workers=pw, decode_layout=dl.label, decode_workers=dw,
+        # the fields of _fields, with the decode layout's degrees and labels read once per group
+        tp, pp, adp, etp, ep, backend, dlabel = self._decode_fields
+        ok = meets(r.ttft_ms, r.tpot_ms, res.ttft_max_ms, res.tpot_max_ms)
+        res.candidates.append(DisaggCandidate(
+            label, tp, pp, adp, etp, ep, gpus, c, r.ttft_ms, r.tpot_ms, r.ttft_p90_ms, r.tpot_p90_ms,
+            r.request_latency_ms, r.tokens_per_s_per_gpu, r.tokens_per_s_per_user,
+            f"prefill util {r.prefill_utilisation:.2f}", ok, words, backend,
+            prefill_layout=self._prefill_labels[i], prefill_workers=pw, decode_layout=dlabel, decode_workers=dw,
             prefill_utilisation=r.prefill_utilisation,
-        )
-        res.candidates.append(cand)
-        return cand.meets_targets
+        ))
+        return ok
 
 
 def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: list[list[tuple[int, int]]],

@@ -242,41 +242,81 @@ def solve_disagg(
     return _disagg_result(ps, C, osl, servers, out_steps, transfer_ms, gpus, ttft, d, step, rho, k_steady, lam)
 
 
-def _ttft_percentiles(first_batch: float, front: float, n_batches: int, wait_mean: float, p_zero: float, shift: float,
-                      k: float) -> list[float]:
-    """The TTFT percentiles (:data:`~infercast.serving.result.PERCENTILES`) of :func:`_disagg_result`'s
-    per-request mixture, by the same array operations as building it from
-    :class:`~infercast.serving.result.Distribution` parts (so the same values), without the
-    objects: the array solver's per-candidate cost."""
-    fv = np.arange(1, n_batches + 1) * first_batch + front
-    fw = np.ones(n_batches)
-    p_zero = min(max(float(p_zero), 0.0), 1.0)
-    if wait_mean <= 0 or p_zero >= 1.0:
-        sv, sw = np.array([0.0]), np.array([1.0])
-    else:
-        x, x_mean = _unit_exponential(QUANTILE_POINTS)
-        tv, tw = x * (wait_mean / (1.0 - p_zero) / x_mean), np.ones(QUANTILE_POINTS)
-        if p_zero > 0:
-            one = np.array([1.0])
-            sv, sw = np.concatenate((np.array([0.0]), tv)), np.concatenate((one / one.sum() * p_zero, tw / tw.sum() * (1.0 - p_zero)))
-        else:
-            sv, sw = tv, tw
-    sv = sv + float(shift)
-    vals = np.concatenate((fv, sv))
-    wts = np.concatenate((fw / fw.sum() * (1.0 / k), sw / sw.sum() * ((k - 1.0) / k)))
-    o = np.argsort(vals, kind="stable")
-    cw = np.cumsum(wts[o])
-    ordered = vals[o]
-    last = len(o) - 1
-    return [float(ordered[min(int(np.searchsorted(cw, q / 100.0 * cw[-1] * (1.0 - 1e-12))), last)]) for q in PERCENTILES]
+def _ttft_percentiles_many(first_batch, front, n_batches, wait_mean, p_zero, shift, k: float) -> np.ndarray:
+    """The TTFT percentiles (:data:`~infercast.serving.result.PERCENTILES`, one row each) of
+    :func:`_disagg_result`'s per-request mixture for arrays of deployments, without building the
+    mixture: the same values as :meth:`~infercast.serving.result.Distribution.percentiles` of it
+    (the smallest value with at least ``q`` % of the weight at or below it; the cumulative weights
+    summed in another order differ by rounding only, far inside that method's 1e-12 guard).
+
+    The mixture has two sorted parts: the first wave, ``j x first_batch + front`` for ``j = 1 ..
+    n_batches`` with weight ``1 / (k n_batches)`` each, and the steady state, a point at ``shift``
+    (weight ``p_zero``) and the :data:`~infercast.serving.result.QUANTILE_POINTS` midpoints of an
+    exponential tail above it, together weighing ``(k - 1) / k``. The answer is found by bisection
+    over the steady points (the first whose cumulative weight, first-wave points below it included,
+    reaches the target), then the first-wave point, if any, between that steady point and the one
+    before it that reaches the target first."""
+    fb, front, shift = (np.asarray(x, dtype=float) for x in (first_batch, front, shift))
+    nb = np.asarray(n_batches, dtype=np.int64)
+    wm = np.asarray(wait_mean, dtype=float)
+    p0 = np.clip(np.asarray(p_zero, dtype=float), 0.0, 1.0)
+    x, x_mean = _unit_exponential(QUANTILE_POINTS)
+    tail = (wm > 0) & (p0 < 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(tail, wm / (1.0 - p0) / x_mean, 0.0)
+    steady_share = (k - 1.0) / k
+    # the steady points: m < z is the point at ``shift``, m >= z the tail's (m - z)-th midpoint
+    z = np.where(tail & (p0 <= 0.0), 0, 1)
+    n_steady = np.where(tail, QUANTILE_POINTS + z, 1)
+    w0 = np.where(tail, p0 * steady_share, steady_share) * z
+    wt = np.where(tail, (1.0 - p0) / QUANTILE_POINTS * steady_share, 0.0)
+    wf = (1.0 / nb) * (1.0 / k)
+
+    def value(m):
+        i = np.clip(m - z, 0, QUANTILE_POINTS - 1)
+        return np.where(m < z, shift, x[i] * scale + shift)
+
+    def below(v):  # first-wave points at or below v
+        with np.errstate(divide="ignore", invalid="ignore"):
+            j = np.where(fb > 0, np.floor((v - front) / np.where(fb > 0, fb, 1.0)), np.where(v >= front, nb, 0))
+        j = np.clip(np.nan_to_num(j, nan=0.0, posinf=nb, neginf=0.0), 0, nb).astype(np.int64)
+        j = np.where((j < nb) & ((j + 1) * fb + front <= v), j + 1, j)
+        return np.where((j > 0) & (j * fb + front > v), j - 1, j)
+
+    total = 1.0 / k + steady_share
+    out = np.empty((len(PERCENTILES), fb.size))
+    for row, q in enumerate(PERCENTILES):
+        target = q / 100.0 * total * (1.0 - 1e-12)
+        lo, hi = np.zeros_like(n_steady), n_steady.copy()
+        while True:
+            live = lo < hi
+            if not live.any():
+                break
+            mid = (lo + hi) // 2
+            reached = w0 + (mid + 1 - z) * wt + wf * below(value(mid)) >= target
+            hi = np.where(live & reached, mid, hi)
+            lo = np.where(live & ~reached, mid + 1, lo)
+        m = lo  # n_steady: no steady point reaches the target
+        at = np.where(m < n_steady, value(m), np.inf)
+        first = m == 0
+        prev = np.where(first, -np.inf, value(m - 1))
+        s_prev = np.where(first, 0.0, w0 + (m - z) * wt)
+        j_lo = np.where(first, 1, below(prev) + 1)
+        need = target - s_prev
+        j0 = np.maximum(np.ceil(need / wf), 1).astype(np.int64)
+        j0 = np.where((j0 > 1) & ((j0 - 1) * wf >= need), j0 - 1, j0)
+        j0 = np.where(j0 * wf < need, j0 + 1, j0)
+        j = np.maximum(j0, j_lo)
+        fv = np.minimum(j, nb) * fb + front
+        out[row] = np.where(((j <= nb) & (fv < at)) | np.isinf(at), fv, at)
+    return out
 
 
 def _disagg_result(ps: _PrefillService, C: float, osl: int, servers: int, out_steps: float, transfer_ms: float,
-                   gpus: int, ttft: float, d: float, step: float, rho: float, k_steady: int, lam: float,
-                   lean: bool = False) -> DisaggResult:
+                   gpus: int, ttft: float, d: float, step: float, rho: float, k_steady: int, lam: float) -> DisaggResult:
     """The :class:`DisaggResult` of a solved steady state: TPOT, the first wave, the means and
-    their spread (module docstring). ``lean``: the same percentiles without keeping the
-    per-request distributions (``ttft_dist`` / ``tpot_dist`` stay None)."""
+    their spread (module docstring), with the per-request distributions behind the percentiles
+    (:func:`_disagg_results_many` does the same for arrays, without them)."""
     batch_cap, per_step, batch_ms = ps.cap, ps.per_step, ps.batch_ms
     service_batch = batch_ms(k_steady)
     tpot = (out_steps * step + transfer_ms) / max(osl - 1, 1)  # 0 with one output token (both 0 above)
@@ -309,15 +349,52 @@ def _disagg_result(ps: _PrefillService, C: float, osl: int, servers: int, out_st
             (ttft_parts(front, wait_mean, ttft - front - wait_mean), k - 1.0)),
     )
     # per-request spread (module docstring)
-    if lean:
-        for q, v in zip(PERCENTILES, _ttft_percentiles(first_batch, front, n_batches, wait_mean, 1.0 - rho, ttft - wait_mean, k)):
-            setattr(res, f"ttft_p{q}_ms", v)
-            setattr(res, f"tpot_p{q}_ms", float(tpot))
-        return res
     first_dist = Distribution(np.arange(1, n_batches + 1) * first_batch + front, np.ones(n_batches))
     steady_dist = exponential_tail(wait_mean, 1.0 - rho).shifted(ttft - wait_mean)
     res.set_percentiles(mixture((first_dist, 1.0 / k), (steady_dist, (k - 1.0) / k)), Distribution.point(tpot))
     return res
+
+
+def _disagg_results_many(C: np.ndarray, osl: int, servers: np.ndarray, out_steps: float, transfer: np.ndarray,
+                         gpus: np.ndarray, ttft: np.ndarray, d: np.ndarray, step: np.ndarray, rho: np.ndarray,
+                         k_steady: np.ndarray, lam: np.ndarray, front: np.ndarray, per_step: np.ndarray,
+                         batch_cap: np.ndarray, batch_ms) -> list[DisaggResult]:
+    """:func:`_disagg_result` for arrays of solved steady states (each element's prefill service
+    given by its ``front`` (arrival delay), ``per_step``, ``batch_cap`` and ``batch_ms(k)``, the
+    wall time of a batch of ``k`` prompts on each element's prefill engine): the same operations
+    element by element, so the same numbers, and the same percentiles
+    (:func:`_ttft_percentiles_many`); the results keep no per-request distributions."""
+    service_batch = batch_ms(k_steady)
+    tpot = (out_steps * step + transfer) / max(osl - 1, 1)
+    per_worker = C / servers
+    kf = np.minimum(batch_cap, np.maximum(per_step, np.ceil(per_worker))).astype(np.int64)
+    n_batches = np.ceil(per_worker / kf).astype(np.int64)
+    first_batch = batch_ms(kf)
+    first = (n_batches + 1) / 2.0 * first_batch + front
+    k = DISAGG_REQUESTS_PER_CLIENT
+    ttft_mean = (first + (k - 1.0) * ttft) / k
+    latency = ttft_mean + max(osl - 1, 1) * tpot
+    wait_mean = np.maximum(ttft - service_batch - front, 0.0)
+    with np.errstate(divide="ignore"):
+        per_user = np.where(tpot > 0, 1e3 / np.where(tpot > 0, tpot, 1.0), 0.0)
+    # the mean TTFT's parts: the first wave's (weight 1) and the steady state's (weight k - 1), as blend_parts
+    parts = [(p1 * 1.0 + p2 * (k - 1.0)) / (1.0 + (k - 1.0)) for p1, p2 in zip(
+        (front, (n_batches - 1) / 2.0 * first_batch, first_batch), (front, wait_mean, ttft - front - wait_mean))]
+    pct = _ttft_percentiles_many(first_batch, front, n_batches, wait_mean, 1.0 - rho, ttft - wait_mean, k)
+    cols = [x.tolist() for x in (C, ttft_mean, tpot, latency, C / latency * osl * 1e3 / gpus, per_user, d, rho, transfer,
+                                 k_steady, lam * 1e3, *parts, *pct)]
+    names = [f"ttft_p{q}_ms" for q in PERCENTILES]
+    out = []
+    for (c, tm, tp, lat, tg, tu, db, r, tr, ks, ar, f, w, p, *ps) in zip(*cols):
+        res = DisaggResult(concurrency=c, ttft_ms=tm, tpot_ms=tp, request_latency_ms=lat, tokens_per_s_per_gpu=tg,
+                           tokens_per_s_per_user=tu, decode_batch=db, prefill_utilisation=r, kv_transfer_ms=tr,
+                           prefill_batch=int(ks), arrival_rate_per_s=ar,
+                           ttft_parts={"front_end": f, "wait": w, "prefill": p},
+                           tpot_p50_ms=tp, tpot_p90_ms=tp, tpot_p99_ms=tp)
+        for name, v in zip(names, ps):
+            setattr(res, name, v)
+        out.append(res)
+    return out
 
 
 def _decode_step_many(engine, params: SchedulerParams, d: np.ndarray, kv: float) -> np.ndarray:
@@ -329,7 +406,8 @@ def _decode_step_many(engine, params: SchedulerParams, d: np.ndarray, kv: float)
         held = (d > 0) & (d <= sizes[-1])
         i = np.searchsorted(sizes, d[held] - 1e-9)
         pad[held] = sizes[i] - d[held]
-    gpu = engine.step_ms(dec_batch=d, dec_kv=kv, dec_pad=pad, phase="decode")
+    fast = getattr(engine, "decode_steps_ms", None)  # CompiledEngine's; other engines answer step_ms
+    gpu = fast(d, kv, pad) if fast is not None else engine.step_ms(dec_batch=d, dec_kv=kv, dec_pad=pad, phase="decode")
     return params.step_ms(gpu, d)
 
 
@@ -393,11 +471,19 @@ def solve_disagg_many(
     c_rank = C / ranks
     kv = isl + osl / 2.0
 
+    # each prefill layout's batch times by prompts per batch (NaN: not asked yet), filled as the
+    # fixed point asks for them (in ascending (layout, prompts) order, as each _PrefillService memoises them)
+    table = np.full((len(services), int(batch_cap.max()) + 1), np.nan)
+
     def batch_ms(k: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        keys = w[idx] * (int(batch_cap.max()) + 1) + k
-        u, inv = np.unique(keys, return_inverse=True)
-        base = int(batch_cap.max()) + 1
-        return np.array([services[int(x) // base].batch_ms(int(x) % base) for x in u])[inv].reshape(k.shape)
+        ww = w[idx]
+        v = table[ww, k]
+        missing = np.isnan(v)
+        if missing.any():
+            for s, kk in sorted(set(zip(ww[missing].tolist(), k[missing].tolist()))):
+                table[s, kk] = services[s].batch_ms(kk)
+            v = table[ww, k]
+        return v
 
     everyone = np.arange(n)
     d = c_rank * out_steps / (out_steps + 2.0)
@@ -436,6 +522,9 @@ def solve_disagg_many(
         lam[idx], rho[idx], k_steady[idx] = lam_l, rho_l, k
         live[idx[done]] = False
     step = _decode_step_many(decode_engine, params_decode, np.maximum(d, 1.0), kv)
+    if lean:
+        return _disagg_results_many(C, osl, servers, out_steps, transfer, g, ttft, d, step, rho, k_steady, lam, arrival,
+                                    per_step, batch_cap, lambda k: batch_ms(k, everyone))
     return [_disagg_result(services[w[i]], float(C[i]), osl, int(servers[i]), out_steps, float(transfer[i]), int(g[i]),
-                           float(ttft[i]), float(d[i]), float(step[i]), float(rho[i]), int(k_steady[i]), float(lam[i]), lean)
+                           float(ttft[i]), float(d[i]), float(step[i]), float(rho[i]), int(k_steady[i]), float(lam[i]))
             for i in range(n)]

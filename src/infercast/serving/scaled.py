@@ -53,6 +53,13 @@ class PhaseScaledEngine:
             return self._d * np.asarray(self._engine.step_ms(dec_batch=batch, dec_kv=kv_len, dec_pad=pad))
         return self._d * run(batch, kv_len, pad)
 
+    def decode_one_ms(self, batch: float, kv_len: float, pad: float = 0.0) -> float:
+        """:meth:`decode_run_ms` of a run of one step, as a float."""
+        one = getattr(self._engine, "decode_one_ms", None)
+        if one is None:
+            return float(self.decode_run_ms(batch, np.array([float(kv_len)]), pad)[0])
+        return self._d * one(batch, kv_len, pad)
+
 
 def phase_scaled(engine, params):
     """``engine`` scaled by ``params``' ``prefill_scale`` / ``decode_scale`` (itself when both are 1)."""

@@ -108,6 +108,8 @@ def simulate(
     done = 0.0
     # a run of decode-only steps: CompiledEngine sums its token-wise ops once per run; any other
     # engine (tests' synthetic ones) answers through step_ms
+    # a run of one step (the most common: to the next completion) as one float, without numpy
+    decode_one = getattr(engine, "decode_one_ms", None)
     decode_run = getattr(engine, "decode_run_ms", None) or (
         lambda b, kv, pad=0.0: engine.step_ms(dec_batch=b, dec_kv=kv, dec_pad=pad))
     issued = C
@@ -248,6 +250,14 @@ def simulate(
         # --- a run of decode-only steps until the next completion or arrival
         k = max(1, math.ceil((osl - generated(running[0])) / tau - 1e-9))
         base_kv = (in_flight * (isl + 1.0 + done) - entry_sum) / in_flight
+        if k == 1 and decode_one is not None:  # the same numbers as the array path below
+            dt = float(params.step_ms(decode_one(float(in_flight), base_kv, params.graph_pad(in_flight)), in_flight))
+            t += dt
+            steps += 1
+            dec_batch_time += in_flight * dt
+            done += tau
+            finish_decodes(t)
+            continue
         j = np.arange(k, dtype=float)
         run = decode_run(float(in_flight), base_kv + j, params.graph_pad(in_flight))
         dts = params.step_ms(np.asarray(run, float), in_flight)
