@@ -25,7 +25,6 @@ from infercast.data.model_configs import ModelConfig
 from infercast.errors import InvalidConfigError, InvalidInputError, NotAvailableError
 from infercast.interp import sol
 from infercast.interp.provenance import Prov
-from infercast.models.nemotron_h import MambaSpec, build_nemotron_h_spec
 from infercast.models.plan import ParallelConfig, Plan, SpecDecode, build_plan
 from infercast.models.spec import ModelSpec, build_spec
 from infercast.ops.base import DatabaseMode, OpDB
