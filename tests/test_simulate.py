@@ -507,3 +507,59 @@ def test_attention_dp_idle_rank_joins_at_the_groups_step_boundary():
 def test_lockstep_needs_whole_replicas():
     with pytest.raises(InvalidInputError, match="attention-DP ranks"):
         run(LinearStepTimer(1.0), Workload([8], [2], sent_ms=np.zeros(1)), units=3, lockstep=2)
+
+
+# ---- the front end as a single-server queue -------------------------------------------------------
+def test_front_end_queue_serves_simultaneous_sends_one_at_a_time():
+    """Four requests sent at 0 to one replica whose front-end server takes 2.5 ms each reach the
+    scheduler at 2.5, 5, 7.5 and 10 ms; a 1 ms delay after the server shifts them all by 1 ms."""
+    w = Workload(np.full(4, 64), np.full(4, 2), sent_ms=np.zeros(4))
+    res = run(LinearStepTimer(10.0), w, front_end_service=lambda tokens: 2.5)
+    assert res.per_request["arrival_ms"].tolist() == [2.5, 5.0, 7.5, 10.0]
+    assert res.per_request["start_ms"][0] == 2.5  # the idle scheduler starts the first at once
+    res = run(LinearStepTimer(10.0), w, front_end_service=lambda tokens: 2.5, front_end=lambda streams, tokens: 1.0)
+    assert res.per_request["arrival_ms"].tolist() == [3.5, 6.0, 8.5, 11.0]
+    res = run(LinearStepTimer(10.0), w, front_end=lambda streams, tokens: 2.5)  # a delay: all at once
+    assert res.per_request["arrival_ms"].tolist() == [2.5] * 4
+
+
+def test_front_end_queue_service_by_prompt_and_idle_server():
+    """Service 1 + 0.01 x prompt tokens, in send order: prompts of 100, 300, 200 tokens sent at 0
+    are served by 2, 6 and 9 ms; a request sent at 20 ms finds the server idle (20 + 1.5)."""
+    w = Workload(np.array([100, 300, 200, 50]), np.full(4, 2), sent_ms=np.array([0.0, 0.0, 0.0, 20.0]))
+    res = run(LinearStepTimer(10.0), w, front_end_service=lambda tokens: 1.0 + 0.01 * tokens)
+    assert res.per_request["arrival_ms"].tolist() == pytest.approx([2.0, 6.0, 9.0, 21.5], abs=1e-12)
+
+
+def test_front_end_queue_is_one_server_per_replica():
+    """Two replicas, round-robin: each replica's server takes its own two of the four requests."""
+    w = Workload(np.full(4, 64), np.full(4, 2), sent_ms=np.zeros(4))
+    res = run(LinearStepTimer(10.0), w, units=2, front_end_service=lambda tokens: 3.0)
+    assert sorted(res.per_request["arrival_ms"].tolist()) == [3.0, 3.0, 6.0, 6.0]
+    # attention-DP ranks of one replica share its one front end
+    res = run(LinearStepTimer(10.0), w, units=2, replica_of=[0, 0], front_end_service=lambda tokens: 3.0)
+    assert sorted(res.per_request["arrival_ms"].tolist()) == [3.0, 6.0, 9.0, 12.0]
+
+
+def test_front_end_queue_with_one_client_is_the_delay():
+    """One closed-loop client never finds the server busy: queue and delay give the same run."""
+    timer = LinearStepTimer(5.0, per_prefill_token_ms=0.01, per_kv_token_ms=0.002)
+    w = Workload(np.full(5, 300), np.full(5, 20), clients=1)
+    q = run(timer, w, front_end_service=lambda tokens: 4.0)
+    d = run(timer, w, front_end=lambda streams, tokens: 4.0)
+    assert q.latency["ttft_ms"]["mean"] == pytest.approx(d.latency["ttft_ms"]["mean"], rel=1e-12)
+    assert q.latency["ttft_ms"]["mean"] == pytest.approx(4.0 + 5.0 + 0.01 * 300, rel=1e-12)
+    assert q.duration_ms == pytest.approx(d.duration_ms, rel=1e-12)
+
+
+def test_front_end_parts_of_the_backend_params():
+    from infercast.serving.backends import SCHEDULERS
+    from infercast.serving.simulate import front_end_parts
+
+    p = SCHEDULERS["vllm"]  # 10 ms + 0.7 ms per open stream + 3 us per prompt token
+    delay, service = front_end_parts(p, "delay")
+    assert service is None and delay(64, 1000) == pytest.approx(10.0 + 0.7 * 64 + 3.0)
+    delay, service = front_end_parts(p, "queue")
+    assert delay(64, 1000) == 0.0 and service(1000) == pytest.approx(13.0)
+    with pytest.raises(InvalidInputError, match="unknown front-end mode"):
+        front_end_parts(p, "fifo")
