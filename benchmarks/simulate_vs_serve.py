@@ -1,5 +1,5 @@
 """Closed-loop simulation against ``serve``'s analytic model on the dev silicon rows:
-``python -m benchmarks.simulate_vs_serve [--mode agg|disagg] [--max-concurrency C] [--every K] [--lengths benchmark|nominal|all:R] [--rows all|random|fixed] [--front-end delay|queue] [--front-end-spread S] [--adp-only] [--out CSV]``.
+``python -m benchmarks.simulate_vs_serve [--mode agg|disagg] [--max-concurrency C] [--every K] [--lengths benchmark|nominal|all:R] [--rows all|random|fixed] [--front-end-spread S] [--adp-only] [--out CSV]``.
 
 ``--mode disagg``: the fully specified disaggregated dev rows instead, each served by
 ``serve-disagg`` and by :func:`infercast.serving.simulate.simulate_estimator_disagg` with the row's
@@ -42,7 +42,6 @@ from infercast.api import serve_agg, serve_disagg
 from infercast.errors import InfercastError, UnsupportedModelError
 from infercast.serving.backends import scheduler_params
 from infercast.serving.simulate import (
-    FRONT_END_MODES,
     Workload,
     simulate_estimator,
     simulate_estimator_disagg,
@@ -82,7 +81,7 @@ def run_serve(est, per_rank, params, row):
 
 
 def run_simulate(est, per_rank, params, row, lengths: str, spread: float = 0.0, seed: int = 0,
-                 range_ratio: float | None = None, front_end: str = "delay"):
+                 range_ratio: float | None = None):
     dp = est.plan.parallel.attention_dp
     clients = per_rank * dp
     n = round(params.requests_per_client * clients)
@@ -98,8 +97,7 @@ def run_simulate(est, per_rank, params, row, lengths: str, spread: float = 0.0, 
         isl, osl = np.full(n, row.isl), np.full(n, row.osl)
     w = Workload(isl, osl, clients=clients)
     res, _ = simulate_estimator(est, params, w, replicas=1, router="least-outstanding", warmup=0.0, cooldown=0.0,
-                                expected_running=per_rank, front_end_spread=spread, seed=seed,
-                                front_end_mode=front_end)
+                                expected_running=per_rank, front_end_spread=spread, seed=seed)
     return res.latency["ttft_ms"]["mean"], res.latency["tpot_ms"]["mean"], res.steps
 
 
@@ -161,9 +159,6 @@ def main() -> None:
                     help="only the rows whose benchmark drew random lengths, or only the fixed-length ones")
     ap.add_argument("--front-end-spread", type=float, default=0.0,
                     help="each request's front-end time uniform on [(1-s) m, (1+s) m] (default 0: fixed)")
-    ap.add_argument("--front-end", choices=FRONT_END_MODES, default="delay",
-                    help="simulate's front end: a pure delay per request (default) or a single-server queue per "
-                         "replica (infercast simulate --front-end)")
     ap.add_argument("--adp-only", action="store_true", help="only the rows deployed with attention data parallelism")
     ap.add_argument("--out", default=None, help="per-row CSV (dev rows only)")
     ap.add_argument("--mode", choices=("agg", "disagg"), default="agg",
@@ -194,7 +189,7 @@ def main() -> None:
                 s_ttft, s_tpot = run_serve(est, per_rank, params, row)
                 c1 = time.process_time()
                 m_ttft, m_tpot, k = run_simulate(est, per_rank, params, row, a.lengths, a.front_end_spread,
-                                               range_ratio=ratio, front_end=a.front_end)
+                                               range_ratio=ratio)
                 cs, cm = c1 - c0, time.process_time() - c1
         except InfercastError as exc:
             skipped[type(exc).__name__] = skipped.get(type(exc).__name__, 0) + 1
@@ -219,7 +214,7 @@ def main() -> None:
             w.writeheader()
             w.writerows(out)
     print(f"{a.mode} dev fullspec rows: {len(rows)} asked, {len(out)} predicted by both; left out: {skipped}")
-    print(f"lengths: {a.lengths}; front end {a.front_end}, spread {a.front_end_spread:g}; CPU s: serve {t_serve:.1f}, simulate {t_sim:.1f} ({steps} engine steps simulated)")
+    print(f"lengths: {a.lengths}; front-end spread {a.front_end_spread:g}; CPU s: serve {t_serve:.1f}, simulate {t_sim:.1f} ({steps} engine steps simulated)")
     head = f"{'scope':<14}{'rows':>6}  {'TTFT medAPE serve/sim':>22}  {'TPOT medAPE serve/sim':>22}  " \
            f"{'TTFT<=20%':>14}  {'TPOT<=20%':>14}  {'|sim/serve-1| TTFT/TPOT':>24}"
     print(head)

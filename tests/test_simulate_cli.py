@@ -184,14 +184,3 @@ def test_report_html_renders_in_headless_chromium(html_report, tmp_path):
     # 4 CDFs + 3 series x (sum + 2 schedulers) + the throughput line, each drawn as a scatter trace
     assert dom.count('class="trace scatter') >= 4 + 3 * 3 + 1
     assert "id=\"summary\"" in dom
-
-
-def test_front_end_queue(synth, capsys):
-    rc, out, err = run_cli(capsys, argv(synth, "--concurrency", "4", "--isl", "128", "--osl", "8", "--json",
-                                        "--front-end", "queue"))
-    assert rc == 0, err
-    d = json.loads(out)
-    assert any("single-server queue" in n for n in d["notes"])
-    assert_one_line_error(*run_cli(capsys, argv(synth, "--concurrency", "4", "--isl", "128", "--osl", "8",
-                                                "--prefill-workers", "1", "--decode-workers", "1", "--front-end",
-                                                "queue")), "not simulated for a disaggregated deployment")

@@ -856,9 +856,6 @@ def cmd_simulate(a) -> int:
         if not (a.prefill_workers and a.decode_workers and a.prefill_workers >= 1 and a.decode_workers >= 1):
             raise InvalidInputError("a disaggregated simulation needs --prefill-workers and --decode-workers, both >= 1",
                                     f"got {a.prefill_workers} and {a.decode_workers}")
-        if a.front_end != "delay":
-            raise InvalidInputError(f"--front-end {a.front_end} is not simulated for a disaggregated deployment",
-                                    "its front end is its router's base time, a delay (use --front-end delay)")
         pe, de = _estimator(a, "prefill"), _estimator(a, "decode")
         pp = replace(scheduler_params(a.backend, pe.data.system, pe.spec), **overrides)
         pd = replace(scheduler_params(a.backend, de.data.system, de.spec), **overrides)
@@ -877,7 +874,7 @@ def cmd_simulate(a) -> int:
         res, _ = simulate_estimator(est, params, w, replicas=a.replicas, router=a.router,
                                     prefix_cache=not a.no_prefix_cache, warmup=a.warmup, cooldown=a.cooldown,
                                     ttft_ms=a.ttft_ms, tpot_ms=a.tpot_ms, progress=progress, quantum=a.step_quantum,
-                                    expected_running=max(1.0, per_unit), front_end_mode=a.front_end)
+                                    expected_running=max(1.0, per_unit))
         gpus, where = a.replicas * est.gpus, f"{a.replicas} x {est.gpus}"
     res.notes.insert(0, w.description)
     if a.out:
@@ -1163,9 +1160,6 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--router", choices=("round-robin", "least-outstanding", "prefix-aware"), default="round-robin",
                     help="how requests are spread over replicas (default round-robin)")
     sm.add_argument("--no-prefix-cache", action="store_true", help="turn the prefix cache off")
-    sm.add_argument("--front-end", choices=("delay", "queue"), default="delay",
-                    help="each replica's front end: a delay per request (default), or a single server that handles "
-                         "requests one at a time in send order, each for the front end's per-request time")
     sm.add_argument("--ttft-ms", type=float, default=None, help="goodput target: TTFT at most this (ms)")
     sm.add_argument("--tpot-ms", type=float, default=None, help="goodput target: TPOT at most this (ms)")
     sm.add_argument("--warmup", type=float, default=0.1, help="share of the run left out at the start (default 0.1)")

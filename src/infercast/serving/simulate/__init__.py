@@ -6,8 +6,6 @@ timer (docs/simulate.md). Modules: :mod:`.load` (workloads, traces), :mod:`.pref
 together), :mod:`.deploy` (wiring). HTML report: :mod:`infercast.report.simulate_html`."""
 
 from .deploy import (
-           FRONT_END_MODES,
-           front_end_parts,
            simulate,
            simulate_disagg,
            simulate_estimator,
@@ -19,7 +17,6 @@ from .stats import SimResult, write_out
 from .timer import EngineStepTimer, LinearStepTimer, StepTimer
 
 __all__ = [
-           "FRONT_END_MODES",
            "EngineStepTimer",
            "LinearStepTimer",
            "SimResult",
@@ -27,7 +24,6 @@ __all__ = [
            "UnitConfig",
            "Workload",
            "arrival_times",
-           "front_end_parts",
            "read_trace",
            "sample_lengths",
            "simulate",

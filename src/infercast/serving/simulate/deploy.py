@@ -25,12 +25,10 @@ def simulate(timer, cfg: UnitConfig, workload: Workload, *, units: int = 1, repl
              prefix_cache: bool = True, front_end=None, warmup: float = 0.1, cooldown: float = 0.1,
              ttft_ms: float | None = None, tpot_ms: float | None = None, progress: bool = False, notes=(),
              front_end_spread: float = 0.0, seed: int = 0, lockstep: int = 1,
-             balance_timeout_steps: int = 0, front_end_service=None) -> SimResult:
+             balance_timeout_steps: int = 0) -> SimResult:
     """Simulate ``workload`` on ``units`` identical schedulers of ``cfg`` timed by ``timer``;
     ``front_end(open streams, prompt tokens)`` -> ms before a request reaches its scheduler
-    (default none), spread by ``front_end_spread``; ``front_end_service(prompt tokens)`` -> ms: the
-    service time of each replica's single-server front-end queue, before that delay (default none:
-    no queue; :func:`.loop.run`). ``lockstep`` ``n`` > 1:
+    (default none), spread by ``front_end_spread`` (:func:`.loop.run`). ``lockstep`` ``n`` > 1:
     every ``n`` consecutive schedulers are the attention-DP ranks of one replica and step
     together (:class:`.lockstep.Lockstep`, with its balance hold of ``balance_timeout_steps``
     steps); ``units`` must be a multiple of it."""
@@ -44,7 +42,7 @@ def simulate(timer, cfg: UnitConfig, workload: Workload, *, units: int = 1, repl
             Lockstep(us[i:i + lockstep], balance_timeout_steps)
     rt = Router(router, us)
     fe = front_end or (lambda streams, tokens: 0.0)
-    reqs = run(us, rt, workload, fe, replica_of, progress, front_end_spread, seed, front_end_service=front_end_service)
+    reqs = run(us, rt, workload, fe, replica_of, progress, front_end_spread, seed)
     return summarise(reqs, us, warmup=warmup, cooldown=cooldown, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
                      notes=list(workload.notes) + list(notes))
 
@@ -53,12 +51,11 @@ def simulate_estimator(est, params, workload: Workload, *, replicas: int = 1, ro
                        prefix_cache: bool = True, warmup: float = 0.1, cooldown: float = 0.1,
                        ttft_ms: float | None = None, tpot_ms: float | None = None, progress: bool = False,
                        quantum: int = 1, expected_running: float = 1.0, front_end_spread: float = 0.0,
-                       seed: int = 0, front_end_mode: str = "delay") -> tuple[SimResult, EngineStepTimer]:
+                       seed: int = 0) -> tuple[SimResult, EngineStepTimer]:
     """:func:`simulate` of ``replicas`` copies of ``est``'s layout under ``params``. Each rank's
     KV capacity is :meth:`MemoryBreakdown.capacity_for` ``expected_running`` requests (it differs
     from the whole KV budget only for models with a per-request state, such as linear attention,
-    whose states are not tracked request by request). ``front_end_mode``: how the front end is
-    played (:func:`front_end_parts`)."""
+    whose states are not tracked request by request)."""
     dp = est.plan.parallel.attention_dp
     timer = EngineStepTimer(est.engine, params, quantum)
     cap = est.memory.capacity_for(expected_running)
@@ -70,44 +67,11 @@ def simulate_estimator(est, params, workload: Workload, *, replicas: int = 1, ro
         notes.append(f"{dp} attention-DP ranks per replica: one scheduler each behind one front end, stepping "
                      "together (each step as long as the slowest rank's)"
                      + (f"; new prompts held until every rank has one, up to {hold} steps" if hold > 0 else ""))
-    delay, service = front_end_parts(params, front_end_mode)
-    if service is not None:
-        notes.append("front end: one single-server queue per replica (each request served in send order for the "
-                     "front end's per-request time)")
     res = simulate(timer, cfg, workload, units=units, replica_of=[i // dp for i in range(units)], router=router,
-                   prefix_cache=prefix_cache, front_end=delay, warmup=warmup, cooldown=cooldown,
+                   prefix_cache=prefix_cache, front_end=params.front_end_ms, warmup=warmup, cooldown=cooldown,
                    ttft_ms=ttft_ms, tpot_ms=tpot_ms, progress=progress, notes=notes,
-                   front_end_spread=front_end_spread, seed=seed, lockstep=dp, balance_timeout_steps=hold,
-                   front_end_service=service)
+                   front_end_spread=front_end_spread, seed=seed, lockstep=dp, balance_timeout_steps=hold)
     return res, timer
-
-
-FRONT_END_MODES = ("delay", "queue")
-
-
-def front_end_parts(params, mode: str = "delay"):
-    """(delay, service) of the backend's front end (:meth:`SchedulerParams.front_end_ms`) as the
-    simulation plays it: ``delay(open streams, prompt tokens)`` -> ms, a pure delay every request
-    takes on its own, and ``service(prompt tokens)`` -> ms or None, the time a replica's front-end
-    server spends on the request, one request at a time (:func:`.loop.run`).
-
-    * ``delay``: the whole front end is a delay (``arrival_delay_ms + front_end_per_stream_ms x
-      open streams + front_end_per_prompt_token_ms x prompt tokens``), no queue.
-    * ``queue``: the per-request part (``arrival_delay_ms + front_end_per_prompt_token_ms x prompt
-      tokens``) is a single server's service time; the per-stream part is dropped. That term is how
-      the analytic model accounts for a new request waiting behind the other streams' work in the
-      one API-server process; with the server played out, that wait is what its queue produces
-      (``k`` requests sent together wait ``0, s, ..., (k - 1) s``), so keeping the term would count
-      it twice.
-    """
-    if mode == "delay":
-        return params.front_end_ms, None
-    if mode == "queue":
-        base, per_token = params.arrival_delay_ms, params.front_end_per_prompt_token_ms
-        return (lambda streams, tokens: 0.0), (lambda tokens: base + per_token * tokens)
-    from ...errors import InvalidInputError
-
-    raise InvalidInputError(f"unknown front-end mode {mode!r}", f"available: {', '.join(FRONT_END_MODES)}")
 
 
 def simulate_disagg(prefill_timer, prefill_cfg: UnitConfig, decode_timer, decode_cfg: UnitConfig, workload: Workload, *,

@@ -13,13 +13,6 @@ ends):
   together, and with a fixed front end they stay phase-locked in waves for the whole benchmark;
   a front end whose time varies from request to request (as real HTTP handling, tokenisation and
   event loops do) spreads them over steps and the waves dissolve.
-  With a *front-end queue* (``front_end_service`` given) each replica's front end is also a
-  single server: one API-server process (one core, one event loop) that tokenises and forwards
-  the requests one after another, in the order they were sent. A request's front-end time is then
-  the wait for that server, its own service time ``front_end_service(prompt tokens)`` ms, and the
-  pure delay ``front_end(open streams, prompt tokens)`` after it (spread, if asked; a delay that
-  is the same for every request gives the same arrivals whichever side of the server it sits).
-  ``k`` requests sent at the same instant reach their scheduler ``s, 2 s, ..., k s`` later.
 * *arrival*: the request joins the scheduler's queue. An idle scheduler starts a step at once
   (with every request arriving at the same instant); a
   scheduler in a run of decode steps ends the run with the step in progress, so the request is
@@ -45,15 +38,11 @@ SEND, ARRIVE, HANDOFF, SEGMENT = 0, 1, 2, 3
 
 
 def run(units, router, workload, front_end, replica_of=None, progress: bool = False, front_end_spread: float = 0.0,
-        seed: int = 0, decode_units=None, decode_router=None, transfer_ms=None,
-        front_end_service=None) -> list[Request]:
+        seed: int = 0, decode_units=None, decode_router=None, transfer_ms=None) -> list[Request]:
     """Play ``workload`` (:class:`.load.Workload`) on ``units`` (:class:`.scheduler.Unit`);
     ``replica_of[i]``: the replica whose front end unit ``i`` sits behind (default: its own).
     ``front_end_spread`` ``s``: each request's front-end time is drawn uniformly from
     ``[(1 - s) m, (1 + s) m]`` around the modelled ``m`` (0: every request takes ``m``).
-    ``front_end_service(prompt tokens)`` -> ms (default none: no queue): each replica's front end
-    serves requests one at a time, first sent first served, for that long before ``front_end``'s
-    delay starts.
     Disaggregated (``decode_units`` given): ``units`` are the prefill workers' schedulers
     (``prefill_only``); a request leaves its prefill worker with its first token and reaches the
     decode worker that ``decode_router`` picks ``transfer_ms(request)`` ms later (its KV cache's
@@ -72,7 +61,6 @@ def run(units, router, workload, front_end, replica_of=None, progress: bool = Fa
     decode_units = decode_units or []
     n_rep = max(replica_of) + 1
     rep_streams = [0] * n_rep
-    server_free = [0.0] * n_rep  # when each replica's front-end server finishes its last request
     hashes = workload.hashes
     isl, osl = workload.isl.tolist(), workload.osl.tolist()
     reqs: list[Request] = []
@@ -139,12 +127,8 @@ def run(units, router, workload, front_end, replica_of=None, progress: bool = Fa
             delay = front_end(rep_streams[rep], r.isl)
             if spread > 0 and delay > 0:
                 delay *= 1.0 + spread * (2.0 * rnd.random() - 1.0)
-            start = t
-            if front_end_service is not None:  # wait for the replica's front-end server, then its service
-                start = max(t, server_free[rep]) + front_end_service(r.isl)
-                server_free[rep] = start
-            r.arrival = start + delay
-            if r.arrival > t:
+            r.arrival = t + delay
+            if delay > 0:
                 push(r.arrival, ARRIVE, (u, r))
             else:
                 u.enqueue(r)
