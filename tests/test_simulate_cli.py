@@ -26,6 +26,18 @@ def test_closed_loop_json(synth, capsys):
     assert d["prefix_hit_rate"] == 0.0 and d["prefix_lookup_tokens"] == 0
 
 
+def test_front_end_spread_changes_the_closed_loop(synth, capsys):
+    """--front-end-spread draws each request's front-end time around the modelled one: the run
+    differs from the fixed front end, and the same seed repeats it exactly."""
+    base = ("--concurrency", "4", "--isl", "128", "--osl", "8", "--json", "--warmup", "0", "--cooldown", "0")
+    runs = []
+    for extra in ((), ("--front-end-spread", "1"), ("--front-end-spread", "1")):
+        rc, out, err = run_cli(capsys, argv(synth, *base, *extra))
+        assert rc == 0, err
+        runs.append(json.loads(out)["latency"]["ttft_ms"]["mean"])
+    assert runs[1] != runs[0] and runs[1] == runs[2]
+
+
 def test_open_loop_writes_out_and_plot(synth, tmp_path):
     """Run as a subprocess: the plot imports matplotlib, which other tests in this session treat
     as absent (they block its import through sys.modules)."""
@@ -76,6 +88,7 @@ def test_trace_replay_with_prefix_cache(synth, capsys, tmp_path):
     (("--trace", "/nonexistent/t.jsonl"), "cannot read trace"),
     (("--trace", "x.jsonl", "--time-scale", "0"), "--time-scale must be a positive number"),
     (("--concurrency", "2", "--isl", "8", "--osl", "8", "--out", "r.txt"), "unknown file type"),
+    (("--concurrency", "2", "--isl", "8", "--osl", "8", "--front-end-spread", "1.5"), "--front-end-spread"),
 ])
 def test_bad_input(synth, capsys, extra, needle):
     assert_one_line_error(*run_cli(capsys, argv(synth, *extra)), needle)

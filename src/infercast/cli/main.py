@@ -865,7 +865,8 @@ def cmd_simulate(a) -> int:
                                         decode_workers=a.decode_workers, router=a.router,
                                         prefix_cache=not a.no_prefix_cache, warmup=a.warmup, cooldown=a.cooldown,
                                         ttft_ms=a.ttft_ms, tpot_ms=a.tpot_ms, progress=progress, quantum=a.step_quantum,
-                                        expected_running=max(1.0, per_unit))
+                                        expected_running=max(1.0, per_unit), front_end_spread=a.front_end_spread,
+                                        seed=a.seed)
         est, gpus = pe, a.prefill_workers * pe.gpus + a.decode_workers * de.gpus
         where = f"{a.prefill_workers} prefill x {pe.gpus} + {a.decode_workers} decode x {de.gpus}"
     else:
@@ -875,7 +876,8 @@ def cmd_simulate(a) -> int:
         res, _ = simulate_estimator(est, params, w, replicas=a.replicas, router=a.router,
                                     prefix_cache=not a.no_prefix_cache, warmup=a.warmup, cooldown=a.cooldown,
                                     ttft_ms=a.ttft_ms, tpot_ms=a.tpot_ms, progress=progress, quantum=a.step_quantum,
-                                    expected_running=max(1.0, per_unit))
+                                    expected_running=max(1.0, per_unit), front_end_spread=a.front_end_spread,
+                                    seed=a.seed)
         gpus, where = a.replicas * est.gpus, f"{a.replicas} x {est.gpus}"
     res.notes.insert(0, w.description)
     if a.out:
@@ -1165,7 +1167,10 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--tpot-ms", type=float, default=None, help="goodput target: TPOT at most this (ms)")
     sm.add_argument("--warmup", type=float, default=0.1, help="share of the run left out at the start (default 0.1)")
     sm.add_argument("--cooldown", type=float, default=0.1, help="share of the run left out at the end (default 0.1)")
-    sm.add_argument("--seed", type=int, default=0, help="random seed of arrivals and lengths (default 0)")
+    sm.add_argument("--seed", type=int, default=0, help="random seed of arrivals, lengths and front-end times (default 0)")
+    sm.add_argument("--front-end-spread", type=float, default=0.0, metavar="S",
+                    help="each request's front-end time drawn uniformly from [(1-S) m, (1+S) m] around the modelled m "
+                         "(0-1; default 0: exactly m)")
     sm.add_argument("--step-quantum", type=int, default=16,
                     help="round prefill chunk lengths to this many tokens when timing a step (default 16; 1: exact)")
     sm.add_argument("--out", default=None, help="per-request results: .csv, or .json with the summary")
