@@ -26,6 +26,14 @@ estimator, clients per attention-DP rank, the recipe's scheduler parameters):
 Rows whose TP column counts GPUs (serve searches deployments for them) and disagg rows are left
 out. Prints, on the rows both models predict: TTFT and TPOT median APE against the measurement
 and the share within 20%, overall and by backend, and the median |simulate / serve - 1|.
+
+It also prints the coverage of the prediction intervals (:mod:`infercast.serving.intervals`, the
+serving model's residual table) placed around each model's mean: the share of rows whose
+measured TTFT / TPOT falls in the row's 80% / 95% range (the row's cell: backend, agg / disagg,
+the benchmark's concurrency band, measured / extrapolated tables as ``serve`` computes them)
+scaled to ``serve``'s prediction and to the simulation's. ``--defaults-only`` serves the agg rows
+without the benchmark recipes (the engines' defaults, nominal lengths), as the table's residuals
+were taken; the disaggregated rows are served so either way.
 """
 
 from __future__ import annotations
@@ -41,6 +49,12 @@ import numpy as np
 from infercast.api import serve_agg, serve_disagg
 from infercast.errors import InfercastError, UnsupportedModelError
 from infercast.serving.backends import scheduler_params
+from infercast.serving.intervals import (
+    LEVELS,
+    condition,
+    default_intervals,
+    extrapolated_share,
+)
 from infercast.serving.simulate import (
     Workload,
     simulate_estimator,
@@ -54,6 +68,7 @@ from infercast.validate.predict import (
     clients_per_rank,
     gpu_count,
 )
+from infercast.validate.recipes import RecipeBook
 from infercast.validate.silicon import load_ids, load_rows
 
 #: the fidelity rows' folder: ``shared/fidelity`` beside the checkout (or beside its worktrees' parent)
@@ -77,7 +92,7 @@ def setup(cache: EstimatorCache, row):
 
 def run_serve(est, per_rank, params, row):
     r = serve_agg(est, per_rank, row.isl, row.osl, params)
-    return r.ttft_ms, r.tpot_ms
+    return r.ttft_ms, r.tpot_ms, r.decode_batch
 
 
 def run_simulate(est, per_rank, params, row, lengths: str, spread: float = 0.0, seed: int = 0,
@@ -124,8 +139,33 @@ def run_disagg(cache: EstimatorCache, row):
                                     decode_workers=row.decode_workers, warmup=0.0, cooldown=0.0,
                                     expected_running=concurrency / ranks)
     c2 = time.process_time()
+    share = extrapolated_share(pe.engine, de.engine, isl=row.isl, osl=row.osl, decode_batch=r.decode_batch)
     return (r.ttft_ms, r.tpot_ms, res.latency["ttft_ms"]["mean"], res.latency["tpot_ms"]["mean"], res.steps,
-            c1 - c0, c2 - c1)
+            c1 - c0, c2 - c1, share)
+
+
+def in_range(measured, predicted, cond: dict, metric: str, level: float) -> bool | None:
+    """Whether ``measured`` falls in the ``level`` prediction interval of ``metric`` around
+    ``predicted`` in the cell of ``cond`` (None when either is missing)."""
+    if not measured or not predicted:
+        return None
+    factors, _, _ = default_intervals().factors("serving", metric, cond)
+    lo, hi = factors[level]
+    return predicted * lo <= measured <= predicted * hi
+
+
+def coverage(out: list[dict], label: str = "all") -> None:
+    """Print the share of rows inside their ranges, per metric and level, around serve's and the
+    simulation's means."""
+    print(f"prediction-interval coverage, {label} (measured inside the serving table's range around each model's mean):")
+    for metric in ("ttft", "tpot"):
+        for lv in LEVELS:
+            tag = f"{metric}_{round(100 * lv)}"
+            cells = []
+            for who in ("serve", "sim"):
+                v = [r[f"{who}_{tag}"] for r in out if r[f"{who}_{tag}"] is not None]
+                cells.append(f"{who} {100 * np.mean(v):.1f}% of {len(v)}" if v else f"{who} -")
+            print(f"  {metric.upper()} {round(100 * lv)}%: " + ", ".join(cells))
 
 
 def _ape(p, m):
@@ -163,20 +203,24 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="per-row CSV (dev rows only)")
     ap.add_argument("--mode", choices=("agg", "disagg"), default="agg",
                     help="the aggregated rows (default) or the disaggregated ones with worker counts")
+    ap.add_argument("--defaults-only", action="store_true",
+                    help="agg rows without the benchmark recipes (the engines' defaults), as the interval table's "
+                         "residuals were taken")
     a = ap.parse_args()
     rows = [r for r in load_rows(default_silicon_csv(), load_ids(FIDELITY / "dev_fullspec_ids.txt")) if r.mode == a.mode]
     if a.max_concurrency:
         rows = [r for r in rows if (r.concurrency or 0) <= a.max_concurrency]
     rows = rows[::max(1, a.every)]
-    cache = EstimatorCache()
+    cache = EstimatorCache(recipes=RecipeBook.empty()) if a.defaults_only else EstimatorCache()
     out, skipped = [], {}
     t_serve = t_sim = 0.0
     steps = 0
     t0 = time.perf_counter()
     for i, row in enumerate(rows, 1):
         try:
+            ratio = None
             if a.mode == "disagg":
-                s_ttft, s_tpot, m_ttft, m_tpot, k, cs, cm = run_disagg(cache, row)
+                s_ttft, s_tpot, m_ttft, m_tpot, k, cs, cm, share = run_disagg(cache, row)
             else:
                 est, per_rank, params, ratio = setup(cache, row)
                 if a.rows != "all" and (ratio is not None) != (a.rows == "random"):
@@ -186,11 +230,12 @@ def main() -> None:
                     skipped["not attention-DP"] = skipped.get("not attention-DP", 0) + 1
                     continue
                 c0 = time.process_time()
-                s_ttft, s_tpot = run_serve(est, per_rank, params, row)
+                s_ttft, s_tpot, batch = run_serve(est, per_rank, params, row)
                 c1 = time.process_time()
                 m_ttft, m_tpot, k = run_simulate(est, per_rank, params, row, a.lengths, a.front_end_spread,
                                                range_ratio=ratio)
                 cs, cm = c1 - c0, time.process_time() - c1
+                share = extrapolated_share(est.engine, est.engine, isl=row.isl, osl=row.osl, decode_batch=batch)
         except InfercastError as exc:
             skipped[type(exc).__name__] = skipped.get(type(exc).__name__, 0) + 1
             continue
@@ -199,6 +244,7 @@ def main() -> None:
         steps += k
         mt, mp = row.measured_ttft_ms, row.measured_tpot_ms if row.tpot_defined else None
         out.append({"id": row.id, "backend": row.backend, "model": row.model, "system": row.system,
+                    "lengths": "random" if ratio is not None else "fixed",
                     "concurrency": row.concurrency, "isl": row.isl, "osl": row.osl,
                     "measured_ttft": mt, "serve_ttft": s_ttft, "sim_ttft": m_ttft,
                     "measured_tpot": mp, "serve_tpot": s_tpot, "sim_tpot": m_tpot,
@@ -206,6 +252,11 @@ def main() -> None:
                     "serve_tpot_ape": _ape(s_tpot, mp) if mp else None, "sim_tpot_ape": _ape(m_tpot, mp) if mp else None,
                     "ttft_gap": abs(m_ttft / s_ttft - 1), "tpot_gap": abs(m_tpot / s_tpot - 1) if mp else None,
                     "ttft_ratio": m_ttft / s_ttft, "tpot_ratio": m_tpot / s_tpot if s_tpot else None})
+        cond = condition(row.backend, row.mode, row.concurrency, share)
+        for lv in LEVELS:
+            for metric, meas, pair in (("ttft", mt, (s_ttft, m_ttft)), ("tpot", mp, (s_tpot, m_tpot))):
+                for who, pred in zip(("serve", "sim"), pair):
+                    out[-1][f"{who}_{metric}_{round(100 * lv)}"] = in_range(meas, pred, cond, metric, lv)
         if i % 100 == 0:
             print(f"  {i}/{len(rows)} rows, {time.perf_counter() - t0:.0f} s", flush=True)
     if a.out:
@@ -230,6 +281,10 @@ def main() -> None:
     line("all", out)
     for be in sorted({r["backend"] for r in out}):
         line(be, [r for r in out if r["backend"] == be])
+    coverage(out)
+    if a.mode == "agg":
+        for lengths in ("random", "fixed"):
+            coverage([r for r in out if r["lengths"] == lengths], f"{lengths} lengths simulated")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,12 @@ layout and concurrencies or searched, into one flat list of outcome rows.
 
 An outcome row holds the experiment's name, system, backend and data version, the mode, the
 deployment (layout, GPUs, clients), its TTFT / TPOT / throughput, whether it meets the targets,
-and ``error`` (the typed error's message) when that combination could not be answered -- one
-combination's failure does not stop the others. Searches keep their full
+its 80% / 95% prediction intervals (``intervals``: a served row's from
+:func:`~infercast.serving.intervals.agg_intervals` / :func:`~infercast.serving.intervals.disagg_intervals`
+as ``serve`` / ``serve-disagg`` give them, a searched row's from
+:func:`~infercast.search.run.candidate_intervals` as ``search`` gives them), and ``error`` (the
+typed error's message) when that combination could not be answered -- one combination's failure
+does not stop the others. Searches keep their full
 :class:`~infercast.search.SearchResult` for saved reports.
 """
 
@@ -39,6 +43,7 @@ def _serve(exp: Experiment, system: str, backend: str, kw: dict) -> list[dict]:
     from ..api import Estimator, serve_agg_replica, serve_disagg
     from ..search.pareto import meets
     from ..serving.backends import scheduler_params
+    from ..serving.intervals import agg_intervals, disagg_intervals, intervals_dict
 
     overrides = exp.scheduler.overrides()
     t = exp.targets
@@ -51,7 +56,8 @@ def _serve(exp: Experiment, system: str, backend: str, kw: dict) -> list[dict]:
         for c in exp.concurrency:
             r, _ = serve_agg_replica(est, c, exp.isl, exp.osl, params)
             rows.append({"layout": _label(lay), "gpus": est.gpus, "concurrency": c, "backend_version": est.version,
-                         **_metrics(r), "meets_targets": meets(r.ttft_ms, r.tpot_ms, t.ttft_ms, t.tpot_ms)})
+                         **_metrics(r), "meets_targets": meets(r.ttft_ms, r.tpot_ms, t.ttft_ms, t.tpot_ms),
+                         "intervals": intervals_dict(agg_intervals(est, r, concurrency=c, isl=exp.isl, osl=exp.osl))})
         return rows
     d = exp.disagg
     ests = {role: Estimator(exp.model, system, backend, exp.backend_version, s.tp, s.pp, attention_dp=s.attention_dp,
@@ -66,7 +72,9 @@ def _serve(exp: Experiment, system: str, backend: str, kw: dict) -> list[dict]:
                          params_prefill=params["prefill"], params_decode=params["decode"])
         rows.append({"layout": f"P{d.prefill_workers}x{_label(d.prefill)} D{d.decode_workers}x{_label(d.decode)}",
                      "gpus": gpus, "concurrency": c, "backend_version": ests["prefill"].version, **_metrics(r),
-                     "meets_targets": meets(r.ttft_ms, r.tpot_ms, t.ttft_ms, t.tpot_ms)})
+                     "meets_targets": meets(r.ttft_ms, r.tpot_ms, t.ttft_ms, t.tpot_ms),
+                     "intervals": intervals_dict(disagg_intervals(ests["prefill"], ests["decode"], r, concurrency=c,
+                                                                  isl=exp.isl, osl=exp.osl))})
     return rows
 
 
@@ -112,7 +120,7 @@ def run_one(item: tuple[Experiment, str, str, object]) -> Outcome:
     """The outcome of one (experiment, system, backend, systems_path): a typed error becomes the
     outcome's ``error``. A module-level function of plain data, so that local processes and Ray
     tasks can run it (:mod:`infercast.search.executor`)."""
-    from dataclasses import asdict
+    from ..search.run import candidate_dict
 
     exp, system, backend, systems_path = item
     kw = {**exp.estimator_kw(), "systems_path": systems_path}
@@ -125,9 +133,9 @@ def run_one(item: tuple[Experiment, str, str, object]) -> Outcome:
         else:
             o.searches = _search(exp, system, backend, kw)
             for mode, res in o.searches.items():
-                if res.best is not None:
+                if res.best is not None:  # the candidate's fields and its intervals, as search's JSON
                     o.rows.append({"mode": mode, "backend_version": res.backend_version,
-                                   **asdict(res.candidates[res.best])})
+                                   **candidate_dict(res.candidates[res.best], res)})
             if not o.rows:
                 o.error = "no deployment meets the targets" if any(r.candidates for r in o.searches.values()) \
                     else "no deployment could be evaluated"

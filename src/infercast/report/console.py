@@ -41,7 +41,9 @@ def _f(x, fmt="{:.2f}") -> str:
 #: how the console names a figure with a prediction interval
 _INTERVAL_NAMES = {"ttft_ms": ("TTFT ms", "{:.4g}"), "tpot_ms": ("TPOT ms", "{:.4g}"),
                    "request_latency_ms": ("request ms", "{:.4g}"), "tokens_per_s_per_gpu": ("tok/s/GPU", "{:.4g}"),
-                   "tokens_per_s_per_user": ("tok/s/user", "{:.4g}")}
+                   "tokens_per_s_per_user": ("tok/s/user", "{:.4g}"),
+                   "requests_per_s_per_copy": ("req/s per copy", "{:.4g}"),
+                   "capacity_requests_per_s": ("req/s capacity", "{:.4g}")}
 
 
 def _print_intervals(c, intervals: dict | None) -> None:

@@ -17,12 +17,19 @@ copy runs at the evaluated per-copy concurrency or below, where latencies are no
 
 The rate model assumes arrivals a closed loop of ``c`` clients per copy could carry; bursty
 open-loop traffic queues beyond that (request-level simulation models it).
+
+Each listed option carries the 80% / 95% prediction intervals of its unit's figures (the search
+candidate's, :func:`infercast.search.run.candidate_intervals`) and of its request rates per copy
+and in all: a rate is ``c / request latency``, so its range is the request latency's range turned
+over (:meth:`infercast.serving.intervals.Interval.inverse`). The copy count itself is sized on the
+predicted latency; the rate ranges say how much of the load the copies would carry if the
+measured latency fell at the ends.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import InvalidInputError
 
@@ -40,6 +47,9 @@ class Recommendation:
     requests_per_s_per_copy: float
     capacity_requests_per_s: float  # copies x requests_per_s_per_copy
     capacity_clients: int  # copies x concurrency_per_copy
+    #: prediction intervals by figure ({"ttft_ms": {"p80": [lo, hi], "p95": ..., "cell", "n"}, ...}):
+    #: the unit's figures and the two request rates (:func:`recommendation_intervals`)
+    intervals: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -55,6 +65,11 @@ def options(candidates: list, mode: str, *, rate: float | None = None, clients: 
     """Every way the candidates that meet their targets serve the load (``rate`` requests/s or
     ``clients`` concurrent clients: exactly one), best first (fewest GPUs, then most headroom,
     then lowest TTFT)."""
+    return [r for r, _ in _ranked(_options(candidates, mode, rate=rate, clients=clients), clients)]
+
+
+def _options(candidates: list, mode: str, *, rate: float | None, clients: int | None) -> list[tuple[Recommendation, object]]:
+    """:func:`options` unsorted, each with the candidate it was built from."""
     if (rate is None) == (clients is None):
         raise InvalidInputError("give exactly one load: a request rate or a number of clients")
     if rate is not None and not (math.isfinite(rate) and rate > 0):
@@ -68,20 +83,43 @@ def options(candidates: list, mode: str, *, rate: float | None = None, clients: 
         rps = requests_per_s(c.concurrency, c.request_latency_ms)
         copies = math.ceil(clients / c.concurrency) if clients is not None else math.ceil(rate / rps - 1e-12)
         copies = max(copies, 1)
-        out.append(Recommendation(mode, asdict(c), copies, copies * int(c.gpus), int(c.concurrency), rps, copies * rps,
-                                  copies * int(c.concurrency)))
-    key_headroom = (lambda r: -r.capacity_clients) if clients is not None else (lambda r: -r.capacity_requests_per_s)
-    out.sort(key=lambda r: (r.gpus, key_headroom(r), r.unit["ttft_ms"]))
+        out.append((Recommendation(mode, asdict(c), copies, copies * int(c.gpus), int(c.concurrency), rps, copies * rps,
+                                   copies * int(c.concurrency)), c))
     return out
+
+
+def _ranked(pairs: list[tuple], clients: int | None) -> list[tuple]:
+    """``pairs`` (a :class:`Recommendation` first) fewest GPUs first, then most headroom (clients
+    for a client load, requests/s for a rate), then lowest TTFT."""
+    def key(p):
+        r = p[0]
+        return (r.gpus, -r.capacity_clients if clients is not None else -r.capacity_requests_per_s, r.unit["ttft_ms"])
+
+    return sorted(pairs, key=key)
+
+
+def recommendation_intervals(rec: Recommendation, candidate, res) -> dict:
+    """The prediction intervals of ``rec`` (built from ``candidate`` of search result ``res``) as
+    JSON: the candidate's figures (:func:`~infercast.search.run.candidate_intervals`) and
+    ``requests_per_s_per_copy`` / ``capacity_requests_per_s``, from the request latency's range."""
+    from ..serving.intervals import intervals_dict
+    from .run import candidate_intervals
+
+    iv = candidate_intervals(candidate, res)
+    lat = iv.get("request_latency_ms")
+    if lat is not None:
+        of = float(candidate.request_latency_ms)
+        iv["requests_per_s_per_copy"] = lat.inverse(rec.requests_per_s_per_copy, of)
+        iv["capacity_requests_per_s"] = lat.inverse(rec.capacity_requests_per_s, of)
+    return intervals_dict(iv)
 
 
 def recommend_deployment(results: dict, *, rate: float | None = None, clients: int | None = None,
                          top: int = 5) -> list[Recommendation]:
     """The ``top`` best ways to serve the load across the modes of ``results`` ({mode:
-    SearchResult}), fewest GPUs first."""
-    merged: list[Recommendation] = []
+    SearchResult}), fewest GPUs first, each with its prediction intervals
+    (:func:`recommendation_intervals`)."""
+    merged: list[tuple] = []
     for mode, res in results.items():
-        merged += options(res.candidates, mode, rate=rate, clients=clients)
-    key_headroom = (lambda r: -r.capacity_clients) if clients is not None else (lambda r: -r.capacity_requests_per_s)
-    merged.sort(key=lambda r: (r.gpus, key_headroom(r), r.unit["ttft_ms"]))
-    return merged[:top]
+        merged += [(r, c, res) for r, c in _options(res.candidates, mode, rate=rate, clients=clients)]
+    return [replace(r, intervals=recommendation_intervals(r, c, res)) for r, c, res in _ranked(merged, clients)[:top]]

@@ -167,6 +167,12 @@ class Interval:
     cell: dict[str, str]
     n: int
 
+    def inverse(self, value: float, of: float) -> Interval:
+        """The ranges of a figure ``value`` inversely proportional to this interval's figure,
+        whose predicted value was ``of`` (a request rate from its request latency, by Little's
+        law): the same cell, the ratio range turned over."""
+        return Interval({lv: (value * of / hi, value * of / lo) for lv, (lo, hi) in self.ranges.items()}, self.cell, self.n)
+
     def to_dict(self) -> dict:
         out = {f"p{round(100 * lv)}": [_round(lo), _round(hi)] for lv, (lo, hi) in sorted(self.ranges.items())}
         out["cell"] = ", ".join(f"{k}={v}" for k, v in self.cell.items()) or "all"
