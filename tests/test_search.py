@@ -151,6 +151,22 @@ def test_disagg_search_on_the_synthetic_pack(synth):
     assert r.best is not None and r.candidates[r.best].tokens_per_s_per_gpu == max(c.tokens_per_s_per_gpu for c in r.candidates)
 
 
+def test_disagg_search_refuses_decode_batches_over_the_scheduler_cap(synth):
+    """A disaggregated deployment whose decode ranks would each run more requests than the decode
+    scheduler's max_batch_size is refused with that reason (the model does not queue the rest),
+    at that concurrency and above; below the cap it is a candidate."""
+    from infercast.search import search_disagg
+
+    r = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, systems_path=synth.systems_dir, concurrencies=[2, 256],
+                      max_gpus=2, max_workers=1, scheduler_roles={"prefill": {}, "decode": {"max_batch_size": 4}})
+    why = "disagg candidate: decode batch over max running requests"
+    assert r.refused.get(why, 0) >= 1
+    assert r.candidates and all(c.concurrency == 2 for c in r.candidates)
+    free = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, systems_path=synth.systems_dir, concurrencies=[2, 256],
+                         max_gpus=2, max_workers=1)
+    assert why not in free.refused and any(c.concurrency == 256 for c in free.candidates)
+
+
 def test_search_cli_both_modes(synth, capsys):
     assert main(_search_argv(synth, "--json", "--mode", "both", "--max-gpus", "4")) == 0
     d = json.loads(capsys.readouterr().out)
