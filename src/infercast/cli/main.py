@@ -788,6 +788,29 @@ def cmd_compile(a) -> int:
         print(f"wrote {out}: {surf.size():,} numbers, {len(surf.curves)} curves, {len(surf.sheets)} sheets, "
               f"tolerance {surf.tol:g} against the op-by-op path")
 
+#: the layout flags of :func:`_add_parallel_args` and their defaults
+_LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "attention_dp": 1, "moe_tp": None, "moe_ep": None, "cp": 1}
+
+
+def _refuse_unused_layout_flags(a, disagg: bool) -> None:
+    """``simulate`` takes both the replica's layout flags (``--tp`` ... ``--cp``) and the
+    disaggregated workers' (``--prefill-*`` / ``--decode-*``), but runs one of the two: a flag of
+    the other set, set away from its default, would be ignored, so it is refused."""
+    prefixes = ("",) if disagg else ("prefill_", "decode_")
+    for pre in prefixes:
+        for k, default in _LAYOUT_DEFAULTS.items():
+            if getattr(a, pre + k, default) != default:
+                flag = "--" + (pre + k).replace("_", "-")
+                if disagg:
+                    raise InvalidInputError(f"{flag} sets the replica layout, which a disaggregated simulation "
+                                            "(--prefill-workers / --decode-workers) does not use",
+                                            f"give each role's layout: --prefill-{k.replace('_', '-')} / "
+                                            f"--decode-{k.replace('_', '-')}")
+                raise InvalidInputError(f"{flag} sets a disaggregated worker's layout, but this simulation runs "
+                                        "--replicas of one layout",
+                                        f"add --prefill-workers and --decode-workers, or use --{k.replace('_', '-')}")
+
+
 def cmd_simulate(a) -> int:
     """``infercast simulate``: a request-level simulation of ``--replicas`` replicas under a load."""
     import math
@@ -850,6 +873,7 @@ def cmd_simulate(a) -> int:
                       burstiness=a.burstiness, clients=a.concurrency or 0, seed=a.seed, sent_ms=sent, load=load)
     overrides = _scheduler_overrides(a)
     progress = sys.stderr.isatty() and len(w) >= 20000
+    _refuse_unused_layout_flags(a, disagg=a.prefill_workers is not None or a.decode_workers is not None)
     if a.prefill_workers is not None or a.decode_workers is not None:
         from ..serving.simulate import simulate_estimator_disagg
 

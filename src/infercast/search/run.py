@@ -25,7 +25,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from ..errors import InfercastError, InvalidInputError
+from ..errors import InfercastError, InvalidConfigError, InvalidInputError
 from ..report.layout import plural
 from .pareto import meets, pareto_front, recommend
 from .space import Layout, layouts, powers_of_two
@@ -280,9 +280,30 @@ def _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_ma
     ttft_max_ms = None if _is_inf(ttft_max_ms) else _positive("ttft target", ttft_max_ms)
     tpot_max_ms = None if _is_inf(tpot_max_ms) else _positive("tpot target", tpot_max_ms)
     conc = _concurrencies(concurrencies)
-    base = make(Layout()) if make is not None else Estimator(model, system, backend, backend_version,
-                                                             systems_path=systems_path, **estimator_kw)
+    base = make(Layout()) if make is not None else tp1_estimator(model, system, backend, backend_version, systems_path,
+                                                                 estimator_kw)
     return conc, base, SearchResult(base.spec.model_id, system, backend, base.version, isl, osl, 0, ttft_max_ms, tpot_max_ms)
+
+
+def tp1_estimator(model, system, backend, backend_version, systems_path, estimator_kw):
+    """The one-GPU estimator a search reads the model, system and data from. A ``draft_tp`` of
+    the speculative settings that one GPU cannot run (a draft split over more GPUs than the layout
+    has, MTP at another TP) refuses the TP1 layout, not the search: the estimator is then built
+    without it and marked ``layout_candidate = False``, so the TP1 layout is built (and refused,
+    with the reason) like any other."""
+    from ..api import Estimator
+
+    kw = dict(estimator_kw or {})
+    try:
+        return Estimator(model, system, backend, backend_version, systems_path=systems_path, **kw)
+    except (InvalidConfigError, InvalidInputError):
+        sp = dict(kw.get("speculative") or {})
+        if sp.get("draft_tp") is None:
+            raise
+    base = Estimator(model, system, backend, backend_version, systems_path=systems_path,
+                     **{**kw, "speculative": {**sp, "draft_tp": None}})
+    base.layout_candidate = False
+    return base
 
 
 def _is_inf(v) -> bool:
@@ -383,7 +404,8 @@ def _estimators(res: SearchResult, base, model, space, backend_version, systems_
     for lay in filter(keep, lays):
         _count(res, "layout")
         try:
-            out[lay] = make(lay) if make is not None else base if lay == Layout() else Estimator(
+            out[lay] = make(lay) if make is not None else base if lay == Layout() and getattr(
+                base, "layout_candidate", True) else Estimator(
                 model, res.system, res.backend, backend_version,
                 lay.tp, lay.pp, attention_dp=lay.attention_dp, moe_tp=lay.moe_tp, moe_ep=lay.moe_ep,
                 systems_path=systems_path, **({"cp": lay.cp} if lay.cp > 1 else {}), **estimator_kw)
@@ -565,7 +587,7 @@ def search_disagg(
     dbase, dnode = base, node
     if decode_system is not None and decode_system != system:
         res.decode_system = decode_system
-        dbase = Estimator(model, decode_system, backend, backend_version, systems_path=systems_path, **estimator_kw)
+        dbase = tp1_estimator(model, decode_system, backend, backend_version, systems_path, estimator_kw)
         res.decode_backend_version = dbase.version
         dnode = dbase.data.system.node
     cps = context_parallel_degrees(cps)
@@ -576,7 +598,7 @@ def search_disagg(
         roles.update(_roles(res, {lay: e for lay, e in pre.items() if lay.cp == 1}, ("decode",)))
     else:
         def make(lay: Layout):
-            return dbase if lay == Layout() else Estimator(
+            return dbase if lay == Layout() and getattr(dbase, "layout_candidate", True) else Estimator(
                 model, decode_system, backend, backend_version, lay.tp, lay.pp, attention_dp=lay.attention_dp,
                 moe_tp=lay.moe_tp, moe_ep=lay.moe_ep, systems_path=systems_path, **estimator_kw)
 
