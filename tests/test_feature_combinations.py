@@ -216,6 +216,7 @@ def test_launch_files_round_trip_cp_and_eagle(capsys, tmp_path):
     sh = (tmp_path / "s" / "top" / "agg-1" / "launch_agg.sh").read_text()
     cmd = " ".join(x for x in sh.splitlines() if x.strip() and not x.startswith("#"))
     assert "--prefill-context-parallel-size 2" in cmd and "eagle3" in cmd
+    assert ", cp 2\n" in sh.splitlines(keepends=True)[2]  # the header names the CP degree (before: not)
     cmd = cmd.replace("PATH_TO_DRAFT_CHECKPOINT", str(head))
     rc, out, err = run_cli(capsys, ["serve", *base, "--concurrency", "8", "--engine-cmd", cmd, "--json"])
     assert rc == 0, err
