@@ -223,3 +223,29 @@ def test_launch_files_round_trip_cp_and_eagle(capsys, tmp_path):
     d = json.loads(out)
     assert (d["cp"], d["gpus"]) == (2, best["gpus"])
     assert any("speculative decoding eagle3, 3 draft tokens" in n for n in d["notes"])
+
+
+def test_recommend_reads_the_engine_scheduler(capsys):
+    """Before: ``recommend --engine-cmd "vllm serve ... --max-num-seqs 4"`` gave the same answer as
+    without it (the configuration's scheduler settings never reached the search)."""
+    base = ["recommend", "--model", DENSE, "--system", "h200_sxm", "--backend", "vllm", "--isl", "4096", "--osl", "128",
+            "--clients", "64", "--max-gpus", "4", "--mode", "agg", "--json"]
+    rc, out, err = run_cli(capsys, base)
+    assert rc == 0, err
+    plain = json.loads(out)["recommendations"][0]["unit"]
+    rc, out, err = run_cli(capsys, [*base, "--engine-cmd", f"vllm serve {DENSE} --max-num-seqs 4"])
+    assert rc == 0, err
+    capped = json.loads(out)["recommendations"][0]["unit"]
+    assert capped["concurrency"] <= 4 < plain["concurrency"]
+
+
+@pytest.mark.parametrize("cmd, flags, needle", [
+    ("search", ["--moe-comm", "gather"], "--moe-comm gather: search picks"),
+    ("recommend", ["--moe-comm", "alltoall", "--clients", "8"], "--moe-comm alltoall: recommend picks"),
+    ("recommend", ["--cp-overlap", "--clients", "8"], "recommend does not search context parallelism"),
+])
+def test_search_flags_it_would_ignore_are_refused(capsys, cmd, flags, needle):
+    """Before: accepted, and the answer identical to the one without them."""
+    rc, out, err = run_cli(capsys, [cmd, "--model", MOE, "--system", "h200_sxm", "--backend", "sglang", "--isl", "1024",
+                                    "--osl", "128", "--max-gpus", "8", *flags])
+    assert_one_line_error(rc, out, err, needle)

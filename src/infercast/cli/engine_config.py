@@ -90,6 +90,7 @@ def _fill(a, dest: str, value, default, source: str, flag: str | None = None) ->
     given = getattr(a, dest)
     if given == default:
         setattr(a, dest, value)
+        a.engine_filled = getattr(a, "engine_filled", set()) | {dest}  # set by the configuration, not a flag
     elif given != value:
         raise InvalidInputError(f"{flag or _FLAG[dest]} {given} conflicts with {source}, which sets {value}",
                                 "drop the flag or change the configuration")

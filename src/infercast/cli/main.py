@@ -347,6 +347,7 @@ def cmd_search(a) -> int:
               nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel, speculative=speculative_kw(a),
               kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode, cap_concurrency=True)
     cal, cal_notes = _calibration(a)
+    refuse_unsearched_flags(a, "search")
     _search_scheduler(a, kw, cal, mode)
     cps = _search_cps(a)
     if cps is not None:
@@ -423,6 +424,17 @@ def _search_cps(a) -> list[int] | None:
         return [int(x) for x in a.cp_list.split(",") if x.strip()]
     except ValueError:
         raise InvalidInputError(f"--cp-list must be comma-separated integers, got {a.cp_list!r}") from None
+
+
+def refuse_unsearched_flags(a, command: str) -> None:
+    """``search`` / ``recommend`` choose each layout's expert communication themselves (all-to-all
+    where the backend's wide-EP tables cover the layout, else gather): a ``--moe-comm`` flag would
+    be ignored, so it is refused (an engine configuration's all-to-all backend is one of its
+    settings a search does not use, as its layout)."""
+    if getattr(a, "moe_comm", None) is not None and "moe_comm" not in getattr(a, "engine_filled", ()):
+        raise InvalidInputError(f"--moe-comm {a.moe_comm}: {command} picks each layout's expert communication itself",
+                                "all-to-all where the backend's wide-EP tables cover the layout, else gather; "
+                                "estimate, serve and serve-disagg take --moe-comm")
 
 
 def _search_scheduler(a, kw: dict, cal, mode: str) -> None:
