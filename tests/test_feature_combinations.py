@@ -249,3 +249,24 @@ def test_search_flags_it_would_ignore_are_refused(capsys, cmd, flags, needle):
     rc, out, err = run_cli(capsys, [cmd, "--model", MOE, "--system", "h200_sxm", "--backend", "sglang", "--isl", "1024",
                                     "--osl", "128", "--max-gpus", "8", *flags])
     assert_one_line_error(rc, out, err, needle)
+
+
+def test_launch_files_carry_the_searched_scheduler(capsys, tmp_path):
+    """Before: search --save-dir wrote every engine command with the backend's default step budget
+    and running requests, whatever --max-num-tokens / --prefill-scheduler / --decode-scheduler the
+    search had predicted with (agg 16384 -> 8192 in the file, prefill 4096 -> 8192, decode 32 -> 1024)."""
+    rc, out, err = run_cli(capsys, ["search", "--model", DENSE, "--system", "h200_sxm", "--backend", "vllm", "--isl", "4096",
+                                    "--osl", "128", "--max-gpus", "4", "--concurrency", "8", "--mode", "both",
+                                    "--max-num-tokens", "16384", "--prefill-scheduler", "max_num_tokens=4096",
+                                    "--decode-scheduler", "max_batch_size=32", "--save-dir", str(tmp_path), "--json"])
+    assert rc == 0, err
+    top = tmp_path / "top"
+    agg = (top / "agg-1" / "launch_agg.sh").read_text()
+    pre = (top / "disagg-1" / "launch_prefill.sh").read_text()
+    dec = (top / "disagg-1" / "launch_decode.sh").read_text()
+    assert "--max-num-batched-tokens 16384" in agg
+    assert "--max-num-batched-tokens 4096" in pre and "--max-num-seqs 1024" in pre
+    assert "--max-num-batched-tokens 16384" in dec and "--max-num-seqs 32" in dec
+    d = json.loads(out)
+    assert d["disagg"]["scheduler"] == {"prefill": {"max_num_tokens": 4096},
+                                        "decode": {"max_num_tokens": 16384, "max_batch_size": 32}}

@@ -88,6 +88,9 @@ class SearchResult:
     decode_backend_version: str | None = None  # disagg: the decode workers' data version on ``decode_system``
     evaluated: dict[str, int] = field(default_factory=dict)  # kind of candidate -> how many were evaluated
     refused: dict[str, int] = field(default_factory=dict)  # "kind: reason" -> how many were refused
+    #: the SchedulerParams overrides the search ran each worker kind with ("agg", "prefill",
+    #: "decode" -> {field: value}; empty: the backend's defaults), for its launch files
+    scheduler: dict[str, dict] = field(default_factory=dict)
 
     def to_dict(self, candidates: bool = True) -> dict:
         """The result as plain data (what :func:`dataclasses.asdict` gives, built field by field:
@@ -216,6 +219,7 @@ def search_agg(
     node = base.data.system.node
     res.max_gpus = node.gpus_per_node if max_gpus is None else _positive("max_gpus", max_gpus, int)
     params = replace(scheduler_params(backend, base.data.system, base.spec), **(scheduler or {}))
+    res.scheduler = {"agg": dict(scheduler)} if scheduler else {}
     ests = _estimators(res, base, model, layouts(base.spec, res.max_gpus, node.nvlink_gpus, cps=context_parallel_degrees(cps)),
                        backend_version, systems_path, estimator_kw)
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, (
@@ -252,7 +256,7 @@ def search_backends(search, model: str, system: str, backends: list[str], isl: i
     first = next(iter(per.values()))
     merged = SearchResult(first.model, system, "+".join(per), "/".join(str(r.backend_version) for r in per.values()),
                           first.isl, first.osl, first.max_gpus, first.ttft_max_ms, first.tpot_max_ms,
-                          concurrencies=list(first.concurrencies))
+                          concurrencies=list(first.concurrencies), scheduler=dict(first.scheduler))
     for b, exc in errors.items():
         refuse(merged, b, "backend", str(exc), exc)
     for b, r in per.items():
@@ -607,6 +611,7 @@ def search_disagg(
         roles.update(_roles(res, dec, ("decode",)))
     own = scheduler_roles or {}
     pre_over, dec_over = ({**(scheduler or {}), **own.get(role, {})} for role in ("prefill", "decode"))
+    res.scheduler = {role: dict(o) for role, o in (("prefill", pre_over), ("decode", dec_over)) if o}
     params = replace(scheduler_params(backend, base.data.system, base.spec), **pre_over) if pre_over else None
     params_d = replace(scheduler_params(backend, dbase.data.system, dbase.spec), **dec_over) if dec_over else None
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, decode_holders(
