@@ -61,7 +61,8 @@ def apply_engine_config(a) -> None:
         for dest, value in layout.items():
             _fill(a, dest, value, _LAYOUT_DEFAULTS[dest], source)
     elif layout:
-        a.engine_notes.append(f"{source}: its layout is not used here (this command searches layouts)")
+        a.engine_notes.append(f"{source}: its layout is not used here (search and recommend search layouts; "
+                              "serve-disagg takes each role's from its flags or --prefill/--decode-engine-args)")
     for dest, value in s.estimator_kw.items():
         if dest == "speculative":
             _fill_speculative(a, value, source)
