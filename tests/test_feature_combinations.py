@@ -144,13 +144,14 @@ def test_simulate_refuses_layout_flags_of_the_other_mode(capsys):
     (["--speculative-method", "ngram", "--num-speculative-tokens", "3", "--draft-tp", "2"], ["--draft-tp", "ngram"]),
     ([*EAGLE3, "--draft-tp", "16"], ["--draft-tp 16 exceeds", "1"]),
     (["--draft-tp", "2"], ["without speculative decoding"]),
+    (["--acceptance-rate", "0.5"], ["without draft tokens"]),
     (["--speculative-method", "ngram", "--num-speculative-tokens", "3", "--draft-quant", "fp8"], ["--draft-quant"]),
     (["--speculative-method", "draft_model", "--num-speculative-tokens", "3", "--draft-model", "Qwen/Qwen3-0.6B",
       "--draft-quant", "junk"], ["--draft-quant 'junk'"]),
 ])
 def test_draft_flags_a_method_ignores_are_refused(capsys, flags, needles):
-    """Before: --draft-tp / --draft-quant with n-gram (or without speculation) were accepted and
-    changed nothing; an EAGLE head at --draft-tp 16 on one GPU was priced at 1/16 of its weights;
+    """Before: --draft-tp / --draft-quant with n-gram (or without speculation), an acceptance rate
+    without draft tokens, were accepted and changed nothing; an EAGLE head at --draft-tp 16 on one GPU was priced at 1/16 of its weights;
     a bad --draft-quant was reported as --gemm-quant."""
     rc, out, err = run_cli(capsys, ["estimate", "--model", DENSE, "--system", "h200_sxm", "--backend", "trtllm",
                                     "--isl", "1024", "--osl", "128", "--batch", "4", *flags])

@@ -1225,6 +1225,9 @@ def main(argv: list[str] | None = None) -> int:
 
             apply_engine_config(a)
             apply_role_engine_configs(a)
+        if getattr(a, "mtp_acceptance", None) is not None and not getattr(a, "nextn", 0):
+            raise InvalidInputError("--acceptance-rate (--mtp-acceptance) is given without draft tokens: it would "
+                                    "change nothing", "add --num-speculative-tokens K (and --speculative-method)")
         return int(a.func(a) or 0)
     except InfercastError as exc:
         print(f"infercast: error: {exc}", file=sys.stderr)
