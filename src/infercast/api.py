@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .data.database import PerfData
+from .data.quant import GEMM_QUANTS
 from .data.model_configs import resolve_model
 from .engine import beyond
 from .engine.compiled import CompiledEngine, remember
@@ -183,7 +184,9 @@ class Estimator:
                             None if mtp_acceptance is None else _unit("--mtp-acceptance", mtp_acceptance), speculative)
         fusions = engine_fusions(backend, spec, par, self.data.system)
         self.plan: Plan = build_plan(spec, par, sd, fusions)
-        if sd.method != "mtp" and sd.nextn:
+        if sd.method == "mtp":
+            self.plan = with_speculation(self.plan, sd)  # checks only: a --draft-tp the MTP layers would ignore
+        elif sd.nextn:
             draft = self._draft_spec(sd, spec, kv_cache_quant)
             dfus = engine_fusions(backend, draft, draft_parallel(sd, par), self.data.system) if sd.method == "draft_model" else None
             self.plan = with_speculation(self.plan, sd, draft, dfus)
@@ -211,6 +214,8 @@ class Estimator:
         KV-cache dtype override applies to the draft's cache too); None for n-gram."""
         if sd.method == "ngram":
             return None
+        if sd.draft_quant is not None and sd.draft_quant not in GEMM_QUANTS:
+            raise InvalidConfigError(f"--draft-quant {sd.draft_quant!r} is not a known quant mode", available=GEMM_QUANTS)
         mc = resolve_model(self.data.pack, sd.draft) if sd.draft else None
         if sd.method in EAGLE_METHODS:
             return eagle_head_spec(target, sd.method, mc.config if mc else None, sd.draft or "", sd.draft_quant)

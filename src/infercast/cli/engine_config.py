@@ -17,12 +17,14 @@ from ..errors import InvalidInputError
 _LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "attention_dp": 1, "moe_tp": None, "moe_ep": None, "cp": 1}
 _ESTIMATOR_DEFAULTS = {"kv_cache_quant": None, "nextn": 0, "moe_kernel": None, "kv_memory_fraction": None,
                        "moe_comm": None, "speculative_method": None, "draft_model": None, "draft_tp": None,
-                       "prompt_lookup_min": None, "prompt_lookup_max": None}
+                       "prompt_lookup_min": None, "prompt_lookup_max": None, "draft_quant": None,
+                       "acceptance_per_position": None}
 _FLAG = {"kv_cache_quant": "--kv-cache-quant", "nextn": "--nextn", "moe_kernel": "--moe-kernel",
          "kv_memory_fraction": "--kv-memory-fraction", "moe_comm": "--moe-comm", "tp": "--tp", "pp": "--pp", "attention_dp": "--attention-dp",
          "moe_tp": "--moe-tp", "moe_ep": "--moe-ep", "cp": "--cp", "speculative_method": "--speculative-method",
          "draft_model": "--draft-model", "draft_tp": "--draft-tp", "prompt_lookup_min": "--prompt-lookup-min",
-         "prompt_lookup_max": "--prompt-lookup-max"}
+         "prompt_lookup_max": "--prompt-lookup-max", "draft_quant": "--draft-quant",
+         "acceptance_per_position": "--acceptance-per-position"}
 
 
 def add_engine_args(p) -> None:
@@ -59,15 +61,11 @@ def apply_engine_config(a) -> None:
         for dest, value in layout.items():
             _fill(a, dest, value, _LAYOUT_DEFAULTS[dest], source)
     elif layout:
-        a.engine_notes.append(f"{source}: its layout is not used here (this command searches layouts)")
-    from .speculative import DESTS
-
-    dest_of = {key: dest for dest, key in DESTS.items()}
+        a.engine_notes.append(f"{source}: its layout is not used here (search and recommend search layouts; "
+                              "serve-disagg takes each role's from its flags or --prefill/--decode-engine-args)")
     for dest, value in s.estimator_kw.items():
-        if dest == "speculative":  # the method and draft settings, one flag each
-            for key, v in (value or {}).items():
-                if v is not None:
-                    _fill(a, dest_of[key], v, _ESTIMATOR_DEFAULTS[dest_of[key]], source)
+        if dest == "speculative":
+            _fill_speculative(a, value, source)
         elif value is not None:
             _fill(a, dest, value, _ESTIMATOR_DEFAULTS[dest], source)
     a.engine_scheduler = dict(s.scheduler)
@@ -78,10 +76,22 @@ def apply_engine_config(a) -> None:
         a.engine_notes.append(f"engine configuration names model {s.model}; estimated: {a.model}")
 
 
+def _fill_speculative(a, value: dict | None, source: str) -> None:
+    """The configuration's speculative decoding settings (method, draft model, ...) into their
+    flags, one each (:data:`infercast.cli.speculative.DESTS`)."""
+    from .speculative import DESTS
+
+    dest_of = {key: dest for dest, key in DESTS.items()}
+    for key, v in (value or {}).items():
+        if v is not None:
+            _fill(a, dest_of[key], v, _ESTIMATOR_DEFAULTS[dest_of[key]], source)
+
+
 def _fill(a, dest: str, value, default, source: str, flag: str | None = None) -> None:
     given = getattr(a, dest)
     if given == default:
         setattr(a, dest, value)
+        a.engine_filled = getattr(a, "engine_filled", set()) | {dest}  # set by the configuration, not a flag
     elif given != value:
         raise InvalidInputError(f"{flag or _FLAG[dest]} {given} conflicts with {source}, which sets {value}",
                                 "drop the flag or change the configuration")
@@ -132,6 +142,8 @@ def apply_role_engine_configs(a) -> None:
                 continue
             if dest in ROLE_MODEL_SETTINGS:  # the role's own flag (--decode-kv-memory-fraction ...)
                 _fill(a, f"{role}_{dest}", value, None, source, f"--{role}-{dest.replace('_', '-')}")
+            elif dest == "speculative":  # shared by the roles, as MTP: a second role must agree
+                _fill_speculative(a, value, source)
             else:
                 _fill(a, dest, value, _ESTIMATOR_DEFAULTS[dest], source)
         a.role_scheduler[role] = dict(s.scheduler)

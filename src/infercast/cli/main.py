@@ -347,6 +347,7 @@ def cmd_search(a) -> int:
               nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel, speculative=speculative_kw(a),
               kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode, cap_concurrency=True)
     cal, cal_notes = _calibration(a)
+    refuse_unsearched_flags(a, "search")
     _search_scheduler(a, kw, cal, mode)
     cps = _search_cps(a)
     if cps is not None:
@@ -424,6 +425,17 @@ def _search_cps(a) -> list[int] | None:
         return [int(x) for x in a.cp_list.split(",") if x.strip()]
     except ValueError:
         raise InvalidInputError(f"--cp-list must be comma-separated integers, got {a.cp_list!r}") from None
+
+
+def refuse_unsearched_flags(a, command: str) -> None:
+    """``search`` / ``recommend`` choose each layout's expert communication themselves (all-to-all
+    where the backend's wide-EP tables cover the layout, else gather): a ``--moe-comm`` flag would
+    be ignored, so it is refused (an engine configuration's all-to-all backend is one of its
+    settings a search does not use, as its layout)."""
+    if getattr(a, "moe_comm", None) is not None and "moe_comm" not in getattr(a, "engine_filled", ()):
+        raise InvalidInputError(f"--moe-comm {a.moe_comm}: {command} picks each layout's expert communication itself",
+                                "all-to-all where the backend's wide-EP tables cover the layout, else gather; "
+                                "estimate, serve and serve-disagg take --moe-comm")
 
 
 def _search_scheduler(a, kw: dict, cal, mode: str) -> None:
@@ -789,6 +801,29 @@ def cmd_compile(a) -> int:
         print(f"wrote {out}: {surf.size():,} numbers, {len(surf.curves)} curves, {len(surf.sheets)} sheets, "
               f"tolerance {surf.tol:g} against the op-by-op path")
 
+#: the layout flags of :func:`_add_parallel_args` and their defaults
+_LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "attention_dp": 1, "moe_tp": None, "moe_ep": None, "cp": 1}
+
+
+def _refuse_unused_layout_flags(a, disagg: bool) -> None:
+    """``simulate`` takes both the replica's layout flags (``--tp`` ... ``--cp``) and the
+    disaggregated workers' (``--prefill-*`` / ``--decode-*``), but runs one of the two: a flag of
+    the other set, set away from its default, would be ignored, so it is refused."""
+    prefixes = ("",) if disagg else ("prefill_", "decode_")
+    for pre in prefixes:
+        for k, default in _LAYOUT_DEFAULTS.items():
+            if getattr(a, pre + k, default) != default:
+                flag = "--" + (pre + k).replace("_", "-")
+                if disagg:
+                    raise InvalidInputError(f"{flag} sets the replica layout, which a disaggregated simulation "
+                                            "(--prefill-workers / --decode-workers) does not use",
+                                            f"give each role's layout: --prefill-{k.replace('_', '-')} / "
+                                            f"--decode-{k.replace('_', '-')}")
+                raise InvalidInputError(f"{flag} sets a disaggregated worker's layout, but this simulation runs "
+                                        "--replicas of one layout",
+                                        f"add --prefill-workers and --decode-workers, or use --{k.replace('_', '-')}")
+
+
 def cmd_simulate(a) -> int:
     """``infercast simulate``: a request-level simulation of ``--replicas`` replicas under a load."""
     import math
@@ -851,6 +886,7 @@ def cmd_simulate(a) -> int:
                       burstiness=a.burstiness, clients=a.concurrency or 0, seed=a.seed, sent_ms=sent, load=load)
     overrides = _scheduler_overrides(a)
     progress = sys.stderr.isatty() and len(w) >= 20000
+    _refuse_unused_layout_flags(a, disagg=a.prefill_workers is not None or a.decode_workers is not None)
     if a.prefill_workers is not None or a.decode_workers is not None:
         from ..serving.simulate import simulate_estimator_disagg
 
@@ -1195,6 +1231,9 @@ def main(argv: list[str] | None = None) -> int:
 
             apply_engine_config(a)
             apply_role_engine_configs(a)
+        if getattr(a, "mtp_acceptance", None) is not None and not getattr(a, "nextn", 0):
+            raise InvalidInputError("--acceptance-rate (--mtp-acceptance) is given without draft tokens: it would "
+                                    "change nothing", "add --num-speculative-tokens K (and --speculative-method)")
         return int(a.func(a) or 0)
     except InfercastError as exc:
         print(f"infercast: error: {exc}", file=sys.stderr)

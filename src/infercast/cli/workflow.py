@@ -36,7 +36,7 @@ def cmd_recommend(a) -> int:
             raise InvalidInputError(f"--{name} must be >= 1, got {getattr(a, name)}")
     if a.top < 1:
         raise InvalidInputError(f"--top must be >= 1, got {a.top}")
-    from .main import _calibration, _search_targets, calibration_summary
+    from .main import _calibration, _search_targets, calibration_summary, refuse_unsearched_flags
     from .speculative import speculative_kw
 
     targets = _search_targets(a)
@@ -47,8 +47,13 @@ def cmd_recommend(a) -> int:
               attention_quant=a.attention_quant, nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel,
               speculative=speculative_kw(a),
               kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode)
-    if cal is not None:
-        kw["scheduler"] = cal.overrides()
+    shared = {**getattr(a, "engine_scheduler", {}), **(cal.overrides() if cal is not None else {})}
+    if shared:  # the engine configuration's scheduler settings, then the calibration's (as search)
+        kw["scheduler"] = shared
+    refuse_unsearched_flags(a, "recommend")
+    if a.cp_overlap:
+        raise InvalidInputError("--cp-overlap: recommend does not search context parallelism",
+                                "use search --cp-list 1,2 --cp-overlap")
     if a.decode_system is not None and a.mode != "disagg":
         raise InvalidInputError(f"--decode-system puts disaggregated decode workers on another system: it needs "
                                 f"--mode disagg, not {a.mode}")

@@ -233,6 +233,12 @@ class SpecDecode:
                                     "draft networks: eagle, eagle3 (the head's config), draft_model")
         if self.draft_tp is not None and (not isinstance(self.draft_tp, int) or self.draft_tp < 1):
             raise InvalidInputError(f"--draft-tp must be a positive integer, got {self.draft_tp!r}")
+        if self.draft_quant is not None and self.method not in ("eagle", "eagle3", "draft_model"):
+            raise InvalidInputError(f"--draft-quant sets a draft network's GEMMs, but --speculative-method {self.method} "
+                                    "runs none of its own", "draft networks: eagle, eagle3, draft_model")
+        if self.draft_tp is not None and self.method == "ngram":
+            raise InvalidInputError("--draft-tp is given, but --speculative-method ngram runs no draft network on the "
+                                    "GPUs", "draft networks: eagle, eagle3, draft_model")
         for name, v in (("--prompt-lookup-min", self.prompt_lookup_min), ("--prompt-lookup-max", self.prompt_lookup_max)):
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise InvalidInputError(f"{name} must be a positive integer, got {v!r}")

@@ -28,7 +28,8 @@ The EAGLE head's shape comes from its config when one is given (``--draft-model`
 ``intermediate_size``, ``num_hidden_layers``, ``draft_vocab_size``; a speculators-format config's
 ``transformer_layer_config`` is read the same way); without one, from the target (its hidden size,
 heads, KV heads, head size and dense FFN width, the target's vocabulary), which needs a target
-with uniform grouped-query attention. The head's GEMMs are bf16 (the released heads are) unless
+with uniform grouped-query attention and a dense FFN width (not MLA, DeepSeek-V4's compressed
+attention, sparse / linear / hybrid layers or per-layer windows). The head's GEMMs are bf16 (the released heads are) unless
 ``draft_quant`` says otherwise; its KV cache follows the target's KV dtype.
 
 Not modelled (approximations, stated in the estimate's notes): the draft network's pass over the
@@ -70,7 +71,8 @@ def eagle_head_spec(target: ModelSpec, method: str, cfg: dict | None = None, whe
     the module docstring). ``quant``: the head's GEMM quant mode (default bf16)."""
     if cfg is None:
         uniform = (target.mla is None and target.attention_groups is None and target.mamba is None and target.gdn is None
-                   and not target.msa_layers and not target.layer_windows)
+                   and not target.msa_layers and not target.layer_windows and target.dsv4 is None
+                   and target.kimi is None and not target.sparse_attention and target.intermediate > 0)
         if not uniform:
             raise InvalidInputError(
                 f"--speculative-method {method}: {target.resolved_id} has no uniform grouped-query attention to size "
@@ -139,6 +141,12 @@ def with_speculation(plan: Plan, sd: SpecDecode, draft: ModelSpec | None = None,
     draft model."""
     sd.check()
     if sd.method == "mtp":
+        if sd.draft_tp is not None and not sd.nextn:
+            raise InvalidInputError(f"--draft-tp {sd.draft_tp} is given without speculative decoding",
+                                    "add --speculative-method and --num-speculative-tokens, or drop --draft-tp")
+        if sd.draft_tp is not None and sd.draft_tp != plan.parallel.tp:
+            raise InvalidInputError(f"--draft-tp {sd.draft_tp}: the MTP layers run at the target's TP {plan.parallel.tp}",
+                                    "drop --draft-tp (or set it to the target's --tp) with MTP")
         return plan
     plan = replace(plan, spec_decode=sd)
     if sd.method == "ngram":
@@ -146,6 +154,11 @@ def with_speculation(plan: Plan, sd: SpecDecode, draft: ModelSpec | None = None,
     if draft is None:
         raise InvalidInputError(f"--speculative-method {sd.method} needs its draft network's spec")
     dpar = draft_parallel(sd, plan.parallel)
+    par = plan.parallel
+    if dpar.tp > par.tp * par.attention_dp * par.cp:
+        raise InvalidConfigError(f"--draft-tp {dpar.tp} exceeds the GPUs the draft can run on: {par.tp * par.attention_dp * par.cp} "
+                                 f"(tp {par.tp} x attention-dp {par.attention_dp} x cp {par.cp} of the target's last "
+                                 "pipeline stage)", "set --draft-tp to at most that")
     if sd.method in EAGLE_METHODS:
         _check_tp(draft, dpar, "EAGLE head")
         ops = eagle_ops(draft, dpar, sd.method, sd.nextn, plan.fusions)

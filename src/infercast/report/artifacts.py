@@ -24,7 +24,7 @@ from __future__ import annotations
 import csv
 import json
 import re
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..errors import InfercastError, InvalidInputError, NotAvailableError
@@ -90,7 +90,9 @@ def deployment_of(candidate, result, estimator_kw: dict) -> tuple[Deployment, di
     else:
         roles = {"agg": (est(candidate.layout, result.system, result.backend_version),
                          getattr(candidate, "replicas", 1) or 1)}
-    workers = tuple(worker_spec(e, scheduler_params(result.backend, e.data.system, e.spec), role, n)
+    own = getattr(result, "scheduler", None) or {}  # the overrides the search ran each worker kind with
+    workers = tuple(worker_spec(e, replace(scheduler_params(result.backend, e.data.system, e.spec), **own.get(role, {})),
+                                role, n)
                     for role, (e, n) in roles.items())
     first = next(iter(roles.values()))[0]
     d = Deployment(first.spec.model_id, result.backend, first.version, workers, result.isl, result.osl,

@@ -465,7 +465,7 @@ def launch_files(d: Deployment) -> dict[str, str]:
         on = f" on {w.hardware}" if w.hardware else ""
         head = (f"# {w.role} worker: {w.workers} x {w.gpus} GPU(s){on}; {d.backend} {w.backend_version or d.backend_version}\n"
                 f"# infercast layout: tp {w.tp}, pp {w.pp}, attention-dp {w.attention_dp}, "
-                f"moe-tp {w.moe_tp}, moe-ep {w.moe_ep}\n")
+                f"moe-tp {w.moe_tp}, moe-ep {w.moe_ep}{f', cp {w.cp}' if w.cp > 1 else ''}\n")
         files[f"launch_{w.role}.sh"] = "#!/usr/bin/env bash\n" + head + shlex.join(argv) + "\n"
         if d.backend == "trtllm":
             files[f"extra_llm_api_options_{w.role}.yaml"] = yaml.safe_dump(trtllm_extra_options(w), sort_keys=True)

@@ -86,6 +86,8 @@ def search_fixed(
     if params is None and scheduler:
         from dataclasses import replace
 
+        res.scheduler = {role: dict(scheduler) for role in ("agg", "prefill", "decode")}
+
         params = replace(scheduler_params(backend, base.data.system, base.spec), **scheduler)
     agg_params = params or scheduler_params(backend, base.data.system, base.spec)
     roles = _roles(res, {lay: e for lay, e in ests.items() if worker(lay)})

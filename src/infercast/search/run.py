@@ -26,7 +26,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from ..errors import InfercastError, InvalidInputError
+from ..errors import InfercastError, InvalidConfigError, InvalidInputError
 from ..report.layout import plural
 from .pareto import meets, pareto_front, recommend
 from .space import Layout, layouts, powers_of_two
@@ -89,6 +89,9 @@ class SearchResult:
     decode_backend_version: str | None = None  # disagg: the decode workers' data version on ``decode_system``
     evaluated: dict[str, int] = field(default_factory=dict)  # kind of candidate -> how many were evaluated
     refused: dict[str, int] = field(default_factory=dict)  # "kind: reason" -> how many were refused
+    #: the SchedulerParams overrides the search ran each worker kind with ("agg", "prefill",
+    #: "decode" -> {field: value}; empty: the backend's defaults), for its launch files
+    scheduler: dict[str, dict] = field(default_factory=dict)
 
     def to_dict(self, candidates: bool = True) -> dict:
         """The result as plain data (what :func:`dataclasses.asdict` gives, built field by field:
@@ -217,6 +220,7 @@ def search_agg(
     node = base.data.system.node
     res.max_gpus = node.gpus_per_node if max_gpus is None else _positive("max_gpus", max_gpus, int)
     params = replace(scheduler_params(backend, base.data.system, base.spec), **(scheduler or {}))
+    res.scheduler = {"agg": dict(scheduler)} if scheduler else {}
     ests = _estimators(res, base, model, layouts(base.spec, res.max_gpus, node.nvlink_gpus, cps=context_parallel_degrees(cps)),
                        backend_version, systems_path, estimator_kw)
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, (
@@ -253,7 +257,7 @@ def search_backends(search, model: str, system: str, backends: list[str], isl: i
     first = next(iter(per.values()))
     merged = SearchResult(first.model, system, "+".join(per), "/".join(str(r.backend_version) for r in per.values()),
                           first.isl, first.osl, first.max_gpus, first.ttft_max_ms, first.tpot_max_ms,
-                          concurrencies=list(first.concurrencies))
+                          concurrencies=list(first.concurrencies), scheduler=dict(first.scheduler))
     for b, exc in errors.items():
         refuse(merged, b, "backend", str(exc), exc)
     for b, r in per.items():
@@ -279,9 +283,30 @@ def _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_ma
     ttft_max_ms = None if _is_inf(ttft_max_ms) else _positive("ttft target", ttft_max_ms)
     tpot_max_ms = None if _is_inf(tpot_max_ms) else _positive("tpot target", tpot_max_ms)
     conc = _concurrencies(concurrencies)
-    base = make(Layout()) if make is not None else estimator(model, system, backend, backend_version, Layout(),
-                                                             systems_path, estimator_kw)
+    base = make(Layout()) if make is not None else tp1_estimator(model, system, backend, backend_version, systems_path,
+                                                                 estimator_kw)
     return conc, base, SearchResult(base.spec.model_id, system, backend, base.version, isl, osl, 0, ttft_max_ms, tpot_max_ms)
+
+
+def tp1_estimator(model, system, backend, backend_version, systems_path, estimator_kw):
+    """The one-GPU estimator a search reads the model, system and data from. A ``draft_tp`` of
+    the speculative settings that one GPU cannot run (a draft split over more GPUs than the layout
+    has, MTP at another TP) refuses the TP1 layout, not the search: the estimator is then built
+    without it and marked ``layout_candidate = False``, so the TP1 layout is built (and refused,
+    with the reason) like any other."""
+    from ..api import Estimator
+
+    kw = dict(estimator_kw or {})
+    try:
+        return estimator(model, system, backend, backend_version, Layout(), systems_path, kw)
+    except (InvalidConfigError, InvalidInputError):
+        sp = dict(kw.get("speculative") or {})
+        if sp.get("draft_tp") is None:
+            raise
+    base = Estimator(model, system, backend, backend_version, systems_path=systems_path,
+                     **{**kw, "speculative": {**sp, "draft_tp": None}})
+    base.layout_candidate = False
+    return base
 
 
 def _is_inf(v) -> bool:
@@ -421,7 +446,8 @@ def _estimators(res: SearchResult, base, model, space, backend_version, systems_
     for lay in filter(keep, lays):
         _count(res, "layout")
         try:
-            out[lay] = make(lay) if make is not None else base if lay == Layout() else estimator(
+            out[lay] = make(lay) if make is not None else base if lay == Layout() and getattr(
+                base, "layout_candidate", True) else estimator(
                 model, res.system, res.backend, backend_version, lay, systems_path, estimator_kw)
         except InfercastError as exc:
             refuse(res, lay.label, "layout", str(exc), exc)
@@ -600,7 +626,7 @@ def search_disagg(
     dbase, dnode = base, node
     if decode_system is not None and decode_system != system:
         res.decode_system = decode_system
-        dbase = estimator(model, decode_system, backend, backend_version, Layout(), systems_path, estimator_kw)
+        dbase = tp1_estimator(model, decode_system, backend, backend_version, systems_path, estimator_kw)
         res.decode_backend_version = dbase.version
         dnode = dbase.data.system.node
     cps = context_parallel_degrees(cps)
@@ -611,14 +637,15 @@ def search_disagg(
         roles.update(_roles(res, {lay: e for lay, e in pre.items() if lay.cp == 1}, ("decode",)))
     else:
         def make(lay: Layout):
-            return dbase if lay == Layout() else estimator(model, decode_system, backend, backend_version, lay,
-                                                           systems_path, estimator_kw)
+            return dbase if lay == Layout() and getattr(dbase, "layout_candidate", True) else estimator(
+                model, decode_system, backend, backend_version, lay, systems_path, estimator_kw)
 
         dec = _estimators(res, dbase, model, layouts(dbase.spec, total, dnode.nvlink_gpus), backend_version, systems_path,
                           estimator_kw, keep=lambda lay: disagg_worker(lay, dnode.nvlink_gpus, total), make=make)
         roles.update(_roles(res, dec, ("decode",)))
     own = scheduler_roles or {}
     pre_over, dec_over = ({**(scheduler or {}), **own.get(role, {})} for role in ("prefill", "decode"))
+    res.scheduler = {role: dict(o) for role, o in (("prefill", pre_over), ("decode", dec_over)) if o}
     params = replace(scheduler_params(backend, base.data.system, base.spec), **pre_over) if pre_over else None
     params_d = replace(scheduler_params(backend, dbase.data.system, dbase.spec), **dec_over) if dec_over else None
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, decode_holders(
