@@ -564,7 +564,8 @@ def plot_error_vs_concurrency(results: Sequence[RowResult], path: str | Path) ->
         ax.set_xlabel("benchmark concurrency")
         ax.set_title(f"{metric.upper()} signed error (predicted - measured) / measured")
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="upper left", fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # no legend on a panel with no labelled points
+            ax.legend(loc="upper left", fontsize=8)
     axes[0].set_ylabel(f"signed error % (clipped at +{_PLOT_CLIP * 100:.0f}%, triangles)")
     fig.tight_layout()
     fig.savefig(path, format="png")
