@@ -40,8 +40,20 @@ HEADER = (
     "decode_moe_ep_size,silicon_ttft_ms,silicon_tpot_ms"
 ).split(",")
 
-REAL_CSV = Path("/tmp/venv/lib/python3.11/site-packages/aiconfigurator_core/systems/silicon_sample.csv")
-FIDELITY = Path("/work/shared/fidelity")
+def _real_csv() -> Path:
+    """The installed pack's silicon_sample.csv (a path that does not exist when no pack is found)."""
+    try:
+        from infercast.validate.cli import default_silicon_csv
+
+        return Path(default_silicon_csv())
+    except Exception:  # no pack installed: the real-data test is skipped
+        return Path("/nonexistent/silicon_sample.csv")
+
+
+REAL_CSV = _real_csv()
+#: the fidelity rows' folder: ``shared/fidelity`` beside the checkout (or beside its worktrees' parent)
+FIDELITY = next((p / "shared" / "fidelity" for p in Path(__file__).resolve().parents
+                 if (p / "shared" / "fidelity").is_dir()), Path("shared") / "fidelity")
 
 
 def _agg(id_, source, ttft, tpot, *, system="h100_sxm", bs="8", tp="2", pp="1", adp="", moe_tp="", moe_ep="0"):
