@@ -39,11 +39,18 @@ def _f(x, fmt="{:.2f}") -> str:
 
 
 #: how the console names a figure with a prediction interval
-_INTERVAL_NAMES = {"ttft_ms": ("TTFT ms", "{:.4g}"), "tpot_ms": ("TPOT ms", "{:.4g}"),
-                   "request_latency_ms": ("request ms", "{:.4g}"), "tokens_per_s_per_gpu": ("tok/s/GPU", "{:.4g}"),
-                   "tokens_per_s_per_user": ("tok/s/user", "{:.4g}"),
-                   "requests_per_s_per_copy": ("req/s per copy", "{:.4g}"),
-                   "capacity_requests_per_s": ("req/s capacity", "{:.4g}")}
+_INTERVAL_NAMES = {"ttft_ms": "TTFT ms", "tpot_ms": "TPOT ms", "request_latency_ms": "request ms",
+                   "tokens_per_s_per_gpu": "tok/s/GPU", "tokens_per_s_per_user": "tok/s/user",
+                   "requests_per_s_per_copy": "req/s per copy", "capacity_requests_per_s": "req/s capacity"}
+
+
+def _plain(x: float) -> str:
+    """A range end as a plain number with about four significant digits (no exponent: 11620, not
+    1.162e+04)."""
+    ax = abs(x)
+    if ax >= 100:
+        return f"{x:.0f}"
+    return f"{x:.1f}" if ax >= 10 else f"{x:.2f}" if ax >= 1 else f"{x:.3g}"
 
 
 def _print_intervals(c, intervals: dict | None) -> None:
@@ -55,8 +62,8 @@ def _print_intervals(c, intervals: dict | None) -> None:
     for col in ("figure", "80%", "95%", "from"):
         t.add_column(col, justify="left" if col in ("figure", "from") else "right")
     for key, iv in intervals.items():
-        name, fmt = _INTERVAL_NAMES.get(key, (key, "{:.4g}"))
-        t.add_row(name, *(f"{fmt.format(iv[p][0])} - {fmt.format(iv[p][1])}" for p in ("p80", "p95")),
+        name = _INTERVAL_NAMES.get(key, key)
+        t.add_row(name, *(f"{_plain(iv[p][0])} - {_plain(iv[p][1])}" for p in ("p80", "p95")),
                   f"{iv['cell']} ({iv['n']} rows)")
     c.print(_fold(t))
 
