@@ -43,7 +43,8 @@ from dataclasses import asdict, dataclass, replace
 from ..data.model_configs import ModelConfig
 from ..data.quant import KV_BYTES, WEIGHT_BYTES
 from ..errors import InvalidConfigError, InvalidInputError
-from .plan import MOE_DISTRIBUTION, Fusions, ParallelConfig, Plan, PlanOp, SpecDecode, _applied, _dense_ffn_ops, _ends
+from .plan import (Fusions, ParallelConfig, Plan, PlanOp, SpecDecode, _applied, _dense_ffn_ops, _ends,
+                   _moe_experts_op, _moe_gather_ops, _moe_scatter_ops)
 from .spec import ModelSpec, MoESpec, QuantSpec, _int_field, vision_params
 
 FAMILY = "deepseek_v4"
@@ -229,23 +230,15 @@ def _layer_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions, ratios, r
     if router_layers:
         ops.append(PlanOp("router_gemm", "gemm", router_layers, params={"n": m.experts, "k": h, "quant": "bfloat16"}))
     adp = par.attention_dp
-    a2a = adp > 1 and par.ep > 1 and par.moe_comm == "alltoall"
     moe_quant = q.moe or q.gemm
-    if a2a:
-        ops.append(PlanOp("moe_dispatch", "moe_dispatch", n, params={"hidden": h, "topk": m.topk, "experts": m.experts,
-                                                                     "ep": par.ep, "quant": moe_quant}))
-    elif adp > 1:
-        ops.append(PlanOp("moe_allgather", "allgather", n, params={"elements_per_token": h * adp, "group": par.width}))
+    ops += _moe_gather_ops(n, h, m, par, moe_quant)
     fuse = fusions.shared_experts
-    ops.append(PlanOp("moe_experts", "moe", n, params={
-        "quant": moe_quant, "hidden": h, "inter": m.inter, "topk": m.topk, "experts": m.experts, "moe_tp": par.etp,
-        "moe_ep": par.ep, "gated": True, "tokens_multiplier": adp * ((m.topk + 1) / m.topk if fuse else 1.0),
-        "distribution": MOE_DISTRIBUTION}))
+    ops.append(_moe_experts_op(n, h, m, par, moe_quant, True, adp * ((m.topk + 1) / m.topk if fuse else 1.0)))
     if m.shared_inter and not fuse:
         ops += _dense_ffn_ops("shared_", n, h, m.shared_inter // tp, q.shared_expert_gemm, fusions)
-    if adp > 1 and not a2a:
-        ops.append(PlanOp("moe_reduce_scatter", "reduce_scatter", n, params={"elements_per_token": h * adp, "group": par.width}))
-    elif tp > 1:
+    scatter = _moe_scatter_ops(n, h, par)
+    ops += scatter
+    if not scatter and tp > 1:
         ops.append(PlanOp("moe_allreduce", "allreduce", n, params={"elements_per_token": h, "group": tp}))
     return ops
 

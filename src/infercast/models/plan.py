@@ -519,6 +519,45 @@ def _dense_ffn_ops(name: str, count: int, hidden: int, inter_per_gpu: int, quant
     ]
 
 
+def _moe_alltoall(par: ParallelConfig) -> bool:
+    """True when the MoE block moves tokens by all-to-all dispatch (attention-DP > 1, EP > 1 and
+    ``moe_comm == "alltoall"``) rather than an all-gather / reduce-scatter over the replica."""
+    return par.attention_dp > 1 and par.ep > 1 and par.moe_comm == "alltoall"
+
+
+def _moe_gather_ops(count: int, width: int, moe, par: ParallelConfig, quant: str) -> list[PlanOp]:
+    """The communication before the experts: all-to-all dispatch of ``width``-wide tokens, or the
+    all-gather of the replica's attention-DP ranks' tokens, or nothing under pure TP attention."""
+    adp = par.attention_dp
+    if _moe_alltoall(par):
+        return [PlanOp("moe_dispatch", "moe_dispatch", count,
+                       params={"hidden": width, "topk": moe.topk, "experts": moe.experts, "ep": par.ep, "quant": quant})]
+    if adp > 1:
+        return [PlanOp("moe_allgather", "allgather", count, params={"elements_per_token": width * adp, "group": par.width})]
+    return []
+
+
+def _moe_experts_op(count: int, width: int, moe, par: ParallelConfig, quant: str, gated: bool,
+                    tokens_multiplier: float) -> PlanOp:
+    """The routed experts of ``count`` layers: ``width``-wide tokens into ``moe.inter``-wide experts
+    split by the expert TP / EP, over ``tokens_multiplier`` times this rank's tokens, routed with
+    :data:`MOE_DISTRIBUTION`."""
+    return PlanOp("moe_experts", "moe", count,
+                  params={"quant": quant, "hidden": width, "inter": moe.inter, "topk": moe.topk, "experts": moe.experts,
+                          "moe_tp": par.etp, "moe_ep": par.ep, "gated": gated, "tokens_multiplier": tokens_multiplier,
+                          "distribution": MOE_DISTRIBUTION})
+
+
+def _moe_scatter_ops(count: int, width: int, par: ParallelConfig) -> list[PlanOp]:
+    """The reduce-scatter back to the attention-DP ranks after the experts when they were
+    all-gathered (:func:`_moe_gather_ops`); nothing otherwise (the all-to-all's combine is in the
+    dispatch op; the TP all-reduce is the caller's)."""
+    adp = par.attention_dp
+    if adp > 1 and not _moe_alltoall(par):
+        return [PlanOp("moe_reduce_scatter", "reduce_scatter", count, params={"elements_per_token": width * adp, "group": par.width})]
+    return []
+
+
 def _ends(spec: ModelSpec, par: ParallelConfig) -> list[PlanOp]:
     tp, h = par.tp, spec.hidden
     ops = [
@@ -572,25 +611,15 @@ def moe_plan(spec: ModelSpec, par: ParallelConfig, fusions: Fusions | None = Non
             ops.append(PlanOp("dense_ffn_allreduce", "allreduce", m.first_dense_layers, params={"elements_per_token": h, "group": tp}))
     ops.append(PlanOp("router_gemm", "gemm", moe_layers, params={"n": m.experts, "k": h, "quant": "bfloat16"}))
     adp = par.attention_dp
-    a2a = adp > 1 and par.ep > 1 and par.moe_comm == "alltoall"
-    if a2a:
-        ops.append(PlanOp("moe_dispatch", "moe_dispatch", moe_layers,
-                          params={"hidden": h, "topk": m.topk, "experts": m.experts, "ep": par.ep,
-                                  "quant": q.moe or q.gemm}))
-    elif adp > 1:
-        ops.append(PlanOp("moe_allgather", "allgather", moe_layers, params={"elements_per_token": h * adp, "group": par.width}))
-    ops.append(PlanOp(
-        "moe_experts", "moe", moe_layers,
-        params={"quant": q.moe or q.gemm, "hidden": h, "inter": m.inter, "topk": m.topk, "experts": m.experts,
-                "moe_tp": par.etp, "moe_ep": par.ep, "gated": m.gated,
-                "tokens_multiplier": adp * ((m.topk + 1) / m.topk if fuse_shared else 1.0),
-                "distribution": MOE_DISTRIBUTION},
-    ))
+    moe_quant = q.moe or q.gemm
+    ops += _moe_gather_ops(moe_layers, h, m, par, moe_quant)
+    ops.append(_moe_experts_op(moe_layers, h, m, par, moe_quant, m.gated,
+                               adp * ((m.topk + 1) / m.topk if fuse_shared else 1.0)))
     if m.shared_inter and not fuse_shared:
         ops += _dense_ffn_ops("shared_", moe_layers, h, m.shared_inter // tp, q.shared_expert_gemm, fusions)
-    if adp > 1 and not a2a:
-        ops.append(PlanOp("moe_reduce_scatter", "reduce_scatter", moe_layers, params={"elements_per_token": h * adp, "group": par.width}))
-    elif tp > 1:
+    scatter = _moe_scatter_ops(moe_layers, h, par)
+    ops += scatter
+    if not scatter and tp > 1:
         ops.append(PlanOp("moe_allreduce", "allreduce", moe_layers, params={"elements_per_token": h, "group": tp}))
     return Plan(spec, par, tuple(ops + _ends(spec, par)), fusions=fusions)
 
