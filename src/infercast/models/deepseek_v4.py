@@ -43,8 +43,8 @@ from dataclasses import asdict, dataclass, replace
 from ..data.model_configs import ModelConfig
 from ..data.quant import KV_BYTES, WEIGHT_BYTES
 from ..errors import InvalidConfigError, InvalidInputError
-from .plan import (Fusions, ParallelConfig, Plan, PlanOp, SpecDecode, _applied, _dense_ffn_ops, _ends,
-                   _moe_experts_op, _moe_gather_ops, _moe_scatter_ops)
+from .plan import (Fusions, ParallelConfig, Plan, PlanOp, SpecDecode, _applied, _ends,
+                   _moe_block_ops, require_mtp_layers)
 from .spec import ModelSpec, MoESpec, QuantSpec, _int_field, vision_params
 
 FAMILY = "deepseek_v4"
@@ -229,17 +229,7 @@ def _layer_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions, ratios, r
             PlanOp("ffn_norm", "elementwise", n, params={"bytes_per_token": h * 2 * 3})]
     if router_layers:
         ops.append(PlanOp("router_gemm", "gemm", router_layers, params={"n": m.experts, "k": h, "quant": "bfloat16"}))
-    adp = par.attention_dp
-    moe_quant = q.moe or q.gemm
-    ops += _moe_gather_ops(n, h, m, par, moe_quant)
-    fuse = fusions.shared_experts
-    ops.append(_moe_experts_op(n, h, m, par, moe_quant, True, adp * ((m.topk + 1) / m.topk if fuse else 1.0)))
-    if m.shared_inter and not fuse:
-        ops += _dense_ffn_ops("shared_", n, h, m.shared_inter // tp, q.shared_expert_gemm, fusions)
-    scatter = _moe_scatter_ops(n, h, par)
-    ops += scatter
-    if not scatter and tp > 1:
-        ops.append(PlanOp("moe_allreduce", "allreduce", n, params={"elements_per_token": h, "group": tp}))
+    ops += _moe_block_ops(n, h, m, par, q, fusions, True)
     return ops
 
 
@@ -262,9 +252,7 @@ def dsv4_plan(spec: ModelSpec, par: ParallelConfig, spec_decode: SpecDecode | No
     sd = spec_decode or SpecDecode()
     sd.check()
     if sd.nextn:
-        if spec.mtp_layers <= 0:
-            raise InvalidConfigError(f"{spec.resolved_id} ships no MTP layers (num_nextn_predict_layers is 0)",
-                                     "MTP speculative decoding needs the checkpoint's next-n prediction layers")
+        require_mtp_layers(spec)
         ratios = (d.mtp_ratios[0],) * sd.nextn  # the engines reuse the first MTP layer for every draft
         draft = [PlanOp("proj", "gemm", sd.nextn, params={"n": spec.hidden, "k": 2 * spec.hidden, "quant": spec.quant.gemm})]
         draft += _layer_ops(spec, par, fusions, ratios, sd.nextn)

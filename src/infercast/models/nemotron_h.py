@@ -44,7 +44,7 @@ from ..data.model_configs import ModelConfig
 from ..data.quant import WEIGHT_BYTES
 from ..errors import InvalidConfigError, InvalidInputError
 from .plan import (Fusions, ParallelConfig, Plan, PlanOp, SpecDecode, _applied, _ends, _fused_input,
-                   _moe_experts_op, _moe_gather_ops, _moe_scatter_ops, kv_heads_per_gpu)
+                   _moe_experts_op, _moe_gather_ops, _moe_scatter_ops, kv_heads_per_gpu, require_mtp_layers)
 from .spec import ModelSpec, MoESpec, QuantSpec, _int_field, infer_quant, vision_params
 
 FAMILY = "nemotron_h"
@@ -392,9 +392,7 @@ def nemotron_h_plan(spec: ModelSpec, par: ParallelConfig, spec_decode: SpecDecod
     sd = spec_decode or SpecDecode()
     sd.check()
     if sd.mtp_steps:
-        if spec.mtp_layers <= 0:
-            raise InvalidConfigError(f"{spec.resolved_id} ships no MTP layers (num_nextn_predict_layers is 0)",
-                                     "MTP speculative decoding needs the checkpoint's next-n prediction layers")
+        require_mtp_layers(spec)
         ops += _stack_ops(spec.mamba.mtp_pattern, spec, par, fusions, prefix="mtp_", times=sd.nextn, phase="decode",
                           exceptions=False)
         head = next(o for o in ops if o.name == "lm_head")
