@@ -80,7 +80,7 @@ from ..interp.transfer import choose_sites, transfer_grid
 from .base import DatabaseMode, OpDB, Resolved, fill_missing, sol_resolved
 from .empirical import empirical_resolved
 from .mla import MLADims, model_dims as _model_dims, mla_sol_fn
-from .module_tables import EAGER_RATIO, module_curves, nearest_tp_rows
+from .module_tables import EAGER_RATIO, module_curves, narrow_module_rows, nearest_tp_rows
 
 PHASES = ("context", "generation")
 MODULE_STEMS = {"context": "dsa_context_module", "generation": "dsa_generation_module"}
@@ -210,13 +210,9 @@ def _lattice(db: OpDB, phase: str, pick: _Pick, kv_quant: str, tp: int, dims: ML
     if pick.model:
         base &= table.keys["model"] == pick.model
     base &= (table.keys["gemm_type"] == pick.gemm_type) & (table.keys["kv_cache_dtype"] == kv_quant)
-    if table.has("mla_dtype"):  # bf16 attention compute (every collected row today)
-        mdts = sorted(set(table.keys["mla_dtype"][base].tolist()), key=lambda v: (v != "bfloat16", v))
-        base &= table.keys["mla_dtype"] == mdts[0]
+    base = narrow_module_rows(table, base, phase)  # bf16 attention compute; context: no cached prefix
     if phase == "generation" and table.has("isl"):
         base &= table.keys["isl"] == 1
-    if phase == "context" and table.has("step"):
-        base &= table.keys["step"] == table.keys["step"][base].min()  # no cached prefix
     notes = list(pick.notes)
     base, site_tp = nearest_tp_rows(table, base, tp)
     off = MODULE_STEP_OFFSET.get(db.backend, DEFAULT_MODULE_STEP_OFFSET)

@@ -73,7 +73,7 @@ from ..interp.transfer import choose_sites, transfer_grid
 from .base import DatabaseMode, OpDB, Resolved, fill_missing, sol_resolved
 from .dsa import DEFAULT_MODULE_STEP_OFFSET, MODULE_STEP_OFFSET, clean_generation, gemm_distance
 from .empirical import empirical_resolved
-from .module_tables import module_curves, nearest_tp_rows
+from .module_tables import module_curves, narrow_module_rows, nearest_tp_rows
 
 PHASES = ("context", "generation")
 KINDS = ("csa", "hca")
@@ -273,11 +273,7 @@ def _lattice(db: OpDB, kind: str, phase: str, ratio: int, pick, kv_quant: str, t
     mask = _base_mask(table, phase, ratio, kv_quant) & (table.keys["gemm_type"] == gemm_type)
     if model:
         mask &= table.keys["model"] == model
-    if table.has("mla_dtype"):  # bf16 attention compute in every collected row
-        mdts = sorted(set(table.keys["mla_dtype"][mask].tolist()), key=lambda v: (v != "bfloat16", v))
-        mask &= table.keys["mla_dtype"] == mdts[0]
-    if phase == "context" and table.has("step"):
-        mask &= table.keys["step"] == table.keys["step"][mask].min()
+    mask = narrow_module_rows(table, mask, phase)  # bf16 attention compute; context: no cached prefix
     notes = list(pnotes)
     mask, _ = nearest_tp_rows(table, mask, tp)
     off = MODULE_STEP_OFFSET.get(db.backend, DEFAULT_MODULE_STEP_OFFSET)

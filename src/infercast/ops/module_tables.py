@@ -3,8 +3,11 @@
 The module tables (``dsa_*_module``, ``dsv4_*_module``) are collected the same way: one row per
 (per-GPU ``num_heads``, batch, ``isl`` or ``step``), with a ``tp_size`` column that SGLang's
 collector fills with the TP it ran the module at (``num_heads = native heads / tp``) and TRT-LLM /
-vLLM leave at 1. Two steps are the same for every such table and live here:
+vLLM leave at 1. Three steps are the same for every such table and live here:
 
+* :func:`narrow_module_rows`: one attention compute dtype (``mla_dtype``, bf16 first; every
+  collected row is bf16 today) and, for context, the rows without a cached prefix (smallest
+  ``step``);
 * :func:`nearest_tp_rows`: per head count, keep the rows of the ``tp_size`` nearest the query's
   (log2 distance, the smaller TP on a tie);
 * :func:`module_curves`: merge the kernels by shape (:func:`~infercast.ops.base.merge_kernels`),
@@ -41,6 +44,18 @@ def graph_rows(vals: np.ndarray) -> int:
         if both.any() and np.median(vals[i][both] / vals[i - 1][both]) > EAGER_RATIO:
             return i
     return vals.shape[0]
+
+
+def narrow_module_rows(table, mask: np.ndarray, phase: str) -> np.ndarray:
+    """``mask`` narrowed to one ``mla_dtype`` (``bfloat16`` when present, else the first by name)
+    and, for ``"context"``, to the smallest ``step`` (no cached prefix). Columns a table lacks
+    are not filtered on."""
+    if table.has("mla_dtype"):
+        mdts = sorted(set(table.keys["mla_dtype"][mask].tolist()), key=lambda v: (v != "bfloat16", v))
+        mask = mask & (table.keys["mla_dtype"] == mdts[0])
+    if phase == "context" and table.has("step"):
+        mask = mask & (table.keys["step"] == table.keys["step"][mask].min())
+    return mask
 
 
 def nearest_tp_rows(table, mask: np.ndarray, tp: int) -> tuple[np.ndarray, dict[int, int]]:
