@@ -58,6 +58,9 @@ def test_defaults_merge_key_by_key():
     (("isl: 128", "isl: [128"), ["line 6", "not valid YAML"]),
     (("scheduler: {max_num_tokens: 4096}", "scheduler: {max_num_tokens: 0}"), ["experiments[0].scheduler.max_num_tokens",
                                                                              "line 12", "greater than or equal to 1"]),
+    (("concurrency: [1, 4]", "concurrency: [1, 0]"), ["experiments[0].concurrency", "every concurrency must be >= 1"]),
+    (("scheduler: {max_num_tokens: 4096}", "scheduler: {cuda_graph_sizes: [8, 0]}"),
+     ["experiments[0].scheduler.cuda_graph_sizes", "every CUDA-graph batch size must be >= 1"]),
 ])
 def test_errors_name_the_key_and_line(edit, needles):
     text = GOOD.replace(*edit)

@@ -16,7 +16,8 @@ from infercast.data.database import PerfData
 from infercast.errors import NotAvailableError
 from infercast.interp.provenance import Prov
 from infercast.ops.base import DatabaseMode, OpDB, despike
-from infercast.ops.dsa import EAGER_RATIO, MODULE_STEP_OFFSET, clean_generation, graph_rows, resolve_dsa
+from infercast.ops.dsa import MODULE_STEP_OFFSET, clean_generation, resolve_dsa
+from infercast.ops.module_tables import EAGER_RATIO, graph_rows
 
 GLM5 = dict(hidden=6144, q_lora_rank=2048, kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256)
 DSV32 = dict(hidden=7168, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)

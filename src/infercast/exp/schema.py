@@ -38,6 +38,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 Backend = Literal["trtllm", "vllm", "sglang"]
 
 
+def _each_at_least_one(values: list[int] | None, what: str) -> list[int] | None:
+    """``values`` unchanged when absent or every entry is >= 1; else a ValueError naming ``what``."""
+    if values is not None and any(x < 1 for x in values):
+        raise ValueError(f"every {what} must be >= 1")
+    return values
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -127,9 +134,7 @@ class Scheduler(_Strict):
     @field_validator("cuda_graph_sizes")
     @classmethod
     def _graph_sizes(cls, v):
-        if v is not None and any(b < 1 for b in v):
-            raise ValueError("every CUDA-graph batch size must be >= 1")
-        return v
+        return _each_at_least_one(v, "CUDA-graph batch size")
 
     def overrides(self) -> dict:
         """{SchedulerParams field: value} of the settings given."""
@@ -189,9 +194,7 @@ class Experiment(_Strict):
     @field_validator("concurrency")
     @classmethod
     def _positive_concurrency(cls, v):
-        if v is not None and any(c < 1 for c in v):
-            raise ValueError("every concurrency must be >= 1")
-        return v
+        return _each_at_least_one(v, "concurrency")
 
     @model_validator(mode="after")
     def _one_of_each(self):

@@ -43,7 +43,8 @@ from dataclasses import asdict, dataclass, replace
 from ..data.model_configs import ModelConfig
 from ..data.quant import KV_BYTES, WEIGHT_BYTES
 from ..errors import InvalidConfigError, InvalidInputError
-from .plan import MOE_DISTRIBUTION, Fusions, ParallelConfig, Plan, PlanOp, SpecDecode, _applied, _dense_ffn_ops, _ends
+from .plan import (Fusions, ParallelConfig, Plan, PlanOp, SpecDecode, _applied, _ends,
+                   _moe_block_ops, require_mtp_layers)
 from .spec import ModelSpec, MoESpec, QuantSpec, _int_field, vision_params
 
 FAMILY = "deepseek_v4"
@@ -228,25 +229,7 @@ def _layer_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions, ratios, r
             PlanOp("ffn_norm", "elementwise", n, params={"bytes_per_token": h * 2 * 3})]
     if router_layers:
         ops.append(PlanOp("router_gemm", "gemm", router_layers, params={"n": m.experts, "k": h, "quant": "bfloat16"}))
-    adp = par.attention_dp
-    a2a = adp > 1 and par.ep > 1 and par.moe_comm == "alltoall"
-    moe_quant = q.moe or q.gemm
-    if a2a:
-        ops.append(PlanOp("moe_dispatch", "moe_dispatch", n, params={"hidden": h, "topk": m.topk, "experts": m.experts,
-                                                                     "ep": par.ep, "quant": moe_quant}))
-    elif adp > 1:
-        ops.append(PlanOp("moe_allgather", "allgather", n, params={"elements_per_token": h * adp, "group": par.width}))
-    fuse = fusions.shared_experts
-    ops.append(PlanOp("moe_experts", "moe", n, params={
-        "quant": moe_quant, "hidden": h, "inter": m.inter, "topk": m.topk, "experts": m.experts, "moe_tp": par.etp,
-        "moe_ep": par.ep, "gated": True, "tokens_multiplier": adp * ((m.topk + 1) / m.topk if fuse else 1.0),
-        "distribution": MOE_DISTRIBUTION}))
-    if m.shared_inter and not fuse:
-        ops += _dense_ffn_ops("shared_", n, h, m.shared_inter // tp, q.shared_expert_gemm, fusions)
-    if adp > 1 and not a2a:
-        ops.append(PlanOp("moe_reduce_scatter", "reduce_scatter", n, params={"elements_per_token": h * adp, "group": par.width}))
-    elif tp > 1:
-        ops.append(PlanOp("moe_allreduce", "allreduce", n, params={"elements_per_token": h, "group": tp}))
+    ops += _moe_block_ops(n, h, m, par, q, fusions, True)
     return ops
 
 
@@ -269,9 +252,7 @@ def dsv4_plan(spec: ModelSpec, par: ParallelConfig, spec_decode: SpecDecode | No
     sd = spec_decode or SpecDecode()
     sd.check()
     if sd.nextn:
-        if spec.mtp_layers <= 0:
-            raise InvalidConfigError(f"{spec.resolved_id} ships no MTP layers (num_nextn_predict_layers is 0)",
-                                     "MTP speculative decoding needs the checkpoint's next-n prediction layers")
+        require_mtp_layers(spec)
         ratios = (d.mtp_ratios[0],) * sd.nextn  # the engines reuse the first MTP layer for every draft
         draft = [PlanOp("proj", "gemm", sd.nextn, params={"n": spec.hidden, "k": 2 * spec.hidden, "quant": spec.quant.gemm})]
         draft += _layer_ops(spec, par, fusions, ratios, sd.nextn)

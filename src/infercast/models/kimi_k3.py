@@ -65,8 +65,8 @@ from dataclasses import asdict, dataclass, replace
 from ..data.model_configs import ModelConfig
 from ..data.quant import WEIGHT_BYTES
 from ..errors import InvalidConfigError, InvalidInputError, UnsupportedModelError
-from .plan import (MOE_DISTRIBUTION, Fusions, ParallelConfig, Plan, PlanOp, SpecDecode, _applied, _dense_ffn_ops, _ends,
-                   _fused_input, _with_mtp)
+from .plan import (Fusions, ParallelConfig, Plan, PlanOp, SpecDecode, _applied, _dense_ffn_ops, _ends,
+                   _fused_input, _moe_experts_op, _moe_gather_ops, _moe_scatter_ops, _with_mtp)
 from .spec import MLASpec, ModelSpec, MoESpec, _first, _int_field, infer_quant, vision_params
 
 FAMILY = "kimi_k3"
@@ -281,23 +281,14 @@ def _moe_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions) -> list[Pla
     n, tp = spec.num_layers - e.first_dense_layers, par.tp
     width = k.moe_latent or h
     adp = par.attention_dp
-    a2a = adp > 1 and par.ep > 1 and par.moe_comm == "alltoall"
     ops = [_gemm("router_gemm", n, e.experts, h, "bfloat16")]
     if k.moe_latent:
         ops.append(_gemm("moe_latent_down", n, width, h, LATENT_GEMM_QUANT))
         if k.latent_norm:
             ops.append(PlanOp("moe_latent_norm", "elementwise", n, params={"bytes_per_token": width * 2 * 3}))
-    if a2a:
-        ops.append(PlanOp("moe_dispatch", "moe_dispatch", n,
-                          params={"hidden": width, "topk": e.topk, "experts": e.experts, "ep": par.ep, "quant": q.moe or q.gemm}))
-    elif adp > 1:
-        ops.append(PlanOp("moe_allgather", "allgather", n, params={"elements_per_token": width * adp, "group": par.width}))
-    ops.append(PlanOp("moe_experts", "moe", n,
-                      params={"quant": q.moe or q.gemm, "hidden": width, "inter": e.inter, "topk": e.topk,
-                              "experts": e.experts, "moe_tp": par.etp, "moe_ep": par.ep, "gated": True,
-                              "tokens_multiplier": float(adp), "distribution": MOE_DISTRIBUTION}))
-    if adp > 1 and not a2a:
-        ops.append(PlanOp("moe_reduce_scatter", "reduce_scatter", n, params={"elements_per_token": width * adp, "group": par.width}))
+    ops += _moe_gather_ops(n, width, e, par, q.moe or q.gemm)
+    ops.append(_moe_experts_op(n, width, e, par, q.moe or q.gemm, True, float(adp)))
+    ops += _moe_scatter_ops(n, width, par)
     if k.moe_latent:
         ops.append(_gemm("moe_latent_up", n, h, width, LATENT_GEMM_QUANT))
     if e.shared_inter:

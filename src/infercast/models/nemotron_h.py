@@ -43,8 +43,8 @@ from dataclasses import asdict, dataclass, replace
 from ..data.model_configs import ModelConfig
 from ..data.quant import WEIGHT_BYTES
 from ..errors import InvalidConfigError, InvalidInputError
-from .plan import (MOE_DISTRIBUTION, Fusions, ParallelConfig, Plan, PlanOp, SpecDecode, _applied, _ends, _fused_input,
-                   kv_heads_per_gpu)
+from .plan import (Fusions, ParallelConfig, Plan, PlanOp, SpecDecode, _applied, _ends, _fused_input,
+                   _moe_experts_op, _moe_gather_ops, _moe_scatter_ops, kv_heads_per_gpu, require_mtp_layers)
 from .spec import ModelSpec, MoESpec, QuantSpec, _int_field, infer_quant, vision_params
 
 FAMILY = "nemotron_h"
@@ -339,20 +339,11 @@ def _block_ops(kind: str, count: int, spec: ModelSpec, par: ParallelConfig, fusi
         width = m.moe_latent or h
         ops = [_gemm("router_gemm", count, e.experts, h, "bfloat16")]
         adp = par.attention_dp
-        a2a = adp > 1 and par.ep > 1 and par.moe_comm == "alltoall"
         if m.moe_latent:
             ops.append(_gemm("moe_latent_down", count, width, h, q.gemm))
-        if a2a:
-            ops.append(PlanOp("moe_dispatch", "moe_dispatch", count,
-                              params={"hidden": width, "topk": e.topk, "experts": e.experts, "ep": par.ep, "quant": q.moe or q.gemm}))
-        elif adp > 1:
-            ops.append(PlanOp("moe_allgather", "allgather", count, params={"elements_per_token": width * adp, "group": par.width}))
-        ops.append(PlanOp("moe_experts", "moe", count,
-                          params={"quant": q.moe or q.gemm, "hidden": width, "inter": e.inter, "topk": e.topk,
-                                  "experts": e.experts, "moe_tp": par.etp, "moe_ep": par.ep, "gated": False,
-                                  "tokens_multiplier": float(adp), "distribution": MOE_DISTRIBUTION}))
-        if adp > 1 and not a2a:
-            ops.append(PlanOp("moe_reduce_scatter", "reduce_scatter", count, params={"elements_per_token": width * adp, "group": par.width}))
+        ops += _moe_gather_ops(count, width, e, par, q.moe or q.gemm)
+        ops.append(_moe_experts_op(count, width, e, par, q.moe or q.gemm, False, float(adp)))
+        ops += _moe_scatter_ops(count, width, par)
         if m.moe_latent:
             ops.append(_gemm("moe_latent_up", count, h, width, q.gemm))
         if e.shared_inter:
@@ -401,9 +392,7 @@ def nemotron_h_plan(spec: ModelSpec, par: ParallelConfig, spec_decode: SpecDecod
     sd = spec_decode or SpecDecode()
     sd.check()
     if sd.mtp_steps:
-        if spec.mtp_layers <= 0:
-            raise InvalidConfigError(f"{spec.resolved_id} ships no MTP layers (num_nextn_predict_layers is 0)",
-                                     "MTP speculative decoding needs the checkpoint's next-n prediction layers")
+        require_mtp_layers(spec)
         ops += _stack_ops(spec.mamba.mtp_pattern, spec, par, fusions, prefix="mtp_", times=sd.nextn, phase="decode",
                           exceptions=False)
         head = next(o for o in ops if o.name == "lm_head")

@@ -519,6 +519,75 @@ def _dense_ffn_ops(name: str, count: int, hidden: int, inter_per_gpu: int, quant
     ]
 
 
+def _moe_alltoall(par: ParallelConfig) -> bool:
+    """True when the MoE block moves tokens by all-to-all dispatch (attention-DP > 1, EP > 1 and
+    ``moe_comm == "alltoall"``) rather than an all-gather / reduce-scatter over the replica."""
+    return par.attention_dp > 1 and par.ep > 1 and par.moe_comm == "alltoall"
+
+
+def _moe_gather_ops(count: int, width: int, moe, par: ParallelConfig, quant: str) -> list[PlanOp]:
+    """The communication before the experts: all-to-all dispatch of ``width``-wide tokens, or the
+    all-gather of the replica's attention-DP ranks' tokens, or nothing under pure TP attention."""
+    adp = par.attention_dp
+    if _moe_alltoall(par):
+        return [PlanOp("moe_dispatch", "moe_dispatch", count,
+                       params={"hidden": width, "topk": moe.topk, "experts": moe.experts, "ep": par.ep, "quant": quant})]
+    if adp > 1:
+        return [PlanOp("moe_allgather", "allgather", count, params={"elements_per_token": width * adp, "group": par.width})]
+    return []
+
+
+def _moe_experts_op(count: int, width: int, moe, par: ParallelConfig, quant: str, gated: bool,
+                    tokens_multiplier: float) -> PlanOp:
+    """The routed experts of ``count`` layers: ``width``-wide tokens into ``moe.inter``-wide experts
+    split by the expert TP / EP, over ``tokens_multiplier`` times this rank's tokens, routed with
+    :data:`MOE_DISTRIBUTION`."""
+    return PlanOp("moe_experts", "moe", count,
+                  params={"quant": quant, "hidden": width, "inter": moe.inter, "topk": moe.topk, "experts": moe.experts,
+                          "moe_tp": par.etp, "moe_ep": par.ep, "gated": gated, "tokens_multiplier": tokens_multiplier,
+                          "distribution": MOE_DISTRIBUTION})
+
+
+def _moe_scatter_ops(count: int, width: int, par: ParallelConfig) -> list[PlanOp]:
+    """The reduce-scatter back to the attention-DP ranks after the experts when they were
+    all-gathered (:func:`_moe_gather_ops`); nothing otherwise (the all-to-all's combine is in the
+    dispatch op; the TP all-reduce is the caller's)."""
+    adp = par.attention_dp
+    if adp > 1 and not _moe_alltoall(par):
+        return [PlanOp("moe_reduce_scatter", "reduce_scatter", count, params={"elements_per_token": width * adp, "group": par.width})]
+    return []
+
+
+def _moe_block_ops(count: int, hidden: int, moe, par: ParallelConfig, quant, fusions: Fusions, gated: bool) -> list[PlanOp]:
+    """The MoE block of ``count`` layers after the router, on ``hidden``-wide tokens: the gather
+    (:func:`_moe_gather_ops`), the routed experts (over ``attention_dp`` times this rank's tokens,
+    plus one expert's share per token when ``fusions.shared_experts`` folds the shared expert into
+    the expert kernel), the shared expert as a dense MLP split over attention TP when not folded,
+    then the reduce-scatter (:func:`_moe_scatter_ops`) or, without one, the TP all-reduce.
+    ``quant`` is the model's :class:`~infercast.models.spec.QuantSpec`."""
+    tp, adp, fuse = par.tp, par.attention_dp, fusions.shared_experts
+    moe_quant = quant.moe or quant.gemm
+    ops = _moe_gather_ops(count, hidden, moe, par, moe_quant)
+    ops.append(_moe_experts_op(count, hidden, moe, par, moe_quant, gated,
+                               adp * ((moe.topk + 1) / moe.topk if fuse else 1.0)))
+    if moe.shared_inter and not fuse:
+        ops += _dense_ffn_ops("shared_", count, hidden, moe.shared_inter // tp, quant.shared_expert_gemm, fusions)
+    scatter = _moe_scatter_ops(count, hidden, par)
+    ops += scatter
+    if not scatter and tp > 1:
+        ops.append(PlanOp("moe_allreduce", "allreduce", count, params={"elements_per_token": hidden, "group": tp}))
+    return ops
+
+
+def require_mtp_layers(spec: ModelSpec) -> None:
+    """Refuse MTP speculative decoding for a checkpoint without next-n prediction layers."""
+    if spec.mtp_layers <= 0:
+        raise InvalidConfigError(
+            f"{spec.resolved_id} ships no MTP layers (num_nextn_predict_layers is 0)",
+            "MTP speculative decoding needs the checkpoint's next-n prediction layers",
+        )
+
+
 def _ends(spec: ModelSpec, par: ParallelConfig) -> list[PlanOp]:
     tp, h = par.tp, spec.hidden
     ops = [
@@ -561,7 +630,6 @@ def moe_plan(spec: ModelSpec, par: ParallelConfig, fusions: Fusions | None = Non
     par.check(spec)
     fusions = _applied(fusions, spec, par)
     m = spec.moe
-    fuse_shared = fusions.shared_experts
     tp, L, h = par.tp, spec.num_layers, spec.hidden
     q = spec.quant
     moe_layers = L - m.first_dense_layers
@@ -571,27 +639,7 @@ def moe_plan(spec: ModelSpec, par: ParallelConfig, fusions: Fusions | None = Non
         if tp > 1:
             ops.append(PlanOp("dense_ffn_allreduce", "allreduce", m.first_dense_layers, params={"elements_per_token": h, "group": tp}))
     ops.append(PlanOp("router_gemm", "gemm", moe_layers, params={"n": m.experts, "k": h, "quant": "bfloat16"}))
-    adp = par.attention_dp
-    a2a = adp > 1 and par.ep > 1 and par.moe_comm == "alltoall"
-    if a2a:
-        ops.append(PlanOp("moe_dispatch", "moe_dispatch", moe_layers,
-                          params={"hidden": h, "topk": m.topk, "experts": m.experts, "ep": par.ep,
-                                  "quant": q.moe or q.gemm}))
-    elif adp > 1:
-        ops.append(PlanOp("moe_allgather", "allgather", moe_layers, params={"elements_per_token": h * adp, "group": par.width}))
-    ops.append(PlanOp(
-        "moe_experts", "moe", moe_layers,
-        params={"quant": q.moe or q.gemm, "hidden": h, "inter": m.inter, "topk": m.topk, "experts": m.experts,
-                "moe_tp": par.etp, "moe_ep": par.ep, "gated": m.gated,
-                "tokens_multiplier": adp * ((m.topk + 1) / m.topk if fuse_shared else 1.0),
-                "distribution": MOE_DISTRIBUTION},
-    ))
-    if m.shared_inter and not fuse_shared:
-        ops += _dense_ffn_ops("shared_", moe_layers, h, m.shared_inter // tp, q.shared_expert_gemm, fusions)
-    if adp > 1 and not a2a:
-        ops.append(PlanOp("moe_reduce_scatter", "reduce_scatter", moe_layers, params={"elements_per_token": h * adp, "group": par.width}))
-    elif tp > 1:
-        ops.append(PlanOp("moe_allreduce", "allreduce", moe_layers, params={"elements_per_token": h, "group": tp}))
+    ops += _moe_block_ops(moe_layers, h, m, par, q, fusions, m.gated)
     return Plan(spec, par, tuple(ops + _ends(spec, par)), fusions=fusions)
 
 
@@ -628,11 +676,7 @@ def _with_mtp(plan: Plan, sd: SpecDecode) -> Plan:
     sd.check()
     if sd.mtp_steps == 0:
         return replace(plan, spec_decode=sd)
-    if plan.model.mtp_layers <= 0:
-        raise InvalidConfigError(
-            f"{plan.model.resolved_id} ships no MTP layers (num_nextn_predict_layers is 0)",
-            "MTP speculative decoding needs the checkpoint's next-n prediction layers",
-        )
+    require_mtp_layers(plan.model)
     L = plan.model.num_layers
     moe_layers = L - (plan.model.moe.first_dense_layers if plan.model.moe else 0)
     gdn = plan.model.gdn

@@ -53,7 +53,7 @@ DeepSeek-V3.2's / GLM-5's ``max_position_embeddings - 1``); TRT-LLM's caches ``s
 decoded token ("generation caches only seq_len - 1"). ``MODULE_STEP_OFFSET`` shifts each axis so
 that the grid's ``step`` is always tokens already cached.
 
-*Decode-curve cleanup* (:func:`graph_rows`, :func:`clean_generation`, each noted when it acts):
+*Decode-curve cleanup* (:func:`~infercast.ops.module_tables.graph_rows`, :func:`clean_generation`, each noted when it acts):
 batch rows timed without CUDA graph (SGLang's collector goes eager above its 1-GPU
 ``cuda_graph_max_bs``: batch >= 512 on h200, 1024 on b200/b300) are dropped, so larger batches
 hold graph-mode utilisation; steps collected at batch 1 only are interpolated along step within
@@ -77,9 +77,10 @@ from ..errors import InvalidInputError, NotAvailableError
 from ..interp.grid import Grid
 from ..interp.provenance import Prov
 from ..interp.transfer import choose_sites, transfer_grid
-from .base import DatabaseMode, OpDB, Resolved, fill_missing, merge_kernels, sites_and_curves, sol_resolved
+from .base import DatabaseMode, OpDB, Resolved, fill_missing, sol_resolved
 from .empirical import empirical_resolved
 from .mla import MLADims, model_dims as _model_dims, mla_sol_fn
+from .module_tables import EAGER_RATIO, module_curves, narrow_module_rows, nearest_tp_rows
 
 PHASES = ("context", "generation")
 MODULE_STEMS = {"context": "dsa_context_module", "generation": "dsa_generation_module"}
@@ -209,39 +210,16 @@ def _lattice(db: OpDB, phase: str, pick: _Pick, kv_quant: str, tp: int, dims: ML
     if pick.model:
         base &= table.keys["model"] == pick.model
     base &= (table.keys["gemm_type"] == pick.gemm_type) & (table.keys["kv_cache_dtype"] == kv_quant)
-    if table.has("mla_dtype"):  # bf16 attention compute (every collected row today)
-        mdts = sorted(set(table.keys["mla_dtype"][base].tolist()), key=lambda v: (v != "bfloat16", v))
-        base &= table.keys["mla_dtype"] == mdts[0]
+    base = narrow_module_rows(table, base, phase)  # bf16 attention compute; context: no cached prefix
     if phase == "generation" and table.has("isl"):
         base &= table.keys["isl"] == 1
-    if phase == "context" and table.has("step"):
-        base &= table.keys["step"] == table.keys["step"][base].min()  # no cached prefix
     notes = list(pick.notes)
-    site_tp: dict[int, int] = {}
-    if table.has("tp_size"):
-        keep = np.zeros_like(base)
-        heads_col = table.keys["num_heads"]
-        for h in sorted(set(heads_col[base].tolist())):
-            hm = base & (heads_col == h)
-            tps = sorted(set(table.keys["tp_size"][hm].tolist()))
-            best = min(tps, key=lambda t: (abs(math.log2(t / tp)), t))
-            site_tp[int(h)] = int(best)
-            keep |= hm & (table.keys["tp_size"] == best)
-        base = keep
-    curve = ("batch_size", "isl") if phase == "context" else ("batch_size", "step")
-    mask, kernels = merge_kernels(table, base, ("num_heads",) + curve, db.backend)
-    sites, curves = sites_and_curves(table, mask, ("num_heads",), curve)
+    base, site_tp = nearest_tp_rows(table, base, tp)
+    off = MODULE_STEP_OFFSET.get(db.backend, DEFAULT_MODULE_STEP_OFFSET)
+    sites, curves, kernels, dropped = module_curves(table, base, phase, db.backend, off)
     if phase == "generation":
-        off = MODULE_STEP_OFFSET.get(db.backend, DEFAULT_MODULE_STEP_OFFSET)
         if off:
-            curves = {s: ((ax[0], ax[1] - off), v) for s, (ax, v) in curves.items()}
             notes.append(f"{stem} step counts the decoded token ({db.backend} collector): looked up at step+{off}")
-        dropped = {}
-        for s_, (ax, v) in list(curves.items()):
-            keep = graph_rows(v)
-            if keep < len(ax[0]):
-                dropped[int(sites[s_][0])] = int(ax[0][keep])
-                curves[s_] = ((ax[0][:keep], ax[1]), v[:keep])
         if dropped:
             first = sorted(set(dropped.values()))
             notes.append(f"decode rows from batch {'/'.join(map(str, first))} up were timed without CUDA graph (collector's "
@@ -255,23 +233,6 @@ def _lattice(db: OpDB, phase: str, pick: _Pick, kv_quant: str, tp: int, dims: ML
 
 #: relative wobble along a decode row treated as noise by :func:`clean_generation`
 NOISE = 1.10
-
-#: a decode batch row whose latency is this many times the next smaller batch's (median over the
-#: steps both measured) is an eager run: doubling the batch cannot cost 4x under the same graph
-EAGER_RATIO = 4.0
-
-
-def graph_rows(vals: np.ndarray) -> int:
-    """Number of leading batch rows (first axis) timed under CUDA graph: rows are cut from the
-    first one that jumps more than ``EAGER_RATIO`` over its predecessor. SGLang's collector mirrors
-    its own ``cuda_graph_max_bs`` for a 1-GPU server (256 on h200, 512 on b200/b300) and times the
-    batches above it eagerly: GLM-5 heads=8 decode at batch 512 on h200 takes 1.31 ms at every
-    step <= 512 against 0.10-0.15 ms at batch 256."""
-    for i in range(1, vals.shape[0]):
-        both = ~np.isnan(vals[i]) & ~np.isnan(vals[i - 1])
-        if both.any() and np.median(vals[i][both] / vals[i - 1][both]) > EAGER_RATIO:
-            return i
-    return vals.shape[0]
 
 
 def clean_generation(vals: np.ndarray):

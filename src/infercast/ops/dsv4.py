@@ -45,7 +45,7 @@ Curves: ``batch x isl`` for context (rows with the smallest ``step``: no cached 
 is taken as the causal share, as for dense attention) and ``batch x step`` for generation, ``step``
 = tokens already cached; vLLM's generation ``step`` counts the decoded token and is shifted by
 :data:`infercast.ops.dsa.MODULE_STEP_OFFSET`. Generation curves get the DSA cleanup (eager batch
-rows dropped, noise above a longer-cache point lowered: :func:`infercast.ops.dsa.graph_rows`,
+rows dropped, noise above a longer-cache point lowered: :func:`infercast.ops.module_tables.graph_rows`,
 :func:`~infercast.ops.dsa.clean_generation`). The kernel-level tables of the same family
 (``dsv4_paged_mqa_logits_module``, ``dsv4_csa_topk_calib``, ``dsv4_hca_attn_module``) time pieces
 the module tables already include and are not added.
@@ -70,9 +70,10 @@ from ..interp import sol
 from ..interp.grid import Grid
 from ..interp.provenance import Prov
 from ..interp.transfer import choose_sites, transfer_grid
-from .base import DatabaseMode, OpDB, Resolved, fill_missing, merge_kernels, sites_and_curves, sol_resolved
-from .dsa import DEFAULT_MODULE_STEP_OFFSET, MODULE_STEP_OFFSET, clean_generation, gemm_distance, graph_rows
+from .base import DatabaseMode, OpDB, Resolved, fill_missing, sol_resolved
+from .dsa import DEFAULT_MODULE_STEP_OFFSET, MODULE_STEP_OFFSET, clean_generation, gemm_distance
 from .empirical import empirical_resolved
+from .module_tables import module_curves, narrow_module_rows, nearest_tp_rows
 
 PHASES = ("context", "generation")
 KINDS = ("csa", "hca")
@@ -272,34 +273,15 @@ def _lattice(db: OpDB, kind: str, phase: str, ratio: int, pick, kv_quant: str, t
     mask = _base_mask(table, phase, ratio, kv_quant) & (table.keys["gemm_type"] == gemm_type)
     if model:
         mask &= table.keys["model"] == model
-    if table.has("mla_dtype"):  # bf16 attention compute in every collected row
-        mdts = sorted(set(table.keys["mla_dtype"][mask].tolist()), key=lambda v: (v != "bfloat16", v))
-        mask &= table.keys["mla_dtype"] == mdts[0]
-    if phase == "context" and table.has("step"):
-        mask &= table.keys["step"] == table.keys["step"][mask].min()
+    mask = narrow_module_rows(table, mask, phase)  # bf16 attention compute; context: no cached prefix
     notes = list(pnotes)
-    if table.has("tp_size"):
-        keep = np.zeros_like(mask)
-        heads_col = table.keys["num_heads"]
-        for h in sorted(set(heads_col[mask].tolist())):
-            hm = mask & (heads_col == h)
-            tps = sorted(set(table.keys["tp_size"][hm].astype(int).tolist()))
-            best = min(tps, key=lambda t: (abs(math.log2(t / tp)), t))
-            keep |= hm & (table.keys["tp_size"] == best)
-        mask = keep
-    curve = ("batch_size", "isl") if phase == "context" else ("batch_size", "step")
-    mask, kernels = merge_kernels(table, mask, ("num_heads",) + curve, db.backend)
-    sites, curves = sites_and_curves(table, mask, ("num_heads",), curve)
-    if phase == "generation":
-        off = MODULE_STEP_OFFSET.get(db.backend, DEFAULT_MODULE_STEP_OFFSET)
-        if off:
-            curves = {s: ((ax[0], ax[1] - off), v) for s, (ax, v) in curves.items()}
-            notes.append(f"{st} step counts the decoded token ({db.backend} collector): looked up at step+{off}")
-        for s_, (ax, v) in list(curves.items()):
-            keep = graph_rows(v)
-            if keep < len(ax[0]):
-                notes.append(f"{st} heads={int(sites[s_][0])}: batch rows from {int(ax[0][keep])} up timed eagerly, dropped")
-                curves[s_] = ((ax[0][:keep], ax[1]), v[:keep])
+    mask, _ = nearest_tp_rows(table, mask, tp)
+    off = MODULE_STEP_OFFSET.get(db.backend, DEFAULT_MODULE_STEP_OFFSET)
+    sites, curves, kernels, dropped = module_curves(table, mask, phase, db.backend, off)
+    if phase == "generation" and off:
+        notes.append(f"{st} step counts the decoded token ({db.backend} collector): looked up at step+{off}")
+    for heads, batch in dropped.items():
+        notes.append(f"{st} heads={heads}: batch rows from {batch} up timed eagerly, dropped")
     return _Lattice(st, "+".join(k for k in kernels if k), sites, curves, tuple(notes), gemm_type)
 
 
