@@ -64,6 +64,8 @@ def test_search_over_cp(synth, capsys):
     assert rc == 0, err
     labels = {c["layout"]: c["gpus"] for c in json.loads(out)["candidates"]}
     assert labels["tp1-cp2"] == 2 and labels["tp2-cp2"] == 4 and labels["tp1"] == 1 and "tp4-cp2" not in labels
+    # the candidates carry their cp degree as a field, not only in the label (results.csv filters on it)
+    assert all(c["cp"] == (2 if c["layout"].endswith("-cp2") else 1) for c in json.loads(out)["candidates"])
     for extra, needle in ((("--cp-list", "1,3"), "powers of two"), (("--cp", "2", "--cp-list", "1,2"), "both given"),
                           (("--cp-list", "1,x"), "comma-separated integers")):
         argv = _argv(synth, "search", *extra)

@@ -65,6 +65,9 @@ class Candidate:
     #: part of the energy per output token (J) and its coverage of the GPU time; None: not available
     energy_j_per_token: float | None = None
     energy_coverage: float | None = None
+    #: context-parallel ranks of the layout (the parallel fields' layout: a disaggregated
+    #: candidate's decode layout; its prefill layout's are ``prefill_cp``)
+    cp: int = 1
 
 
 @dataclass
@@ -529,7 +532,8 @@ def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refi
         except InfercastError as exc:
             refuse(res, f"{lay.label}@c{c}", "agg candidate", str(exc), exc)
             return None
-        cand = with_energy(Candidate(*_fields(res, lay.label, est, est.gpus, c, r, r.bound)), est, r, res.osl)
+        cand = with_energy(Candidate(*_fields(res, lay.label, est, est.gpus, c, r, r.bound), cp=int(lay.cp)), est, r,
+                           res.osl)
         res.candidates.append(cand)
         return cand.meets_targets
 
@@ -554,6 +558,7 @@ class DisaggCandidate(Candidate):
     decode_layout: str = ""
     decode_workers: int = 0
     prefill_utilisation: float = 0.0
+    prefill_cp: int = 1
 
 
 #: concurrencies probed inside each bracket per refinement round of a disaggregated search
@@ -723,6 +728,8 @@ class DisaggGroup:
         p = de.plan.parallel
         self._decode_fields = (p.tp, p.pp, p.attention_dp, p.etp, p.ep, de.data.backend, dl.label)
         self._prefill_labels = [pl.label for pl, _ in prefills]
+        self._prefill_cps = [int(pl.cp) for pl, _ in prefills]
+        self._decode_cp = int(dl.cp)
         dnode = de.data.system.node
         for _, pe in prefills:
             node = pe.data.system.node
@@ -802,7 +809,7 @@ class DisaggGroup:
             r.request_latency_ms, r.tokens_per_s_per_gpu, r.tokens_per_s_per_user,
             f"prefill util {r.prefill_utilisation:.2f}", ok, words, backend,
             prefill_layout=self._prefill_labels[i], prefill_workers=pw, decode_layout=dlabel, decode_workers=dw,
-            prefill_utilisation=r.prefill_utilisation,
+            prefill_utilisation=r.prefill_utilisation, cp=self._decode_cp, prefill_cp=self._prefill_cps[i],
         ))
         return ok
 
