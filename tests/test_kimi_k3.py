@@ -118,6 +118,15 @@ def test_plan_shapes_at_tp2():
     assert Plan.from_json(plan.to_json()).ops == plan.ops
 
 
+@pytest.mark.parametrize(("comm", "allreduce"), [("alltoall", True), ("gather", False)])
+def test_attention_dp_with_tp_reduces_the_shared_expert(comm, allreduce):
+    """With attention DP x TP 2, the shared expert is split over the attention TP ranks: its partial
+    sums are all-reduced when the experts' outputs come back by all-to-all (no reduce-scatter),
+    as the MoE plan's block does; with all-gather + reduce-scatter the reduce-scatter sums them."""
+    ops = _ops(build_plan(_spec(), ParallelConfig(tp=2, attention_dp=2, moe_ep=4, moe_comm=comm)))
+    assert ("moe_allreduce" in ops) == allreduce and ("moe_reduce_scatter" in ops) == (not allreduce)
+
+
 def test_low_rank_gate_and_no_attention_residuals():
     ops = _ops(build_plan(_spec(attn_res_block_size=None, linear_attn_config={
         "kda_layers": [1, 2, 3, 5], "full_attn_layers": [4, 6], "num_heads": 4, "head_dim": 16}), ParallelConfig(tp=1)))

@@ -288,12 +288,16 @@ def _moe_ops(spec: ModelSpec, par: ParallelConfig, fusions: Fusions) -> list[Pla
             ops.append(PlanOp("moe_latent_norm", "elementwise", n, params={"bytes_per_token": width * 2 * 3}))
     ops += _moe_gather_ops(n, width, e, par, q.moe or q.gemm)
     ops.append(_moe_experts_op(n, width, e, par, q.moe or q.gemm, True, float(adp)))
-    ops += _moe_scatter_ops(n, width, par)
+    scatter = _moe_scatter_ops(n, width, par)
+    ops += scatter
     if k.moe_latent:
         ops.append(_gemm("moe_latent_up", n, h, width, LATENT_GEMM_QUANT))
     if e.shared_inter:
         ops += _dense_ffn_ops("shared_", n, h, e.shared_inter // tp, q.shared_expert_gemm, fusions)
-    if tp > 1 and not (adp > 1):
+    if tp > 1 and not scatter:
+        # the shared expert's (and, without a reduce-scatter, the block's) partial sums over the
+        # attention TP ranks, as the MoE plan's block (models.plan._moe_block_ops): also with
+        # attention DP when the experts' outputs come back by all-to-all
         ops.append(PlanOp("moe_allreduce", "allreduce", n, params={"elements_per_token": h, "group": tp}))
     return ops
 
