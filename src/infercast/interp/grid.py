@@ -144,6 +144,11 @@ import numpy as np
 from ..errors import NotAvailableError
 from .provenance import Prov
 
+try:  # the ufunc behind np.clip, called without np.clip's Python wrapper (the same values)
+    from numpy._core.umath import clip as _clip
+except ImportError:  # numpy < 2
+    from numpy.core.umath import clip as _clip
+
 LINEAR, LOG, TILE, BATCH = "linear", "log", "tile", "batch"
 SCALE_NAMES = (LINEAR, LOG, TILE, BATCH)
 
@@ -318,11 +323,10 @@ def _edge_exponents(axes, values, sol, borrow: bool, scales: tuple = ()) -> tupl
 
 def _locate(axis: np.ndarray, q: np.ndarray, scale: str):
     """Index of the left neighbour and the weight of the right one (q clamped)."""
-    qc = np.clip(q, axis[0], axis[-1])
+    qc = _clip(q, axis[0], axis[-1])
     if len(axis) == 1:
         return np.zeros(q.shape, dtype=np.intp), np.zeros(q.shape), qc
-    i = np.searchsorted(axis, qc, side="right") - 1
-    i = np.clip(i, 0, len(axis) - 2)
+    i = _clip(axis.searchsorted(qc, side="right") - 1, 0, len(axis) - 2)
     x0, x1 = axis[i], axis[i + 1]
     with np.errstate(divide="ignore", invalid="ignore"):
         if scale == LOG:
