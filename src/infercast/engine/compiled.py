@@ -413,21 +413,29 @@ class CompiledEngine:
             rows, inv = np.unique(rows, return_inverse=True)
             inv = inv.reshape(batch.shape)
         total = 0
+        # per-call invariants of the op loop, computed once (the same arrays each op would build)
+        dec_active = batch > 0
+        dec_b, dec_kv = np.where(dec_active, batch, 1.0), np.maximum(kv - 1.0, 1.0)
+        by_n = {}  # token counts -> (active, the counts with 1 where inactive)
         for c in self.ops:
             if c.op.phase not in ("both", "decode"):
                 continue
             if c.op.kind in ATTENTION_KINDS:  # _generation_attention's values
-                active = batch > 0
-                v = c.resolved[1].grid.latency(np.where(active, batch, 1.0), np.maximum(kv - 1.0, 1.0), refuse=True)
-                v = np.where(active, v * c.op.count, 0.0)
+                v = c.resolved[1].grid.latency(dec_b, dec_kv, refuse=True)
+                v = np.where(dec_active, v * c.op.count, 0.0)
             else:  # _tokenwise's values in a step without prompt tokens
-                n = rows if c.op.phase == "decode" or c.op.tokens != "all" else rows * self.decode_width
-                active = n > 0
+                wide = not (c.op.phase == "decode" or c.op.tokens != "all")
+                hit = by_n.get(wide)
+                if hit is None:
+                    n = rows * self.decode_width if wide else rows
+                    active = n > 0
+                    hit = by_n[wide] = (active, np.where(active, n, 1.0))
+                active, n1 = hit
                 if c.op.kind in ANALYTIC_KINDS:
-                    v = np.where(active, n, 1.0) * c.x_per_token * c.ms_per_unit + c.fixed_ms
+                    v = n1 * c.x_per_token * c.ms_per_unit + c.fixed_ms
                 else:  # a phase-split op reads its generation grid here
                     grid = c.resolved[1 if c.phase_split else 0].grid
-                    v = grid.latency(np.where(active, n, 1.0) * c.x_per_token, refuse=True)
+                    v = grid.latency(n1 * c.x_per_token, refuse=True)
                 v = np.where(active, v * c.op.count, 0.0)
                 if inv is not None:
                     v = v[inv]
