@@ -11,15 +11,19 @@ mean TPOT <= 30 ms) it runs, as whole processes timed by the wall clock, one aft
   reference is imported here.
 
 Printed per case: both wall times and their ratio (infercast / reference; the goal is at most
-1/20), the candidates infercast evaluated and refused, and both top-3s per mode side by side. The
-reference command comes from ``--reference``, else ``$INFERCAST_REFERENCE``, else
-``aiconfigurator`` on ``PATH``, else ``/tmp/refvenv/bin/aiconfigurator``; ``--setup DIR`` first
-creates a virtual environment in DIR and installs ``aiconfigurator==0.12.0`` there.
+1/20), the candidates infercast evaluated and refused, and both top-3s per mode side by side.
+infercast's sources are byte-compiled once before the runs (``compileall``; ``--no-compile`` skips
+it), as an installed package's are, so neither program compiles its sources at start-up when the
+environment sets ``PYTHONDONTWRITEBYTECODE``. The reference command comes from ``--reference``,
+else ``$INFERCAST_REFERENCE``, else ``aiconfigurator`` on ``PATH``, else
+``/tmp/refvenv/bin/aiconfigurator``; ``--setup DIR`` first creates a virtual environment in DIR and
+installs ``aiconfigurator==0.12.0`` there.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import re
@@ -188,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--case", type=int, action="append", help="only these cases (1-based; repeatable)")
     ap.add_argument("--no-reference", action="store_true", help="time infercast only")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--no-compile", action="store_true", help="do not byte-compile infercast's sources first")
     a = ap.parse_args(argv)
     ref = None
     if not a.no_reference:
@@ -196,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             print("search_speed: error: no reference found: give --reference, --setup DIR or --no-reference", file=sys.stderr)
             return 2
     cases = [CASES[i - 1] for i in a.case] if a.case else list(CASES)
+    if not a.no_compile:  # written even under PYTHONDONTWRITEBYTECODE, and read by the timed runs
+        compileall.compile_dir(str(ROOT / "src"), quiet=1)
     rows = [run_case(c, ref, a.repeat) for c in cases]
     if a.json:
         print(json.dumps(rows, indent=1))

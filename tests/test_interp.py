@@ -841,3 +841,19 @@ def test_latency_and_memoised_scalar_equal_the_full_answer(scale):
               lambda b, s: np.asarray(b, float) * np.asarray(s, float) * 1e-4 + 0.1)
     b, s = np.meshgrid([0.5, 1.0, 3.0, 16.0, 20.0], [100.0, 128.0, 700.0, 3000.0], indexing="ij")
     assert g2.latency(b, s).tolist() == g2(b, s)[0].tolist()
+
+
+@pytest.mark.parametrize("scales", [("linear", "linear"), ("log", "log"), ("linear", "log")])
+def test_scalar_inside_a_2d_grid_equals_the_general_path(scales):
+    """Grid.scalar's written-out path for queries inside a 2-D grid gives exactly the latency and
+    provenance of the general scalar path, on grid points, between them and off the grid."""
+    rng = np.random.default_rng(7)
+    a0, a1 = np.array([1.0, 2.0, 8.0, 32.0]), np.array([16.0, 100.0, 1000.0, 4096.0, 8192.0])
+    vals = np.outer(a0, np.sqrt(a1)) * 1e-3 + rng.uniform(0.01, 0.2, (4, 5))
+    prov = rng.integers(0, 3, (4, 5)).astype(np.int8)
+    g = Grid((a0, a1), vals, prov, lambda b, s: np.asarray(b, float) * np.asarray(s, float) * 1e-4 + 0.1, scales=scales)
+    qs = [(float(b), float(s)) for b in [0.5, 1.0, 1.5, 2.0, 7.3, 8.0, 31.9, 32.0, 40.0]
+          for s in [8.0, 16.0, 17.0, 100.0, 555.5, 4096.0, 8000.0, 8192.0, 9000.0]]
+    qs += [(float(b), float(s)) for b, s in zip(rng.uniform(1, 32, 200), rng.uniform(16, 8192, 200))]
+    for b, s in qs:
+        assert g.scalar(b, s) == g._scalar((b, s), False)

@@ -225,3 +225,22 @@ def test_search_cli_fixed_gpus_bad_input(synth, capsys, extra, needle):
     rc = main(_search_argv(synth, *extra))
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("infercast: error: ") and needle in err and "Traceback" not in err
+
+
+def test_serve_agg_replica_memo_answers_what_a_fresh_run_does(real_pack_available):
+    """With attention DP, replica concurrencies that put as many clients on the busiest rank share
+    one kept serving run: each answer equals a fresh one, and changing an answer leaves the kept
+    run alone."""
+    from infercast.api import Estimator, serve_agg_replica
+
+    est = Estimator("Qwen/Qwen3-235B-A22B-FP8", "h200_sxm", "trtllm", tp=1, attention_dp=4, moe_ep=4)
+    memo: dict = {}
+    for c in (5, 6, 8, 5, 9):
+        fresh, per_rank = serve_agg_replica(est, c, 1000, 100)
+        kept, kept_rank = serve_agg_replica(est, c, 1000, 100, memo=memo)
+        assert kept_rank == per_rank
+        assert kept.to_dict() == fresh.to_dict()
+        kept.tokens_per_s_per_gpu = -1.0
+        kept.notes.append("changed by the caller")
+        kept.ttft_parts["wait"] = -1.0
+    assert sorted(memo) == [2, 3]

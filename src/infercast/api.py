@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from dataclasses import asdict, dataclass, field, replace
@@ -651,16 +652,29 @@ def static_energy(est: Estimator, res: StaticResult) -> dict | None:
     return energy(est, res.batch_size, res.isl, res.osl, res.prefix, res.tokens_per_s_per_gpu, kv, w, steps)
 
 
-def serve_agg_replica(est: Estimator, concurrency: int, isl: int, osl: int, params=None):
+def serve_agg_replica(est: Estimator, concurrency: int, isl: int, osl: int, params=None, memo: dict | None = None):
     """:func:`serve_agg` for ``concurrency`` clients of the whole replica: ``(result, clients per
     rank)``. With attention data parallelism the clients spread over the ranks, the busiest rank
     holding ``ceil(concurrency / ranks)`` of them; its latencies stand for every client (the ranks
     step together behind the experts' collectives), and the throughput counts the clients there
-    are: with fewer clients than ranks, some ranks idle."""
+    are: with fewer clients than ranks, some ranks idle.
+
+    ``memo``: a dict the caller keeps for one estimator, ``isl``, ``osl`` and ``params``; the
+    :func:`serve_agg` result of each clients-per-rank count is kept there and a copy of it
+    answered again (replica concurrencies that put as many clients on the busiest rank share it)."""
     c = _int("concurrency", concurrency)
     dp = est.plan.parallel.attention_dp
     per_rank = -(-c // dp)
-    r = serve_agg(est, per_rank, isl, osl, params)
+    if memo is None:
+        r = serve_agg(est, per_rank, isl, osl, params)
+    else:
+        kept = memo.get(per_rank)
+        if kept is None:
+            kept = memo[per_rank] = serve_agg(est, per_rank, isl, osl, params)
+        r = copy.copy(kept)  # the caller may change its result's fields
+        r.notes = list(kept.notes)
+        if kept.ttft_parts is not None:
+            r.ttft_parts = dict(kept.ttft_parts)
     if per_rank * dp != c:
         r.tokens_per_s_per_gpu *= c / (per_rank * dp)
     return r, per_rank

@@ -132,6 +132,10 @@ class CompiledEngine:
         self.decode_width = 1.0 + plan.spec_decode.nextn
         #: output tokens a decoding sequence gains per step on average
         self.tokens_per_step = plan.spec_decode.tokens_per_step
+        self._tw_main = self._tokenwise_rows(self._grid_ops, self._analytic_ops)
+        self._tw_draft = self._tokenwise_rows(self._draft_grid_ops, self._draft_analytic_ops)
+        #: (the generation grid's ``scalar``, count) of each attention op, main model then draft
+        self._gen_attn_rows = tuple((c.resolved[1].grid.scalar, c.op.count) for c in self._attn_ops + self._draft_attn_ops)
         self._tokenwise_memo: dict = {}
         self._context_memo: dict = {}
         self._mixed_memo: dict = {}
@@ -413,21 +417,29 @@ class CompiledEngine:
             rows, inv = np.unique(rows, return_inverse=True)
             inv = inv.reshape(batch.shape)
         total = 0
+        # per-call invariants of the op loop, computed once (the same arrays each op would build)
+        dec_active = batch > 0
+        dec_b, dec_kv = np.where(dec_active, batch, 1.0), np.maximum(kv - 1.0, 1.0)
+        by_n = {}  # token counts -> (active, the counts with 1 where inactive)
         for c in self.ops:
             if c.op.phase not in ("both", "decode"):
                 continue
             if c.op.kind in ATTENTION_KINDS:  # _generation_attention's values
-                active = batch > 0
-                v = c.resolved[1].grid.latency(np.where(active, batch, 1.0), np.maximum(kv - 1.0, 1.0), refuse=True)
-                v = np.where(active, v * c.op.count, 0.0)
+                v = c.resolved[1].grid.latency(dec_b, dec_kv, refuse=True)
+                v = np.where(dec_active, v * c.op.count, 0.0)
             else:  # _tokenwise's values in a step without prompt tokens
-                n = rows if c.op.phase == "decode" or c.op.tokens != "all" else rows * self.decode_width
-                active = n > 0
+                wide = not (c.op.phase == "decode" or c.op.tokens != "all")
+                hit = by_n.get(wide)
+                if hit is None:
+                    n = rows * self.decode_width if wide else rows
+                    active = n > 0
+                    hit = by_n[wide] = (active, np.where(active, n, 1.0))
+                active, n1 = hit
                 if c.op.kind in ANALYTIC_KINDS:
-                    v = np.where(active, n, 1.0) * c.x_per_token * c.ms_per_unit + c.fixed_ms
+                    v = n1 * c.x_per_token * c.ms_per_unit + c.fixed_ms
                 else:  # a phase-split op reads its generation grid here
                     grid = c.resolved[1 if c.phase_split else 0].grid
-                    v = grid.latency(np.where(active, n, 1.0) * c.x_per_token, refuse=True)
+                    v = grid.latency(n1 * c.x_per_token, refuse=True)
                 v = np.where(active, v * c.op.count, 0.0)
                 if inv is not None:
                     v = v[inv]
@@ -462,17 +474,29 @@ class CompiledEngine:
 
     # ---- scalar twins (plain Python, no numpy per call) -----------------------------------------
     @staticmethod
-    def _sum_tokenwise(grid_ops, analytic_ops, tokens: float, seqs: float, context: bool = False) -> float:
+    def _tokenwise_rows(grid_ops, analytic_ops) -> tuple:
+        """The fields :meth:`_sum_tokenwise` reads per op, gathered once: grid ops as (counts all
+        tokens, the grid's ``scalar`` in a step with prompt tokens, without, tokens per unit, count),
+        analytic ops as (counts all tokens, tokens per unit, ms per unit, fixed ms, count)."""
+        grid_rows = tuple((c.op.tokens == "all", c.resolved[0].grid.scalar,
+                           (c.resolved[1] if c.phase_split else c.resolved[0]).grid.scalar, c.x_per_token, c.op.count)
+                          for c in grid_ops)
+        analytic_rows = tuple((c.op.tokens == "all", c.x_per_token, c.ms_per_unit, c.fixed_ms, c.op.count) for c in analytic_ops)
+        return grid_rows, analytic_rows
+
+    @staticmethod
+    def _sum_tokenwise(rows, tokens: float, seqs: float, context: bool = False) -> float:
+        """Sum of the token-wise ops of ``rows`` (:meth:`_tokenwise_rows`) for one step."""
         total = 0.0
-        for c in grid_ops:
-            n = tokens if c.op.tokens == "all" else seqs
+        grid_rows, analytic_rows = rows
+        for every, ctx_scalar, gen_scalar, xpt, count in grid_rows:
+            n = tokens if every else seqs
             if n > 0:
-                r = c.resolved[1] if c.phase_split and not context else c.resolved[0]
-                total += r.grid.scalar(n * c.x_per_token, refuse=True)[0] * c.op.count
-        for c in analytic_ops:
-            n = tokens if c.op.tokens == "all" else seqs
+                total += (ctx_scalar if context else gen_scalar)(n * xpt, refuse=True)[0] * count
+        for every, xpt, ms_per_unit, fixed_ms, count in analytic_rows:
+            n = tokens if every else seqs
             if n > 0:
-                total += (n * c.x_per_token * c.ms_per_unit + c.fixed_ms) * c.op.count
+                total += (n * xpt * ms_per_unit + fixed_ms) * count
         return total
 
     def tokenwise_scalar(self, tokens: float, seqs: float, draft_seqs: float = 0.0, context: bool = False) -> float:
@@ -483,9 +507,9 @@ class CompiledEngine:
         hit = self._tokenwise_memo.get(key)
         if hit is not None:
             return hit
-        total = self._sum_tokenwise(self._grid_ops, self._analytic_ops, tokens, seqs, context)
+        total = self._sum_tokenwise(self._tw_main, tokens, seqs, context)
         if draft_seqs > 0 and (self._draft_grid_ops or self._draft_analytic_ops):
-            total += self._sum_tokenwise(self._draft_grid_ops, self._draft_analytic_ops, draft_seqs, draft_seqs)
+            total += self._sum_tokenwise(self._tw_draft, draft_seqs, draft_seqs)
         return remember(self._tokenwise_memo, key, total)
 
     def context_attention_scalar(self, batch: float, isl: float, prefix: float = 0.0) -> float:
@@ -559,7 +583,7 @@ class CompiledEngine:
             return total + sum(c.resolved[0].grid.scalar(batch * c.x_per_token, refuse=True)[0] * c.op.count
                                for c in self._draft_cp_combine)
         step = max(kv_len - 1.0, 1.0)
-        return sum(c.resolved[1].grid.scalar(batch, step, refuse=True)[0] * c.op.count for c in self._attn_ops + self._draft_attn_ops)
+        return sum(scalar(batch, step, refuse=True)[0] * count for scalar, count in self._gen_attn_rows)
 
     def prefill_scalar(self, batch: float, isl: float, prefix: float = 0.0) -> float:
         tokens = batch * isl if self.cp == 1 else batch * isl / self.cp

@@ -144,6 +144,11 @@ import numpy as np
 from ..errors import NotAvailableError
 from .provenance import Prov
 
+try:  # the ufunc behind np.clip, called without np.clip's Python wrapper (the same values)
+    from numpy._core.umath import clip as _clip
+except ImportError:  # numpy < 2
+    from numpy.core.umath import clip as _clip
+
 LINEAR, LOG, TILE, BATCH = "linear", "log", "tile", "batch"
 SCALE_NAMES = (LINEAR, LOG, TILE, BATCH)
 
@@ -318,11 +323,10 @@ def _edge_exponents(axes, values, sol, borrow: bool, scales: tuple = ()) -> tupl
 
 def _locate(axis: np.ndarray, q: np.ndarray, scale: str):
     """Index of the left neighbour and the weight of the right one (q clamped)."""
-    qc = np.clip(q, axis[0], axis[-1])
+    qc = _clip(q, axis[0], axis[-1])
     if len(axis) == 1:
         return np.zeros(q.shape, dtype=np.intp), np.zeros(q.shape), qc
-    i = np.searchsorted(axis, qc, side="right") - 1
-    i = np.clip(i, 0, len(axis) - 2)
+    i = _clip(axis.searchsorted(qc, side="right") - 1, 0, len(axis) - 2)
     x0, x1 = axis[i], axis[i + 1]
     with np.errstate(divide="ignore", invalid="ignore"):
         if scale == LOG:
@@ -365,6 +369,7 @@ def _blend1(v0: float, v1: float, t: float, scale: str) -> float:
     return v0 * (1.0 - t) + v1 * t
 
 
+_INTERPOLATED = int(Prov.INTERPOLATED)
 SolFn = Callable[..., np.ndarray]
 #: answers a 1-D grid keeps for :meth:`Grid.scalar` (about 100 bytes each)
 SCALAR_MEMO_LIMIT = 50_000
@@ -531,6 +536,27 @@ class Grid:
                     self._scalar_memo.clear()
                 hit = self._scalar_memo[key] = self._scalar(coords, refuse)
             return hit
+        if len(coords) == 2:  # inside a 2-D grid: _scalar's steps written out (the same values)
+            (xa, xb), V = self._py[0], self._py[1]
+            qa, qb = float(coords[0]), float(coords[1])
+            if xa[0] < qa < xa[-1] and xb[0] < qb < xb[-1]:
+                sa, sb = self.scales
+                i = bisect_right(xa, qa) - 1
+                x0 = xa[i]
+                ti = 0.0 if qa == x0 else (math.log(qa / x0) / math.log(xa[i + 1] / x0) if sa == LOG else (qa - x0) / (xa[i + 1] - x0))
+                j = bisect_right(xb, qb) - 1
+                x0 = xb[j]
+                tj = 0.0 if qb == x0 else (math.log(qb / x0) / math.log(xb[j + 1] / x0) if sb == LOG else (qb - x0) / (xb[j + 1] - x0))
+                Vi, Vi1 = V[i], V[i + 1]
+                top = _blend1(Vi[j], Vi1[j], ti, sa)
+                bot = _blend1(Vi[j + 1], Vi1[j + 1], ti, sa)
+                v = _blend1(top, bot, tj, sb)
+                P = self._py[2]
+                if (ti == 0.0 or ti == 1.0) and (tj == 0.0 or tj == 1.0):
+                    p = P[i + 1 if ti == 1.0 else i][j + 1 if tj == 1.0 else j]
+                else:
+                    p = max(P[i][j], P[i + 1][j], P[i][j + 1], P[i + 1][j + 1], _INTERPOLATED)
+                return v, p
         return self._scalar(coords, refuse)
 
     def _scalar(self, coords: tuple, refuse: bool) -> tuple[float, int]:

@@ -524,11 +524,13 @@ def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refi
     from ..api import serve_agg_replica
 
     ok: dict[int, bool | None] = {}
+    # one serving run per clients-per-rank count (with attention DP several concurrencies share one)
+    by_rank: dict = {}
 
     def one(c: int) -> bool | None:
         _count(res, "agg candidate")
         try:
-            r, _ = serve_agg_replica(est, c, res.isl, res.osl, params)
+            r, _ = serve_agg_replica(est, c, res.isl, res.osl, params, memo=by_rank)
         except InfercastError as exc:
             refuse(res, f"{lay.label}@c{c}", "agg candidate", str(exc), exc)
             return None
