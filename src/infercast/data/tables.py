@@ -303,20 +303,33 @@ def _store_cached(file: Path, table: Table) -> None:
             pass
 
 
+#: the measured columns of every table this process has read (path -> column names): lets a
+#: consumer of one measured column (the power of :mod:`infercast.engine.energy`) know, without
+#: reading any file, whether a table it could use was read at all
+COLUMNS_READ: dict[str, frozenset[str]] = {}
+
+
+def column_was_read(name: str) -> bool:
+    """Whether any table this process has read carries the measured column ``name``."""
+    return any(name in cols for cols in COLUMNS_READ.values())
+
+
 @lru_cache(maxsize=256)
 def cached_table(path: Path, stem: str) -> Table:
     """Per-process cache: each file is read at most once; and between processes, its parsed
     arrays in the user's cache directory (:func:`table_cache_dir`), read instead of the parquet
     file while the file keeps its path, size and modification time."""
     path = Path(path)
+    table = None
     file = _cache_file(path, stem)
     if file is not None and file.exists():
         t0 = time.perf_counter()
         table = _load_cached(file, path, stem)
         if table is not None:
             LOAD_STATS[str(path)] = time.perf_counter() - t0
-            return table
-    table = read_table(path, stem)
-    if file is not None:
-        _store_cached(file, table)
+    if table is None:
+        table = read_table(path, stem)
+        if file is not None:
+            _store_cached(file, table)
+    COLUMNS_READ[str(path)] = frozenset(table.values)
     return table

@@ -32,7 +32,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from ..data.database import PerfData
-from ..data.tables import Table
+from ..data.tables import Table, column_was_read
 from ..errors import InfercastError, NotAvailableError
 from ..ops.base import DatabaseMode, OpDB
 from .compiled import ANALYTIC_KINDS, CompiledEngine
@@ -105,29 +105,14 @@ class StepEnergy:
         return self.covered_ms / self.gpu_ms if self.gpu_ms > 0 else 0.0
 
 
-_POWER_DIRS: dict[str, bool] = {}
-
-
-def system_has_power(data: PerfData) -> bool:
-    """Whether any perf table of ``data``'s system (every backend and version) has a power column,
-    read from the parquet footers only; once per system data directory. A system without one has
-    no energy, so :class:`EnergyModel` skips resolving its ops again (the tables of other systems
-    serve only composite module tables, which carry no power in the pack)."""
-    import pyarrow.parquet as pq
-
-    d = data.system.data_dir
-    key = str(d)
-    if key not in _POWER_DIRS:
-        found = False
-        for f in sorted(d.rglob("*_perf.parquet")) if d.is_dir() else ():
-            try:
-                found = POWER in pq.read_schema(f).names
-            except Exception:  # noqa: BLE001  # an unreadable file (LFS pointer, damage) has no power
-                found = False
-            if found:
-                break
-        _POWER_DIRS[key] = found
-    return _POWER_DIRS[key]
+def power_was_read() -> bool:
+    """Whether any perf table this process has read carries a power column
+    (:func:`infercast.data.tables.column_was_read`). An op's energy counts only when it resolves
+    to the very table its latency came from (:func:`_same_path`), and an engine has read every
+    table its ops resolved to by the time its :class:`EnergyModel` is built; so when no table read
+    has power, no op can have measured energy and the model skips resolving its ops again, at no
+    I/O."""
+    return column_was_read(POWER)
 
 
 def _same_path(a, b) -> bool:
@@ -145,7 +130,7 @@ class EnergyModel:
         self.measured: tuple[str, ...] = ()
         self.unmeasured: tuple[str, ...] = tuple(c.name for c in engine.ops)
         self._energy = self._covered = None
-        if engine.db.mode is DatabaseMode.SOL or not system_has_power(engine.db.data):
+        if engine.db.mode is DatabaseMode.SOL or not power_was_read():
             return
         probe = copy(engine)  # the same plan and compiler, reading energy tables
         probe.db = OpDB.shared(EnergyData.of(engine.db.data), DatabaseMode.SILICON)
