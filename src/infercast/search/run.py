@@ -721,6 +721,7 @@ class DisaggGroup:
     def __init__(self, res: SearchResult, prefills: list, dl: Layout, de, params=None, params_decode=None):
         from ..serving.backends import scheduler_params
         from ..serving.disagg import kv_transfer_ms
+        from ..serving.scaled import phase_scaled
 
         self.res, self.prefills, self.dl, self.de = res, prefills, dl, de
         self.pd = params_decode or params or scheduler_params(de.data.backend, de.data.system, de.spec)
@@ -738,8 +739,11 @@ class DisaggGroup:
             # the KV cache leaves the prefill system's nodes and enters the decode system's: the
             # slower link and the longer latency of the two (the same node on one system)
             bw, lat = min(node.inter_node_bw, dnode.inter_node_bw), max(node.p2p_latency_s, dnode.p2p_latency_s)
-            self.solvers.append((pe.engine, params or scheduler_params(pe.data.backend, pe.data.system, pe.spec),
-                                 pe.plan.parallel.attention_dp, kv_transfer_ms(pe.memory.kv_per_token, res.isl, pe.gpus, bw, lat)))
+            pp = params or scheduler_params(pe.data.backend, pe.data.system, pe.spec)
+            # a calibration's GPU-time scales apply to the worker's steps (serving.scaled), as in serve-disagg
+            self.solvers.append((phase_scaled(pe.engine, pp), pp, pe.plan.parallel.attention_dp,
+                                 kv_transfer_ms(pe.memory.kv_per_token, res.isl, pe.gpus, bw, lat)))
+        self.decode_engine = phase_scaled(de.engine, self.pd)
 
     def solve(self, which, pw, dw, c, vectorised: bool = True) -> list:
         """:class:`~infercast.serving.disagg.DisaggResult` per element of the equal-length
@@ -754,13 +758,13 @@ class DisaggGroup:
         gpus = pw * gp[which] + dw * de.gpus
         ddp = de.plan.parallel.attention_dp
         if vectorised:
-            out = solve_disagg_many(self.solvers, de.engine, c.astype(float), res.isl, res.osl, pw, dw, ddp, 1, self.pd,
+            out = solve_disagg_many(self.solvers, self.decode_engine, c.astype(float), res.isl, res.osl, pw, dw, ddp, 1, self.pd,
                                     gpus, which)
         else:
             out = []
             for i, ci, p, d, g in zip(which, c, pw, dw, gpus):
                 eng, pp, pdp, transfer = self.solvers[i]
-                out.append(solve_disagg(eng, de.engine, float(ci), res.isl, res.osl, int(p), int(d), ddp, 1, pp, self.pd,
+                out.append(solve_disagg(eng, self.decode_engine, float(ci), res.isl, res.osl, int(p), int(d), ddp, 1, pp, self.pd,
                                         transfer, int(g), prefill_dp=pdp))
         for r in out:
             r.decode_kv_capacity = de.memory.capacity_for(r.decode_batch) / (res.isl + res.osl)

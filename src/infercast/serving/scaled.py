@@ -14,10 +14,20 @@ from __future__ import annotations
 import numpy as np
 
 
+#: name endings of an engine's timing methods: a wrapper that does not define one of them must not
+#: hand out the wrapped engine's, whose times are unscaled
+_TIMING = ("_ms", "_scalar")
+
+
 class PhaseScaledEngine:
     """``engine`` (a :class:`~infercast.engine.compiled.CompiledEngine` or anything with its step
-    methods) with its prefill and decode GPU times multiplied by ``prefill`` and ``decode``;
-    every other attribute is the wrapped engine's."""
+    methods) with its prefill and decode GPU times multiplied by ``prefill`` and ``decode``.
+
+    The timing methods the serving models call are defined here, scaled; any other timing method
+    of the wrapped engine (a name ending in ``_ms`` or ``_scalar``) is refused with AttributeError
+    rather than answered unscaled, so callers that look a fast path up with ``getattr(engine,
+    name, None)`` fall back to the scaled :meth:`step_ms`. Every other attribute is the wrapped
+    engine's."""
 
     def __init__(self, engine, prefill: float, decode: float):
         self._engine = engine
@@ -25,6 +35,8 @@ class PhaseScaledEngine:
         self._d = float(decode)
 
     def __getattr__(self, name):
+        if name.endswith(_TIMING):
+            raise AttributeError(f"{type(self).__name__} does not scale {name}; use step_ms")
         return getattr(self._engine, name)
 
     def _decode_part(self, dec_batch, dec_kv, dec_pad=0.0):
@@ -43,6 +55,13 @@ class PhaseScaledEngine:
         t = self._engine.mixed_step_ms(ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv)
         dec = float(self._engine.decode_scalar(dec_batch, dec_kv)) if dec_batch > 0 else 0.0
         return self._d * dec + self._p * (t - dec)
+
+    def decode_steps_ms(self, batch, kv_len, pad=0.0):
+        """Decode-only steps for arrays of batches (the wrapped engine's array path), scaled."""
+        fast = getattr(self._engine, "decode_steps_ms", None)
+        if fast is None:
+            return self._d * np.asarray(self._engine.step_ms(dec_batch=batch, dec_kv=kv_len, dec_pad=pad, phase="decode"))
+        return self._d * fast(batch, kv_len, pad)
 
     def decode_scalar(self, batch: float, kv_len: float, pad: float = 0.0) -> float:
         return self._d * self._engine.decode_scalar(batch, kv_len, pad)
