@@ -884,7 +884,10 @@ def cmd_simulate(a) -> int:
             n = 10 * a.concurrency
         w = synthetic(n, isl=a.isl, osl=a.osl, range_ratio=ratio, lengths_from=lengths, rate=a.request_rate,
                       burstiness=a.burstiness, clients=a.concurrency or 0, seed=a.seed, sent_ms=sent, load=load)
-    overrides = _scheduler_overrides(a)
+    # the engine configuration's scheduler settings, then a calibration profile's, under the flags
+    # given (as serve and serve-disagg take them)
+    cal, cal_notes = _calibration(a, a.concurrency)
+    overrides = {**getattr(a, "engine_scheduler", {}), **(cal.overrides() if cal else {}), **_scheduler_overrides(a)}
     progress = sys.stderr.isatty() and len(w) >= 20000
     _refuse_unused_layout_flags(a, disagg=a.prefill_workers is not None or a.decode_workers is not None)
     if a.prefill_workers is not None or a.decode_workers is not None:
@@ -916,6 +919,7 @@ def cmd_simulate(a) -> int:
                                     seed=a.seed)
         gpus, where = a.replicas * est.gpus, f"{a.replicas} x {est.gpus}"
     res.notes.insert(0, w.description)
+    res.notes.extend(getattr(a, "engine_notes", []) + cal_notes)
     if a.out:
         write_out(res, a.out)
     if a.plot:

@@ -76,11 +76,17 @@ class EngineStepTimer:
     attention is tabulated per decode batch size over :data:`_KV_GRID` and interpolated
     (within 0.1% of the engine's value). ``quantum``: prefill chunk and
     prefix lengths are rounded to a multiple of it before costing (1: exact; traces of many
-    distinct lengths run faster with 16 or 32, at well under 1% error on the chunk's time)."""
+    distinct lengths run faster with 16 or 32, at well under 1% error on the chunk's time).
+
+    A calibration's GPU-time scales (``params.prefill_scale`` / ``decode_scale``) split a step as
+    :class:`infercast.serving.scaled.PhaseScaledEngine` does: the decode-only step of its decodes
+    is decode work, the rest of the step prefill work."""
 
     def __init__(self, engine, params, quantum: int = 1):
         self.engine = engine
         self.params = params
+        self.prefill_scale = float(getattr(params, "prefill_scale", 1.0))
+        self.decode_scale = float(getattr(params, "decode_scale", 1.0))
         self.tokens_per_step = float(getattr(engine, "tokens_per_step", 1.0))
         self.decode_width = float(getattr(engine, "decode_width", 1.0))
         self.quantum = max(1, int(quantum))
@@ -115,8 +121,11 @@ class EngineStepTimer:
         gpu = eng.tokenwise_scalar(tokens + rows * self.decode_width, seqs + rows, rows, True)
         for (c, p), b in groups.items():
             gpu += eng.context_attention_scalar(float(b), c, p)
-        if n:
-            gpu += float(np.interp(kv_tokens / n, _KV_GRID, self._gen_table(n)))
+        gen = float(np.interp(kv_tokens / n, _KV_GRID, self._gen_table(n))) if n else 0.0
+        gpu += gen
+        if self.prefill_scale != 1.0 or self.decode_scale != 1.0:
+            dec = eng.tokenwise_scalar(rows * self.decode_width, rows, rows, False) + gen if n else 0.0
+            gpu = self.decode_scale * dec + self.prefill_scale * (gpu - dec)
         return float(self.params.step_ms(gpu, n + seqs))
 
     def _gen_table(self, n: int) -> np.ndarray:
@@ -149,4 +158,4 @@ class EngineStepTimer:
         else:
             x0, x1 = xs[i - 1], xs[i]
             gpu = ys[i - 1] + (ys[i] - ys[i - 1]) * (x - x0) / (x1 - x0)
-        return float(self.params.step_ms(gpu, n))
+        return float(self.params.step_ms(self.decode_scale * gpu, n))
