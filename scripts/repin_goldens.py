@@ -156,15 +156,18 @@ class AggCase:
     concurrency: int
     isl: int
     osl: int
+    prefix: int = 0  # cached prompt tokens shared by every request (serving.prefix)
 
     OUTPUT_KEYS = ("backend_version", "tpot_ms", "ttft_ms")
 
     @property
     def id(self) -> str:
-        return f"agg|{self.engine.tag()}|c{self.concurrency}|isl{self.isl}|osl{self.osl}"
+        s = f"agg|{self.engine.tag()}|c{self.concurrency}|isl{self.isl}|osl{self.osl}"
+        return s + (f"|prefix{self.prefix}" if self.prefix else "")
 
     def inputs(self) -> dict:
-        return {"mode": "agg", **self.engine.inputs(), "concurrency": self.concurrency, "isl": self.isl, "osl": self.osl}
+        out = {"mode": "agg", **self.engine.inputs(), "concurrency": self.concurrency, "isl": self.isl, "osl": self.osl}
+        return {**out, "prefix": self.prefix} if self.prefix else out
 
     def compute(self, ests: Estimators) -> dict:
         from infercast.serving.agg import serve_agg
@@ -172,7 +175,8 @@ class AggCase:
 
         est = ests.get_for(self.engine)
         r = serve_agg(est.engine, self.concurrency, self.isl, self.osl, scheduler_params(self.engine.backend),
-                      est.memory.capacity_for(self.concurrency), est.gpus_per_rank)
+                      est.memory.capacity_for(self.concurrency), est.gpus_per_rank, prefix=self.prefix,
+                      tokens_per_block=est.memory.tokens_per_block)
         return {"backend_version": est.version, "tpot_ms": r.tpot_ms, "ttft_ms": r.ttft_ms}
 
 
@@ -550,6 +554,9 @@ SERVING_CASES += [
                decode_workers=2, prefill_batch=1, concurrency=16, isl=32768, osl=512),
     AggCase(Engine(STEP, "h200_sxm", "vllm", 8), 32, 4000, 500),
     AggCase(Engine(K3, "gb200", "sglang", 8, attention_dp=4, moe_ep=32), 32, 2048, 256),
+    # a shared cached prefix (serve --prefix): attention over it, no prefill of it
+    AggCase(Engine(Q32, "h200_sxm", "vllm", 2), 16, 1000, 500, prefix=2000),
+    AggCase(Engine(V3, "h200_sxm", "trtllm", 8), 32, 1000, 500, prefix=4000),
 ]
 
 INTERVAL_CASES: list = [

@@ -587,19 +587,21 @@ def _check(batch, isl, prefix, isl_name: str = "isl"):
     return b, i, p
 
 
-def serve_agg(est: Estimator, clients_per_rank: int, isl: int, osl: int, params=None):
+def serve_agg(est: Estimator, clients_per_rank: int, isl: int, osl: int, params=None, prefix: int = 0):
     """Aggregated serving (:func:`infercast.serving.agg.serve_agg`) of one replica of ``est``'s
     layout under a closed-loop benchmark of ``clients_per_rank`` clients on each attention-DP rank:
     a :class:`~infercast.serving.agg.ServingResult`. The rank's KV capacity, the GPUs behind it and
     the replica's attention-DP ranks come from ``est``; scheduler parameters default to the
-    backend's (:func:`infercast.serving.backends.scheduler_params`)."""
+    backend's (:func:`infercast.serving.backends.scheduler_params`). ``prefix``: cached prompt
+    tokens shared by every request (:mod:`infercast.serving.prefix`), before the ``isl`` new ones."""
     from .serving.agg import serve_agg as serve
     from .serving.backends import scheduler_params
     from .serving.sim import DoesNotFitError
 
     clients = _int("clients per rank", clients_per_rank)
     isl, osl = _int("isl", isl), _int("osl", osl)
-    weights_misfit = one_request_misfit(est, isl + osl, strict=False)
+    prefix = _nonneg_int("prefix", prefix)
+    weights_misfit = one_request_misfit(est, isl + osl + prefix, strict=False)
     if weights_misfit:  # say why, as serve_disagg does, rather than "a KV cache of 0 tokens"
         raise DoesNotFitError(f"a replica cannot serve one request: {weights_misfit}",
                               "use more GPUs per replica or a smaller quant")
@@ -607,11 +609,15 @@ def serve_agg(est: Estimator, clients_per_rank: int, isl: int, osl: int, params=
     from .serving.scaled import phase_scaled
 
     res = serve(phase_scaled(est.engine, p), clients, isl, osl, p, est.memory.capacity_for(clients),
-                est.gpus_per_rank, ranks=est.plan.parallel.attention_dp)
-    batch, chunk, prefix = _largest_prefill_step(p, isl, clients)
-    res.notes = est.serving_beyond_notes(prefill_batch=batch, prefill_isl=chunk, prefill_prefix=prefix,
+                est.gpus_per_rank, ranks=est.plan.parallel.attention_dp, prefix=prefix,
+                tokens_per_block=est.memory.tokens_per_block)
+    batch, chunk, before = _largest_prefill_step(p, isl, clients)
+    res.notes = est.serving_beyond_notes(prefill_batch=batch, prefill_isl=chunk, prefill_prefix=before + prefix,
                                          ttft_factor=_prefill_share_of_ttft(res), decode_batch=res.decode_batch,
-                                         isl=isl, osl=osl, tpot_ms=res.tpot_ms)
+                                         isl=isl + prefix, osl=osl, tpot_ms=res.tpot_ms)
+    if prefix:
+        res.notes.append(f"every request starts with the same {prefix} cached prompt tokens (a warm prefix cache: "
+                         "attention over them, no prefill of them, held once per rank's KV cache)")
     return res
 
 
@@ -652,7 +658,8 @@ def static_energy(est: Estimator, res: StaticResult) -> dict | None:
     return energy(est, res.batch_size, res.isl, res.osl, res.prefix, res.tokens_per_s_per_gpu, kv, w, steps)
 
 
-def serve_agg_replica(est: Estimator, concurrency: int, isl: int, osl: int, params=None, memo: dict | None = None):
+def serve_agg_replica(est: Estimator, concurrency: int, isl: int, osl: int, params=None, memo: dict | None = None,
+                      prefix: int = 0):
     """:func:`serve_agg` for ``concurrency`` clients of the whole replica: ``(result, clients per
     rank)``. With attention data parallelism the clients spread over the ranks, the busiest rank
     holding ``ceil(concurrency / ranks)`` of them; its latencies stand for every client (the ranks
@@ -661,16 +668,17 @@ def serve_agg_replica(est: Estimator, concurrency: int, isl: int, osl: int, para
 
     ``memo``: a dict the caller keeps for one estimator, ``isl``, ``osl`` and ``params``; the
     :func:`serve_agg` result of each clients-per-rank count is kept there and a copy of it
-    answered again (replica concurrencies that put as many clients on the busiest rank share it)."""
+    answered again (replica concurrencies that put as many clients on the busiest rank share it).
+    ``prefix``: as :func:`serve_agg`'s."""
     c = _int("concurrency", concurrency)
     dp = est.plan.parallel.attention_dp
     per_rank = -(-c // dp)
     if memo is None:
-        r = serve_agg(est, per_rank, isl, osl, params)
+        r = serve_agg(est, per_rank, isl, osl, params, prefix)
     else:
         kept = memo.get(per_rank)
         if kept is None:
-            kept = memo[per_rank] = serve_agg(est, per_rank, isl, osl, params)
+            kept = memo[per_rank] = serve_agg(est, per_rank, isl, osl, params, prefix)
         r = copy.copy(kept)  # the caller may change its result's fields
         r.notes = list(kept.notes)
         if kept.ttft_parts is not None:
@@ -706,6 +714,7 @@ def serve_disagg(
     prefill_batch: int = 1,
     params_prefill=None,
     params_decode=None,
+    prefix: int = 0,
 ):
     """Disaggregated serving (:mod:`infercast.serving.disagg`) of ``prefill_workers`` copies of
     the ``prefill`` estimator's layout and ``decode_workers`` of ``decode``'s, under a closed-loop
@@ -719,20 +728,24 @@ def serve_disagg(
     holds); the model does not cap the decode batch by it (it is reported, and ``infercast
     serve-disagg`` warns when the decode batch exceeds it: the memory model is conservative, and
     measured deployments run where it leaves no room). A worker whose weights alone exceed its
-    GPUs' memory is refused (:class:`~infercast.serving.sim.DoesNotFitError`)."""
+    GPUs' memory is refused (:class:`~infercast.serving.sim.DoesNotFitError`). ``prefix``: cached
+    prompt tokens shared by every request (:mod:`infercast.serving.prefix`): both workers attend
+    to them and hold them once per rank; only the ``isl`` new tokens' KV cache moves."""
     from .serving.backends import scheduler_params
     from .serving.disagg import kv_transfer_ms, solve_disagg
+    from .serving.prefix import prefixed, shared_prefix_capacity
     from .serving.sim import DoesNotFitError
 
     for name, v in (("concurrency", concurrency), ("isl", isl), ("osl", osl), ("prefill_workers", prefill_workers),
                     ("decode_workers", decode_workers), ("prefill_batch", prefill_batch)):
         _int(name, v)
+    prefix = _nonneg_int("prefix", prefix)
     if (prefill.data.system.name, prefill.data.backend, prefill.spec.model_id) != (
             decode.data.system.name, decode.data.backend, decode.spec.model_id):
         raise InvalidInputError("prefill and decode workers must serve the same model on the same system and backend",
                                 f"got {prefill.spec.model_id} on {prefill.data.system.name} ({prefill.data.backend}) and "
                                 f"{decode.spec.model_id} on {decode.data.system.name} ({decode.data.backend})")
-    for role, est, tokens in (("prefill", prefill, isl), ("decode", decode, isl + osl)):
+    for role, est, tokens in (("prefill", prefill, isl + prefix), ("decode", decode, isl + osl + prefix)):
         # only what cannot run at all: the memory account is conservative, and measured
         # deployments run where it leaves no KV room (the capacities are reported, the CLI warns)
         why = one_request_misfit(est, tokens, strict=False)
@@ -748,19 +761,25 @@ def serve_disagg(
     from .serving.scaled import phase_scaled
 
     res = solve_disagg(
-        phase_scaled(prefill.engine, pp), phase_scaled(decode.engine, pd), float(concurrency), isl, osl, prefill_workers, decode_workers,
+        prefixed(phase_scaled(prefill.engine, pp), prefix), prefixed(phase_scaled(decode.engine, pd), prefix),
+        float(concurrency), isl, osl, prefill_workers, decode_workers,
         decode.plan.parallel.attention_dp, prefill_batch, pp, pd, transfer, gpus,
         prefill_dp=prefill.plan.parallel.attention_dp,
     )
-    res.decode_kv_capacity = decode.memory.capacity_for(res.decode_batch) / (isl + osl)
-    res.prefill_kv_capacity = prefill.memory.capacity_for(res.prefill_batch) / isl
-    batch, chunk, prefix = _largest_prefill_step(pp, isl, res.prefill_batch)
-    res.notes = (prefill.serving_beyond_notes(prefill_batch=batch, prefill_isl=chunk, prefill_prefix=prefix,
-                                              ttft_factor=_prefill_share_of_ttft(res), decode_batch=None, isl=isl, osl=osl,
-                                              tpot_ms=res.tpot_ms, phases=("prefill",))
+    res.decode_kv_capacity = shared_prefix_capacity(decode.memory.capacity_for(res.decode_batch), prefix,
+                                                    decode.memory.tokens_per_block) / (isl + osl)
+    res.prefill_kv_capacity = shared_prefix_capacity(prefill.memory.capacity_for(res.prefill_batch), prefix,
+                                                     prefill.memory.tokens_per_block) / isl
+    batch, chunk, before = _largest_prefill_step(pp, isl, res.prefill_batch)
+    res.notes = (prefill.serving_beyond_notes(prefill_batch=batch, prefill_isl=chunk, prefill_prefix=before + prefix,
+                                              ttft_factor=_prefill_share_of_ttft(res), decode_batch=None, isl=isl + prefix,
+                                              osl=osl, tpot_ms=res.tpot_ms, phases=("prefill",))
                  + decode.serving_beyond_notes(prefill_batch=0, prefill_isl=isl, prefill_prefix=0, ttft_factor=0.0,
-                                               decode_batch=res.decode_batch, isl=isl, osl=osl, tpot_ms=res.tpot_ms,
-                                               phases=("decode",)))
+                                               decode_batch=res.decode_batch, isl=isl + prefix, osl=osl,
+                                               tpot_ms=res.tpot_ms, phases=("decode",)))
+    if prefix:
+        res.notes.append(f"every request starts with the same {prefix} cached prompt tokens (warm prefix caches on "
+                         "both workers: attention over them, no prefill of them; only the new tokens' KV cache moves)")
     if res.decode_batch > pd.max_batch_size:
         # the disaggregated model sizes the decode batch by the closed loop alone (module
         # docstring of serving.disagg); the engine's cap on running requests is not applied

@@ -224,6 +224,7 @@ def cmd_serve(a) -> int:
     for name in ("concurrency", "isl", "osl"):
         if getattr(a, name) < 1:
             raise InvalidInputError(f"--{name} must be >= 1, got {getattr(a, name)}")
+    _check_prefix(a)
     # the engine configuration's scheduler settings, then a calibration profile's, under the flags given
     cal, cal_notes = _calibration(a, a.concurrency)
     overrides = {**getattr(a, "engine_scheduler", {}), **(cal.overrides() if cal else {}), **_scheduler_overrides(a)}
@@ -247,9 +248,9 @@ def cmd_serve(a) -> int:
     params = replace(scheduler_params(a.backend, est.data.system, est.spec), **overrides)
     head = {"model": a.model, "system": a.system, "backend": a.backend, "backend_version": est.version,
             "gpus": est.gpus, "layout": est.layout_words, **_layout(est), "concurrency": a.concurrency,
-            "isl": a.isl, "osl": a.osl}
+            "isl": a.isl, "osl": a.osl, "prefix": a.prefix}
     try:
-        res, per_rank = serve_agg_replica(est, a.concurrency, a.isl, a.osl, params)
+        res, per_rank = serve_agg_replica(est, a.concurrency, a.isl, a.osl, params, prefix=a.prefix)
     except DoesNotFitError as exc:
         return _emit(a, _misfit(head, exc), "print_misfit")
     from ..serving.energy import agg_energy, with_scales_note
@@ -258,8 +259,14 @@ def cmd_serve(a) -> int:
     out = {"fits": True, **res.to_dict(), **head, "concurrency_per_rank": per_rank,
            "intervals": intervals_dict(agg_intervals(est, res, concurrency=a.concurrency, isl=a.isl, osl=a.osl)),
            "energy": with_scales_note(agg_energy(est, res, a.osl), params), "scheduler": asdict(params),
-           "notes": est.context_notes(a.isl, a.osl) + res.notes + getattr(a, "engine_notes", []) + cal_notes}
+           "notes": est.context_notes(a.isl, a.osl, a.prefix) + res.notes + getattr(a, "engine_notes", []) + cal_notes}
     return _emit(a, out, "print_serving")
+
+
+def _check_prefix(a) -> None:
+    """``--prefix``: cached prompt tokens per request, 0 or more."""
+    if a.prefix < 0:
+        raise InvalidInputError(f"--prefix is cached prompt tokens per request, 0 or more; got {a.prefix}")
 
 
 def _misfit(head: dict, exc: InfercastError) -> dict:
@@ -289,6 +296,7 @@ def cmd_serve_disagg(a) -> int:
     for name in ("concurrency", "isl", "osl", "prefill_workers", "decode_workers", "prefill_batch"):
         if getattr(a, name) < 1:
             raise InvalidInputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    _check_prefix(a)
     pe, de = _estimator(a, "prefill"), _estimator(a, "decode")
     layout = {
         "prefill": {"workers": a.prefill_workers, "gpus_per_worker": pe.gpus, "layout": pe.layout_words, **_layout(pe)},
@@ -296,7 +304,7 @@ def cmd_serve_disagg(a) -> int:
     }
     head = {"model": a.model, "system": a.system, "backend": a.backend, "backend_version": pe.version,
             "gpus": a.prefill_workers * pe.gpus + a.decode_workers * de.gpus, "concurrency": a.concurrency,
-            "isl": a.isl, "osl": a.osl, **layout}
+            "isl": a.isl, "osl": a.osl, "prefix": a.prefix, **layout}
     cal, cal_notes = _calibration(a, a.concurrency)
     roles = role_overrides(a, {**(cal.overrides() if cal else {}), **_scheduler_overrides(a)})
     pp = replace(scheduler_params(a.backend, pe.data.system, pe.spec), **roles["prefill"])
@@ -304,7 +312,7 @@ def cmd_serve_disagg(a) -> int:
     try:
         res = serve_disagg(pe, de, concurrency=a.concurrency, isl=a.isl, osl=a.osl, prefill_workers=a.prefill_workers,
                            decode_workers=a.decode_workers, prefill_batch=a.prefill_batch,
-                           params_prefill=pp, params_decode=pd)
+                           params_prefill=pp, params_decode=pd, prefix=a.prefix)
     except DoesNotFitError as exc:
         return _emit(a, _misfit(head, exc), "print_misfit")
     from ..serving.energy import disagg_energy, with_scales_note
@@ -312,10 +320,10 @@ def cmd_serve_disagg(a) -> int:
 
     out = {"fits": True, **res.to_dict(), **head,
            "intervals": intervals_dict(disagg_intervals(pe, de, res, concurrency=a.concurrency, isl=a.isl, osl=a.osl)),
-           "energy": with_scales_note(disagg_energy(pe, de, res, a.isl, a.osl, pp, pd), pp, pd),
+           "energy": with_scales_note(disagg_energy(pe, de, res, a.isl, a.osl, pp, pd, a.prefix), pp, pd),
            "scheduler_prefill": asdict(pp),
            "scheduler_decode": asdict(pd),
-           "notes": pe.context_notes(a.isl, a.osl) + res.notes + getattr(a, "engine_notes", []) + cal_notes}
+           "notes": pe.context_notes(a.isl, a.osl, a.prefix) + res.notes + getattr(a, "engine_notes", []) + cal_notes}
     return _emit(a, out, "print_serving_disagg")
 
 
@@ -801,6 +809,11 @@ def cmd_compile(a) -> int:
         print(f"wrote {out}: {surf.size():,} numbers, {len(surf.curves)} curves, {len(surf.sheets)} sheets, "
               f"tolerance {surf.tol:g} against the op-by-op path")
 
+#: ``--prefix`` of serve, serve-disagg, search and recommend (``estimate`` has its own wording)
+PREFIX_HELP = ("cached prompt tokens every request starts with (a shared prefix, e.g. a system prompt, kept warm in "
+               "the engine's prefix cache): attended to, not prefilled, held once per rank; --isl counts the new "
+               "tokens after it (default 0)")
+
 #: the layout flags of :func:`_add_parallel_args` and their defaults
 _LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "attention_dp": 1, "moe_tp": None, "moe_ep": None, "cp": 1}
 
@@ -988,6 +1001,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--concurrency", type=int, required=True, help="closed-loop clients (over the replica's attention-DP ranks)")
     sv.add_argument("--isl", type=int, required=True, help="input sequence length (prompt tokens per request)")
     sv.add_argument("--osl", type=int, required=True, help="output sequence length (tokens generated per request)")
+    sv.add_argument("--prefix", type=int, default=0, help=PREFIX_HELP)
     sv.add_argument("--json", action="store_true", help="print one JSON object")
     add_shortcut_flags(sv, SCHEDULER_FLAGS)
     sv.add_argument("--prefill-scheduling", choices=("mixed", "prefill-first"), default=None,
@@ -1019,6 +1033,7 @@ def build_parser() -> argparse.ArgumentParser:
     sd.add_argument("--concurrency", type=int, required=True, help="closed-loop clients of the whole deployment")
     sd.add_argument("--isl", type=int, required=True, help="input sequence length (prompt tokens per request)")
     sd.add_argument("--osl", type=int, required=True, help="output sequence length (tokens generated per request)")
+    sd.add_argument("--prefix", type=int, default=0, help=PREFIX_HELP)
     sd.add_argument("--json", action="store_true", help="print one JSON object")
     _add_role_settings(sd)
     sd.set_defaults(func=cmd_serve_disagg)

@@ -180,7 +180,7 @@ def print_serving_disagg(d: dict) -> None:
         return f"{plural(x['workers'], 'worker')} x ({x['layout']})"
 
     c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d['backend_version']} · {plural(d['gpus'], 'GPU')} · "
-            f"concurrency {d['concurrency']:.0f} · isl {d['isl']} osl {d['osl']}[/bold]")
+            f"concurrency {d['concurrency']:.0f} · isl {d['isl']} osl {d['osl']}{_prefix(d)}[/bold]")
     c.print(f"prefill: {lay(d['prefill'])}\ndecode:  {lay(d['decode'])}")
     t = Table(show_header=True, header_style="bold")
     for col in ("mean TTFT ms", "mean TPOT ms", "request ms", "tok/s/GPU", "tok/s/user", "decode batch",
@@ -241,10 +241,15 @@ def print_misfit(d: dict) -> None:
     c.print(f"[bold red]does not fit[/bold red]: {escape(d['reason'])}")
 
 
+def _prefix(d: dict) -> str:
+    """`` prefix N`` after the lengths when requests start with cached prompt tokens."""
+    return f" prefix {d['prefix']}" if d.get("prefix") else ""
+
+
 def print_serving(d: dict) -> None:
     c = new_console()
     c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d['backend_version']} · {d['layout']} · "
-            f"concurrency {d['concurrency']} · isl {d['isl']} osl {d['osl']}[/bold]")
+            f"concurrency {d['concurrency']} · isl {d['isl']} osl {d['osl']}{_prefix(d)}[/bold]")
     t = Table(show_header=True, header_style="bold")
     for col in ("mean TTFT ms", "mean TPOT ms", "request ms", "tok/s/GPU", "tok/s/user", "decode batch", "bound"):
         t.add_column(col, justify="right")

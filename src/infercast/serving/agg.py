@@ -365,21 +365,29 @@ def solve_steady(
 
 
 
-def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacity_tokens, gpus, ranks: int = 1) -> ServingResult:
+def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacity_tokens, gpus, ranks: int = 1,
+              prefix: int = 0, tokens_per_block: int = 1) -> ServingResult:
     """Mean TTFT/TPOT a closed-loop benchmark client reports (first wave + steady state).
 
     ``concurrency`` is the clients of one attention-DP rank (of the replica for pure TP), with
     that rank's KV capacity; ``gpus`` the GPUs behind them (``Estimator.gpus_per_rank``), so
     throughput per GPU comes out right for attention-DP layouts too; ``ranks`` the replica's
     attention-DP ranks (the balance hold of the steady state; the first wave starts every rank
-    together, so it holds nothing)."""
+    together, so it holds nothing). ``prefix``: cached prompt tokens every request starts with
+    (:mod:`.prefix`: attention over them in prefill and decode, held once per rank in KV blocks
+    of ``tokens_per_block``, tokenised by the front end); ``isl`` counts the new tokens."""
+    from .prefix import prefixed, shared_prefix_capacity
     from .sim import DoesNotFitError, simulate
 
-    # the replica's front end serves every rank's clients and tokenises each prompt
-    params = params.for_streams(concurrency * ranks, isl)
+    # the replica's front end serves every rank's clients and tokenises each (whole) prompt
+    params = params.for_streams(concurrency * ranks, isl + prefix)
+    if prefix:
+        engine = prefixed(engine, prefix)
+        kv_capacity_tokens = shared_prefix_capacity(kv_capacity_tokens, prefix, tokens_per_block)
     if kv_capacity_tokens < isl + osl:
+        held = f" beside the shared {prefix}-token prefix" if prefix else ""
         raise DoesNotFitError(
-            f"one request of {isl}+{osl} tokens needs more KV cache than a rank has ({int(kv_capacity_tokens)} tokens)",
+            f"one request of {isl}+{osl} tokens needs more KV cache than a rank has{held} ({int(kv_capacity_tokens)} tokens)",
             "weights and reserves leave too little memory; use more GPUs or a smaller quant",
         )
     if not 0.0 < params.kv_length_ratio <= 1.0:
@@ -403,6 +411,10 @@ def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacit
         out.set_percentiles(res.ttft_dist, res.tpot_dist)
         return out
     steady = solve_steady(engine, concurrency, isl, osl, params, kv_capacity_tokens, gpus, ranks=ranks)
+    if prefix and steady.step_mix:  # the shapes as the GPU runs them (energy reads them)
+        from .prefix import with_prefix
+
+        steady.step_mix = {**steady.step_mix, "steps": [(w, with_prefix(sh, prefix)) for w, sh in steady.step_mix["steps"]]}
     k = max(params.requests_per_client, 1.0)
     first = simulate(engine, int(round(concurrency)), isl, osl, params, kv_capacity_tokens, gpus, requests_per_client=1)
     steady.ttft_ms = (first.ttft_ms + (k - 1.0) * steady.ttft_ms) / k

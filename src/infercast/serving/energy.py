@@ -105,24 +105,25 @@ def agg_energy(est, res, osl: int) -> dict:
                          "steady state: the average step's energy over the requests it completes")
 
 
-def disagg_energy(pe, de, res, isl: int, osl: int, params_prefill, params_decode) -> dict:
+def disagg_energy(pe, de, res, isl: int, osl: int, params_prefill, params_decode, prefix: int = 0) -> dict:
     """``serve-disagg``'s energy of a :class:`~infercast.serving.disagg.DisaggResult`: a prompt's
-    share of its prefill batch (or chunks) on ``pe``'s layout and of its decode steps on ``de``'s."""
+    share of its prefill batch (or chunks) on ``pe``'s layout and of its decode steps on ``de``'s
+    (``prefix``: cached prompt tokens before the ``isl`` new ones, :mod:`.prefix`)."""
     pm, dm = EnergyModel.of(pe.engine), EnergyModel.of(de.engine)
     budget = params_prefill.max_num_tokens
     k = max(int(res.prefill_batch), 1)
     if isl <= budget:
-        pre = pm.step(ctx_batch=float(k), ctx_isl=float(isl)).scaled(1.0 / k)
+        pre = pm.step(ctx_batch=float(k), ctx_isl=float(isl), ctx_prefix=float(prefix)).scaled(1.0 / k)
     else:  # one prompt in chunks, each after the ones before it (serving.disagg._PrefillService)
         chunks = math.ceil(isl / budget)
         chunk = isl / chunks
-        pre = pm.step(ctx_batch=1.0, ctx_isl=chunk, ctx_prefix=np.arange(chunks) * chunk)
+        pre = pm.step(ctx_batch=1.0, ctx_isl=chunk, ctx_prefix=np.arange(chunks) * chunk + prefix)
     per_request = pre.scaled(active_gpus(pe))
     d = float(res.decode_batch)
     out_steps = max((osl - 1) / float(getattr(de.engine, "tokens_per_step", 1.0)), 1.0) if osl > 1 else 0.0
     if out_steps > 0 and d > 0:
         dd = max(d, 1.0)
-        dec = dm.step(dec_batch=dd, dec_kv=isl + osl / 2.0, dec_pad=params_decode.graph_pad(dd))
+        dec = dm.step(dec_batch=dd, dec_kv=prefix + isl + osl / 2.0, dec_pad=params_decode.graph_pad(dd))
         per_request = per_request + dec.scaled(active_gpus(de) * out_steps / dd)
     tps = res.tokens_per_s_per_gpu
     return energy_report([pm, dm], per_request, osl, osl / tps if tps > 0 else math.inf, pe.data.system.gpu.power_w,
