@@ -103,3 +103,22 @@ def test_cli_prefix(synth, capsys, est):
         extra = ("--prefill-workers", "1", "--decode-workers", "1") if cmd == "serve-disagg" else ()
         rc, out, err = run_cli(capsys, _argv(synth, cmd, *extra, "--prefix", "-5"))
         assert_one_line_error(rc, out, err, "--prefix")
+
+
+def test_disaggregated_front_end_flags_are_refused_or_noted(synth, capsys):
+    """Before: ``serve-disagg`` and ``search --mode disagg`` took --front-end-per-stream-ms and
+    --front-end-per-prompt-token-ms and ignored them (the disaggregated model's front end is its
+    router's base time). Now the flags are refused, and the same fields from another source
+    (--scheduler, a calibration profile) are named as unused in the notes."""
+    disagg = ("--prefill-workers", "1", "--decode-workers", "1")
+    for flag in ("--front-end-per-stream-ms", "--front-end-per-prompt-token-ms"):
+        rc, out, err = run_cli(capsys, _argv(synth, "serve-disagg", *disagg, flag, "2"))
+        assert_one_line_error(rc, out, err, flag, "--front-end-ms")
+        rc, out, err = run_cli(capsys, ["search", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm",
+                                        "--systems-path", str(synth.systems_dir), "--isl", "128", "--osl", "8",
+                                        "--mode", "disagg", flag, "2"])
+        assert_one_line_error(rc, out, err, flag)
+    rc, out, err = run_cli(capsys, _argv(synth, "serve-disagg", *disagg, "--scheduler", "front_end_per_stream_ms=2",
+                                         "--json"))
+    assert rc == 0, err
+    assert any("front_end_per_stream_ms (given) not used" in n for n in json.loads(out)["notes"])

@@ -263,6 +263,11 @@ def cmd_serve(a) -> int:
     return _emit(a, out, "print_serving")
 
 
+#: scheduler fields of an engine's own API server, which the disaggregated model does not use
+#: (its front end is the router's: ``front_end_ms``; :class:`infercast.serving.disagg._PrefillService`)
+_API_SERVER_FIELDS = ("front_end_per_stream_ms", "front_end_per_prompt_token_ms")
+
+
 def _check_prefix(a) -> None:
     """``--prefix``: cached prompt tokens per request, 0 or more."""
     if a.prefix < 0:
@@ -305,8 +310,18 @@ def cmd_serve_disagg(a) -> int:
     head = {"model": a.model, "system": a.system, "backend": a.backend, "backend_version": pe.version,
             "gpus": a.prefill_workers * pe.gpus + a.decode_workers * de.gpus, "concurrency": a.concurrency,
             "isl": a.isl, "osl": a.osl, "prefix": a.prefix, **layout}
+    for flag in ("front_end_per_stream_ms", "front_end_per_prompt_token_ms"):
+        if getattr(a, flag, None) is not None:
+            raise InvalidInputError(f"--{flag.replace('_', '-')} sets the engine API server's front end, which a "
+                                    "disaggregated deployment does not have: its router's time is --front-end-ms",
+                                    "drop the flag (serve uses it for aggregated replicas)")
     cal, cal_notes = _calibration(a, a.concurrency)
     roles = role_overrides(a, {**(cal.overrides() if cal else {}), **_scheduler_overrides(a)})
+    unused = sorted({k for r in roles.values() for k in r if k in _API_SERVER_FIELDS})
+    if unused:
+        cal_notes = cal_notes + [f"{', '.join(unused)} (given) not used: a disaggregated deployment's front end is its "
+                                 "router's base time (front_end_ms), not the engine API server's per-stream and "
+                                 "per-prompt-token work"]
     pp = replace(scheduler_params(a.backend, pe.data.system, pe.spec), **roles["prefill"])
     pd = replace(scheduler_params(a.backend, de.data.system, de.spec), **roles["decode"])
     try:
@@ -348,6 +363,12 @@ def cmd_search(a) -> int:
                                 "or --max-gpus for a budget")
     if mode == "fixed" and a.max_gpus is not None:
         raise InvalidInputError("--mode fixed uses exactly --gpus GPUs: drop --max-gpus")
+    if mode == "disagg":
+        for flag in _API_SERVER_FIELDS:
+            if getattr(a, flag, None) is not None:
+                raise InvalidInputError(f"--{flag.replace('_', '-')} sets the engine API server's front end of "
+                                        "aggregated replicas; a disaggregated deployment's front end is its router's "
+                                        "(--front-end-ms)", "drop the flag, or search --mode agg or both")
     targets = _search_targets(a)
     kw = dict(max_gpus=a.max_gpus, concurrencies=conc, ttft_max_ms=targets["ttft_max_ms"], tpot_max_ms=targets["tpot_max_ms"],
               backend_version=a.backend_version, systems_path=a.systems_path, moe_quant=a.moe_quant,
