@@ -102,13 +102,19 @@ class Lockstep:
         self.seg = None
         out = []
         if end is None:
+            for r in self.ranks:
+                r.cut = self.now
             return out
         steps = 1
+        cut = self.now
         for r in self.ranks:
             if r.seg is not None:
                 if r.seg[0] == "d":
                     steps = r.seg[1]
                 out.extend(r.commit())
+                cut = r.cut
+        for r in self.ranks:  # an idle rank's scheduler composes its steps with the group's
+            r.cut = cut
         if self.holding:
             self.held_steps += steps
         self.now = end

@@ -3,8 +3,9 @@
 Events, in time order (at equal times: sends, arrivals at a scheduler, KV hand-offs, then segment
 ends):
 
-* *send*: a request leaves its client (open loop: at its send time; closed loop: at time 0 for
-  each client's first request, then the moment the client's previous request completes). The
+* *send*: a request leaves its client (open loop: at its send time; closed loop: client ``c`` of
+  ``C`` sends its first request at ``c x ramp-up / C`` -- time 0 for all by default -- then each
+  next one the moment its previous request completes). The
   router (:mod:`.router`) picks a scheduler; the request reaches it after the front end's time
   (``front_end(open streams of that replica, prompt tokens)`` ms: HTTP, tokenisation, the API
   server's per-stream work, :meth:`~infercast.serving.backends.SchedulerParams.front_end_ms`), fixed
@@ -79,8 +80,14 @@ def run(units, router, workload, front_end, replica_of=None, progress: bool = Fa
 
     if workload.sent_ms is None:
         clients = min(workload.clients, n)
+        ramp = workload.ramp_up_ms
+        if ramp is None:  # one expected cycle: deploy.simulate / simulate_disagg resolve it from the step timer
+            from ...errors import InvalidInputError
+
+            raise InvalidInputError("a staggered closed-loop start needs its ramp-up resolved (deploy.simulate)")
         for c in range(clients):
-            push(0.0, SEND, new_request(c, 0.0, c))
+            t0 = ramp * c / clients
+            push(t0, SEND, new_request(c, t0, c))
         issued = clients
     else:
         sent = workload.sent_ms.tolist()
