@@ -904,7 +904,7 @@ def cmd_simulate(a) -> int:
         w = synthetic(n, isl=a.isl, osl=a.osl, range_ratio=ratio, lengths_from=lengths, rate=a.request_rate,
                       burstiness=a.burstiness, clients=a.concurrency or 0, seed=a.seed, sent_ms=sent, load=load,
                       ramp_up_ms=ramp_up_ms)
-    overrides = _scheduler_overrides(a)
+    overrides = {**_scheduler_overrides(a), **_scheduler_fields(getattr(a, "scheduler", None) or [])}
     progress = sys.stderr.isatty() and len(w) >= 20000
     _refuse_unused_layout_flags(a, disagg=a.prefill_workers is not None or a.decode_workers is not None)
     if a.prefill_workers is not None or a.decode_workers is not None:
@@ -1244,6 +1244,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (_, kind, _, what) in SCHEDULER_FLAGS.items():
         sm.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None,
                         help=f"{what} (default: the backend's, see infercast.serving.backends)")
+    add_scheduler_flags(sm, roles=False)
     sm.set_defaults(func=cmd_simulate)
     return p
 
