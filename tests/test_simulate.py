@@ -4,6 +4,7 @@ trace parsers on files the tests write."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -563,15 +564,47 @@ def test_schedule_ahead_backend_settings():
 
 
 def test_closed_loop_ramp_up_spreads_first_requests():
-    """Two clients over a 50 ms ramp-up: the second sends its first request at 25 ms; each
-    request (one output token) is one 10 ms prefill step on an idle engine."""
-    w = Workload(np.full(2, 100), np.ones(2, dtype=int), clients=2, ramp_up_ms=50.0)
+    """Two clients staggered over a 50 ms ramp-up: the second sends its first request at 25 ms;
+    each request (one output token) is one 10 ms prefill step on an idle engine."""
+    w = Workload(np.full(2, 100), np.ones(2, dtype=int), clients=2, client_start="staggered", ramp_up_ms=50.0)
     res = run(LinearStepTimer(10.0), w)
     assert res.per_request["sent_ms"].tolist() == pytest.approx([0.0, 25.0])
     assert res.per_request["finish_ms"].tolist() == pytest.approx([10.0, 35.0])
-    assert any("50 ms ramp-up" in n for n in res.notes)
+    assert any("a ramp-up of 50 ms" in n for n in res.notes)
     with pytest.raises(InvalidInputError, match="ramp-up"):
         Workload([1], [1], clients=1, ramp_up_ms=-1.0)
+    with pytest.raises(InvalidInputError, match="client start"):
+        Workload([1], [1], clients=1, client_start="sometimes")
+
+
+def test_wave_then_staggered_keeps_the_first_wave():
+    """Two clients, one-token requests of one 10 ms step, a 40 ms ramp-up: both first requests
+    go at 0 and share the first step; after it client 0 sends at once (10) and client 1 waits
+    half the ramp-up (30)."""
+    w = Workload(np.full(4, 100), np.ones(4, dtype=int), clients=2, client_start="wave-then-staggered",
+                 ramp_up_ms=40.0)
+    res = run(LinearStepTimer(10.0), w)
+    assert res.per_request["sent_ms"].tolist() == pytest.approx([0.0, 0.0, 10.0, 30.0])
+    assert res.per_request["ttft_ms"].tolist() == pytest.approx([10.0] * 4)
+
+
+def test_auto_client_start():
+    """``auto``: requests of one length on an engine that mixes prefill into decode steps start
+    together and are then spread (wave-then-staggered); drawn lengths, or an engine that pauses
+    decodes for prefill (whose waves persist in real runs too), start together."""
+    timer = LinearStepTimer(10.0)
+    fixed = Workload(np.full(8, 100), np.full(8, 11), clients=4, client_start="auto")
+    res = run(timer, fixed)
+    assert any("auto: requests of one length" in n for n in res.notes)
+    assert sorted(res.per_request["sent_ms"].tolist())[:4] == pytest.approx([0.0] * 4)
+    assert res.per_request["sent_ms"].max() > 110.0  # a second request held back by the spread
+    for w, c in ((Workload(np.array([100, 90, 100, 80, 100, 95, 99, 100]), np.full(8, 11), clients=4,
+                           client_start="auto"), cfg()),
+                 (fixed, cfg(mixed=False))):
+        together = run(timer, replace(w, client_start="together"), c)
+        auto = run(timer, w, c)
+        assert auto.per_request["sent_ms"].tolist() == together.per_request["sent_ms"].tolist()
+        assert not any("closed loop:" in n for n in auto.notes)
 
 
 def test_staggered_start_over_one_expected_cycle():
@@ -583,11 +616,11 @@ def test_staggered_start_over_one_expected_cycle():
     from infercast.serving.simulate.deploy import expected_cycle_ms
 
     timer = LinearStepTimer(10.0, per_prefill_token_ms=0.01)
-    w = Workload(np.full(8, 100), np.full(8, 11), clients=4, ramp_up_ms=None)
+    w = Workload(np.full(8, 100), np.full(8, 11), clients=4, client_start="staggered")
     fe = lambda streams, tokens: 2.0  # noqa: E731
     assert expected_cycle_ms(w, timer, cfg(), units=1, replicas=1, front_end=fe) == pytest.approx(106.0)
     assert expected_cycle_ms(w, timer, cfg(mixed=False), units=1, replicas=1, front_end=fe) == pytest.approx(116.0)
     res = run(timer, w, front_end=fe)
     first = sorted(res.per_request["sent_ms"].tolist())[:4]
     assert first == pytest.approx([0.0, 26.5, 53.0, 79.5])
-    assert any("106 ms, one expected request cycle" in n for n in res.notes)
+    assert any("one expected request cycle, 106 ms" in n for n in res.notes)

@@ -38,22 +38,26 @@ def test_front_end_spread_changes_the_closed_loop(synth, capsys):
     assert runs[1] != runs[0] and runs[1] == runs[2]
 
 
-def test_client_start_staggered(synth, capsys):
-    """--client-start staggered spreads the first requests over one expected cycle (or
-    --ramp-up-s): the notes say so, the first requests are sent apart, and the first wave's queue
-    for prefill is gone, so the mean TTFT drops below the synchronised start's."""
+def test_client_start(synth, capsys):
+    """--client-start: staggered spreads the first requests over one expected cycle (or
+    --ramp-up-s) and the first wave's queue for prefill is gone, so the mean TTFT drops below the
+    synchronised start's; auto (the default) on fixed lengths and a mixing engine keeps the first
+    wave and spreads the clients after it; the notes say which."""
     base = ("--concurrency", "8", "--isl", "2048", "--osl", "16", "--json", "--warmup", "0", "--cooldown", "0")
+    runs = {}
+    for start in ("together", "staggered", "auto"):
+        rc, out, err = run_cli(capsys, argv(synth, *base, "--client-start", start))
+        assert rc == 0, err
+        runs[start] = json.loads(out)
+    assert runs["staggered"]["latency"]["ttft_ms"]["mean"] < runs["together"]["latency"]["ttft_ms"]["mean"]
+    assert any("first requests spread evenly over one expected request cycle" in n for n in runs["staggered"]["notes"])
+    assert any("auto: requests of one length" in n for n in runs["auto"]["notes"])
     rc, out, err = run_cli(capsys, argv(synth, *base))
     assert rc == 0, err
-    together = json.loads(out)
-    rc, out, err = run_cli(capsys, argv(synth, *base, "--client-start", "staggered"))
-    assert rc == 0, err
-    staggered = json.loads(out)
-    assert any("one expected request cycle" in n for n in staggered["notes"])
-    assert staggered["latency"]["ttft_ms"]["mean"] < together["latency"]["ttft_ms"]["mean"]
+    assert json.loads(out)["latency"] == runs["auto"]["latency"]
     rc, out, err = run_cli(capsys, argv(synth, *base, "--client-start", "staggered", "--ramp-up-s", "2"))
     assert rc == 0, err
-    assert any("over a 2000 ms ramp-up" in n for n in json.loads(out)["notes"])
+    assert any("a ramp-up of 2000 ms" in n for n in json.loads(out)["notes"])
 
 
 def test_scheduler_field_turns_schedule_ahead_off(synth, capsys):

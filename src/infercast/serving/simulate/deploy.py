@@ -46,8 +46,8 @@ def simulate(timer, cfg: UnitConfig, workload: Workload, *, units: int = 1, repl
     rt = Router(router, us)
     fe = front_end or (lambda streams, tokens: 0.0)
     n_rep = (max(replica_of) + 1) if replica_of is not None else units
-    workload, start_note = _resolve_ramp(workload, lambda w: expected_cycle_ms(
-        w, timer, cfg, units=units, replicas=n_rep, front_end=fe))
+    workload, start_note = _resolve_start(workload, lambda w: expected_cycle_ms(
+        w, timer, cfg, units=units, replicas=n_rep, front_end=fe), cfg.mixed)
     reqs = run(us, rt, workload, fe, replica_of, progress, front_end_spread, seed)
     return summarise(reqs, us, warmup=warmup, cooldown=cooldown, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
                      notes=list(workload.notes) + list(notes) + start_note)
@@ -87,20 +87,31 @@ def expected_cycle_ms(workload: Workload, timer, cfg: UnitConfig, *, units: int,
     return float(front_end(clients / max(replicas, 1), isl)) + decode + tokens / chunk * max(extra, 0.0)
 
 
-def _resolve_ramp(workload: Workload, cycle) -> tuple[Workload, list[str]]:
-    """``workload`` with its closed loop's ramp-up resolved (None: one expected request cycle,
-    ``cycle(workload)``), and a note saying how the clients started."""
+def _resolve_start(workload: Workload, cycle, mixed: bool) -> tuple[Workload, list[str]]:
+    """``workload`` with its closed loop's start resolved (``auto``: ``wave-then-staggered`` when
+    every request has the same lengths and the engine mixes prefill into decode steps, else
+    ``together``; a ramp-up of None: one expected request cycle, ``cycle(workload)``), and a note
+    saying how the clients started."""
     if workload.sent_ms is not None:
         return workload, []
-    ramp = workload.ramp_up_ms
+    start, ramp = workload.client_start, workload.ramp_up_ms
+    how = ""
+    if start == "auto":
+        same = bool((workload.isl == workload.isl[0]).all() and (workload.osl == workload.osl[0]).all())
+        start = "wave-then-staggered" if same and mixed else "together"
+        how = (" (auto: requests of one length on an engine that mixes prefill into decode steps, whose "
+               "real runs de-phase)" if start != "together" else "")
+    if start == "together":
+        return replace(workload, client_start=start, ramp_up_ms=0.0), []
+    what = "a ramp-up of"
     if ramp is None:
         ramp = cycle(workload)
-        workload = replace(workload, ramp_up_ms=ramp)
-        return workload, [f"closed loop: clients' first requests spread evenly over {ramp:.0f} ms, one expected "
-                          "request cycle (--client-start staggered)"]
-    if ramp > 0:
-        return workload, [f"closed loop: clients' first requests spread evenly over a {ramp:.0f} ms ramp-up"]
-    return workload, []
+        what = "one expected request cycle,"
+    workload = replace(workload, client_start=start, ramp_up_ms=ramp)
+    if start == "staggered":
+        return workload, [f"closed loop: clients' first requests spread evenly over {what} {ramp:.0f} ms{how}"]
+    return workload, [f"closed loop: clients start together; after its first request each waits once, so that "
+                      f"their second requests spread evenly over {what} {ramp:.0f} ms{how}"]
 
 
 def simulate_estimator(est, params, workload: Workload, *, replicas: int = 1, router: str = "round-robin",
@@ -143,9 +154,9 @@ def simulate_disagg(prefill_timer, prefill_cfg: UnitConfig, decode_timer, decode
            for i in range(prefill_units)]
     dec = [Unit(i, decode_cfg, decode_timer, workload.block_tokens, False) for i in range(decode_units)]
     fe = front_end or (lambda streams, tokens: 0.0)
-    workload, start_note = _resolve_ramp(workload, lambda w: expected_cycle_ms(
+    workload, start_note = _resolve_start(workload, lambda w: expected_cycle_ms(
         w, prefill_timer, prefill_cfg, units=prefill_units, replicas=1, front_end=fe, decode_timer=decode_timer,
-        decode_cfg=decode_cfg, decode_units=decode_units))
+        decode_cfg=decode_cfg, decode_units=decode_units), False)
     reqs = run(pre, Router(router, pre), workload, fe, None, progress, front_end_spread, seed,
                decode_units=dec, decode_router=Router("least-outstanding", dec), transfer_ms=transfer_ms)
     return summarise(reqs, pre + dec, warmup=warmup, cooldown=cooldown, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
