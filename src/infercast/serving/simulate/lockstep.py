@@ -25,7 +25,9 @@ out step by step, so the ranks' prefills are gathered into the same steps.
 
 A rank with nothing to run idles through the group's steps (its time does not count; the small
 cost of the dummy batch an idle rank runs on real engines is left out); a request reaching an idle
-rank, or any rank during a decode run, waits for the end of the group's step in progress.
+rank, or any rank during a decode run, waits for the end of the group's step in progress (and,
+on a scheduler that composes steps one ahead, for the step after it: every rank, idle or not,
+composes with the group's steps).
 """
 
 from __future__ import annotations

@@ -39,6 +39,13 @@ A context batching delay (TensorRT-LLM's ``batch_wait_timeout_iters`` and
 decodes' plus the waiting prompts') would reach the ratio of the budget or the delay has lasted
 ``batch_wait_iters`` steps; an idle engine takes them at once.
 
+A scheduler that composes each step while the one before it runs (``schedule_ahead``: the
+engines' overlap / async schedulers, :func:`schedule_ahead`) admits at a step boundary only the
+requests it had seen when the step before began (``cut``): a request arriving during step ``n``
+joins step ``n + 2`` at the earliest (a decode run is cut one step after the step in progress),
+or, polled from the inbox, the step after the one composed at its poll; when the step composed
+ahead would be empty (nothing running), the idle engine takes the request at once.
+
 The attention-DP balance hold (``adp_balance_timeout_steps``) is the replica's rule, played by
 :class:`.lockstep.Lockstep`, which sets ``adp_hold`` on its ranks: a held rank admits no new
 prompt (it runs its decodes and the chunks of prompts it already started).
