@@ -506,6 +506,20 @@ def test_attention_dp_idle_rank_joins_at_the_groups_step_boundary():
     assert pr["finish_ms"].tolist() == pytest.approx([19.0, 11.0])
 
 
+def test_attention_dp_idle_rank_composes_one_step_ahead_with_the_group():
+    """As test_attention_dp_idle_rank_joins_at_the_groups_step_boundary, on schedulers that
+    compose steps one ahead: the request reaching idle rank 1 at t = 4.5 (group step 3-5) misses
+    the step 5-7, composed at 3, and prefills in 7-9 beside rank 0's decode (first token at 9);
+    rank 0 still decodes every 2 ms (ends at 19), rank 1's two decode steps end at 13."""
+    timer = LinearStepTimer(1.0, per_decode_ms=1.0)
+    w = Workload([8, 8], [10, 3], sent_ms=np.array([0.0, 4.5]))
+    res = run(timer, w, cfg(schedule_ahead=True), units=2, replica_of=[0, 0], lockstep=2)
+    pr = res.per_request
+    assert pr["start_ms"].tolist() == pytest.approx([0.0, 7.0])
+    assert pr["first_token_ms"].tolist() == pytest.approx([1.0, 9.0])
+    assert pr["finish_ms"].tolist() == pytest.approx([19.0, 13.0])
+
+
 def test_lockstep_needs_whole_replicas():
     with pytest.raises(InvalidInputError, match="attention-DP ranks"):
         run(LinearStepTimer(1.0), Workload([8], [2], sent_ms=np.zeros(1)), units=3, lockstep=2)

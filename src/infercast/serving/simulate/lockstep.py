@@ -74,6 +74,13 @@ class Lockstep:
             r.adp_hold = hold
             if r.plan() is not None:
                 active.append(r)
+        if not active and any(r.waiting for r in self.ranks):
+            # every rank's step composed ahead would be empty: the group idles, and its next pass
+            # takes what arrived meanwhile at once
+            for r in self.ranks:
+                r.cut = now
+                if r.plan() is not None:
+                    active.append(r)
         if not active:
             self.seg = None
             return None
@@ -87,6 +94,8 @@ class Lockstep:
             k = min(r.seg[1] for r in active)
             if hold:  # the run ends when the hold times out
                 k = max(1, min(k, self.timeout - self.held_steps))
+            if any(r.cfg.schedule_ahead and r.waiting and r.waiting[-1].ready > r.cut for r in self.ranks):
+                k = 1  # an idle rank's request, not seen when this step was composed, joins the next one
             a = max(r.seg[2] for r in active)
             b = 0.0
             if k > 1:

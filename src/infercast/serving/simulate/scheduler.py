@@ -234,9 +234,9 @@ class Unit:
             self._preempt_for(self.n_dec * self.tau)
         ahead = cfg.schedule_ahead
         groups = self._compose(cap, self.cut if ahead else math.inf)
-        if ahead and not groups and not self.n_dec and self.waiting:
+        if ahead and not groups and not self.n_dec and self.waiting and self.driver is self:
             # the step composed ahead would be empty: the engine idles, and its next pass takes
-            # what arrived meanwhile at once
+            # what arrived meanwhile at once (attention-DP ranks: the group decides, Lockstep.plan)
             groups = self._compose(cap, math.inf)
         if groups:
             with_dec = cfg.mixed and self.n_dec > 0
