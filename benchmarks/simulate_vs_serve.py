@@ -1,5 +1,5 @@
 """Closed-loop simulation against ``serve``'s analytic model on the dev silicon rows:
-``python -m benchmarks.simulate_vs_serve [--mode agg|disagg] [--max-concurrency C] [--every K] [--lengths benchmark|nominal|all:R] [--rows all|random|fixed] [--front-end-spread S] [--adp-only] [--out CSV]``.
+``python -m benchmarks.simulate_vs_serve [--mode agg|disagg] [--max-concurrency C] [--every K] [--lengths benchmark|nominal|all:R] [--rows all|random|fixed] [--front-end-spread S] [--client-start auto|together|staggered|wave-then-staggered [--ramp-up-s S]] [--schedule-ahead default|none|BACKENDS] [--adp-only] [--out CSV]``.
 
 ``--mode disagg``: the fully specified disaggregated dev rows instead, each served by
 ``serve-disagg`` and by :func:`infercast.serving.simulate.simulate_estimator_disagg` with the row's
@@ -21,7 +21,12 @@ estimator, clients per attention-DP rank, the recipe's scheduler parameters):
   the recipes' client ``random_range_ratio``; the others at their ``isl`` / ``osl``);
   ``nominal`` sends every request at the row's ``isl`` / ``osl``; ``all:R`` draws every row's uniformly on
   [R L, L] (an experiment: does a small spread de-phase fixed-length clients?). ``--rows``:
-  only the random-length or the fixed-length rows.
+  only the random-length or the fixed-length rows. ``--client-start``: how the closed-loop
+  clients start (:class:`infercast.serving.simulate.Workload`; default ``auto``, as ``infercast
+  simulate``). Each row's scheduler composes steps one ahead as its engine does
+  (``SchedulerParams.schedule_ahead`` / ``overlap``; vLLM by the benchmarked build,
+  :func:`infercast.serving.backends.vllm_async_scheduling`); ``--schedule-ahead none`` (or a list
+  of backends) overrides it.
 
 Rows whose TP column counts GPUs (serve searches deployments for them) and disagg rows are left
 out. Prints, on the rows both models predict: TTFT and TPOT median APE against the measurement
@@ -48,7 +53,7 @@ import numpy as np
 
 from infercast.api import serve_agg, serve_disagg
 from infercast.errors import InfercastError, UnsupportedModelError
-from infercast.serving.backends import scheduler_params
+from infercast.serving.backends import scheduler_params, vllm_async_scheduling
 from infercast.serving.intervals import (
     LEVELS,
     condition,
@@ -87,6 +92,8 @@ def setup(cache: EstimatorCache, row):
     par = est.plan.parallel
     rs = cache.settings(row, par.tp, par.attention_dp, per_rank)
     base = scheduler_params(row.backend, est.data.system, est.spec)
+    if row.backend == "vllm":  # async scheduling by the benchmarked build (serve does not read it)
+        base = replace(base, schedule_ahead=vllm_async_scheduling(row.backend_version))
     return est, per_rank, replace(base, **rs.scheduler), rs.random_range_ratio
 
 
@@ -96,7 +103,8 @@ def run_serve(est, per_rank, params, row):
 
 
 def run_simulate(est, per_rank, params, row, lengths: str, spread: float = 0.0, seed: int = 0,
-                 range_ratio: float | None = None):
+                 range_ratio: float | None = None, client_start: str = "auto", ramp_up_ms: float | None = None,
+                 ahead: bool | None = None):
     dp = est.plan.parallel.attention_dp
     clients = per_rank * dp
     n = round(params.requests_per_client * clients)
@@ -110,13 +118,14 @@ def run_simulate(est, per_rank, params, row, lengths: str, spread: float = 0.0, 
         isl, osl = uniform_lengths(row.isl, ratio, n, rng), uniform_lengths(row.osl, ratio, n, rng)
     else:
         isl, osl = np.full(n, row.isl), np.full(n, row.osl)
-    w = Workload(isl, osl, clients=clients)
+    w = Workload(isl, osl, clients=clients, client_start=client_start, ramp_up_ms=ramp_up_ms)
     res, _ = simulate_estimator(est, params, w, replicas=1, router="least-outstanding", warmup=0.0, cooldown=0.0,
-                                expected_running=per_rank, front_end_spread=spread, seed=seed)
+                                expected_running=per_rank, front_end_spread=spread, seed=seed,
+                                schedule_ahead=ahead)
     return res.latency["ttft_ms"]["mean"], res.latency["tpot_ms"]["mean"], res.steps
 
 
-def run_disagg(cache: EstimatorCache, row):
+def run_disagg(cache: EstimatorCache, row, client_start: str = "auto", ramp_up_ms: float | None = None):
     """(serve TTFT, serve TPOT, simulate TTFT, simulate TPOT, engine steps, serve CPU s, simulate
     CPU s) of a disaggregated row, as ``validate`` serves it: the backend's default scheduler for
     each role (no recipe reaches disaggregated rows), the row's worker counts and layouts, the
@@ -127,13 +136,17 @@ def run_disagg(cache: EstimatorCache, row):
     pe, de = cache.get(row, row.prefill), cache.get(row, row.decode)
     pp = scheduler_params(row.backend, pe.data.system, pe.spec)
     pd = scheduler_params(row.backend, de.data.system, de.spec)
+    if row.backend == "vllm":
+        ahead = vllm_async_scheduling(row.backend_version)
+        pp, pd = replace(pp, schedule_ahead=ahead), replace(pd, schedule_ahead=ahead)
     c0 = time.process_time()
     r = serve_disagg(pe, de, concurrency=concurrency, isl=row.isl, osl=row.osl, prefill_workers=row.prefill_workers,
                      decode_workers=row.decode_workers, prefill_batch=row.prefill.batch_size or 1,
                      params_prefill=pp, params_decode=pd)
     c1 = time.process_time()
     n = round(pd.requests_per_client * concurrency)
-    w = Workload(np.full(n, row.isl), np.full(n, row.osl), clients=concurrency)
+    w = Workload(np.full(n, row.isl), np.full(n, row.osl), clients=concurrency, client_start=client_start,
+                 ramp_up_ms=ramp_up_ms)
     ranks = row.decode_workers * de.plan.parallel.attention_dp
     res = simulate_estimator_disagg(pe, de, pp, pd, w, prefill_workers=row.prefill_workers,
                                     decode_workers=row.decode_workers, warmup=0.0, cooldown=0.0,
@@ -199,6 +212,13 @@ def main() -> None:
                     help="only the rows whose benchmark drew random lengths, or only the fixed-length ones")
     ap.add_argument("--front-end-spread", type=float, default=0.0,
                     help="each request's front-end time uniform on [(1-s) m, (1+s) m] (default 0: fixed)")
+    ap.add_argument("--client-start", choices=("auto", "together", "staggered", "wave-then-staggered"), default="auto",
+                    help="how the closed-loop clients start (infercast simulate --client-start; default auto)")
+    ap.add_argument("--ramp-up-s", type=float, default=None,
+                    help="with --client-start staggered / wave-then-staggered: the spread (s; default one expected cycle)")
+    ap.add_argument("--schedule-ahead", default="default",
+                    help="default (each row's engine: SchedulerParams.schedule_ahead or overlap, vLLM by its build), "
+                         "none, or a comma-separated list of backends to simulate with it on (the others off)")
     ap.add_argument("--adp-only", action="store_true", help="only the rows deployed with attention data parallelism")
     ap.add_argument("--out", default=None, help="per-row CSV (dev rows only)")
     ap.add_argument("--mode", choices=("agg", "disagg"), default="agg",
@@ -207,6 +227,7 @@ def main() -> None:
                     help="agg rows without the benchmark recipes (the engines' defaults), as the interval table's "
                          "residuals were taken")
     a = ap.parse_args()
+    ramp = None if a.ramp_up_s is None else 1e3 * a.ramp_up_s
     rows = [r for r in load_rows(default_silicon_csv(), load_ids(FIDELITY / "dev_fullspec_ids.txt")) if r.mode == a.mode]
     if a.max_concurrency:
         rows = [r for r in rows if (r.concurrency or 0) <= a.max_concurrency]
@@ -220,7 +241,7 @@ def main() -> None:
         try:
             ratio = None
             if a.mode == "disagg":
-                s_ttft, s_tpot, m_ttft, m_tpot, k, cs, cm, share = run_disagg(cache, row)
+                s_ttft, s_tpot, m_ttft, m_tpot, k, cs, cm, share = run_disagg(cache, row, a.client_start, ramp)
             else:
                 est, per_rank, params, ratio = setup(cache, row)
                 if a.rows != "all" and (ratio is not None) != (a.rows == "random"):
@@ -233,7 +254,9 @@ def main() -> None:
                 s_ttft, s_tpot, batch = run_serve(est, per_rank, params, row)
                 c1 = time.process_time()
                 m_ttft, m_tpot, k = run_simulate(est, per_rank, params, row, a.lengths, a.front_end_spread,
-                                               range_ratio=ratio)
+                                               range_ratio=ratio, client_start=a.client_start, ramp_up_ms=ramp,
+                                               ahead=None if a.schedule_ahead == "default"
+                                               else row.backend in a.schedule_ahead.split(","))
                 cs, cm = c1 - c0, time.process_time() - c1
                 share = extrapolated_share(est.engine, est.engine, isl=row.isl, osl=row.osl, decode_batch=batch)
         except InfercastError as exc:
@@ -265,7 +288,8 @@ def main() -> None:
             w.writeheader()
             w.writerows(out)
     print(f"{a.mode} dev fullspec rows: {len(rows)} asked, {len(out)} predicted by both; left out: {skipped}")
-    print(f"lengths: {a.lengths}; front-end spread {a.front_end_spread:g}; CPU s: serve {t_serve:.1f}, simulate {t_sim:.1f} ({steps} engine steps simulated)")
+    print(f"lengths: {a.lengths}; front-end spread {a.front_end_spread:g}; client start {a.client_start}; schedule-ahead {a.schedule_ahead}"
+          + (f" over {a.ramp_up_s:g} s" if a.ramp_up_s is not None else "") + f"; CPU s: serve {t_serve:.1f}, simulate {t_sim:.1f} ({steps} engine steps simulated)")
     head = f"{'scope':<14}{'rows':>6}  {'TTFT medAPE serve/sim':>22}  {'TPOT medAPE serve/sim':>22}  " \
            f"{'TTFT<=20%':>14}  {'TPOT<=20%':>14}  {'|sim/serve-1| TTFT/TPOT':>24}"
     print(head)

@@ -97,7 +97,8 @@ def test_simulate_takes_the_calibration_and_the_engine_configuration(synth, caps
     extra = tmp_path / "extra.yaml"
     extra.write_text("max_batch_size: 2\n")
     base = ["simulate", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm", "--systems-path",
-            str(synth.systems_dir), "--concurrency", "8", "--isl", "128", "--osl", "16", "--json"]
+            str(synth.systems_dir), "--concurrency", "8", "--isl", "128", "--osl", "16", "--client-start", "together",
+            "--json"]
     runs = {}
     for name, more in (("plain", []), ("cal", ["--calibration", str(prof)]), ("engine", ["--engine-args", str(extra)]),
                        ("flag", ["--max-batch-size", "2"])):

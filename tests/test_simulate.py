@@ -4,6 +4,7 @@ trace parsers on files the tests write."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -358,8 +359,9 @@ def test_closed_loop_agrees_with_the_cohort_simulation(clients, isl, osl, budget
     from infercast.serving.backends import SCHEDULERS
     from infercast.serving.sim import simulate as cohort_sim
 
+    # serve's first wave composes each step between steps: the same scheduler here, not one step ahead
     params = replace(SCHEDULERS["trtllm"], max_num_tokens=budget, arrival_delay_ms=7.0, front_end_per_stream_ms=0.0,
-                     adp_balance_timeout_steps=0)
+                     adp_balance_timeout_steps=0, schedule_ahead=False)
     ref = cohort_sim(_ConstEngine(10.0), clients, isl, osl, params, 1e9, 1, requests_per_client=3)
     w = Workload(np.full(3 * clients, isl), np.full(3 * clients, osl), clients=clients)
     res = run(LinearStepTimer(10.0), w, UnitConfig.from_params(params, 1e9), front_end=lambda s, t: 7.0)
@@ -504,6 +506,135 @@ def test_attention_dp_idle_rank_joins_at_the_groups_step_boundary():
     assert pr["finish_ms"].tolist() == pytest.approx([19.0, 11.0])
 
 
+def test_attention_dp_idle_rank_composes_one_step_ahead_with_the_group():
+    """As test_attention_dp_idle_rank_joins_at_the_groups_step_boundary, on schedulers that
+    compose steps one ahead: the request reaching idle rank 1 at t = 4.5 (group step 3-5) misses
+    the step 5-7, composed at 3, and prefills in 7-9 beside rank 0's decode (first token at 9);
+    rank 0 still decodes every 2 ms (ends at 19), rank 1's two decode steps end at 13."""
+    timer = LinearStepTimer(1.0, per_decode_ms=1.0)
+    w = Workload([8, 8], [10, 3], sent_ms=np.array([0.0, 4.5]))
+    res = run(timer, w, cfg(schedule_ahead=True), units=2, replica_of=[0, 0], lockstep=2)
+    pr = res.per_request
+    assert pr["start_ms"].tolist() == pytest.approx([0.0, 7.0])
+    assert pr["first_token_ms"].tolist() == pytest.approx([1.0, 9.0])
+    assert pr["finish_ms"].tolist() == pytest.approx([19.0, 13.0])
+
+
 def test_lockstep_needs_whole_replicas():
     with pytest.raises(InvalidInputError, match="attention-DP ranks"):
         run(LinearStepTimer(1.0), Workload([8], [2], sent_ms=np.zeros(1)), units=3, lockstep=2)
+
+
+# ---- scheduling one step ahead, closed-loop start -----------------------------------------------
+def test_schedule_ahead_joins_the_step_after_next():
+    """A scheduler that composes step n+1 while step n runs: a request arriving at 25 ms, during
+    another's decode step 20-30, misses the step 30-40 (composed at 20) and prefills in 40-50,
+    one step later than a scheduler that composes between steps. The first request reaches an
+    idle engine and starts at once either way."""
+    w = Workload([100, 100], [30, 2], sent_ms=np.array([0.0, 25.0]))
+    ahead = run(LinearStepTimer(10.0), w, cfg(schedule_ahead=True)).per_request
+    between = run(LinearStepTimer(10.0), w, cfg()).per_request
+    assert between["start_ms"][1] == pytest.approx(30.0) and between["ttft_ms"][1] == pytest.approx(15.0)
+    assert ahead["start_ms"][1] == pytest.approx(40.0) and ahead["ttft_ms"][1] == pytest.approx(25.0)
+    assert ahead["ttft_ms"][0] == pytest.approx(10.0) == between["ttft_ms"][0]
+    # the decoding request is not delayed: one decode step per token, one mixed step among them
+    assert ahead["finish_ms"][0] == pytest.approx(between["finish_ms"][0]) == pytest.approx(300.0)
+
+
+def test_schedule_ahead_after_an_empty_step_takes_the_request_at_once():
+    """The step composed ahead would be empty (the only running request finishes with the step
+    in progress, 20-30): the engine idles, and its next pass takes the request that arrived at
+    25 at once, as a scheduler composing between steps does (prefill 30-40, TTFT 15)."""
+    w = Workload([100, 100], [3, 2], sent_ms=np.array([0.0, 25.0]))
+    res = run(LinearStepTimer(10.0), w, cfg(schedule_ahead=True)).per_request
+    assert res["finish_ms"][0] == pytest.approx(30.0)
+    assert res["start_ms"][1] == pytest.approx(30.0) and res["ttft_ms"][1] == pytest.approx(15.0)
+
+
+def test_schedule_ahead_with_queue_polls():
+    """Polls every 4 decode steps and one step ahead: the request arriving at 25 is taken in by
+    the poll at 50 (as in test_recv_interval_polls_every_few_decode_steps) and joins the step
+    after the one composed then: prefill 60-70."""
+    w = Workload([100, 100], [30, 2], sent_ms=np.array([0.0, 25.0]))
+    res = run(LinearStepTimer(10.0), w, cfg(recv_interval=4, schedule_ahead=True))
+    assert res.per_request["start_ms"][1] == pytest.approx(60.0)
+    assert res.per_request["ttft_ms"][1] == pytest.approx(70.0 - 25.0)
+
+
+def test_schedule_ahead_backend_settings():
+    """TensorRT-LLM (overlap scheduler) and vLLM (async scheduling) set schedule_ahead; SGLang's
+    overlap scheduler implies it and a hybrid model without it does not; vLLM builds before 0.14
+    compose between steps."""
+    from dataclasses import replace
+
+    from infercast.serving.backends import SCHEDULERS, vllm_async_scheduling
+
+    for name in ("trtllm", "vllm", "sglang"):
+        assert UnitConfig.from_params(SCHEDULERS[name], 1e6).schedule_ahead
+    assert not UnitConfig.from_params(replace(SCHEDULERS["sglang"], overlap=False), 1e6).schedule_ahead
+    assert not UnitConfig.from_params(SCHEDULERS["trtllm"], 1e6, ahead=False).schedule_ahead
+    assert [vllm_async_scheduling(v) for v in ("0.11.2", "0.12.0", "0.13.0", "0.14.0", "0.19.0", None, "nightly-5b8c")] \
+        == [False, False, False, True, True, True, True]
+
+
+def test_closed_loop_ramp_up_spreads_first_requests():
+    """Two clients staggered over a 50 ms ramp-up: the second sends its first request at 25 ms;
+    each request (one output token) is one 10 ms prefill step on an idle engine."""
+    w = Workload(np.full(2, 100), np.ones(2, dtype=int), clients=2, client_start="staggered", ramp_up_ms=50.0)
+    res = run(LinearStepTimer(10.0), w)
+    assert res.per_request["sent_ms"].tolist() == pytest.approx([0.0, 25.0])
+    assert res.per_request["finish_ms"].tolist() == pytest.approx([10.0, 35.0])
+    assert any("a ramp-up of 50 ms" in n for n in res.notes)
+    with pytest.raises(InvalidInputError, match="ramp-up"):
+        Workload([1], [1], clients=1, ramp_up_ms=-1.0)
+    with pytest.raises(InvalidInputError, match="client start"):
+        Workload([1], [1], clients=1, client_start="sometimes")
+
+
+def test_wave_then_staggered_keeps_the_first_wave():
+    """Two clients, one-token requests of one 10 ms step, a 40 ms ramp-up: both first requests
+    go at 0 and share the first step; after it client 0 sends at once (10) and client 1 waits
+    half the ramp-up (30)."""
+    w = Workload(np.full(4, 100), np.ones(4, dtype=int), clients=2, client_start="wave-then-staggered",
+                 ramp_up_ms=40.0)
+    res = run(LinearStepTimer(10.0), w)
+    assert res.per_request["sent_ms"].tolist() == pytest.approx([0.0, 0.0, 10.0, 30.0])
+    assert res.per_request["ttft_ms"].tolist() == pytest.approx([10.0] * 4)
+
+
+def test_auto_client_start():
+    """``auto``: requests of one length on an engine that mixes prefill into decode steps start
+    together and are then spread (wave-then-staggered); drawn lengths, or an engine that pauses
+    decodes for prefill (whose waves persist in real runs too), start together."""
+    timer = LinearStepTimer(10.0)
+    fixed = Workload(np.full(8, 100), np.full(8, 11), clients=4, client_start="auto")
+    res = run(timer, fixed)
+    assert any("auto: requests of one length" in n for n in res.notes)
+    assert sorted(res.per_request["sent_ms"].tolist())[:4] == pytest.approx([0.0] * 4)
+    assert res.per_request["sent_ms"].max() > 110.0  # a second request held back by the spread
+    for w, c in ((Workload(np.array([100, 90, 100, 80, 100, 95, 99, 100]), np.full(8, 11), clients=4,
+                           client_start="auto"), cfg()),
+                 (fixed, cfg(mixed=False))):
+        together = run(timer, replace(w, client_start="together"), c)
+        auto = run(timer, w, c)
+        assert auto.per_request["sent_ms"].tolist() == together.per_request["sent_ms"].tolist()
+        assert not any("closed loop:" in n for n in auto.notes)
+
+
+def test_staggered_start_over_one_expected_cycle():
+    """``ramp_up_ms=None``: one expected request cycle from the step timer. Four clients on one
+    scheduler, isl 100, osl 11, steps of 10 ms + 0.01 ms per prefill token, a 2 ms front end:
+    2 + 10 decode steps x 10 + the four prompts' prefill (400 tokens in one step) = 4 ms more on
+    an engine that mixes, a whole 14 ms step on one that does not (106 / 116 ms); the clients'
+    first requests go out at 0, 1/4, 2/4, 3/4 of it."""
+    from infercast.serving.simulate.deploy import expected_cycle_ms
+
+    timer = LinearStepTimer(10.0, per_prefill_token_ms=0.01)
+    w = Workload(np.full(8, 100), np.full(8, 11), clients=4, client_start="staggered")
+    fe = lambda streams, tokens: 2.0  # noqa: E731
+    assert expected_cycle_ms(w, timer, cfg(), units=1, replicas=1, front_end=fe) == pytest.approx(106.0)
+    assert expected_cycle_ms(w, timer, cfg(mixed=False), units=1, replicas=1, front_end=fe) == pytest.approx(116.0)
+    res = run(timer, w, front_end=fe)
+    first = sorted(res.per_request["sent_ms"].tolist())[:4]
+    assert first == pytest.approx([0.0, 26.5, 53.0, 79.5])
+    assert any("one expected request cycle, 106 ms" in n for n in res.notes)

@@ -38,6 +38,41 @@ def test_front_end_spread_changes_the_closed_loop(synth, capsys):
     assert runs[1] != runs[0] and runs[1] == runs[2]
 
 
+def test_client_start(synth, capsys):
+    """--client-start: staggered spreads the first requests over one expected cycle (or
+    --ramp-up-s) and the first wave's queue for prefill is gone, so the mean TTFT drops below the
+    synchronised start's; auto (the default) on fixed lengths and a mixing engine keeps the first
+    wave and spreads the clients after it; the notes say which."""
+    base = ("--concurrency", "8", "--isl", "2048", "--osl", "16", "--json", "--warmup", "0", "--cooldown", "0")
+    runs = {}
+    for start in ("together", "staggered", "auto"):
+        rc, out, err = run_cli(capsys, argv(synth, *base, "--client-start", start))
+        assert rc == 0, err
+        runs[start] = json.loads(out)
+    assert runs["staggered"]["latency"]["ttft_ms"]["mean"] < runs["together"]["latency"]["ttft_ms"]["mean"]
+    assert any("first requests spread evenly over one expected request cycle" in n for n in runs["staggered"]["notes"])
+    assert any("auto: requests of one length" in n for n in runs["auto"]["notes"])
+    rc, out, err = run_cli(capsys, argv(synth, *base))
+    assert rc == 0, err
+    assert json.loads(out)["latency"] == runs["auto"]["latency"]
+    rc, out, err = run_cli(capsys, argv(synth, *base, "--client-start", "staggered", "--ramp-up-s", "2"))
+    assert rc == 0, err
+    assert any("a ramp-up of 2000 ms" in n for n in json.loads(out)["notes"])
+
+
+def test_scheduler_field_turns_schedule_ahead_off(synth, capsys):
+    """--scheduler schedule_ahead=false: TensorRT-LLM's scheduler composes between steps, so a
+    request arriving during a step is taken one step sooner: the mean TTFT drops."""
+    base = ("--request-rate", "20", "--num-requests", "60", "--isl", "512", "--osl", "64", "--json", "--warmup", "0",
+            "--cooldown", "0")
+    rc, out, err = run_cli(capsys, argv(synth, *base))
+    assert rc == 0, err
+    ahead = json.loads(out)["latency"]["ttft_ms"]["mean"]
+    rc, out, err = run_cli(capsys, argv(synth, *base, "--scheduler", "schedule_ahead=false"))
+    assert rc == 0, err
+    assert json.loads(out)["latency"]["ttft_ms"]["mean"] < ahead
+
+
 def test_open_loop_writes_out_and_plot(synth, tmp_path):
     """Run as a subprocess: the plot imports matplotlib, which other tests in this session treat
     as absent (they block its import through sys.modules)."""
@@ -89,6 +124,10 @@ def test_trace_replay_with_prefix_cache(synth, capsys, tmp_path):
     (("--trace", "x.jsonl", "--time-scale", "0"), "--time-scale must be a positive number"),
     (("--concurrency", "2", "--isl", "8", "--osl", "8", "--out", "r.txt"), "unknown file type"),
     (("--concurrency", "2", "--isl", "8", "--osl", "8", "--front-end-spread", "1.5"), "--front-end-spread"),
+    (("--request-rate", "1", "--isl", "8", "--osl", "8", "--client-start", "staggered"), "they need --concurrency"),
+    (("--concurrency", "2", "--isl", "8", "--osl", "8", "--ramp-up-s", "3"), "give it with --client-start staggered"),
+    (("--concurrency", "2", "--isl", "8", "--osl", "8", "--client-start", "staggered", "--ramp-up-s", "-1"),
+     "--ramp-up-s must be a duration >= 0"),
 ])
 def test_bad_input(synth, capsys, extra, needle):
     assert_one_line_error(*run_cli(capsys, argv(synth, *extra)), needle)

@@ -858,6 +858,23 @@ def _refuse_unused_layout_flags(a, disagg: bool) -> None:
                                         f"add --prefill-workers and --decode-workers, or use --{k.replace('_', '-')}")
 
 
+def _client_start(a) -> tuple[str, float | None]:
+    """(``--client-start``, its ramp-up in ms from ``--ramp-up-s``: None for one expected request
+    cycle, resolved by the simulation)."""
+    import math
+
+    if a.concurrency is None and (a.client_start != "auto" or a.ramp_up_s is not None):
+        raise InvalidInputError("--client-start / --ramp-up-s set how closed-loop clients start; they need --concurrency")
+    if a.ramp_up_s is None:
+        return a.client_start, None
+    if a.client_start not in ("staggered", "wave-then-staggered"):
+        raise InvalidInputError("--ramp-up-s spreads the clients over the cycle: give it with --client-start staggered "
+                                "or wave-then-staggered", f"got --client-start {a.client_start}")
+    if not (math.isfinite(a.ramp_up_s) and a.ramp_up_s >= 0):
+        raise InvalidInputError(f"--ramp-up-s must be a duration >= 0 (seconds), got {a.ramp_up_s}")
+    return a.client_start, 1e3 * a.ramp_up_s
+
+
 def cmd_simulate(a) -> int:
     """``infercast simulate``: a request-level simulation of ``--replicas`` replicas under a load."""
     import math
@@ -882,6 +899,7 @@ def cmd_simulate(a) -> int:
             raise InvalidInputError(f"--{name.replace('_', '-')} must be a positive number, got {v}")
     if a.block_tokens is not None and a.block_tokens < 1:
         raise InvalidInputError(f"--block-tokens must be >= 1, got {a.block_tokens}")
+    client_start, ramp_up_ms = _client_start(a)
     if a.trace is not None:
         w = read_trace(a.trace, a.time_scale, a.block_tokens)
         if a.num_requests is not None and a.num_requests < len(w):
@@ -917,11 +935,13 @@ def cmd_simulate(a) -> int:
         else:
             n = 10 * a.concurrency
         w = synthetic(n, isl=a.isl, osl=a.osl, range_ratio=ratio, lengths_from=lengths, rate=a.request_rate,
-                      burstiness=a.burstiness, clients=a.concurrency or 0, seed=a.seed, sent_ms=sent, load=load)
+                      burstiness=a.burstiness, clients=a.concurrency or 0, seed=a.seed, sent_ms=sent, load=load,
+                      client_start=client_start, ramp_up_ms=ramp_up_ms)
     # the engine configuration's scheduler settings, then a calibration profile's, under the flags
     # given (as serve and serve-disagg take them)
     cal, cal_notes = _calibration(a, a.concurrency)
-    overrides = {**getattr(a, "engine_scheduler", {}), **(cal.overrides() if cal else {}), **_scheduler_overrides(a)}
+    overrides = {**getattr(a, "engine_scheduler", {}), **(cal.overrides() if cal else {}), **_scheduler_overrides(a),
+                 **_scheduler_fields(getattr(a, "scheduler", None) or [])}
     progress = sys.stderr.isatty() and len(w) >= 20000
     _refuse_unused_layout_flags(a, disagg=a.prefill_workers is not None or a.decode_workers is not None)
     if a.prefill_workers is not None or a.decode_workers is not None:
@@ -1222,6 +1242,15 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--burstiness", type=float, default=1.0,
                     help="shape of the gamma inter-arrival times (1: Poisson; < 1 burstier)")
     sm.add_argument("--concurrency", type=int, default=None, metavar="C", help="closed loop: C clients in all")
+    sm.add_argument("--client-start", choices=("auto", "together", "staggered", "wave-then-staggered"), default="auto",
+                    help="closed loop: together (every client's first request at time 0, as benchmark clients "
+                         "start), staggered (first requests spread evenly over --ramp-up-s), wave-then-staggered "
+                         "(together, then each client waits once after its first request so that the second ones "
+                         "spread over --ramp-up-s), or auto (default: wave-then-staggered for requests of one length "
+                         "on an engine that mixes prefill into decode steps, whose real runs de-phase, else together)")
+    sm.add_argument("--ramp-up-s", type=float, default=None, metavar="S",
+                    help="with --client-start staggered / wave-then-staggered: the spread in seconds (default: one "
+                         "expected request cycle)")
     sm.add_argument("--trace", default=None, metavar="FILE",
                     help="replay a trace: Mooncake JSONL, Azure LLM-inference CSV, or infercast CSV/JSONL")
     sm.add_argument("--time-scale", type=float, default=1.0,
@@ -1258,6 +1287,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (_, kind, _, what) in SCHEDULER_FLAGS.items():
         sm.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None,
                         help=f"{what} (default: the backend's, see infercast.serving.backends)")
+    add_scheduler_flags(sm, roles=False)
     sm.set_defaults(func=cmd_simulate)
     return p
 

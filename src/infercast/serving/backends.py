@@ -69,6 +69,12 @@ class SchedulerParams:
     * ``overlap``: the scheduler prepares step n+1 on the CPU while the GPU runs step n (SGLang's
       overlap scheduler): a step then takes the longer of its GPU and host time, plus
       ``overlap_residual_ms`` that does not overlap (the hand-off of the sampled tokens).
+    * ``schedule_ahead``: the scheduler composes step n+1 while step n runs, so a request that
+      arrives during step n is first scheduled into step n+2 (TensorRT-LLM's PyTorch-backend
+      overlap scheduler, vLLM's async scheduling; ``overlap`` -- SGLang's overlap scheduler --
+      implies it). Read by the request-level simulation (:mod:`infercast.serving.simulate`);
+      ``serve``'s steady state takes its wait for a first step from ``WAIT_STEPS`` instead
+      (sources: :data:`VLLM_ASYNC_SCHEDULING_FROM`).
     * ``arrival_delay_ms``: client and front-end time between a request's send and its arrival in
       the scheduler's queue (HTTP, tokenisation); it also delays the first token as seen by the
       client.
@@ -147,6 +153,7 @@ class SchedulerParams:
     kv_length_ratio: float = 1.0
     prefill_scale: float = 1.0
     decode_scale: float = 1.0
+    schedule_ahead: bool = False
 
     def front_end_ms(self, streams: float, prompt_tokens: float = 0.0) -> float:
         """Client + front-end time of a request of ``prompt_tokens`` prompt tokens while
@@ -287,14 +294,38 @@ TRTLLM_FRONT_END_PER_STREAM_MS = 0.6
 SGLANG_FRONT_END_MS = 120.0
 SGLANG_FRONT_END_PER_STREAM_MS = 1.5
 
+#: Which engines compose the next step while the current one runs (``schedule_ahead``): each
+#: engine's scheduler loop takes in new requests, composes a batch and launches it, then waits
+#: for the *previous* batch's results, so the batch composed at the start of GPU step n runs as
+#: step n+1, and a request arriving during step n joins step n+2 at the earliest (one step more
+#: than a loop that composes between steps). TensorRT-LLM: the PyTorch backend's overlap scheduler
+#: (``PyExecutor``'s overlap loop; on unless ``disable_overlap_scheduler``). vLLM: async
+#: scheduling (vllm-project/vllm#19970: "the scheduler operate[s] one step ahead of the current
+#: execution"), on by default from v0.14 (vllm-project/vllm#27614, merged after the 0.13 branch;
+#: :func:`vllm_async_scheduling`). SGLang: its overlap scheduler (``overlap``). The simulation
+#: reads it; see docs/modelling-log.md, 'Scheduling one step ahead in the simulation'. This is
+#: the first vLLM release that runs async scheduling by default (:func:`vllm_async_scheduling`).
+VLLM_ASYNC_SCHEDULING_FROM = (0, 14, 0)
+
+
+def vllm_async_scheduling(engine_version: str | None) -> bool:
+    """Whether the vLLM build ``engine_version`` (a release such as ``0.12.0``) schedules one step
+    ahead by default (:data:`VLLM_ASYNC_SCHEDULING_FROM`). None or a build without a release
+    number (a nightly): True, the behaviour of current builds."""
+    m = _RELEASE.match(engine_version or "")
+    if not m:
+        return True
+    return tuple(int(x) for x in m.groups()) >= VLLM_ASYNC_SCHEDULING_FROM
+
+
 SCHEDULERS = {
     "trtllm": SchedulerParams(True, True, 8192, 2048, 0.0, 100.0, 10.0, True, graph_batch_sizes=CUDA_GRAPH_SIZES["trtllm"],
                               adp_balance_timeout_steps=TRTLLM_ADP_TIMEOUT_STEPS,
-                              front_end_per_stream_ms=TRTLLM_FRONT_END_PER_STREAM_MS),
+                              front_end_per_stream_ms=TRTLLM_FRONT_END_PER_STREAM_MS, schedule_ahead=True),
     "vllm": SchedulerParams(True, True, 8192, 1024, 0.0, VLLM_FRONT_END_MS, 10.0, False, seq_overhead_ms=0.010,
                             graph_batch_sizes=CUDA_GRAPH_SIZES["vllm"],
                             front_end_per_stream_ms=VLLM_FRONT_END_PER_STREAM_MS,
-                            front_end_per_prompt_token_ms=VLLM_FRONT_END_PER_PROMPT_TOKEN_MS),
+                            front_end_per_prompt_token_ms=VLLM_FRONT_END_PER_PROMPT_TOKEN_MS, schedule_ahead=True),
     "sglang": SchedulerParams(False, True, 8192, 4096, 2.0, SGLANG_FRONT_END_MS, 10.0, False, lockstep=True,
                               seq_overhead_ms=SGLANG_SEQ_OVERHEAD_MS, overlap=True, overlap_residual_ms=0.5,
                               graph_batch_sizes=CUDA_GRAPH_SIZES["sglang"],

@@ -12,6 +12,9 @@ disaggregated deployment's workers' ranks are still simulated as independent sch
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 from .load import Workload
 from .lockstep import Lockstep
 from .loop import run
@@ -42,16 +45,80 @@ def simulate(timer, cfg: UnitConfig, workload: Workload, *, units: int = 1, repl
             Lockstep(us[i:i + lockstep], balance_timeout_steps)
     rt = Router(router, us)
     fe = front_end or (lambda streams, tokens: 0.0)
+    n_rep = (max(replica_of) + 1) if replica_of is not None else units
+    workload, start_note = _resolve_start(workload, lambda w: expected_cycle_ms(
+        w, timer, cfg, units=units, replicas=n_rep, front_end=fe), cfg.mixed)
     reqs = run(us, rt, workload, fe, replica_of, progress, front_end_spread, seed)
     return summarise(reqs, us, warmup=warmup, cooldown=cooldown, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
-                     notes=list(workload.notes) + list(notes))
+                     notes=list(workload.notes) + list(notes) + start_note)
+
+
+def expected_cycle_ms(workload: Workload, timer, cfg: UnitConfig, *, units: int, replicas: int, front_end,
+                      decode_timer=None, decode_cfg: UnitConfig | None = None, decode_units: int = 0) -> float:
+    """A closed-loop client's expected request cycle (send to completion, ms) once every client
+    runs, for ``--client-start staggered``: the clients' mean request (``isl``, ``osl``), spread
+    evenly over the schedulers (``D = min(C / units, max_batch_size)`` each), takes
+
+    * the front end at ``C / replicas`` open streams;
+    * ``ceil((osl - 1) / tokens_per_step)`` decode steps of ``D`` decodes at the mean KV length
+      ``isl + osl / 2``;
+    * the prefill of the ``D`` prompts each scheduler takes in per cycle, ``D x isl`` tokens in
+      steps of up to ``max_num_tokens``: on an engine that mixes, each such step's extra time over
+      the decode-only step; otherwise the whole prefill step (decodes pause).
+
+    Disaggregated (``decode_timer`` given): ``timer`` / ``cfg`` / ``units`` are the prefill
+    workers' (prefill steps alone), the decode steps are the decode workers'. An estimate from
+    mean shapes, used only to place the clients' first requests; what the simulation then plays
+    is not shaped by it."""
+    clients = max(1, min(workload.clients, len(workload)))
+    isl, osl = float(workload.isl.mean()), float(workload.osl.mean())
+    dt, dcfg, du = (decode_timer, decode_cfg, decode_units) if decode_timer is not None else (timer, cfg, units)
+    d = max(1.0, min(clients / max(du, 1), float(dcfg.max_batch_size)))
+    kv = d * (isl + osl / 2.0)
+    t_dec = dt.step_ms((), int(round(d)), kv)
+    decode = math.ceil(max(osl - 1.0, 0.0) / dt.tokens_per_step) * t_dec
+    prompts = max(1.0, min(clients / max(units, 1), float(cfg.max_batch_size)))
+    tokens = prompts * isl
+    chunk = min(tokens, float(cfg.max_num_tokens))
+    if decode_timer is None and cfg.mixed:
+        extra = timer.step_ms(((chunk, 0.0),), int(round(d)), kv) - t_dec
+    else:
+        extra = timer.step_ms(((chunk, 0.0),), 0, 0.0)
+    return float(front_end(clients / max(replicas, 1), isl)) + decode + tokens / chunk * max(extra, 0.0)
+
+
+def _resolve_start(workload: Workload, cycle, mixed: bool) -> tuple[Workload, list[str]]:
+    """``workload`` with its closed loop's start resolved (``auto``: ``wave-then-staggered`` when
+    every request has the same lengths and the engine mixes prefill into decode steps, else
+    ``together``; a ramp-up of None: one expected request cycle, ``cycle(workload)``), and a note
+    saying how the clients started."""
+    if workload.sent_ms is not None:
+        return workload, []
+    start, ramp = workload.client_start, workload.ramp_up_ms
+    how = ""
+    if start == "auto":
+        same = bool((workload.isl == workload.isl[0]).all() and (workload.osl == workload.osl[0]).all())
+        start = "wave-then-staggered" if same and mixed else "together"
+        how = (" (auto: requests of one length on an engine that mixes prefill into decode steps, whose "
+               "real runs de-phase)" if start != "together" else "")
+    if start == "together":
+        return replace(workload, client_start=start, ramp_up_ms=0.0), []
+    what = "a ramp-up of"
+    if ramp is None:
+        ramp = cycle(workload)
+        what = "one expected request cycle,"
+    workload = replace(workload, client_start=start, ramp_up_ms=ramp)
+    if start == "staggered":
+        return workload, [f"closed loop: clients' first requests spread evenly over {what} {ramp:.0f} ms{how}"]
+    return workload, [f"closed loop: clients start together; after its first request each waits once, so that "
+                      f"their second requests spread evenly over {what} {ramp:.0f} ms{how}"]
 
 
 def simulate_estimator(est, params, workload: Workload, *, replicas: int = 1, router: str = "round-robin",
                        prefix_cache: bool = True, warmup: float = 0.1, cooldown: float = 0.1,
                        ttft_ms: float | None = None, tpot_ms: float | None = None, progress: bool = False,
                        quantum: int = 1, expected_running: float = 1.0, front_end_spread: float = 0.0,
-                       seed: int = 0) -> tuple[SimResult, EngineStepTimer]:
+                       seed: int = 0, schedule_ahead: bool | None = None) -> tuple[SimResult, EngineStepTimer]:
     """:func:`simulate` of ``replicas`` copies of ``est``'s layout under ``params``. Each rank's
     KV capacity is :meth:`MemoryBreakdown.capacity_for` ``expected_running`` requests (it differs
     from the whole KV budget only for models with a per-request state, such as linear attention,
@@ -59,7 +126,7 @@ def simulate_estimator(est, params, workload: Workload, *, replicas: int = 1, ro
     dp = est.plan.parallel.attention_dp
     timer = EngineStepTimer(est.engine, params, quantum)
     cap = est.memory.capacity_for(expected_running)
-    cfg = UnitConfig.from_params(params, cap)
+    cfg = UnitConfig.from_params(params, cap, schedule_ahead)
     units = replicas * dp
     notes = []
     hold = int(params.adp_balance_timeout_steps) if dp > 1 else 0
@@ -87,10 +154,13 @@ def simulate_disagg(prefill_timer, prefill_cfg: UnitConfig, decode_timer, decode
            for i in range(prefill_units)]
     dec = [Unit(i, decode_cfg, decode_timer, workload.block_tokens, False) for i in range(decode_units)]
     fe = front_end or (lambda streams, tokens: 0.0)
+    workload, start_note = _resolve_start(workload, lambda w: expected_cycle_ms(
+        w, prefill_timer, prefill_cfg, units=prefill_units, replicas=1, front_end=fe, decode_timer=decode_timer,
+        decode_cfg=decode_cfg, decode_units=decode_units), False)
     reqs = run(pre, Router(router, pre), workload, fe, None, progress, front_end_spread, seed,
                decode_units=dec, decode_router=Router("least-outstanding", dec), transfer_ms=transfer_ms)
     return summarise(reqs, pre + dec, warmup=warmup, cooldown=cooldown, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
-                     notes=list(workload.notes) + list(notes), kv_units=dec)
+                     notes=list(workload.notes) + list(notes) + start_note, kv_units=dec)
 
 
 def simulate_estimator_disagg(prefill, decode, params_prefill, params_decode, workload: Workload, *,

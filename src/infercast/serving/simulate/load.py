@@ -44,11 +44,25 @@ from ...errors import DataFileError, InvalidInputError
 MOONCAKE_BLOCK_TOKENS = 512
 
 
+#: how closed-loop clients start (:class:`Workload` ``client_start``)
+CLIENT_STARTS = ("together", "staggered", "wave-then-staggered", "auto")
+
+
 @dataclass
 class Workload:
     """Requests to simulate. ``sent_ms``: send times (open loop / trace), None for a closed loop
     of ``clients`` clients that send the requests in order. ``hashes[i]``: request ``i``'s
-    prefix-block hashes (empty: it shares nothing), each block ``block_tokens`` tokens."""
+    prefix-block hashes (empty: it shares nothing), each block ``block_tokens`` tokens.
+
+    ``client_start`` (closed loop only; :data:`CLIENT_STARTS`): ``together`` -- every client sends
+    its first request at time 0, as benchmark clients start; ``staggered`` -- client ``c`` of ``C``
+    sends its first request at ``c x ramp_up_ms / C``; ``wave-then-staggered`` -- every client
+    starts at time 0, and client ``c`` waits ``c x ramp_up_ms / C`` after its first request
+    completes before sending its second (the synchronised first wave kept, the clients spread
+    over the cycle after it); ``auto`` -- ``wave-then-staggered`` when every request has the same
+    lengths and the engine mixes prefill into decode steps, else ``together``
+    (:func:`.deploy.simulate` resolves it). ``ramp_up_ms``: the spread; None: one expected request
+    cycle of the deployment, which :func:`.deploy.simulate` estimates from the step timer."""
 
     isl: np.ndarray
     osl: np.ndarray
@@ -58,6 +72,8 @@ class Workload:
     block_tokens: int = MOONCAKE_BLOCK_TOKENS
     description: str = ""
     notes: list[str] = field(default_factory=list)
+    client_start: str = "together"
+    ramp_up_ms: float | None = None
 
     def __post_init__(self):
         self.isl = np.asarray(self.isl, dtype=np.int64)
@@ -75,6 +91,11 @@ class Workload:
             raise InvalidInputError("a workload needs send times or closed-loop clients")
         if self.hashes is not None and len(self.hashes) != n:
             raise InvalidInputError("a workload's hash lists differ in number from its requests")
+        if self.client_start not in CLIENT_STARTS:
+            raise InvalidInputError(f"unknown closed-loop client start {self.client_start!r}",
+                                    f"one of {', '.join(CLIENT_STARTS)}")
+        if self.ramp_up_ms is not None and not (np.isfinite(self.ramp_up_ms) and self.ramp_up_ms >= 0):
+            raise InvalidInputError("a closed loop's ramp-up must be a duration >= 0", f"got {self.ramp_up_ms} ms")
 
     def __len__(self) -> int:
         return len(self.isl)
@@ -283,10 +304,12 @@ def read_trace(path, time_scale: float = 1.0, block_tokens: int | None = None) -
 
 def synthetic(n: int, *, isl: int | None = None, osl: int | None = None, range_ratio: float = 1.0,
               lengths_from: Workload | None = None, rate: float | None = None, burstiness: float = 1.0,
-              clients: int = 0, seed: int = 0, sent_ms: np.ndarray | None = None, load: str = "") -> Workload:
+              clients: int = 0, seed: int = 0, sent_ms: np.ndarray | None = None, load: str = "",
+              client_start: str = "together", ramp_up_ms: float | None = None) -> Workload:
     """``n`` requests of lengths fixed (``isl``, ``osl``), uniform on ``[range_ratio x L, L]``, or
     drawn from ``lengths_from``; sent at ``rate`` requests/s (gamma gaps of shape ``burstiness``)
-    or by ``clients`` closed-loop clients (or at the given ``sent_ms``, described by ``load``)."""
+    or by ``clients`` closed-loop clients starting as ``client_start`` says (:class:`Workload`; or at
+    the given ``sent_ms``, described by ``load``)."""
     if sent_ms is not None:
         n = len(sent_ms)
     if n < 1:
@@ -308,4 +331,5 @@ def synthetic(n: int, *, isl: int | None = None, osl: int | None = None, range_r
         return Workload(i, o, sent_ms=sent, description=f"{n} requests, {kind} arrivals at {rate:g} req/s, {how}")
     if clients < 1:
         raise InvalidInputError("--concurrency must be >= 1", f"got {clients}")
-    return Workload(i, o, clients=clients, description=f"{n} requests from {clients} closed-loop clients, {how}")
+    return Workload(i, o, clients=clients, client_start=client_start, ramp_up_ms=ramp_up_ms,
+                    description=f"{n} requests from {clients} closed-loop clients, {how}")

@@ -25,7 +25,9 @@ out step by step, so the ranks' prefills are gathered into the same steps.
 
 A rank with nothing to run idles through the group's steps (its time does not count; the small
 cost of the dummy batch an idle rank runs on real engines is left out); a request reaching an idle
-rank, or any rank during a decode run, waits for the end of the group's step in progress.
+rank, or any rank during a decode run, waits for the end of the group's step in progress (and,
+on a scheduler that composes steps one ahead, for the step after it: every rank, idle or not,
+composes with the group's steps).
 """
 
 from __future__ import annotations
@@ -72,6 +74,13 @@ class Lockstep:
             r.adp_hold = hold
             if r.plan() is not None:
                 active.append(r)
+        if not active and any(r.waiting for r in self.ranks):
+            # every rank's step composed ahead would be empty: the group idles, and its next pass
+            # takes what arrived meanwhile at once
+            for r in self.ranks:
+                r.cut = now
+                if r.plan() is not None:
+                    active.append(r)
         if not active:
             self.seg = None
             return None
@@ -85,6 +94,8 @@ class Lockstep:
             k = min(r.seg[1] for r in active)
             if hold:  # the run ends when the hold times out
                 k = max(1, min(k, self.timeout - self.held_steps))
+            if any(r.cfg.schedule_ahead and r.waiting and r.waiting[-1].ready > r.cut for r in self.ranks):
+                k = 1  # an idle rank's request, not seen when this step was composed, joins the next one
             a = max(r.seg[2] for r in active)
             b = 0.0
             if k > 1:
@@ -102,13 +113,19 @@ class Lockstep:
         self.seg = None
         out = []
         if end is None:
+            for r in self.ranks:
+                r.cut = self.now
             return out
         steps = 1
+        cut = self.now
         for r in self.ranks:
             if r.seg is not None:
                 if r.seg[0] == "d":
                     steps = r.seg[1]
                 out.extend(r.commit())
+                cut = r.cut
+        for r in self.ranks:  # an idle rank's scheduler composes its steps with the group's
+            r.cut = cut
         if self.holding:
             self.held_steps += steps
         self.now = end

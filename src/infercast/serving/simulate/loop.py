@@ -3,8 +3,9 @@
 Events, in time order (at equal times: sends, arrivals at a scheduler, KV hand-offs, then segment
 ends):
 
-* *send*: a request leaves its client (open loop: at its send time; closed loop: at time 0 for
-  each client's first request, then the moment the client's previous request completes). The
+* *send*: a request leaves its client (open loop: at its send time; closed loop: each client's
+  first request at time 0, or spread as the workload's ``client_start`` says, then each next one
+  the moment its previous request completes -- after a one-time wait for ``wave-then-staggered``). The
   router (:mod:`.router`) picks a scheduler; the request reaches it after the front end's time
   (``front_end(open streams of that replica, prompt tokens)`` ms: HTTP, tokenisation, the API
   server's per-stream work, :meth:`~infercast.serving.backends.SchedulerParams.front_end_ms`), fixed
@@ -79,8 +80,18 @@ def run(units, router, workload, front_end, replica_of=None, progress: bool = Fa
 
     if workload.sent_ms is None:
         clients = min(workload.clients, n)
+        start, ramp = workload.client_start, workload.ramp_up_ms
+        if start not in ("together", "staggered", "wave-then-staggered") or (start != "together" and ramp is None):
+            from ...errors import InvalidInputError
+
+            raise InvalidInputError("a closed loop's client start must be resolved first (deploy.simulate)",
+                                    f"got {start}, ramp-up {ramp}")
+        after_first = start == "wave-then-staggered"
+        ramp = float(ramp or 0.0) if start != "together" else 0.0
         for c in range(clients):
-            push(0.0, SEND, new_request(c, 0.0, c))
+            t0 = ramp * c / clients if start == "staggered" else 0.0
+            push(t0, SEND, new_request(c, t0, c))
+        client_sent = [1] * clients
         issued = clients
     else:
         sent = workload.sent_ms.tolist()
@@ -109,7 +120,12 @@ def run(units, router, workload, front_end, replica_of=None, progress: bool = Fa
                 rep_streams[r.rep] -= 1
                 finished += 1
                 if r.client >= 0 and issued < n:
-                    push(r.finish, SEND, new_request(issued, r.finish, r.client))
+                    c = r.client
+                    t_next = r.finish
+                    if after_first and client_sent[c] == 1:  # the ramp, after the synchronised first wave
+                        t_next += ramp * c / clients
+                    client_sent[c] += 1
+                    push(t_next, SEND, new_request(issued, t_next, c))
                     issued += 1
             end = u.plan()
             if end is not None:

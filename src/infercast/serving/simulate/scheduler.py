@@ -39,6 +39,13 @@ A context batching delay (TensorRT-LLM's ``batch_wait_timeout_iters`` and
 decodes' plus the waiting prompts') would reach the ratio of the budget or the delay has lasted
 ``batch_wait_iters`` steps; an idle engine takes them at once.
 
+A scheduler that composes each step while the one before it runs (``schedule_ahead``: the
+engines' overlap / async schedulers, :func:`schedule_ahead`) admits at a step boundary only the
+requests it had seen when the step before began (``cut``): a request arriving during step ``n``
+joins step ``n + 2`` at the earliest (a decode run is cut one step after the step in progress),
+or, polled from the inbox, the step after the one composed at its poll; when the step composed
+ahead would be empty (nothing running), the idle engine takes the request at once.
+
 The attention-DP balance hold (``adp_balance_timeout_steps``) is the replica's rule, played by
 :class:`.lockstep.Lockstep`, which sets ``adp_hold`` on its ranks: a held rank admits no new
 prompt (it runs its decodes and the chunks of prompts it already started).
@@ -67,15 +74,26 @@ class UnitConfig:
     recv_interval: int = 1  # the queue is polled every this many decode steps, and after a prefill step
     batch_wait_iters: int = 0  # context batching delay: new prompts held up to this many steps ...
     batch_wait_ratio: float = 0.0  # ... or until the step's tokens would reach this share of the budget
+    schedule_ahead: bool = False  # step n+1 is composed while step n runs: arrivals during n join n+2 at the earliest
 
     @classmethod
-    def from_params(cls, params, kv_capacity_tokens: float) -> UnitConfig:
-        """The scheduler settings of a :class:`~infercast.serving.backends.SchedulerParams`."""
+    def from_params(cls, params, kv_capacity_tokens: float, ahead: bool | None = None) -> UnitConfig:
+        """The scheduler settings of a :class:`~infercast.serving.backends.SchedulerParams`;
+        ``ahead``: ``schedule_ahead`` as stated (None: :func:`schedule_ahead` of ``params``)."""
         return cls(int(params.max_num_tokens), int(params.max_batch_size), bool(params.chunked), bool(params.mixed),
                    float(kv_capacity_tokens), bool(params.kv_reserve_full), int(params.min_prefill_chunk),
                    max(1, int(getattr(params, "recv_interval", 1))), int(getattr(params, "batch_wait_iters", 0)),
-                   float(getattr(params, "batch_wait_max_tokens_ratio", 0.0)))
+                   float(getattr(params, "batch_wait_max_tokens_ratio", 0.0)),
+                   schedule_ahead(params) if ahead is None else bool(ahead))
 
+
+
+def schedule_ahead(params) -> bool:
+    """Whether a backend's scheduler composes the next step while the current one runs, so that a
+    request arriving during step ``n`` is first scheduled into step ``n + 2``:
+    :attr:`~infercast.serving.backends.SchedulerParams.schedule_ahead` (TensorRT-LLM's overlap
+    scheduler, vLLM's async scheduling), or ``overlap`` (SGLang's overlap scheduler)."""
+    return bool(getattr(params, "schedule_ahead", False) or getattr(params, "overlap", False))
 
 
 class Request:
@@ -102,6 +120,7 @@ class Request:
         "prefill_unit",
         "priv",
         "prompt",
+        "ready",
         "remote",
         "rep",
         "sent",
@@ -114,6 +133,7 @@ class Request:
         self.idx = idx
         self.sent = sent
         self.arrival = sent
+        self.ready = sent  # when the scheduler saw it: its arrival, the poll that took it in, or its KV hand-off
         self.isl = isl
         self.osl = osl
         self.hashes = hashes
@@ -158,6 +178,7 @@ class Unit:
         self.held = 0  # steps the waiting prompts have been held by the context batching delay
         self.hold_active = False  # the segment being run holds them
         self.adp_hold = False  # the attention-DP balance hold keeps new prompts waiting (set by Lockstep)
+        self.cut = 0.0  # schedule_ahead: the step planned at ``now`` sees the requests queued by this time
         self.prefilling: list[Request] = []
         self.decoding: dict[Request, None] = {}  # in admission order (preemption takes the last)
         self.heap: list = []  # (finish key, seq, request, incarnation)
@@ -201,6 +222,8 @@ class Unit:
         interval = cfg.recv_interval
         if self.poll_now or not self.running() or (self.since_poll > 0 and self.since_poll % interval == 0):
             # a poll (every ``interval`` decode steps, after a prefill step, or when idle)
+            for r in self.inbox:
+                r.ready = self.now
             self.waiting.extend(self.inbox)
             self.inbox.clear()
             self.since_poll = 0
@@ -209,7 +232,12 @@ class Unit:
         self.poll_now = False
         if self.n_dec and not cfg.kv_reserve_full:
             self._preempt_for(self.n_dec * self.tau)
-        groups = self._compose(cap)
+        ahead = cfg.schedule_ahead
+        groups = self._compose(cap, self.cut if ahead else math.inf)
+        if ahead and not groups and not self.n_dec and self.waiting and self.driver is self:
+            # the step composed ahead would be empty: the engine idles, and its next pass takes
+            # what arrived meanwhile at once (attention-DP ranks: the group decides, Lockstep.plan)
+            groups = self._compose(cap, math.inf)
         if groups:
             with_dec = cfg.mixed and self.n_dec > 0
             chunks = [(c, r.done_prefill) for r, c in groups]
@@ -227,6 +255,8 @@ class Unit:
                 k = max(1, min(k, cfg.recv_interval - self.since_poll))
             if self.hold_active:  # stop when the batching delay ends
                 k = max(1, min(k, cfg.batch_wait_iters - self.held))
+            if ahead and self.waiting and self.waiting[-1].ready > self.cut:
+                k = 1  # a request the step composed ahead did not see joins the step after it
             kv0 = self._decode_kv()
             a = self.timer.step_ms((), self.n_dec, kv0)
             b = 0.0
@@ -247,7 +277,9 @@ class Unit:
             heapq.heappop(h)
         raise AssertionError("decoding requests without finish keys")
 
-    def _compose(self, cap: float):
+    def _compose(self, cap: float, cut: float = math.inf):
+        """The step's prefill groups: started prompts' chunks, then new requests from the queue
+        (those queued by ``cut``, first come first served) as slots, KV and budget allow."""
         cfg = self.cfg
         room = cfg.max_num_tokens - (self.n_dec * self.width if cfg.mixed else 0.0)
         if cfg.chunked:
@@ -275,6 +307,8 @@ class Unit:
         bt = self.bt
         while waiting and self.running() < cfg.max_batch_size:
             r = waiting[0]
+            if r.ready > cut:
+                break
             if r.remote:  # prefilled elsewhere: joins the decodes with its KV, no prefill work here
                 need = r.prompt + (r.target if cfg.kv_reserve_full else 1)
                 if need > cap - self.kv_used() - growth:
@@ -395,10 +429,13 @@ class Unit:
         seg = self.seg
         self.seg = None
         out: list[Request] = []
-        if seg is None:
+        if seg is None:  # woken from idle: no step was running, the next one sees every request
+            self.cut = self.now
             return out
         if seg[0] == "d":
             k, end = seg[1], seg[4]
+            a, b = seg[2], seg[3]
+            self.cut = self.now + (k - 1) * a + b * (k - 1) * (k - 2) / 2.0  # the last step's start
             self.busy_ms += end - self.now
             self.now = end
             self.steps += k
@@ -408,6 +445,7 @@ class Unit:
             self._finish_decodes(end, out)
         else:
             _, groups, with_dec, end = seg
+            self.cut = self.now
             self.busy_ms += end - self.now
             self.now = end
             self.steps += 1
@@ -458,6 +496,7 @@ class Unit:
         out.append(r)
 
     def enqueue(self, r: Request) -> None:
+        """``r`` reaches this scheduler's queue (at ``r.arrival``)."""
         if not self.cfg.chunked and r.isl > self.cfg.max_num_tokens:
             raise InvalidConfigError(
                 f"a prompt of {r.isl} tokens does not fit the step budget of {self.cfg.max_num_tokens} tokens, and the "
@@ -470,6 +509,7 @@ class Unit:
                 f"request {r.idx} needs {need} KV tokens, more than a replica's cache holds "
                 f"({int(self.cfg.kv_capacity_tokens)})", "use more GPUs per replica, or shorter requests")
         r.unit = self.index
+        r.ready = r.arrival
         if self.cfg.recv_interval > 1:
             self.inbox.append(r)
         else:
@@ -485,4 +525,5 @@ class Unit:
         r.remote = True
         r.prompt, r.target = r.isl, r.osl
         r.unit = self.index
+        r.ready = r.handoff
         self.waiting.append(r)
