@@ -236,3 +236,16 @@ def test_report_html_renders_in_headless_chromium(html_report, tmp_path):
     # 4 CDFs + 3 series x (sum + 2 schedulers) + the throughput line, each drawn as a scatter trace
     assert dom.count('class="trace scatter') >= 4 + 3 * 3 + 1
     assert "id=\"summary\"" in dom
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (("--burstiness", "0.5"), "--burstiness"),
+    (("--duration-s", "5"), "--duration-s"),
+    (("--time-scale", "2"), "--time-scale"),
+    (("--block-tokens", "16"), "--block-tokens"),
+])
+def test_load_flags_of_another_load_are_refused(synth, capsys, extra, needle):
+    """Before: a closed loop took --burstiness, --duration-s, --time-scale and --block-tokens and
+    ran as if they were not given. Now each is refused with the load it belongs to."""
+    rc, out, err = run_cli(capsys, argv(synth, "--concurrency", "4", "--isl", "128", "--osl", "8", *extra))
+    assert_one_line_error(rc, out, err, needle)

@@ -858,6 +858,24 @@ def _refuse_unused_layout_flags(a, disagg: bool) -> None:
                                         f"add --prefill-workers and --decode-workers, or use --{k.replace('_', '-')}")
 
 
+def _refuse_unused_load_flags(a) -> None:
+    """Flags of one kind of ``simulate`` load given with another, which would not read them."""
+    open_loop = a.request_rate is not None or a.rate_schedule is not None
+    unused = []
+    if a.burstiness != 1.0 and not open_loop:
+        unused.append(("--burstiness", "shapes open-loop arrivals: give it with --request-rate or --rate-schedule"))
+    if a.duration_s is not None and not open_loop:
+        unused.append(("--duration-s", "is how long open-loop arrivals last: give it with --request-rate or "
+                                       "--rate-schedule (a closed loop runs --num-requests, a trace its own length)"))
+    if a.time_scale != 1.0 and a.trace is None:
+        unused.append(("--time-scale", "speeds a trace up or down: give it with --trace"))
+    if a.block_tokens is not None and a.trace is None:
+        unused.append(("--block-tokens", "is the tokens per prefix-hash block of a trace: give it with --trace"))
+    if unused:
+        flag, why = unused[0]
+        raise InvalidInputError(f"{flag} {why}")
+
+
 def _client_start(a) -> tuple[str, float | None]:
     """(``--client-start``, its ramp-up in ms from ``--ramp-up-s``: None for one expected request
     cycle, resolved by the simulation)."""
@@ -899,6 +917,7 @@ def cmd_simulate(a) -> int:
             raise InvalidInputError(f"--{name.replace('_', '-')} must be a positive number, got {v}")
     if a.block_tokens is not None and a.block_tokens < 1:
         raise InvalidInputError(f"--block-tokens must be >= 1, got {a.block_tokens}")
+    _refuse_unused_load_flags(a)
     client_start, ramp_up_ms = _client_start(a)
     if a.trace is not None:
         w = read_trace(a.trace, a.time_scale, a.block_tokens)
