@@ -71,6 +71,17 @@ class SimResult(ServingMetrics):
     steps: int
 
 
+@dataclass
+class FirstTokens:
+    """The time-to-first-token side of a simulated benchmark (:func:`first_tokens`): the mean
+    TTFT, its :data:`~.result.TTFT_PARTS` and the per-request distribution, as the
+    :class:`SimResult` of the same run reports them."""
+
+    ttft_ms: float
+    ttft_parts: dict
+    ttft_dist: Distribution
+
+
 def simulate(
     engine,
     concurrency: int,
@@ -81,7 +92,14 @@ def simulate(
     gpus: int,
     requests_per_client: float | None = None,
     max_events: int = 200_000,
-) -> SimResult:
+    first_tokens_only: bool = False,
+) -> SimResult | FirstTokens:
+    """Play the closed-loop benchmark out (module docstring). With ``first_tokens_only``, stop as
+    soon as every request has been sent and has its first token, and answer a
+    :class:`FirstTokens`: what follows (decode steps to the completions) moves no request's TTFT,
+    and the requests still decoding are recorded in the order they would complete (the order
+    they started decoding, as :func:`finish_decodes` pops them), so the TTFT numbers are the
+    full run's, bit for bit."""
     C = int(concurrency)
     osl = int(osl)
     isl = int(isl)
@@ -150,6 +168,10 @@ def simulate(
                 waiting.append(_Cohort(new, now + params.arrival_delay_ms, float(isl), sent=now))
 
     while (waiting or running) and events < max_events:
+        if first_tokens_only and not waiting and issued >= total_requests:
+            while running:  # in completion order; their decode times are not needed
+                complete(running.popleft(), t)
+            break
         # The benchmark repeats itself: once the whole first wave has completed at one instant and
         # its C successors are all that waits, the state is the start state shifted by ``t``, so
         # each further full wave is an exact copy of the first: its requests' metrics and its
@@ -281,6 +303,10 @@ def simulate(
             "fewer requests per client (--concurrency, --requests-per-client)",
         )
     w = np.asarray(w_v, float)
+    if first_tokens_only:
+        ttft_d = Distribution(ttft_v, w)
+        return FirstTokens(ttft_d.mean(), ttft_parts(params.arrival_delay_ms, float(np.dot(wait_v, w) / w.sum()),
+                                                     float(np.dot(prefill_v, w) / w.sum())), ttft_d)
     ttft_d, tpot_d = Distribution(ttft_v, w), Distribution(tpot_v, w)
     ttft, tpot = ttft_d.mean(), tpot_d.mean()
     lat = float(np.dot(lat_v, w) / w.sum())
