@@ -52,3 +52,19 @@ def test_first_tokens_only_is_the_full_runs_ttft(kw, kv):
         assert part.ttft_parts == full.ttft_parts
         assert np.array_equal(part.ttft_dist.values, full.ttft_dist.values)
         assert np.array_equal(part.ttft_dist.weights, full.ttft_dist.weights)
+
+
+def test_plus_of_equal_weights_is_the_general_paths():
+    """``Distribution.plus`` sorts only the values when every weight is equal; the answer is the
+    general path's (one weight nudged by one ulp takes that path), ties among the sums included."""
+    from infercast.serving.result import Distribution, uniform
+
+    rng = np.random.default_rng(3)
+    for a, b in ((uniform(0.0, 1.0), uniform(0.0, 3.0)),
+                 (Distribution(rng.random(50).round(1), np.ones(50)), Distribution(rng.random(70).round(1), np.ones(70)))):
+        fast = a.plus(b)
+        w = b.weights.copy()
+        w[0] = np.nextafter(w[0], 2.0)  # not all equal: the general (argsort) path
+        slow = a.plus(Distribution(b.values, w))
+        # the one-ulp weight moves the cumulative weights by rounding only: the same quantiles here
+        assert np.array_equal(fast.values, slow.values)

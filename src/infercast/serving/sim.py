@@ -73,9 +73,9 @@ class SimResult(ServingMetrics):
 
 @dataclass
 class FirstTokens:
-    """The time-to-first-token side of a simulated benchmark (:func:`first_tokens`): the mean
-    TTFT, its :data:`~.result.TTFT_PARTS` and the per-request distribution, as the
-    :class:`SimResult` of the same run reports them."""
+    """The time-to-first-token side of a simulated benchmark (:func:`simulate` with
+    ``first_tokens_only``): the mean TTFT, its :data:`~.result.TTFT_PARTS` and the per-request
+    distribution, as the :class:`SimResult` of the same run reports them."""
 
     ttft_ms: float
     ttft_parts: dict
