@@ -68,3 +68,20 @@ def test_plus_of_equal_weights_is_the_general_paths():
         slow = a.plus(Distribution(b.values, w))
         # the one-ulp weight moves the cumulative weights by rounding only: the same quantiles here
         assert np.array_equal(fast.values, slow.values)
+
+
+def test_serve_agg_without_notes_has_the_same_numbers(synth):
+    """``notes=False`` (a search's serving runs) leaves only the per-op notes out."""
+    import synthpack as sp
+
+    from infercast.api import Estimator, serve_agg, serve_agg_replica
+
+    e = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", systems_path=synth.systems_dir)
+    for c in (1, 8, 64):
+        full = serve_agg(e, c, 300, 20)
+        lean = serve_agg(e, c, 300, 20, notes=False)
+        assert lean.notes == []
+        a, b = dataclasses.asdict(full), dataclasses.asdict(lean)
+        a.pop("notes"), b.pop("notes")
+        assert repr(a) == repr(b)
+        assert serve_agg_replica(e, c, 300, 20, notes=False)[0].ttft_ms == full.ttft_ms
