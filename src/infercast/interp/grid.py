@@ -569,7 +569,9 @@ class Grid:
         if len(coords) == 2:  # inside a 2-D grid: _scalar's steps written out (the same values)
             (xa, xb), V = self._py[0], self._py[1]
             qa, qb = float(coords[0]), float(coords[1])
-            if xa[0] < qa < xa[-1] and xb[0] < qb < xb[-1]:
+            # on a first grid point too (one sequence is a context grid's first batch): there
+            # _locate1 answers (0, 0.0, the point), as bisect_right does here
+            if xa[0] <= qa < xa[-1] and xb[0] <= qb < xb[-1]:
                 sa, sb = self.scales
                 i = bisect_right(xa, qa) - 1
                 x0 = xa[i]
