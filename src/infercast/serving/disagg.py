@@ -284,32 +284,32 @@ def _ttft_percentiles_many(first_batch, front, n_batches, wait_mean, p_zero, shi
         return np.where((j > 0) & (j * fb + front > v), j - 1, j)
 
     total = 1.0 / k + steady_share
-    out = np.empty((len(PERCENTILES), fb.size))
-    for row, q in enumerate(PERCENTILES):
-        target = q / 100.0 * total * (1.0 - 1e-12)
-        lo, hi = np.zeros_like(n_steady), n_steady.copy()
-        while True:
-            live = lo < hi
-            if not live.any():
-                break
-            mid = (lo + hi) // 2
-            reached = w0 + (mid + 1 - z) * wt + wf * below(value(mid)) >= target
-            hi = np.where(live & reached, mid, hi)
-            lo = np.where(live & ~reached, mid + 1, lo)
-        m = lo  # n_steady: no steady point reaches the target
-        at = np.where(m < n_steady, value(m), np.inf)
-        first = m == 0
-        prev = np.where(first, -np.inf, value(m - 1))
-        s_prev = np.where(first, 0.0, w0 + (m - z) * wt)
-        j_lo = np.where(first, 1, below(prev) + 1)
-        need = target - s_prev
-        j0 = np.maximum(np.ceil(need / wf), 1).astype(np.int64)
-        j0 = np.where((j0 > 1) & ((j0 - 1) * wf >= need), j0 - 1, j0)
-        j0 = np.where(j0 * wf < need, j0 + 1, j0)
-        j = np.maximum(j0, j_lo)
-        fv = np.minimum(j, nb) * fb + front
-        out[row] = np.where(((j <= nb) & (fv < at)) | np.isinf(at), fv, at)
-    return out
+    # every percentile at once: a row per percentile, each element bisected on its own (the same
+    # elementwise operations as one percentile at a time, a third of the numpy calls)
+    target = np.array([[q / 100.0 * total * (1.0 - 1e-12)] for q in PERCENTILES])
+    lo = np.zeros((len(PERCENTILES), fb.size), dtype=n_steady.dtype)
+    hi = np.broadcast_to(n_steady, lo.shape).copy()
+    while True:
+        live = lo < hi
+        if not live.any():
+            break
+        mid = (lo + hi) // 2
+        reached = w0 + (mid + 1 - z) * wt + wf * below(value(mid)) >= target
+        hi = np.where(live & reached, mid, hi)
+        lo = np.where(live & ~reached, mid + 1, lo)
+    m = lo  # n_steady: no steady point reaches the target
+    at = np.where(m < n_steady, value(m), np.inf)
+    first = m == 0
+    prev = np.where(first, -np.inf, value(m - 1))
+    s_prev = np.where(first, 0.0, w0 + (m - z) * wt)
+    j_lo = np.where(first, 1, below(prev) + 1)
+    need = target - s_prev
+    j0 = np.maximum(np.ceil(need / wf), 1).astype(np.int64)
+    j0 = np.where((j0 > 1) & ((j0 - 1) * wf >= need), j0 - 1, j0)
+    j0 = np.where(j0 * wf < need, j0 + 1, j0)
+    j = np.maximum(j0, j_lo)
+    fv = np.minimum(j, nb) * fb + front
+    return np.where(((j <= nb) & (fv < at)) | np.isinf(at), fv, at)
 
 
 def _disagg_result(ps: _PrefillService, C: float, osl: int, servers: int, out_steps: float, transfer_ms: float,
