@@ -709,7 +709,11 @@ class CompiledEngine:
         """One step carrying several prefill groups (sequences, new tokens, prefix each) and
         ``dec_batch`` decodes at mean KV length ``dec_kv``: token-wise ops run once over all
         tokens, attention per group."""
-        groups = tuple(zip(_floats(ctx_batch), _floats(ctx_isl), _floats(ctx_prefix)))
+        return self.mixed_groups_ms(tuple(zip(_floats(ctx_batch), _floats(ctx_isl), _floats(ctx_prefix))), dec_batch, dec_kv)
+
+    def mixed_groups_ms(self, groups: tuple, dec_batch: float, dec_kv: float) -> float:
+        """:meth:`mixed_step_ms` of prefill ``groups`` given as a tuple of (sequences, new tokens,
+        prefix) float triples (a simulator's step, without building the three lists)."""
         key = (groups, dec_batch, dec_kv)
         hit = self._mixed_memo.get(key)
         if hit is not None:

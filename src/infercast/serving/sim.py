@@ -128,6 +128,8 @@ def simulate(
     # engine (tests' synthetic ones) answers through step_ms
     # a run of one step (the most common: to the next completion) as one float, without numpy
     decode_one = getattr(engine, "decode_one_ms", None)
+    # a step's prefill groups as one tuple of float triples (CompiledEngine; else three lists)
+    mixed_groups = getattr(engine, "mixed_groups_ms", None)
     decode_run = getattr(engine, "decode_run_ms", None) or (
         lambda b, kv, pad=0.0: engine.step_ms(dec_batch=b, dec_kv=kv, dec_pad=pad))
     issued = C
@@ -234,16 +236,18 @@ def simulate(
                     admitted += take
         # --- run the step
         if groups:
-            # plain lists: the step's few groups cost less as Python floats than as numpy arrays
-            cb = [float(g[1]) for g in groups]
-            ci = [float(g[2]) for g in groups]
-            cp = [float(g[0].done_prefill) for g in groups]
+            # plain floats: the step's few groups cost less as Python floats than as numpy arrays
+            gs = tuple([(float(take), float(chunk), float(c.done_prefill)) for c, take, chunk in groups])
             if params.mixed and running:
                 kv_mean = (in_flight * (isl + 1.0 + done) - entry_sum) / in_flight
-                dt = params.step_ms(engine.mixed_step_ms(cb, ci, cp, float(in_flight), kv_mean), in_flight + sum(cb))
+                gpu = mixed_groups(gs, float(in_flight), kv_mean) if mixed_groups is not None else engine.mixed_step_ms(
+                    [g[0] for g in gs], [g[1] for g in gs], [g[2] for g in gs], float(in_flight), kv_mean)
+                dt = params.step_ms(gpu, in_flight + sum([g[0] for g in gs]))
                 dec_n = in_flight
             else:
-                dt = params.step_ms(engine.mixed_step_ms(cb, ci, cp, 0.0, 1.0), sum(cb))
+                gpu = mixed_groups(gs, 0.0, 1.0) if mixed_groups is not None else engine.mixed_step_ms(
+                    [g[0] for g in gs], [g[1] for g in gs], [g[2] for g in gs], 0.0, 1.0)
+                dt = params.step_ms(gpu, sum([g[0] for g in gs]))
                 dec_n = 0
             t += dt
             steps += 1
