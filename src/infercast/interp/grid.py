@@ -458,7 +458,9 @@ class Grid:
 
     def _evaluate(self, coords: tuple, refuse: bool, with_prov: bool) -> tuple[np.ndarray, np.ndarray | None]:
         p = None
-        coords = np.broadcast_arrays(*(np.asarray(c, dtype=float) for c in coords))
+        coords = tuple(np.asarray(c, dtype=float) for c in coords)
+        if len(coords) > 1 and any(c.shape != coords[0].shape for c in coords[1:]):  # (equal shapes: as they are)
+            coords = np.broadcast_arrays(*coords)
         if len(coords) != len(self.axes):
             raise ValueError(f"grid has {len(self.axes)} axes, got {len(coords)} coordinates")
         if len(self.axes) == 1:
