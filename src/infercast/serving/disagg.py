@@ -383,18 +383,14 @@ def _disagg_results_many(C: np.ndarray, osl: int, servers: np.ndarray, out_steps
     pct = _ttft_percentiles_many(first_batch, front, n_batches, wait_mean, 1.0 - rho, ttft - wait_mean, k)
     cols = [x.tolist() for x in (C, ttft_mean, tpot, latency, C / latency * osl * 1e3 / gpus, per_user, d, rho, transfer,
                                  k_steady, lam * 1e3, *parts, *pct)]
-    names = [f"ttft_p{q}_ms" for q in PERCENTILES]
-    out = []
-    for (c, tm, tp, lat, tg, tu, db, r, tr, ks, ar, f, w, p, *ps) in zip(*cols):
-        res = DisaggResult(concurrency=c, ttft_ms=tm, tpot_ms=tp, request_latency_ms=lat, tokens_per_s_per_gpu=tg,
-                           tokens_per_s_per_user=tu, decode_batch=db, prefill_utilisation=r, kv_transfer_ms=tr,
-                           prefill_batch=int(ks), arrival_rate_per_s=ar,
-                           ttft_parts={"front_end": f, "wait": w, "prefill": p},
-                           tpot_p50_ms=tp, tpot_p90_ms=tp, tpot_p99_ms=tp)
-        for name, v in zip(names, ps):
-            setattr(res, name, v)
-        out.append(res)
-    return out
+    assert PERCENTILES == (50, 90, 99)  # the keywords below
+    # positional fields (concurrency .. tokens_per_s_per_user, decode_batch .. arrival_rate_per_s)
+    # and every keyword in one call: about half the cost of keywords and setattr
+    return [DisaggResult(c, tm, tp, lat, tg, tu, db, r, tr, int(ks), ar,
+                         ttft_parts={"front_end": f, "wait": w, "prefill": p},
+                         ttft_p50_ms=p50, ttft_p90_ms=p90, ttft_p99_ms=p99,
+                         tpot_p50_ms=tp, tpot_p90_ms=tp, tpot_p99_ms=tp)
+            for (c, tm, tp, lat, tg, tu, db, r, tr, ks, ar, f, w, p, p50, p90, p99) in zip(*cols)]
 
 
 def _decode_step_many(engine, params: SchedulerParams, d: np.ndarray, kv: float) -> np.ndarray:
