@@ -55,3 +55,17 @@ def test_decode_steps_equal_the_step_model(synth, cp):
     want = e.engine.step_ms(dec_batch=d, dec_kv=90.0, dec_pad=pad, phase="decode")
     got = e.engine.decode_steps_ms(d, 90.0, pad)
     assert got.tolist() == want.tolist()
+
+
+def test_decode_steps_stacked_grids_held_and_idle(synth):
+    """decode_steps_ms's stacked token-wise grids (one locate for the ops that share a token
+    axis) give step_ms's numbers inside the axes, beyond them (each grid holds its own edge) and
+    with idle elements (no decodes)."""
+    e = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", systems_path=synth.systems_dir, tp=2)
+    kinds = [unit[0] for unit, _ in e.engine._decode_rows()]
+    assert "stack" in kinds and "analytic" in kinds and "attention" in kinds
+    inside = np.linspace(1.0, 60.0, 41)
+    for d in (inside, np.concatenate([inside, [0.0, 0.0, 3.0]]), np.concatenate([inside, [3000.0, 20000.0]])):
+        want = e.engine.step_ms(dec_batch=d, dec_kv=90.0, phase="decode")
+        got = e.engine.decode_steps_ms(d, 90.0)
+        assert got.tolist() == want.tolist()

@@ -39,6 +39,7 @@ import numpy as np
 
 from ..errors import NotAvailableError
 from ..interp.provenance import Prov
+from ..interp.grid import latency_rows, stack_rows
 from ..models.plan import Plan, PlanOp
 from ..ops.attention import prefixed_context, resolve_context_attention, resolve_generation_attention
 from .context_parallel import sharded_cached, sharded_cached_scalar, zigzag_context, zigzag_context_scalar
@@ -139,6 +140,7 @@ class CompiledEngine:
         self._tokenwise_memo: dict = {}
         self._context_memo: dict = {}
         self._mixed_memo: dict = {}
+        self._decode_plan: list | None = None  # _decode_rows's answer
 
     def _compile_shared(self, op: PlanOp) -> CompiledOp:
         """:meth:`_compile_backfilled`, kept in the database's memo (:meth:`OpDB.memo`) under
@@ -416,35 +418,114 @@ class CompiledEngine:
         if pad.any():  # padded to a few captured sizes: each evaluated once
             rows, inv = np.unique(rows, return_inverse=True)
             inv = inv.reshape(batch.shape)
-        total = 0
         # per-call invariants of the op loop, computed once (the same arrays each op would build)
         dec_active = batch > 0
+        dec_everywhere = bool(dec_active.all())
         dec_b, dec_kv = np.where(dec_active, batch, 1.0), np.maximum(kv - 1.0, 1.0)
-        by_n = {}  # token counts -> (active, the counts with 1 where inactive)
-        for c in self.ops:
-            if c.op.phase not in ("both", "decode"):
+        by_n = {}  # token counts -> (active, the counts with 1 where inactive, all active)
+        units = {}  # id(unit) -> its ops' values (a row each for a stack), None: a stack held beyond its axis
+        total = 0
+        for unit, row in self._decode_rows():
+            kind = unit[0]
+            if kind == "attention":  # _generation_attention's values
+                c = unit[1]
+                v = c.resolved[1].grid.latency(dec_b, dec_kv, refuse=True) * c.op.count
+                total = total + (v if dec_everywhere else np.where(dec_active, v, 0.0))
                 continue
-            if c.op.kind in ATTENTION_KINDS:  # _generation_attention's values
-                v = c.resolved[1].grid.latency(dec_b, dec_kv, refuse=True)
-                v = np.where(dec_active, v * c.op.count, 0.0)
-            else:  # _tokenwise's values in a step without prompt tokens
-                wide = not (c.op.phase == "decode" or c.op.tokens != "all")
-                hit = by_n.get(wide)
-                if hit is None:
-                    n = rows * self.decode_width if wide else rows
-                    active = n > 0
-                    hit = by_n[wide] = (active, np.where(active, n, 1.0))
-                active, n1 = hit
-                if c.op.kind in ANALYTIC_KINDS:
-                    v = n1 * c.x_per_token * c.ms_per_unit + c.fixed_ms
-                else:  # a phase-split op reads its generation grid here
-                    grid = c.resolved[1 if c.phase_split else 0].grid
-                    v = grid.latency(n1 * c.x_per_token, refuse=True)
+            wide = unit[1]
+            hit = by_n.get(wide)
+            if hit is None:
+                n = rows * self.decode_width if wide else rows
+                active = n > 0
+                hit = by_n[wide] = (active, np.where(active, n, 1.0), bool(active.all()))
+            active, n1, everywhere = hit
+            vals = units.get(id(unit), False)
+            if vals is False:  # _tokenwise's values in a step without prompt tokens, for every op of the unit
+                if kind == "analytic":  # (tokens x tokens per unit) x ms per unit + fixed ms, a row per op
+                    _, _, xpt, mpu, fixed, count = unit
+                    vals = n1 * xpt * mpu + fixed
+                elif kind == "stack":  # the grids' rows (one locate for all), then a row per op
+                    _, _, stack, grid_rows, xpt, count, _ = unit
+                    vals = latency_rows(stack, n1 * xpt)
+                    if vals is not None:
+                        vals = vals[grid_rows]
+                else:  # one op's grid
+                    _, _, grid, xpt, count = unit
+                    vals = grid.latency(n1 * xpt, refuse=True)
+                if vals is not None:
+                    vals = vals * count if everywhere else np.where(active, vals * count, 0.0)
+                    if inv is not None:
+                        vals = vals[..., inv]
+                units[id(unit)] = vals
+            if vals is None:  # a query beyond the stack's axis: the op's own grid holds it (or refuses)
+                c = unit[6][row]
+                v = c.resolved[1 if c.phase_split else 0].grid.latency(n1 * c.x_per_token, refuse=True)
                 v = np.where(active, v * c.op.count, 0.0)
                 if inv is not None:
                     v = v[inv]
+            else:
+                v = vals if row is None else vals[row]
             total = total + v
         return total
+
+    def _decode_rows(self) -> list:
+        """What :meth:`decode_steps_ms` sums, in op order: (unit, row) per op, a unit being the
+        values of one or more ops computed together (the op's row of them; None: the unit is the
+        one op's). Units: ``("attention", op)``; ``("analytic", wide, x per token, ms per unit,
+        fixed ms, count)`` (columns, a row per op) for every analytic op of one token count;
+        ``("stack", wide, stack, grid rows, x per token, counts, ops)`` for the token-wise ops
+        of one token count whose 1-D grids share an axis (the GEMMs of a layer on one token axis,
+        a collective used several times; :func:`~infercast.interp.grid.stack_rows`), so that
+        each call locates their neighbours once; ``("grid", wide, grid, x per token, count)``
+        for any other. ``wide``: the op's token count is the decode width times the rows. The
+        same elementwise operations as one op at a time, so the same numbers. Built on first use."""
+        if self._decode_plan is not None:
+            return self._decode_plan
+        entries, analytic, grids = [], {}, {}
+        for c in self.ops:
+            if c.op.phase not in ("both", "decode"):
+                continue
+            if c.op.kind in ATTENTION_KINDS:
+                entries.append((("attention", c), None))
+                continue
+            wide = not (c.op.phase == "decode" or c.op.tokens != "all")
+            if c.op.kind in ANALYTIC_KINDS:
+                members = analytic.setdefault(wide, [])
+                entries.append([("analytic", wide), len(members)])
+                members.append(c)
+                continue
+            g = c.resolved[1 if c.phase_split else 0].grid
+            key = (wide, c.x_per_token, g.scales[0], g.axes[0].tobytes()) if len(getattr(g, "axes", ())) == 1 else None
+            if key is None:
+                entries.append((("grid", wide, g, c.x_per_token, c.op.count), None))
+                continue
+            members = grids.setdefault(key, [])
+            entries.append([("stackable", key), len(members)])
+            members.append(c)
+        col = lambda ops, f: np.array([[float(f(c))] for c in ops])  # noqa: E731
+        made = {}
+        for wide, ops in analytic.items():
+            made["analytic", wide] = ("analytic", wide, col(ops, lambda c: c.x_per_token), col(ops, lambda c: c.ms_per_unit),
+                                      col(ops, lambda c: c.fixed_ms), col(ops, lambda c: c.op.count))
+        for key, ops in grids.items():
+            own = [c.resolved[1 if c.phase_split else 0].grid for c in ops]
+            unique = list({id(g): g for g in own}.values())
+            stack = stack_rows(unique) if len(ops) > 1 else None
+            if stack is None:  # each op alone
+                made["stackable", key] = [("grid", key[0], g, c.x_per_token, c.op.count) for c, g in zip(ops, own)]
+            else:
+                at = {id(g): r for r, g in enumerate(unique)}
+                made["stackable", key] = ("stack", key[0], stack, np.array([at[id(g)] for g in own], dtype=np.intp),
+                                          key[1], col(ops, lambda c: c.op.count), tuple(ops))
+        plan = []
+        for unit, row in entries:
+            if unit[0] in ("analytic", "stackable"):
+                unit = made[unit]
+                if isinstance(unit, list):  # not stacked: the op's own unit
+                    unit, row = unit[row], None
+            plan.append((unit, row))
+        self._decode_plan = plan
+        return plan
 
     def _step_scalar(self, ctx_batch=0.0, ctx_isl=1.0, ctx_prefix=0.0, dec_batch=0.0, dec_kv=1.0, dec_pad=0.0) -> float:
         """:meth:`step_ms` of one shape through the scalar twins (the same sums as
@@ -628,7 +709,11 @@ class CompiledEngine:
         """One step carrying several prefill groups (sequences, new tokens, prefix each) and
         ``dec_batch`` decodes at mean KV length ``dec_kv``: token-wise ops run once over all
         tokens, attention per group."""
-        groups = tuple(zip(_floats(ctx_batch), _floats(ctx_isl), _floats(ctx_prefix)))
+        return self.mixed_groups_ms(tuple(zip(_floats(ctx_batch), _floats(ctx_isl), _floats(ctx_prefix))), dec_batch, dec_kv)
+
+    def mixed_groups_ms(self, groups: tuple, dec_batch: float, dec_kv: float) -> float:
+        """:meth:`mixed_step_ms` of prefill ``groups`` given as a tuple of (sequences, new tokens,
+        prefix) float triples (a simulator's step, without building the three lists)."""
         key = (groups, dec_batch, dec_kv)
         hit = self._mixed_memo.get(key)
         if hit is not None:

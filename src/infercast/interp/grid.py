@@ -369,6 +369,36 @@ def _blend1(v0: float, v1: float, t: float, scale: str) -> float:
     return v0 * (1.0 - t) + v1 * t
 
 
+def stack_rows(grids) -> tuple | None:
+    """The 1-D ``grids`` (each a :class:`Grid`, all on one axis of one linear or tile scale) as
+    one stack for :func:`latency_rows`: (axis, scale, values, knots), a row per grid; None when
+    they do not share an axis and scale (or one is of a log scale, whose ``np.power`` is left to
+    each grid's own call)."""
+    grids = list(grids)
+    if not grids or any(type(g) is not Grid or len(g.axes) != 1 for g in grids):
+        return None
+    axis, scale = grids[0].axes[0], grids[0].scales[0]
+    if scale not in (LINEAR, TILE, BATCH) or any(g.scales[0] != scale or not np.array_equal(g.axes[0], axis) for g in grids):
+        return None
+    return axis, scale, np.stack([g.values for g in grids]), np.stack([g._knots for g in grids])
+
+
+def latency_rows(stack: tuple, q: np.ndarray) -> np.ndarray | None:
+    """:meth:`Grid.latency` of each grid of ``stack`` (:func:`stack_rows`) at the array ``q``, a
+    row each: the 1-D path of :meth:`Grid._evaluate` with the neighbours located once for all
+    of them (the same elementwise operations, so the same numbers). None when a query lies
+    outside the axis: held beyond the grid, each grid answers for itself (and refuses in its
+    turn)."""
+    axis, scale, V, K = stack
+    i, t, qc = _locate(axis, q, scale)
+    if (q != qc).any():
+        return None
+    i1 = np.minimum(i + 1, len(axis) - 1)
+    if scale == TILE:
+        return np.where(t == 0.0, V[:, i], np.where(t == 1.0, V[:, i1], _blend(K[:, i], K[:, i1], t, scale)))
+    return _blend(V[:, i], V[:, i1], t, scale)
+
+
 _INTERPOLATED = int(Prov.INTERPOLATED)
 SolFn = Callable[..., np.ndarray]
 #: answers a 1-D grid keeps for :meth:`Grid.scalar` (about 100 bytes each)
@@ -428,7 +458,9 @@ class Grid:
 
     def _evaluate(self, coords: tuple, refuse: bool, with_prov: bool) -> tuple[np.ndarray, np.ndarray | None]:
         p = None
-        coords = np.broadcast_arrays(*(np.asarray(c, dtype=float) for c in coords))
+        coords = tuple(np.asarray(c, dtype=float) for c in coords)
+        if len(coords) > 1 and any(c.shape != coords[0].shape for c in coords[1:]):  # (equal shapes: as they are)
+            coords = np.broadcast_arrays(*coords)
         if len(coords) != len(self.axes):
             raise ValueError(f"grid has {len(self.axes)} axes, got {len(coords)} coordinates")
         if len(self.axes) == 1:
@@ -539,7 +571,9 @@ class Grid:
         if len(coords) == 2:  # inside a 2-D grid: _scalar's steps written out (the same values)
             (xa, xb), V = self._py[0], self._py[1]
             qa, qb = float(coords[0]), float(coords[1])
-            if xa[0] < qa < xa[-1] and xb[0] < qb < xb[-1]:
+            # on a first grid point too (one sequence is a context grid's first batch): there
+            # _locate1 answers (0, 0.0, the point), as bisect_right does here
+            if xa[0] <= qa < xa[-1] and xb[0] <= qb < xb[-1]:
                 sa, sb = self.scales
                 i = bisect_right(xa, qa) - 1
                 x0 = xa[i]

@@ -510,8 +510,11 @@ def _fields(res: SearchResult, label: str, est, gpus: int, c: int, r, bound: str
 def with_energy(cand: Candidate, est, r, osl: int) -> Candidate:
     """``cand`` with the energy of serving result ``r`` of ``est``'s layout, where its tables
     measured power (:func:`infercast.serving.energy.agg_energy`)."""
+    from ..engine.energy import EnergyModel
     from ..serving.energy import agg_energy
 
+    if not EnergyModel.of(est.engine).available:  # no op with measured power: agg_energy is not available
+        return cand
     e = agg_energy(est, r, osl)
     if e.get("available"):
         cand.energy_j_per_token, cand.energy_coverage = e["measured_j_per_token"], e["coverage"]
@@ -530,7 +533,8 @@ def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refi
     def one(c: int) -> bool | None:
         _count(res, "agg candidate")
         try:
-            r, _ = serve_agg_replica(est, c, res.isl, res.osl, params, memo=by_rank)
+            # a candidate keeps no per-op notes: not computed
+            r, _ = serve_agg_replica(est, c, res.isl, res.osl, params, memo=by_rank, notes=False)
         except InfercastError as exc:
             refuse(res, f"{lay.label}@c{c}", "agg candidate", str(exc), exc)
             return None

@@ -416,7 +416,9 @@ def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacit
 
         steady.step_mix = {**steady.step_mix, "steps": [(w, with_prefix(sh, prefix)) for w, sh in steady.step_mix["steps"]]}
     k = max(params.requests_per_client, 1.0)
-    first = simulate(engine, int(round(concurrency)), isl, osl, params, kv_capacity_tokens, gpus, requests_per_client=1)
+    # the first wave's TTFT side only (TPOT and throughput are the steady state's)
+    first = simulate(engine, int(round(concurrency)), isl, osl, params, kv_capacity_tokens, gpus, requests_per_client=1,
+                     first_tokens_only=True)
     steady.ttft_ms = (first.ttft_ms + (k - 1.0) * steady.ttft_ms) / k
     steady.ttft_parts = blend_parts((first.ttft_parts, 1.0), (steady.ttft_parts, k - 1.0))
     steady.request_latency_ms = steady.ttft_ms + steady.tpot_ms * max(osl - 1, 1)

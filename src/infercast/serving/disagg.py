@@ -284,32 +284,32 @@ def _ttft_percentiles_many(first_batch, front, n_batches, wait_mean, p_zero, shi
         return np.where((j > 0) & (j * fb + front > v), j - 1, j)
 
     total = 1.0 / k + steady_share
-    out = np.empty((len(PERCENTILES), fb.size))
-    for row, q in enumerate(PERCENTILES):
-        target = q / 100.0 * total * (1.0 - 1e-12)
-        lo, hi = np.zeros_like(n_steady), n_steady.copy()
-        while True:
-            live = lo < hi
-            if not live.any():
-                break
-            mid = (lo + hi) // 2
-            reached = w0 + (mid + 1 - z) * wt + wf * below(value(mid)) >= target
-            hi = np.where(live & reached, mid, hi)
-            lo = np.where(live & ~reached, mid + 1, lo)
-        m = lo  # n_steady: no steady point reaches the target
-        at = np.where(m < n_steady, value(m), np.inf)
-        first = m == 0
-        prev = np.where(first, -np.inf, value(m - 1))
-        s_prev = np.where(first, 0.0, w0 + (m - z) * wt)
-        j_lo = np.where(first, 1, below(prev) + 1)
-        need = target - s_prev
-        j0 = np.maximum(np.ceil(need / wf), 1).astype(np.int64)
-        j0 = np.where((j0 > 1) & ((j0 - 1) * wf >= need), j0 - 1, j0)
-        j0 = np.where(j0 * wf < need, j0 + 1, j0)
-        j = np.maximum(j0, j_lo)
-        fv = np.minimum(j, nb) * fb + front
-        out[row] = np.where(((j <= nb) & (fv < at)) | np.isinf(at), fv, at)
-    return out
+    # every percentile at once: a row per percentile, each element bisected on its own (the same
+    # elementwise operations as one percentile at a time, a third of the numpy calls)
+    target = np.array([[q / 100.0 * total * (1.0 - 1e-12)] for q in PERCENTILES])
+    lo = np.zeros((len(PERCENTILES), fb.size), dtype=n_steady.dtype)
+    hi = np.broadcast_to(n_steady, lo.shape).copy()
+    while True:
+        live = lo < hi
+        if not live.any():
+            break
+        mid = (lo + hi) // 2
+        reached = w0 + (mid + 1 - z) * wt + wf * below(value(mid)) >= target
+        hi = np.where(live & reached, mid, hi)
+        lo = np.where(live & ~reached, mid + 1, lo)
+    m = lo  # n_steady: no steady point reaches the target
+    at = np.where(m < n_steady, value(m), np.inf)
+    first = m == 0
+    prev = np.where(first, -np.inf, value(m - 1))
+    s_prev = np.where(first, 0.0, w0 + (m - z) * wt)
+    j_lo = np.where(first, 1, below(prev) + 1)
+    need = target - s_prev
+    j0 = np.maximum(np.ceil(need / wf), 1).astype(np.int64)
+    j0 = np.where((j0 > 1) & ((j0 - 1) * wf >= need), j0 - 1, j0)
+    j0 = np.where(j0 * wf < need, j0 + 1, j0)
+    j = np.maximum(j0, j_lo)
+    fv = np.minimum(j, nb) * fb + front
+    return np.where(((j <= nb) & (fv < at)) | np.isinf(at), fv, at)
 
 
 def _disagg_result(ps: _PrefillService, C: float, osl: int, servers: int, out_steps: float, transfer_ms: float,
@@ -383,18 +383,14 @@ def _disagg_results_many(C: np.ndarray, osl: int, servers: np.ndarray, out_steps
     pct = _ttft_percentiles_many(first_batch, front, n_batches, wait_mean, 1.0 - rho, ttft - wait_mean, k)
     cols = [x.tolist() for x in (C, ttft_mean, tpot, latency, C / latency * osl * 1e3 / gpus, per_user, d, rho, transfer,
                                  k_steady, lam * 1e3, *parts, *pct)]
-    names = [f"ttft_p{q}_ms" for q in PERCENTILES]
-    out = []
-    for (c, tm, tp, lat, tg, tu, db, r, tr, ks, ar, f, w, p, *ps) in zip(*cols):
-        res = DisaggResult(concurrency=c, ttft_ms=tm, tpot_ms=tp, request_latency_ms=lat, tokens_per_s_per_gpu=tg,
-                           tokens_per_s_per_user=tu, decode_batch=db, prefill_utilisation=r, kv_transfer_ms=tr,
-                           prefill_batch=int(ks), arrival_rate_per_s=ar,
-                           ttft_parts={"front_end": f, "wait": w, "prefill": p},
-                           tpot_p50_ms=tp, tpot_p90_ms=tp, tpot_p99_ms=tp)
-        for name, v in zip(names, ps):
-            setattr(res, name, v)
-        out.append(res)
-    return out
+    assert PERCENTILES == (50, 90, 99)  # the keywords below
+    # positional fields (concurrency .. tokens_per_s_per_user, decode_batch .. arrival_rate_per_s)
+    # and every keyword in one call: about half the cost of keywords and setattr
+    return [DisaggResult(c, tm, tp, lat, tg, tu, db, r, tr, int(ks), ar,
+                         ttft_parts={"front_end": f, "wait": w, "prefill": p},
+                         ttft_p50_ms=p50, ttft_p90_ms=p90, ttft_p99_ms=p99,
+                         tpot_p50_ms=tp, tpot_p90_ms=tp, tpot_p99_ms=tp)
+            for (c, tm, tp, lat, tg, tu, db, r, tr, ks, ar, f, w, p, p50, p90, p99) in zip(*cols)]
 
 
 def _decode_step_many(engine, params: SchedulerParams, d: np.ndarray, kv: float) -> np.ndarray:

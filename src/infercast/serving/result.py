@@ -89,10 +89,18 @@ class Distribution:
         midpoints, shifted so its mean is the exact sum of the two means."""
         vals = np.add.outer(self.values, other.values).ravel()
         wts = np.outer(self.weights / self.weights.sum(), other.weights / other.weights.sum()).ravel()
-        o = np.argsort(vals, kind="stable")
-        cw = np.cumsum(wts[o])
-        idx = np.minimum(np.searchsorted(cw, (np.arange(n) + 0.5) / n * cw[-1]), len(o) - 1)
-        q = vals[o][idx]
+        if (wts == wts[0]).all():
+            # equal weights (two sets of quantile midpoints): the cumulative weights in sorted
+            # order are the same array whatever the order, so the values need sorting, not their
+            # order (the same numbers as the general path, several times faster)
+            cw = np.cumsum(wts)
+            idx = np.minimum(np.searchsorted(cw, (np.arange(n) + 0.5) / n * cw[-1]), len(wts) - 1)
+            q = np.sort(vals)[idx]
+        else:
+            o = np.argsort(vals, kind="stable")
+            cw = np.cumsum(wts[o])
+            idx = np.minimum(np.searchsorted(cw, (np.arange(n) + 0.5) / n * cw[-1]), len(o) - 1)
+            q = vals[o][idx]
         return Distribution(q + (self.mean() + other.mean() - q.mean()), np.ones(n))
 
 

@@ -71,6 +71,17 @@ class SimResult(ServingMetrics):
     steps: int
 
 
+@dataclass
+class FirstTokens:
+    """The time-to-first-token side of a simulated benchmark (:func:`simulate` with
+    ``first_tokens_only``): the mean TTFT, its :data:`~.result.TTFT_PARTS` and the per-request
+    distribution, as the :class:`SimResult` of the same run reports them."""
+
+    ttft_ms: float
+    ttft_parts: dict
+    ttft_dist: Distribution
+
+
 def simulate(
     engine,
     concurrency: int,
@@ -81,7 +92,14 @@ def simulate(
     gpus: int,
     requests_per_client: float | None = None,
     max_events: int = 200_000,
-) -> SimResult:
+    first_tokens_only: bool = False,
+) -> SimResult | FirstTokens:
+    """Play the closed-loop benchmark out (module docstring). With ``first_tokens_only``, stop as
+    soon as every request has been sent and has its first token, and answer a
+    :class:`FirstTokens`: what follows (decode steps to the completions) moves no request's TTFT,
+    and the requests still decoding are recorded in the order they would complete (the order
+    they started decoding, as :func:`finish_decodes` pops them), so the TTFT numbers are the
+    full run's, bit for bit."""
     C = int(concurrency)
     osl = int(osl)
     isl = int(isl)
@@ -110,6 +128,8 @@ def simulate(
     # engine (tests' synthetic ones) answers through step_ms
     # a run of one step (the most common: to the next completion) as one float, without numpy
     decode_one = getattr(engine, "decode_one_ms", None)
+    # a step's prefill groups as one tuple of float triples (CompiledEngine; else three lists)
+    mixed_groups = getattr(engine, "mixed_groups_ms", None)
     decode_run = getattr(engine, "decode_run_ms", None) or (
         lambda b, kv, pad=0.0: engine.step_ms(dec_batch=b, dec_kv=kv, dec_pad=pad))
     issued = C
@@ -150,6 +170,10 @@ def simulate(
                 waiting.append(_Cohort(new, now + params.arrival_delay_ms, float(isl), sent=now))
 
     while (waiting or running) and events < max_events:
+        if first_tokens_only and not waiting and issued >= total_requests:
+            while running:  # in completion order; their decode times are not needed
+                complete(running.popleft(), t)
+            break
         # The benchmark repeats itself: once the whole first wave has completed at one instant and
         # its C successors are all that waits, the state is the start state shifted by ``t``, so
         # each further full wave is an exact copy of the first: its requests' metrics and its
@@ -212,16 +236,18 @@ def simulate(
                     admitted += take
         # --- run the step
         if groups:
-            # plain lists: the step's few groups cost less as Python floats than as numpy arrays
-            cb = [float(g[1]) for g in groups]
-            ci = [float(g[2]) for g in groups]
-            cp = [float(g[0].done_prefill) for g in groups]
+            # plain floats: the step's few groups cost less as Python floats than as numpy arrays
+            gs = tuple([(float(take), float(chunk), float(c.done_prefill)) for c, take, chunk in groups])
             if params.mixed and running:
                 kv_mean = (in_flight * (isl + 1.0 + done) - entry_sum) / in_flight
-                dt = params.step_ms(engine.mixed_step_ms(cb, ci, cp, float(in_flight), kv_mean), in_flight + sum(cb))
+                gpu = mixed_groups(gs, float(in_flight), kv_mean) if mixed_groups is not None else engine.mixed_step_ms(
+                    [g[0] for g in gs], [g[1] for g in gs], [g[2] for g in gs], float(in_flight), kv_mean)
+                dt = params.step_ms(gpu, in_flight + sum([g[0] for g in gs]))
                 dec_n = in_flight
             else:
-                dt = params.step_ms(engine.mixed_step_ms(cb, ci, cp, 0.0, 1.0), sum(cb))
+                gpu = mixed_groups(gs, 0.0, 1.0) if mixed_groups is not None else engine.mixed_step_ms(
+                    [g[0] for g in gs], [g[1] for g in gs], [g[2] for g in gs], 0.0, 1.0)
+                dt = params.step_ms(gpu, sum([g[0] for g in gs]))
                 dec_n = 0
             t += dt
             steps += 1
@@ -281,6 +307,10 @@ def simulate(
             "fewer requests per client (--concurrency, --requests-per-client)",
         )
     w = np.asarray(w_v, float)
+    if first_tokens_only:
+        ttft_d = Distribution(ttft_v, w)
+        return FirstTokens(ttft_d.mean(), ttft_parts(params.arrival_delay_ms, float(np.dot(wait_v, w) / w.sum()),
+                                                     float(np.dot(prefill_v, w) / w.sum())), ttft_d)
     ttft_d, tpot_d = Distribution(ttft_v, w), Distribution(tpot_v, w)
     ttft, tpot = ttft_d.mean(), tpot_d.mean()
     lat = float(np.dot(lat_v, w) / w.sum())
