@@ -127,9 +127,12 @@ def binomial_share(trials: float, p: float) -> Distribution:
     p = min(max(float(p), 0.0), 1.0)
     if p in (0.0, 1.0):
         return Distribution.point(p)
-    # the counts within 12 standard deviations of the mean carry all but ~1e-30 of the mass
+    # the counts within 12 standard deviations of the mean carry all but ~1e-30 of the mass; a
+    # few trials are all kept (there the window's skewed tail can hold ~1e-9 of the mean)
     half = 12.0 * math.sqrt(n * p * (1.0 - p)) + 1.0
     lo, hi = max(0, int(n * p - half)), min(n, int(math.ceil(n * p + half)))
+    if n <= 256:
+        lo, hi = 0, n
     k = np.arange(lo, hi + 1)
     # log C(n, k) from C(n, lo) by the ratio (n - k + 1) / k, vectorised
     steps = np.log(n - k[1:] + 1.0) - np.log(k[1:].astype(float))
