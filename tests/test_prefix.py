@@ -122,3 +122,73 @@ def test_disaggregated_front_end_flags_are_refused_or_noted(synth, capsys):
                                          "--json"))
     assert rc == 0, err
     assert any("front_end_per_stream_ms (given) not used" in n for n in json.loads(out)["notes"])
+
+
+def test_searches_carry_the_prefix(synth, est):
+    """search_agg / search_disagg with a prefix: each candidate is serve / serve-disagg of its
+    deployment with the same prefix, and a rank holds fewer requests beside it."""
+    from infercast.search import search_agg, search_disagg
+    from infercast.search.run import rank_capacity
+    from infercast.serving.backends import scheduler_params
+
+    kw = dict(systems_path=synth.systems_dir, concurrencies=[2, 8], max_gpus=2)
+    agg = search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 256, 64, prefix=P, **kw)
+    assert agg.prefix == P and agg.to_dict(candidates=False)["prefix"] == P
+    for c in agg.candidates:
+        e = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", tp=c.tp, pp=c.pp, systems_path=synth.systems_dir)
+        assert c.ttft_ms == serve_agg(e, c.concurrency, 256, 64, prefix=P).ttft_ms
+    dis = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 256, 64, prefix=P, max_workers=1, **kw)
+    assert dis.candidates
+    for c in [c for c in dis.candidates if "pp" not in c.layout][:4]:
+        pe, de = (Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", tp=int(x[2:]), systems_path=synth.systems_dir)
+                  for x in (c.prefill_layout, c.decode_layout))
+        one = serve_disagg(pe, de, concurrency=c.concurrency, isl=256, osl=64, prefill_workers=c.prefill_workers,
+                           decode_workers=c.decode_workers, prefix=P)
+        assert c.ttft_ms == pytest.approx(one.ttft_ms, rel=1e-9) and c.tpot_ms == pytest.approx(one.tpot_ms, rel=1e-9)
+    from dataclasses import replace
+
+    p = replace(scheduler_params("trtllm", est.data.system, est.spec), max_batch_size=10**9)
+    half = int(est.memory.kv_capacity_tokens // 2)
+    assert rank_capacity(est, 256, 64, p, prefix=half) == pytest.approx(rank_capacity(est, 256, 64, p) / 2, abs=1)
+
+
+def test_launch_files_and_experiments_carry_the_prefix(synth, capsys, tmp_path):
+    from infercast.exp import parse_experiments
+    from infercast.exp.run import run_experiment
+    from infercast.report.launch import Deployment, benchmark_commands
+
+    d = Deployment(sp.MODEL_ID, "vllm", "0.0", (), 256, 64, 8, prefix=P)
+    cmds = benchmark_commands(d)
+    assert cmds["vllm_bench_serve"][-2:] == ["--random-prefix-len", str(P)]
+    assert cmds["aiperf"][-4:] == ["--num-prefix-prompts", "1", "--prefix-prompt-length", str(P)]
+    assert "--random-prefix-len" not in benchmark_commands(Deployment(sp.MODEL_ID, "vllm", "0.0", (), 256, 64, 8))["vllm_bench_serve"]
+    (exp,) = parse_experiments(f"""\
+experiments:
+  - name: cached
+    model: {sp.MODEL_ID}
+    system: {sp.SYSTEM}
+    backend: trtllm
+    isl: 256
+    osl: 64
+    prefix: {P}
+    layout: {{tp: 1}}
+    concurrency: [8]
+""")
+    (out,) = run_experiment(exp, systems_path=synth.systems_dir)
+    e = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", systems_path=synth.systems_dir)
+    assert out.rows[0]["ttft_ms"] == serve_agg(e, 8, 256, 64, prefix=P).ttft_ms
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"experiments:\n  - name: x\n    model: {sp.MODEL_ID}\n    system: {sp.SYSTEM}\n    backend: trtllm\n"
+                   "    isl: 256\n    osl: 64\n    prefix: -1\n    layout: {tp: 1}\n    concurrency: [8]\n")
+    rc, out_, err = run_cli(capsys, ["exp", str(bad), "--systems-path", str(synth.systems_dir)])
+    assert rc == 2 and "prefix" in err and "line 8" in err
+    for cmd in (["search", "--mode", "agg"], ["recommend", "--rate", "1"]):
+        rc, o, e_ = run_cli(capsys, [cmd[0], "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm",
+                                     "--systems-path", str(synth.systems_dir), "--isl", "256", "--osl", "64",
+                                     *cmd[1:], "--prefix", "-3"])
+        assert_one_line_error(rc, o, e_, "--prefix")
+    rc, o, e_ = run_cli(capsys, ["recommend", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm",
+                                 "--systems-path", str(synth.systems_dir), "--isl", "256", "--osl", "64", "--rate", "1",
+                                 "--prefix", str(P), "--json", "--max-gpus", "2", "--mode", "agg"])
+    assert rc == 0, e_
+    assert json.loads(o)["prefix"] == P

@@ -374,7 +374,9 @@ def cmd_search(a) -> int:
               backend_version=a.backend_version, systems_path=a.systems_path, moe_quant=a.moe_quant,
               gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant, attention_quant=a.attention_quant,
               nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel, speculative=speculative_kw(a),
-              kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode, cap_concurrency=True)
+              kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode, cap_concurrency=True,
+              prefix=a.prefix)
+    _check_prefix(a)
     cal, cal_notes = _calibration(a)
     refuse_unsearched_flags(a, "search")
     _search_scheduler(a, kw, cal, mode)
@@ -1106,6 +1108,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(se, parallel=False)
     se.add_argument("--isl", type=int, required=True, help="input sequence length (prompt tokens per request)")
     se.add_argument("--osl", type=int, required=True, help="output sequence length (tokens generated per request)")
+    se.add_argument("--prefix", type=int, default=0, help=PREFIX_HELP)
     se.add_argument("--mode", choices=("agg", "disagg", "both", "fixed"), default=None,
                     help="aggregated replicas, disaggregated prefill/decode workers, both, or every deployment of "
                          "exactly --gpus GPUs (default agg; fixed with --gpus)")

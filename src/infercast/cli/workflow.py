@@ -36,7 +36,9 @@ def cmd_recommend(a) -> int:
             raise InvalidInputError(f"--{name} must be >= 1, got {getattr(a, name)}")
     if a.top < 1:
         raise InvalidInputError(f"--top must be >= 1, got {a.top}")
-    from .main import _calibration, _search_targets, calibration_summary, refuse_unsearched_flags
+    from .main import _calibration, _check_prefix, _search_targets, calibration_summary, refuse_unsearched_flags
+
+    _check_prefix(a)
     from .speculative import speculative_kw
 
     targets = _search_targets(a)
@@ -46,7 +48,7 @@ def cmd_recommend(a) -> int:
               moe_quant=a.moe_quant, gemm_quant=a.gemm_quant, kv_cache_quant=a.kv_cache_quant,
               attention_quant=a.attention_quant, nextn=a.nextn, mtp_acceptance=a.mtp_acceptance, moe_kernel=a.moe_kernel,
               speculative=speculative_kw(a),
-              kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode)
+              kv_memory_fraction=a.kv_memory_fraction, database_mode=a.database_mode, prefix=a.prefix)
     shared = {**getattr(a, "engine_scheduler", {}), **(cal.overrides() if cal is not None else {})}
     if shared:  # the engine configuration's scheduler settings, then the calibration's (as search)
         kw["scheduler"] = shared
@@ -71,7 +73,7 @@ def cmd_recommend(a) -> int:
     first = next(iter(results.values()))
     out = {"model": first.model, "system": a.system, "decode_system": first.decode_system, "backend": a.backend,
            "backend_version": first.backend_version,
-           "isl": a.isl, "osl": a.osl, "rate": a.rate, "clients": a.clients,
+           "isl": a.isl, "osl": a.osl, "prefix": a.prefix, "rate": a.rate, "clients": a.clients,
            "targets": {"ttft_ms": ttft, "tpot_ms": tpot},
            "recommendations": [r.to_dict() for r in recs],
            "searched": {m: {"candidates": len(r.candidates), "skipped": len(r.skipped)} for m, r in results.items()}}
@@ -80,7 +82,7 @@ def cmd_recommend(a) -> int:
     if a.save_dir:
         from ..report.artifacts import write_search_artifacts
 
-        est_kw = {k: v for k, v in kw.items() if k not in ("ttft_max_ms", "tpot_max_ms", "backend_version", "scheduler")}
+        est_kw = {k: v for k, v in kw.items() if k not in ("ttft_max_ms", "tpot_max_ms", "backend_version", "scheduler", "prefix")}
         write_search_artifacts(a.save_dir, results, est_kw)
         out["save_dir"] = str(a.save_dir)
     if a.json:
@@ -161,6 +163,9 @@ def add_parsers(sub, add_model_args) -> None:
     add_model_args(r, parallel=False)
     r.add_argument("--isl", type=int, required=True, help="prompt tokens per request")
     r.add_argument("--osl", type=int, required=True, help="output tokens per request")
+    from .main import PREFIX_HELP
+
+    r.add_argument("--prefix", type=int, default=0, help=PREFIX_HELP)
     load = r.add_mutually_exclusive_group()
     load.add_argument("--rate", type=float, default=None, help="the load as requests per second")
     load.add_argument("--clients", type=int, default=None, help="the load as concurrent clients (closed loop)")

@@ -54,7 +54,7 @@ def _serve(exp: Experiment, system: str, backend: str, kw: dict) -> list[dict]:
                         moe_tp=lay.moe_tp, moe_ep=lay.moe_ep, cp=lay.cp, **kw)
         params = replace(scheduler_params(backend, est.data.system, est.spec), **overrides)
         for c in exp.concurrency:
-            r, _ = serve_agg_replica(est, c, exp.isl, exp.osl, params)
+            r, _ = serve_agg_replica(est, c, exp.isl, exp.osl, params, prefix=exp.prefix)
             rows.append({"layout": _label(lay), "gpus": est.gpus, "concurrency": c, "backend_version": est.version,
                          **_metrics(r), "meets_targets": meets(r.ttft_ms, r.tpot_ms, t.ttft_ms, t.tpot_ms),
                          "intervals": intervals_dict(agg_intervals(est, r, concurrency=c, isl=exp.isl, osl=exp.osl))})
@@ -69,7 +69,7 @@ def _serve(exp: Experiment, system: str, backend: str, kw: dict) -> list[dict]:
     for c in exp.concurrency:
         r = serve_disagg(ests["prefill"], ests["decode"], concurrency=c, isl=exp.isl, osl=exp.osl,
                          prefill_workers=d.prefill_workers, decode_workers=d.decode_workers,
-                         params_prefill=params["prefill"], params_decode=params["decode"])
+                         params_prefill=params["prefill"], params_decode=params["decode"], prefix=exp.prefix)
         rows.append({"layout": f"P{d.prefill_workers}x{_label(d.prefill)} D{d.decode_workers}x{_label(d.decode)}",
                      "gpus": gpus, "concurrency": c, "backend_version": ests["prefill"].version, **_metrics(r),
                      "meets_targets": meets(r.ttft_ms, r.tpot_ms, t.ttft_ms, t.tpot_ms),
@@ -94,7 +94,7 @@ def _search(exp: Experiment, system: str, backend: str, kw: dict) -> dict:
     from ..search import search_agg, search_disagg, search_fixed
 
     common = dict(concurrencies=exp.concurrency, ttft_max_ms=exp.targets.ttft_ms, tpot_max_ms=exp.targets.tpot_ms,
-                  backend_version=exp.backend_version, **kw)
+                  backend_version=exp.backend_version, prefix=exp.prefix, **kw)
     overrides = exp.scheduler.overrides()
     out = {}
     if exp.mode == "fixed":

@@ -167,6 +167,8 @@ class Experiment(_Strict):
     backend_version: str | None = None
     isl: int = Field(ge=1)
     osl: int = Field(ge=1)
+    #: cached prompt tokens every request starts with, before the ``isl`` new ones (serving.prefix)
+    prefix: int = Field(0, ge=0)
     targets: Targets = Targets()
     mode: Literal["agg", "disagg", "both", "fixed"] = "agg"
     max_gpus: int | None = Field(None, ge=1)

@@ -96,7 +96,7 @@ def deployment_of(candidate, result, estimator_kw: dict) -> tuple[Deployment, di
                     for role, (e, n) in roles.items())
     first = next(iter(roles.values()))[0]
     d = Deployment(first.spec.model_id, result.backend, first.version, workers, result.isl, result.osl,
-                   int(candidate.concurrency))
+                   int(candidate.concurrency), prefix=int(getattr(result, "prefix", 0) or 0))
     return d, {role: e for role, (e, _) in roles.items()}
 
 
@@ -123,6 +123,12 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
+def _cached(res) -> str:
+    """`` + N cached`` when a search's requests start with a cached prefix (``SearchResult.prefix``)."""
+    n = getattr(res, "prefix", 0)
+    return f" + {n} cached" if n else ""
+
+
 def pareto_png(path: Path, results: dict) -> None:
     """Tokens/s per GPU against tokens/s per user, every candidate faint and each mode's frontier
     as a line (matplotlib, Agg backend)."""
@@ -142,7 +148,7 @@ def pareto_png(path: Path, results: dict) -> None:
     ax.set_xlabel(X_AXIS[1])
     ax.set_ylabel(Y_AXIS[1])
     first = next(iter(results.values()))
-    ax.set_title(f"{first.model} on {first.system}, {first.backend} ({first.isl} in / {first.osl} out)", fontsize=10)
+    ax.set_title(f"{first.model} on {first.system}, {first.backend} ({first.isl} in{_cached(first)} / {first.osl} out)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -221,7 +227,7 @@ def report_html(path: Path, results: dict, breakdowns: dict) -> None:
         fig.update_yaxes(title_text="% of the phase", row=i, col=1)
     first = next(iter(results.values()))
     fig.update_layout(title=f"infercast search: {first.model} on {first.system}, {first.backend} "
-                            f"({first.isl} in / {first.osl} out)", height=520 + 360 * n, barmode="group")
+                            f"({first.isl} in{_cached(first)} / {first.osl} out)", height=520 + 360 * n, barmode="group")
     fig.write_html(str(path), include_plotlyjs=True, full_html=True)
 
 
@@ -295,7 +301,7 @@ def write_search_artifacts(save_dir, results: dict, estimator_kw: dict, top: int
                                                           getattr(c, "decode_workers", 0) or 1)
                                          / e.plan.parallel.attention_dp)) if role != "prefill" else 1
                     try:
-                        bd = e.static(batch, res.isl, res.osl).to_dict()["breakdown"]
+                        bd = e.static(batch, res.isl, res.osl, getattr(res, "prefix", 0)).to_dict()["breakdown"]
                     except InfercastError:
                         continue
                     phases = {"agg": ("prefill_ms", "decode_ms"), "prefill": ("prefill_ms",),

@@ -237,7 +237,7 @@ def print_misfit(d: dict) -> None:
     else:
         where = d["layout"]
     c.print(f"[bold]{d['model']} on {d['system']} · {d['backend']} {d['backend_version']} · {where} · "
-            f"concurrency {d['concurrency']} · isl {d['isl']} osl {d['osl']}[/bold]")
+            f"concurrency {d['concurrency']} · isl {d['isl']} osl {d['osl']}{_prefix(d)}[/bold]")
     c.print(f"[bold red]does not fit[/bold red]: {escape(d['reason'])}")
 
 
@@ -280,7 +280,7 @@ def print_search(d: dict) -> None:
              "or disaggregated workers)"}.get(mode, f"up to {gpus} in all (disaggregated)")
     on = d["system"] + (f" (decode workers on {d['decode_system']}, {d.get('decode_backend_version') or ''})"
                         if d.get("decode_system") else "")
-    c.print(f"[bold]{d['model']} on {on} · {d['backend']} {d['backend_version']} · isl {d['isl']} osl {d['osl']} · "
+    c.print(f"[bold]{d['model']} on {on} · {d['backend']} {d['backend_version']} · isl {d['isl']} osl {d['osl']}{_prefix(d)} · "
             f"{scope} · targets: {targets}[/bold]")
 
     conc = d.get("concurrencies")

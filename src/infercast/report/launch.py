@@ -129,6 +129,7 @@ class Deployment:
     concurrency: int
     image: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    prefix: int = 0  # cached prompt tokens every request starts with (one shared prefix)
 
     @property
     def disaggregated(self) -> bool:
@@ -365,7 +366,9 @@ def engine_command(d: Deployment, w: WorkerSpec) -> list[str]:
 def benchmark_commands(d: Deployment, requests_per_client: int = 10) -> dict[str, list[str]]:
     """Client commands that measure what the prediction states: ``concurrency`` streaming clients
     of exactly ``isl`` prompt and ``osl`` output tokens (end-of-sequence ignored), against the
-    server on ``localhost:8000``."""
+    server on ``localhost:8000``; with a ``prefix``, every prompt starts with one shared prefix of
+    that many tokens (AIPerf's prefix prompts, ``vllm bench serve --random-prefix-len``), the
+    ``isl`` random tokens after it."""
     n = max(1, int(requests_per_client)) * d.concurrency
     aiperf = ["aiperf", "profile", "--model", d.model, "--url", "http://localhost:8000", "--endpoint-type", "chat",
               "--streaming", "--synthetic-input-tokens-mean", str(d.isl), "--synthetic-input-tokens-stddev", "0",
@@ -375,6 +378,9 @@ def benchmark_commands(d: Deployment, requests_per_client: int = 10) -> dict[str
                   "--dataset-name", "random", "--random-input-len", str(d.isl), "--random-output-len", str(d.osl),
                   "--random-range-ratio", "0", "--ignore-eos", "--max-concurrency", str(d.concurrency),
                   "--num-prompts", str(n)]
+    if d.prefix:
+        aiperf += ["--num-prefix-prompts", "1", "--prefix-prompt-length", str(d.prefix)]
+        vllm_bench += ["--random-prefix-len", str(d.prefix)]
     return {"aiperf": aiperf, "vllm_bench_serve": vllm_bench}
 
 
@@ -472,10 +478,12 @@ def launch_files(d: Deployment) -> dict[str, str]:
     files["k8s_dynamo.yaml"] = yaml.safe_dump_all(dynamo_manifest(d), sort_keys=False)
     bench = benchmark_commands(d)
     files["benchmark.sh"] = ("#!/usr/bin/env bash\n# measures what the prediction states: "
-                             f"{d.concurrency} clients, {d.isl} prompt + {d.osl} output tokens\n"
+                             f"{d.concurrency} clients, {d.isl} prompt + {d.osl} output tokens"
+                             + (f" after a shared {d.prefix}-token prefix" if d.prefix else "") + "\n"
                              + "\n".join(f"# {k}\n{shlex.join(v)}" for k, v in bench.items()) + "\n")
     files["deployment.json"] = json.dumps(
         {"model": d.model, "backend": d.backend, "backend_version": d.backend_version, "isl": d.isl, "osl": d.osl,
+         "prefix": d.prefix,
          "concurrency": d.concurrency, "gpus": d.gpus, "systems": d.systems, "notes": list(d.notes),
          "workers": [{**w.__dict__, "gpus_per_worker": w.gpus} for w in d.workers]}, indent=1)
     return files

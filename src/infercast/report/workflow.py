@@ -14,7 +14,7 @@ def print_recommend(d: dict) -> None:
     t = d["targets"]
     on = d["system"] + (f" (decode workers on {d['decode_system']})" if d.get("decode_system") else "")
     c.print(f"[bold]{d['model']} on {on} · {d['backend']} {d.get('backend_version') or ''} · "
-            f"{d['isl']} in / {d['osl']} out[/bold]")
+            f"{d['isl']} in / {d['osl']} out" + (f" (+{d['prefix']} cached)" if d.get("prefix") else "") + "[/bold]")
     c.print(f"load: {load}; targets: mean TTFT <= {_f(t['ttft_ms'], '{:g}')} ms, mean TPOT <= {_f(t['tpot_ms'], '{:g}')} ms")
     recs = d["recommendations"]
     if not recs:

@@ -58,6 +58,7 @@ def search_fixed(
     make_estimator: Callable[[Layout], object] | None = None,
     cap_concurrency: bool = False,
     refine: bool | None = None,
+    prefix: int = 0,
     **estimator_kw,
 ) -> SearchResult:
     """Aggregated replicas and disaggregated worker splits that use exactly ``gpus`` GPUs, each at
@@ -66,14 +67,15 @@ def search_fixed(
     request latency). At most ``max_workers`` workers of each role (None: as many as fit). ``params``: the backend's
     scheduler (default: its own, with ``scheduler``'s {SchedulerParams field: value} applied). ``make_estimator(layout)`` builds each layout's estimator
     (default: an :class:`~infercast.Estimator` with ``estimator_kw``), so a caller that asks many
-    times can reuse them. ``cap_concurrency``, ``refine``: as :func:`~infercast.search.run.search_agg`'s."""
+    times can reuse them. ``cap_concurrency``, ``refine``, ``prefix``: as
+    :func:`~infercast.search.run.search_agg`'s."""
     from ..api import serve_agg_replica
     from ..serving.backends import scheduler_params
 
     n = int(_positive("gpus", gpus, int))
     max_workers = None if max_workers is None else int(_positive("max_workers", max_workers, int))
     conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
-                             systems_path, estimator_kw, make_estimator)
+                             systems_path, estimator_kw, make_estimator, prefix=prefix)
     res.max_gpus = n
     node = base.data.system.node
     space = layouts(base.spec, n, node.nvlink_gpus)
@@ -92,7 +94,7 @@ def search_fixed(
     agg_params = params or scheduler_params(backend, base.data.system, base.spec)
     roles = _roles(res, {lay: e for lay, e in ests.items() if worker(lay)})
     holders = [(f"{n // lay.gpus}x{lay.label}", n // lay.gpus * est.plan.parallel.attention_dp
-                * rank_capacity(est, res.isl, res.osl, agg_params)) for lay, est in ests.items() if n % lay.gpus == 0]
+                * rank_capacity(est, res.isl, res.osl, agg_params, res.prefix)) for lay, est in ests.items() if n % lay.gpus == 0]
     holders += decode_holders(res, roles, n, max_workers, agg_params)
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, holders)
     refine = concurrencies is None if refine is None else refine
@@ -107,7 +109,7 @@ def search_fixed(
             _count(res, "agg candidate")
             per_replica = -(-c // replicas)
             try:
-                r, _ = serve_agg_replica(est, per_replica, res.isl, res.osl, agg_params)
+                r, _ = serve_agg_replica(est, per_replica, res.isl, res.osl, agg_params, prefix=res.prefix)
             except InfercastError as exc:
                 refuse(res, f"{label}@c{c}", "agg candidate", str(exc), exc)
                 return None

@@ -95,6 +95,8 @@ class SearchResult:
     #: the SchedulerParams overrides the search ran each worker kind with ("agg", "prefill",
     #: "decode" -> {field: value}; empty: the backend's defaults), for its launch files
     scheduler: dict[str, dict] = field(default_factory=dict)
+    #: cached prompt tokens every request starts with, before the ``isl`` new ones (serving.prefix)
+    prefix: int = 0
 
     def to_dict(self, candidates: bool = True) -> dict:
         """The result as plain data (what :func:`dataclasses.asdict` gives, built field by field:
@@ -200,9 +202,11 @@ def search_agg(
     cap_concurrency: bool = False,
     refine: bool | None = None,
     cps=None,
+    prefix: int = 0,
     **estimator_kw,
 ) -> SearchResult:
     """Evaluate every layout of at most ``max_gpus`` GPUs (default: one node) at each concurrency.
+    ``prefix``: cached prompt tokens every request starts with (:mod:`infercast.serving.prefix`).
     ``cps``: the context-parallel degrees to search (default: 1 only; :func:`~infercast.search.space.layouts`).
 
     ``estimator_kw`` goes to every :class:`~infercast.Estimator` (quant overrides, ``nextn``,
@@ -219,7 +223,7 @@ def search_agg(
     from ..serving.backends import scheduler_params
 
     conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
-                             systems_path, estimator_kw)
+                             systems_path, estimator_kw, prefix=prefix)
     node = base.data.system.node
     res.max_gpus = node.gpus_per_node if max_gpus is None else _positive("max_gpus", max_gpus, int)
     params = replace(scheduler_params(backend, base.data.system, base.spec), **(scheduler or {}))
@@ -227,7 +231,7 @@ def search_agg(
     ests = _estimators(res, base, model, layouts(base.spec, res.max_gpus, node.nvlink_gpus, cps=context_parallel_degrees(cps)),
                        backend_version, systems_path, estimator_kw)
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, (
-        (lay.label, est.plan.parallel.attention_dp * rank_capacity(est, res.isl, res.osl, params))
+        (lay.label, est.plan.parallel.attention_dp * rank_capacity(est, res.isl, res.osl, params, res.prefix))
         for lay, est in ests.items()))
     refine = concurrencies is None if refine is None else refine
     for lay, est in ests.items():
@@ -260,7 +264,7 @@ def search_backends(search, model: str, system: str, backends: list[str], isl: i
     first = next(iter(per.values()))
     merged = SearchResult(first.model, system, "+".join(per), "/".join(str(r.backend_version) for r in per.values()),
                           first.isl, first.osl, first.max_gpus, first.ttft_max_ms, first.tpot_max_ms,
-                          concurrencies=list(first.concurrencies), scheduler=dict(first.scheduler))
+                          concurrencies=list(first.concurrencies), scheduler=dict(first.scheduler), prefix=first.prefix)
     for b, exc in errors.items():
         refuse(merged, b, "backend", str(exc), exc)
     for b, r in per.items():
@@ -278,17 +282,19 @@ def search_backends(search, model: str, system: str, backends: list[str], isl: i
 
 
 def _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version, systems_path,
-           estimator_kw, make=None):
+           estimator_kw, make=None, prefix: int = 0):
     """Checked inputs: (concurrency grid, the TP1 estimator (``make(Layout())`` if given), an
-    empty result)."""
+    empty result carrying ``prefix``)."""
     isl, osl = _positive("isl", isl, int, required=True), _positive("osl", osl, int, required=True)
+    prefix = 0 if not prefix else _positive("prefix", prefix, int)
     # an infinite target is no target
     ttft_max_ms = None if _is_inf(ttft_max_ms) else _positive("ttft target", ttft_max_ms)
     tpot_max_ms = None if _is_inf(tpot_max_ms) else _positive("tpot target", tpot_max_ms)
     conc = _concurrencies(concurrencies)
     base = make(Layout()) if make is not None else tp1_estimator(model, system, backend, backend_version, systems_path,
                                                                  estimator_kw)
-    return conc, base, SearchResult(base.spec.model_id, system, backend, base.version, isl, osl, 0, ttft_max_ms, tpot_max_ms)
+    return conc, base, SearchResult(base.spec.model_id, system, backend, base.version, isl, osl, 0, ttft_max_ms, tpot_max_ms,
+                                    prefix=prefix)
 
 
 def tp1_estimator(model, system, backend, backend_version, systems_path, estimator_kw):
@@ -359,15 +365,19 @@ def refine_concurrency(evaluate, grid: list[int], ok_at) -> None:
             return
 
 
-def rank_capacity(est, isl: int, osl: int, params) -> int:
+def rank_capacity(est, isl: int, osl: int, params, prefix: int = 0) -> int:
     """Requests one attention-DP rank of ``est``'s layout can run at once: at most the scheduler's
     ``max_batch_size``, and at most what its KV cache holds of requests of ``isl + osl`` tokens
-    (:mod:`infercast.serving.memory`, with each request's fixed-size state)."""
+    (:mod:`infercast.serving.memory`, with each request's fixed-size state) beside a shared cached
+    ``prefix`` (:func:`infercast.serving.prefix.shared_prefix_capacity`)."""
+    from ..serving.prefix import shared_prefix_capacity
+
     mem = est.memory
     tokens = (isl + osl) * getattr(params, "kv_length_ratio", 1.0)
     if mem.state_per_request > 0 and mem.kv_per_token > 0:
         tokens += mem.state_per_request / mem.kv_per_token
-    kv = int(mem.kv_capacity_tokens // tokens) if mem.kv_capacity_tokens > 0 and tokens > 0 else 0
+    room = shared_prefix_capacity(mem.kv_capacity_tokens, prefix, mem.tokens_per_block)
+    kv = int(room // tokens) if room > 0 and tokens > 0 else 0
     return max(0, min(int(params.max_batch_size), kv))
 
 
@@ -534,7 +544,7 @@ def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refi
         _count(res, "agg candidate")
         try:
             # a candidate keeps no per-op notes: not computed
-            r, _ = serve_agg_replica(est, c, res.isl, res.osl, params, memo=by_rank, notes=False)
+            r, _ = serve_agg_replica(est, c, res.isl, res.osl, params, memo=by_rank, prefix=res.prefix, notes=False)
         except InfercastError as exc:
             refuse(res, f"{lay.label}@c{c}", "agg candidate", str(exc), exc)
             return None
@@ -608,6 +618,7 @@ def search_disagg(
     decode_system: str | None = None,
     cps=None,
     scheduler_roles: dict | None = None,
+    prefix: int = 0,
     **estimator_kw,
 ) -> SearchResult:
     """Disaggregated deployments of at most ``max_gpus`` GPUs in all (default: two nodes): a
@@ -624,14 +635,15 @@ def search_disagg(
     decode workers run on this system (prefill on ``system``; the same model, backend and data
     version), the KV cache moving over the slower of the two systems' node-to-node links. The deployments of one decode layout are solved together, as arrays
     (:func:`evaluate_disagg`). ``cps``: the context-parallel degrees of the prefill workers
-    (default: 1 only); decode workers are searched without context parallelism."""
+    (default: 1 only); decode workers are searched without context parallelism. ``prefix``: as
+    :func:`search_agg`'s."""
     from dataclasses import replace
 
     from ..serving.backends import scheduler_params
 
     max_workers = None if max_workers is None else _positive("max_workers", max_workers, int, required=True)
     conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
-                             systems_path, estimator_kw)
+                             systems_path, estimator_kw, prefix=prefix)
     node = base.data.system.node
     total = res.max_gpus = 2 * node.gpus_per_node if max_gpus is None else _positive("max_gpus", max_gpus, int)
     dbase, dnode = base, node
@@ -691,7 +703,7 @@ def decode_holders(res: SearchResult, roles: dict, gpus: int, max_workers: int, 
         if w < 1:
             continue
         out.append((f"{plural(w, 'decode worker')} of {dl.label}",
-                    w * de.plan.parallel.attention_dp * rank_capacity(de, res.isl, res.osl, params)))
+                    w * de.plan.parallel.attention_dp * rank_capacity(de, res.isl, res.osl, params, res.prefix)))
     return out
 
 
@@ -702,7 +714,7 @@ def _roles(res: SearchResult, ests: dict, only: tuple[str, ...] = ("prefill", "d
     from ..api import one_request_misfit
 
     roles: dict[str, dict] = {}
-    for role, tokens in (("prefill", res.isl), ("decode", res.isl + res.osl)):
+    for role, tokens in (("prefill", res.isl + res.prefix), ("decode", res.isl + res.osl + res.prefix)):
         if role not in only:
             continue
         roles[role] = {}
@@ -725,6 +737,7 @@ class DisaggGroup:
     def __init__(self, res: SearchResult, prefills: list, dl: Layout, de, params=None, params_decode=None):
         from ..serving.backends import scheduler_params
         from ..serving.disagg import kv_transfer_ms
+        from ..serving.prefix import prefixed
         from ..serving.scaled import phase_scaled
 
         self.res, self.prefills, self.dl, self.de = res, prefills, dl, de
@@ -745,9 +758,10 @@ class DisaggGroup:
             bw, lat = min(node.inter_node_bw, dnode.inter_node_bw), max(node.p2p_latency_s, dnode.p2p_latency_s)
             pp = params or scheduler_params(pe.data.backend, pe.data.system, pe.spec)
             # a calibration's GPU-time scales apply to the worker's steps (serving.scaled), as in serve-disagg
-            self.solvers.append((phase_scaled(pe.engine, pp), pp, pe.plan.parallel.attention_dp,
+            # a shared cached prefix: both workers attend to it, only the new tokens' KV moves (serving.prefix)
+            self.solvers.append((prefixed(phase_scaled(pe.engine, pp), res.prefix), pp, pe.plan.parallel.attention_dp,
                                  kv_transfer_ms(pe.memory.kv_per_token, res.isl, pe.gpus, bw, lat)))
-        self.decode_engine = phase_scaled(de.engine, self.pd)
+        self.decode_engine = prefixed(phase_scaled(de.engine, self.pd), res.prefix)
 
     def solve(self, which, pw, dw, c, vectorised: bool = True) -> list:
         """:class:`~infercast.serving.disagg.DisaggResult` per element of the equal-length
@@ -755,6 +769,7 @@ class DisaggGroup:
         (decode workers), ``c`` (clients), with ``decode_kv_capacity`` set; ``vectorised=False``:
         one scalar solve each (the reference the array path is tested against)."""
         from ..serving.disagg import solve_disagg, solve_disagg_many
+        from ..serving.prefix import shared_prefix_capacity
 
         res, de = self.res, self.de
         which, pw, dw, c = (np.asarray(x, dtype=np.int64) for x in (which, pw, dw, c))
@@ -771,7 +786,8 @@ class DisaggGroup:
                 out.append(solve_disagg(eng, self.decode_engine, float(ci), res.isl, res.osl, int(p), int(d), ddp, 1, pp, self.pd,
                                         transfer, int(g), prefill_dp=pdp))
         for r in out:
-            r.decode_kv_capacity = de.memory.capacity_for(r.decode_batch) / (res.isl + res.osl)
+            r.decode_kv_capacity = shared_prefix_capacity(de.memory.capacity_for(r.decode_batch), res.prefix,
+                                                          de.memory.tokens_per_block) / (res.isl + res.osl)
         return out
 
     def _deployment(self, i: int, pw: int, dw: int) -> tuple[str, int, str]:
