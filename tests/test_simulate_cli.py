@@ -249,3 +249,26 @@ def test_load_flags_of_another_load_are_refused(synth, capsys, extra, needle):
     ran as if they were not given. Now each is refused with the load it belongs to."""
     rc, out, err = run_cli(capsys, argv(synth, "--concurrency", "4", "--isl", "128", "--osl", "8", *extra))
     assert_one_line_error(rc, out, err, needle)
+
+
+def test_shared_prefix_of_a_synthetic_load(synth, capsys):
+    """--prefix P: every prompt is P shared tokens (whole blocks hashed alike) + --isl new ones; the
+    prefix caches hold the prefix after the first requests, so the hit rate approaches P / (P + isl)
+    of the prompt tokens looked up, and TTFT falls against prompts of P + isl uncached tokens."""
+    from infercast.serving.simulate.load import synthetic
+
+    w = synthetic(40, isl=128, osl=8, clients=4, prefix=64, block_tokens=16)
+    assert (w.isl == 192).all() and w.hashes == [(0, 1, 2, 3)] * 40 and w.block_tokens == 16
+    base = ("--concurrency", "4", "--osl", "8", "--json", "--warmup", "0", "--cooldown", "0")
+    rc, out, err = run_cli(capsys, argv(synth, *base, "--isl", "128", "--prefix", "512"))
+    assert rc == 0, err
+    cached = json.loads(out)
+    rc, out, err = run_cli(capsys, argv(synth, *base, "--isl", "640"))
+    whole = json.loads(out)
+    assert cached["prefix_hit_rate"] > 0.8 and whole["prefix_hit_rate"] == 0.0
+    assert cached["latency"]["ttft_ms"]["mean"] < whole["latency"]["ttft_ms"]["mean"]
+    for extra, needle in ((("--prefix", "-1"), "--prefix"), (("--block-tokens", "8"), "--block-tokens")):
+        rc, out, err = run_cli(capsys, argv(synth, *base, "--isl", "128", *extra))
+        assert_one_line_error(rc, out, err, needle)
+    rc, out, err = run_cli(capsys, argv(synth, *base, "--isl", "128", "--prefix", "512", "--block-tokens", "32"))
+    assert rc == 0, err

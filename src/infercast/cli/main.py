@@ -871,8 +871,13 @@ def _refuse_unused_load_flags(a) -> None:
                                        "--rate-schedule (a closed loop runs --num-requests, a trace its own length)"))
     if a.time_scale != 1.0 and a.trace is None:
         unused.append(("--time-scale", "speeds a trace up or down: give it with --trace"))
-    if a.block_tokens is not None and a.trace is None:
-        unused.append(("--block-tokens", "is the tokens per prefix-hash block of a trace: give it with --trace"))
+    if a.block_tokens is not None and a.trace is None and not a.prefix:
+        unused.append(("--block-tokens", "is the tokens per prefix-hash block of a trace or of a shared --prefix: give "
+                                         "it with --trace or --prefix"))
+    if a.prefix and a.trace is not None:
+        unused.append(("--prefix", "gives a synthetic load a shared prompt prefix; a trace's prefixes are its hashes"))
+    if a.prefix < 0:
+        unused.append(("--prefix", f"is cached prompt tokens per request, 0 or more; got {a.prefix}"))
     if unused:
         flag, why = unused[0]
         raise InvalidInputError(f"{flag} {why}")
@@ -957,7 +962,8 @@ def cmd_simulate(a) -> int:
             n = 10 * a.concurrency
         w = synthetic(n, isl=a.isl, osl=a.osl, range_ratio=ratio, lengths_from=lengths, rate=a.request_rate,
                       burstiness=a.burstiness, clients=a.concurrency or 0, seed=a.seed, sent_ms=sent, load=load,
-                      client_start=client_start, ramp_up_ms=ramp_up_ms)
+                      client_start=client_start, ramp_up_ms=ramp_up_ms, prefix=a.prefix,
+                      **({"block_tokens": a.block_tokens} if a.block_tokens else {}))
     # the engine configuration's scheduler settings, then a calibration profile's, under the flags
     # given (as serve and serve-disagg take them)
     cal, cal_notes = _calibration(a, a.concurrency)
@@ -1273,6 +1279,10 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--ramp-up-s", type=float, default=None, metavar="S",
                     help="with --client-start staggered / wave-then-staggered: the spread in seconds (default: one "
                          "expected request cycle)")
+    sm.add_argument("--prefix", type=int, default=0, metavar="P",
+                    help="synthetic load: every prompt starts with the same P tokens (a shared system prompt; the "
+                         "prefix caches hold it after the first request), --isl new tokens after it (default 0); "
+                         "its blocks are --block-tokens long (default 16)")
     sm.add_argument("--trace", default=None, metavar="FILE",
                     help="replay a trace: Mooncake JSONL, Azure LLM-inference CSV, or infercast CSV/JSONL")
     sm.add_argument("--time-scale", type=float, default=1.0,

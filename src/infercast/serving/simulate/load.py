@@ -302,14 +302,22 @@ def read_trace(path, time_scale: float = 1.0, block_tokens: int | None = None) -
                                 + (f" (time scale {time_scale:g})" if time_scale != 1 else ""))
 
 
+#: tokens per KV-cache block of a synthetic load's shared prefix (vLLM's default block size)
+SYNTHETIC_BLOCK_TOKENS = 16
+
+
 def synthetic(n: int, *, isl: int | None = None, osl: int | None = None, range_ratio: float = 1.0,
               lengths_from: Workload | None = None, rate: float | None = None, burstiness: float = 1.0,
               clients: int = 0, seed: int = 0, sent_ms: np.ndarray | None = None, load: str = "",
-              client_start: str = "together", ramp_up_ms: float | None = None) -> Workload:
+              client_start: str = "together", ramp_up_ms: float | None = None, prefix: int = 0,
+              block_tokens: int = SYNTHETIC_BLOCK_TOKENS) -> Workload:
     """``n`` requests of lengths fixed (``isl``, ``osl``), uniform on ``[range_ratio x L, L]``, or
     drawn from ``lengths_from``; sent at ``rate`` requests/s (gamma gaps of shape ``burstiness``)
     or by ``clients`` closed-loop clients starting as ``client_start`` says (:class:`Workload`; or at
-    the given ``sent_ms``, described by ``load``)."""
+    the given ``sent_ms``, described by ``load``). ``prefix``: every prompt starts with the same
+    ``prefix`` tokens (a shared system prompt: its whole blocks of ``block_tokens`` tokens share
+    their hashes, so the prefix caches hold them after the first request), the drawn input lengths
+    after it."""
     if sent_ms is not None:
         n = len(sent_ms)
     if n < 1:
@@ -323,13 +331,21 @@ def synthetic(n: int, *, isl: int | None = None, osl: int | None = None, range_r
             raise InvalidInputError("synthetic load needs --isl and --osl (or --lengths-from TRACE)")
         i, o = uniform_lengths(isl, range_ratio, n, rng), uniform_lengths(osl, range_ratio, n, rng)
         how = f"isl {isl}, osl {osl}" + (f", uniform on [{range_ratio:g} L, L]" if range_ratio < 1 else "")
+    shared = {}
+    if prefix:
+        if prefix < 0 or block_tokens < 1:
+            raise InvalidInputError(f"a shared prefix is 0 or more tokens in blocks of 1 or more; got {prefix}, {block_tokens}")
+        i = i + int(prefix)
+        shared = dict(hashes=[tuple(range(int(prefix) // int(block_tokens)))] * n, block_tokens=int(block_tokens))
+        how += f", after a shared {prefix}-token prefix"
     if sent_ms is not None:
-        return Workload(i, o, sent_ms=np.asarray(sent_ms, float), description=f"{n} requests, {load}, {how}")
+        return Workload(i, o, sent_ms=np.asarray(sent_ms, float), description=f"{n} requests, {load}, {how}", **shared)
     if rate is not None:
         sent = arrival_times(n, rate, burstiness, rng)
         kind = "Poisson" if burstiness == 1 else f"gamma (burstiness {burstiness:g})"
-        return Workload(i, o, sent_ms=sent, description=f"{n} requests, {kind} arrivals at {rate:g} req/s, {how}")
+        return Workload(i, o, sent_ms=sent, description=f"{n} requests, {kind} arrivals at {rate:g} req/s, {how}",
+                        **shared)
     if clients < 1:
         raise InvalidInputError("--concurrency must be >= 1", f"got {clients}")
     return Workload(i, o, clients=clients, client_start=client_start, ramp_up_ms=ramp_up_ms,
-                    description=f"{n} requests from {clients} closed-loop clients, {how}")
+                    description=f"{n} requests from {clients} closed-loop clients, {how}", **shared)
