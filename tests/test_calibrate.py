@@ -256,3 +256,38 @@ def test_cli_errors(synth, tmp_path, capsys):
     rc, out, err = run_cli(capsys, ["serve", *_flags(synth), "--concurrency", "4", "--isl", "128", "--osl", "8",
                                     "--calibration", str(bad)])
     assert_one_line_error(rc, out, err, "is not a calibration profile")
+
+
+# ------------------------------------------------------------------ the benchmark's pieces
+
+
+def _row(id_, ttft, tpot, source, conc=8, tp=2):
+    from infercast.validate.silicon import SiliconRow, WorkerSpec
+
+    return SiliconRow(id_, "vllm", "0.1", "m/x", "h200_sxm", "agg", 1024, 128, conc, "fp8", None, ttft, tpot,
+                      worker=WorkerSpec(conc, tp=tp), source=source)
+
+
+def test_noise_floor_pairs_repeated_configurations():
+    """Pairwise APE over a configuration's distinct values: an exact re-export counts once, a
+    configuration measured once or differing in layout is no repeat, and the over-1% set leaves
+    out values that differ by rounding only."""
+    from benchmarks.calibration import noise_floor
+
+    rows = [_row("a1", 100.0, 10.0, "f1"), _row("a2", 110.0, 10.0, "f2"), _row("a3", 100.0, 10.0, "f3"),  # a3: a1 again
+            _row("b1", 50.0, 5.0, "f1", conc=4), _row("b2", 50.0001, 5.0, "f2", conc=4),  # b: differs by 2e-6 only
+            _row("c1", 70.0, 7.0, "f1", conc=16), _row("c2", 80.0, 8.0, "f1", conc=16, tp=4)]  # c: two layouts
+    nf = noise_floor(rows)
+    assert (nf["configurations"], nf["repeated"], nf["different"]) == (4, 2, 2)
+    assert nf["all"]["configurations"] == 2 and nf["all"]["pairs"] == 4
+    over = nf["over_1pct"]
+    assert over["configurations"] == 1 and over["pairs"] == 2
+    assert sorted(over["ttft"]) == pytest.approx([10.0 / 110.0, 10.0 / 100.0])
+    assert list(over["tpot"]) == [0.0, 0.0]
+
+
+def test_benchmark_calibration_rows_are_lowest_middle_highest():
+    from benchmarks.calibration import pick
+
+    assert pick([1, 2, 4, 8, 16, 32, 64]) == [0, 3, 6]
+    assert pick([4, 4, 8, 8, 16, 16]) == [0, 3, 5]

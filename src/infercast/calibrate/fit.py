@@ -33,22 +33,29 @@ class Param:
     hi: float
 
 
-#: host-side parameters: front end per request, per open stream, per prompt token; per step
+#: host-side parameters: front end per request, per open stream, per prompt token; per step.
+#: Each field's unit step (:attr:`Param.scale`, the prior's width) is how far deployments' fitted
+#: values spread from the defaults: the spread (interquartile range / 1.35) of ``fitted - default``
+#: over the even-numbered groups of ``python -m benchmarks.calibration --prior-spread --half even``
+#: (every field fitted to all of a group's rows), rounded; a fit, named as such. See
+#: docs/modelling-log.md, 'Calibration to a user's runs'.
 HOST = (
-    Param("arrival_delay_ms", 20.0, 0.0, 2000.0),
-    Param("front_end_per_stream_ms", 0.5, 0.0, 10.0),
-    Param("front_end_per_prompt_token_ms", 0.003, 0.0, 0.05),
-    Param("step_overhead_ms", 0.5, 0.0, 10.0),
+    Param("arrival_delay_ms", 40.0, 0.0, 2000.0),
+    Param("front_end_per_stream_ms", 1.0, 0.0, 10.0),
+    Param("front_end_per_prompt_token_ms", 0.006, 0.0, 0.05),
+    Param("step_overhead_ms", 0.9, 0.0, 10.0),
 )
-#: GPU-time scales per phase, bounded to 0.7-1.5x of the perf tables' times
+#: GPU-time scales per phase, bounded to 0.7-1.5x of the perf tables' times (unit steps: as
+#: :data:`HOST`'s)
 GPU = (
-    Param("prefill_scale", 0.1, 0.7, 1.5),
-    Param("decode_scale", 0.1, 0.7, 1.5),
+    Param("prefill_scale", 0.35, 0.7, 1.5),
+    Param("decode_scale", 0.17, 0.7, 1.5),
 )
 PARAMS = {p.name: p for p in HOST + GPU}
 
-#: the pull toward the defaults: a field's unit step (:attr:`Param.scale`) costs as much as a
-#: 10% error (log 0.1) of one run, i.e. the runs are taken to scatter by ~10% around the model
+#: the pull toward the defaults: a field's unit step (:attr:`Param.scale`, the spread of fitted
+#: values across deployments) costs as much as a 10% error (log 0.1) of one run, i.e. the runs are
+#: taken to scatter by ~10% around the model
 RIDGE = 0.01
 STEP = 0.01
 MAX_ITERATIONS = 12
