@@ -161,3 +161,14 @@ def test_sliding_window_chunks_see_at_most_the_window(real_pack_available):
     assert got == pytest.approx(win.op.count * want, rel=1e-12)
     assert e.engine.prefill_scalar(1.0, 8192.0) == pytest.approx(
         sum(float(v) for v, _ in e.engine.components(ctx_batch=1.0, ctx_isl=8192.0, phase="prefill").values()), rel=1e-12)
+
+
+@pytest.mark.parametrize("cmd", [["estimate", "--batch", "2"], ["serve", "--concurrency", "4"],
+                                 ["search", "--mode", "agg", "--max-gpus", "2"]])
+def test_cp_overlap_without_a_cp_degree_is_refused(synth, capsys, cmd):
+    """Before: --cp-overlap without a context-parallel degree above 1 was accepted and changed
+    nothing. Now it is refused, naming the flag that would give it effect."""
+    rc, out, err = run_cli(capsys, [cmd[0], "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm",
+                                    "--systems-path", str(synth.systems_dir), "--isl", "128", "--osl", "8", *cmd[1:],
+                                    "--cp-overlap"])
+    assert_one_line_error(rc, out, err, "--cp-overlap", "--cp N")

@@ -1324,6 +1324,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _refuse_idle_cp_overlap(a) -> None:
+    """``--cp-overlap`` hides the context-parallel K/V exchange behind the attention: without a
+    context-parallel degree above 1 (``--cp``, ``--prefill-cp`` / ``--decode-cp``, ``--cp-list``)
+    there is no exchange and the flag would change nothing, so it is refused."""
+    keys = ("cp", "prefill_cp", "decode_cp", "cp_list")
+    if not getattr(a, "cp_overlap", False) or not any(hasattr(a, k) for k in keys):
+        return  # a command without context-parallel flags says so itself (recommend)
+    degrees = [getattr(a, k, None) for k in ("cp", "prefill_cp", "decode_cp")]
+    listed = getattr(a, "cp_list", None)
+    if listed:
+        degrees += [int(x) for x in str(listed).split(",") if x.strip().isdigit()]
+    if not any(d is not None and d > 1 for d in degrees):
+        raise InvalidInputError("--cp-overlap overlaps the context-parallel K/V exchange, but no context-parallel degree "
+                                "above 1 is given: it would change nothing", "add --cp N (or --cp-list with N > 1)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
@@ -1333,6 +1349,7 @@ def main(argv: list[str] | None = None) -> int:
 
             apply_engine_config(a)
             apply_role_engine_configs(a)
+        _refuse_idle_cp_overlap(a)
         if getattr(a, "mtp_acceptance", None) is not None and not getattr(a, "nextn", 0):
             raise InvalidInputError("--acceptance-rate (--mtp-acceptance) is given without draft tokens: it would "
                                     "change nothing", "add --num-speculative-tokens K (and --speculative-method)")
