@@ -151,20 +151,44 @@ def test_disagg_search_on_the_synthetic_pack(synth):
     assert r.best is not None and r.candidates[r.best].tokens_per_s_per_gpu == max(c.tokens_per_s_per_gpu for c in r.candidates)
 
 
-def test_disagg_search_refuses_decode_batches_over_the_scheduler_cap(synth):
-    """A disaggregated deployment whose decode ranks would each run more requests than the decode
-    scheduler's max_batch_size is refused with that reason (the model does not queue the rest),
-    at that concurrency and above; below the cap it is a candidate."""
+def test_disagg_decode_batch_held_at_the_scheduler_cap(synth):
+    """Before: a disaggregated deployment whose decode ranks would each run more requests than the
+    decode scheduler's max_batch_size was refused (the model did not queue the rest). Now the decode
+    batch is held at the cap and the others wait for a decode slot: the search keeps such
+    deployments, each equal to serve-disagg's answer, with the wait in TPOT."""
+    from infercast.api import Estimator, serve_disagg
     from infercast.search import search_disagg
+    from infercast.serving.backends import scheduler_params
+    from dataclasses import replace
 
+    roles = {"prefill": {}, "decode": {"max_batch_size": 4}}
     r = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, systems_path=synth.systems_dir, concurrencies=[2, 256],
-                      max_gpus=2, max_workers=1, scheduler_roles={"prefill": {}, "decode": {"max_batch_size": 4}})
-    why = "disagg candidate: decode batch over max running requests"
-    assert r.refused.get(why, 0) >= 1
-    assert r.candidates and all(c.concurrency == 2 for c in r.candidates)
-    free = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, systems_path=synth.systems_dir, concurrencies=[2, 256],
-                         max_gpus=2, max_workers=1)
-    assert why not in free.refused and any(c.concurrency == 256 for c in free.candidates)
+                      max_gpus=2, max_workers=1, scheduler_roles=roles)
+    assert not any("max running requests" in why for why in r.refused)
+    capped = [c for c in r.candidates if c.concurrency == 256]
+    assert capped
+    e = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", systems_path=synth.systems_dir)
+    p = scheduler_params("trtllm", e.data.system, e.spec)
+    for c in capped:
+        one = serve_disagg(e, e, concurrency=256, isl=128, osl=64, prefill_workers=1, decode_workers=1,
+                           params_prefill=p, params_decode=replace(p, max_batch_size=4))
+        assert c.tpot_ms == pytest.approx(one.tpot_ms, rel=1e-9) and c.ttft_ms == pytest.approx(one.ttft_ms, rel=1e-9)
+        free = serve_disagg(e, e, concurrency=256, isl=128, osl=64, prefill_workers=1, decode_workers=1)
+        assert one.decode_batch == pytest.approx(4.0) and free.decode_batch > 4.0
+        assert one.decode_slot_wait_ms > 0 and one.tpot_ms > free.tpot_ms
+        assert any("max_batch_size 4" in n for n in one.notes)
+
+
+def test_slot_wait_closes_the_cycle():
+    """The decode pool at its cap completes cap / busy requests per ms and rank: a client's cycle
+    (TTFT + transfer + slot wait + decoding) is c_rank x busy / cap; below the cap no wait."""
+    from infercast.serving.disagg import slot_wait_ms
+
+    assert slot_wait_ms(64.0, 100.0, 4.0, 30.0, 5.0) == pytest.approx(64 * 100 / 4 - (30 + 100 + 5))
+    assert slot_wait_ms(2.0, 100.0, 4.0, 30.0, 5.0) == 0.0
+    import numpy as np
+
+    assert np.allclose(slot_wait_ms(np.array([64.0, 2.0]), 100.0, 4.0, np.array([30.0, 30.0]), 5.0), [1465.0, 0.0])
 
 
 def test_search_cli_both_modes(synth, capsys):

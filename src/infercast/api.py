@@ -733,7 +733,9 @@ def serve_disagg(
     holds by :mod:`infercast.serving.memory` (``prefill_kv_capacity``: prompts one prefill rank
     holds); the model does not cap the decode batch by it (it is reported, and ``infercast
     serve-disagg`` warns when the decode batch exceeds it: the memory model is conservative, and
-    measured deployments run where it leaves no room). A worker whose weights alone exceed its
+    measured deployments run where it leaves no room). It does cap it at the decode scheduler's
+    ``max_batch_size`` (requests then wait for a decode slot, in TPOT: ``decode_slot_wait_ms``).
+    A worker whose weights alone exceed its
     GPUs' memory is refused (:class:`~infercast.serving.sim.DoesNotFitError`). ``prefix``: cached
     prompt tokens shared by every request (:mod:`infercast.serving.prefix`): both workers attend
     to them and hold them once per rank; only the ``isl`` new tokens' KV cache moves."""
@@ -786,10 +788,8 @@ def serve_disagg(
     if prefix:
         res.notes.append(f"every request starts with the same {prefix} cached prompt tokens (warm prefix caches on "
                          "both workers: attention over them, no prefill of them; only the new tokens' KV cache moves)")
-    if res.decode_batch > pd.max_batch_size:
-        # the disaggregated model sizes the decode batch by the closed loop alone (module
-        # docstring of serving.disagg); the engine's cap on running requests is not applied
-        res.notes.append(f"a decode rank runs {res.decode_batch:.1f} requests, more than the decode scheduler's "
-                         f"max_batch_size {pd.max_batch_size}: the disaggregated model does not cap the decode batch "
-                         f"by it (the numbers are for an uncapped decode pool)")
+    if res.decode_slot_wait_ms > 0:
+        res.notes.append(f"every decode rank runs its scheduler's max_batch_size {pd.max_batch_size} requests: the "
+                         f"others wait {res.decode_slot_wait_ms:.0f} ms on average for a decode slot after their KV "
+                         "arrives (in TPOT: the first token came from the prefill worker)")
     return res

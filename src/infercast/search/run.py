@@ -810,8 +810,9 @@ class DisaggGroup:
     def add(self, i: int, pw: int, dw: int, c: int, r) -> bool | None:
         """Add deployment (prefill layout ``i``, ``pw``, ``dw``) at ``c`` clients with result
         ``r`` to the search result: whether it meets the targets, or None when the decode ranks'
-        KV cache cannot hold their batch or their batch exceeds the decode scheduler's
-        ``max_batch_size`` (refused; more clients would not fit either)."""
+        KV cache cannot hold their batch (refused; more clients would not fit either). A decode
+        batch held at the scheduler's ``max_batch_size`` is modelled (requests wait for a slot:
+        :func:`infercast.serving.disagg.slot_wait_ms`), not refused."""
         res = self.res
         label, gpus, words = self._deployment(i, pw, dw)
         _count(res, "disagg candidate")
@@ -819,13 +820,6 @@ class DisaggGroup:
             refuse(res, f"{label}@c{c}", "disagg candidate",
                    f"a decode rank would run {r.decode_batch:.0f} requests; its KV cache holds "
                    f"{r.decode_kv_capacity:.0f} of {res.isl}+{res.osl} tokens", "decode KV cache overflows")
-            return None
-        if r.decode_batch > self.pd.max_batch_size:
-            # the decode scheduler runs at most max_batch_size requests per rank; the disaggregated
-            # model does not queue the rest (serve-disagg notes it), so such a candidate is refused
-            refuse(res, f"{label}@c{c}", "disagg candidate",
-                   f"a decode rank would run {r.decode_batch:.0f} requests, more than its scheduler's "
-                   f"max_batch_size {self.pd.max_batch_size}", "decode batch over max running requests")
             return None
         # the fields of _fields, with the decode layout's degrees and labels read once per group
         tp, pp, adp, etp, ep, backend, dlabel = self._decode_fields

@@ -9,7 +9,12 @@ decode worker's continuous batch (decode-only steps). Solved for the steady stat
   client's request spends ``osl - 1`` decode steps there and the rest of its cycle (prefill
   queue + prefill + KV transfer) elsewhere, so ``D = C_rank (osl-1) / (osl-1 + outside / step)``;
   TPOT = decode step at ``D`` and the mean KV length, plus the KV transfer spread over the
-  output;
+  output. A decode rank runs at most its scheduler's ``max_batch_size`` requests: when the
+  closed loop would put more there, ``D`` is that cap, the pool completes at most ``D / (osl-1)``
+  requests per step and rank, the cycle stretches to ``C_rank (osl-1) step / D``, and the rest
+  of it is each request's wait for a decode slot after its KV arrives (:func:`slot_wait_ms`);
+  the first token came from the prefill worker, so the wait falls between the first and second
+  tokens, in TPOT;
 * prefill pool: requests arrive at ``lam = C / cycle`` (Little's law); each attention-DP rank of
   a prefill worker runs batches of at least ``prefill_batch`` prompts (chunked by its token
   budget) and, under load, of the prompts that arrived while the previous batch ran:
@@ -78,6 +83,7 @@ class DisaggResult(ServingMetrics):
     prefill_batch: int = 1  # prompts per prefill step in the steady state
     arrival_rate_per_s: float = 0.0  # requests per second reaching the prefill pool (steady state)
     decode_kv_capacity: float | None = None  # requests of isl+osl one decode rank's KV cache holds (if known)
+    decode_slot_wait_ms: float = 0.0  # mean wait for a decode slot when the decode ranks run max_batch_size (in TPOT)
     prefill_kv_capacity: float | None = None  # prompts of isl tokens one prefill rank's KV cache holds (if known)
 
 
@@ -176,6 +182,15 @@ def _out_steps(decode_engine, osl: int, transfer_ms: float) -> tuple[float, floa
     return max((osl - 1) / tau, 1.0), transfer_ms
 
 
+def slot_wait_ms(c_rank, busy, cap, ttft, transfer):
+    """Mean wait for a decode slot (ms; scalar or array): with at most ``cap`` requests running
+    per decode rank, each busy ``busy`` ms (its decode steps), ``c_rank`` clients per rank cycle
+    in at least ``c_rank x busy / cap`` ms; what that leaves beyond the request's TTFT, KV
+    transfer and decoding is spent waiting for a slot (0 while the cap does not bind)."""
+    return np.maximum(c_rank * busy / cap - (ttft + busy + transfer), 0.0) if np.ndim(c_rank) or np.ndim(ttft) \
+        else max(c_rank * busy / cap - (ttft + busy + transfer), 0.0)
+
+
 def solve_disagg(
     prefill_engine,
     decode_engine,
@@ -215,9 +230,12 @@ def solve_disagg(
     rho = 0.0
     k_steady = per_step
     lam = 0.0
+    cap = float(params_decode.max_batch_size)
     for _ in range(iterations):
         step = _decode_step(decode_engine, params_decode, max(d, 1.0), kv)
-        cycle = ttft + out_steps * step + transfer_ms
+        # at most ``cap`` requests decode per rank: the cycle is at least c_rank x busy / cap
+        slot = slot_wait_ms(c_rank, out_steps * step, cap, ttft, transfer_ms)
+        cycle = ttft + out_steps * step + transfer_ms + slot
         lam = C / cycle  # requests per ms
         # a batch holds the prompts that arrived while the previous one ran (fixed point)
         k = per_step
@@ -230,16 +248,17 @@ def solve_disagg(
         rho = min(lam * service / servers, 0.999)
         # the closed loop's queue at the prefill pool (module docstring)
         wait = _closed_loop_wait(C, service / servers, service_batch - service / servers,
-                                 out_steps * step + transfer_ms + params_prefill.arrival_delay_ms)
+                                 out_steps * step + transfer_ms + slot + params_prefill.arrival_delay_ms)
         ttft_new = wait + service_batch + params_prefill.arrival_delay_ms
         outside = ttft_new + transfer_ms
-        d_new = c_rank * out_steps / (out_steps + outside / step)
+        d_new = min(c_rank * out_steps / (out_steps + outside / step), cap)
         if abs(ttft_new - ttft) < 1e-6 * ttft and abs(d_new - d) < 1e-6 * max(d, 1.0):
             ttft, d = ttft_new, d_new
             break
         ttft, d = 0.5 * (ttft + ttft_new), 0.5 * (d + d_new)
     step = _decode_step(decode_engine, params_decode, max(d, 1.0), kv)
-    return _disagg_result(ps, C, osl, servers, out_steps, transfer_ms, gpus, ttft, d, step, rho, k_steady, lam)
+    slot = slot_wait_ms(c_rank, out_steps * step, cap, ttft, transfer_ms)
+    return _disagg_result(ps, C, osl, servers, out_steps, transfer_ms, gpus, ttft, d, step, rho, k_steady, lam, slot)
 
 
 def _ttft_percentiles_many(first_batch, front, n_batches, wait_mean, p_zero, shift, k: float) -> np.ndarray:
@@ -313,13 +332,15 @@ def _ttft_percentiles_many(first_batch, front, n_batches, wait_mean, p_zero, shi
 
 
 def _disagg_result(ps: _PrefillService, C: float, osl: int, servers: int, out_steps: float, transfer_ms: float,
-                   gpus: int, ttft: float, d: float, step: float, rho: float, k_steady: int, lam: float) -> DisaggResult:
+                   gpus: int, ttft: float, d: float, step: float, rho: float, k_steady: int, lam: float,
+                   slot: float = 0.0) -> DisaggResult:
     """The :class:`DisaggResult` of a solved steady state: TPOT, the first wave, the means and
     their spread (module docstring), with the per-request distributions behind the percentiles
-    (:func:`_disagg_results_many` does the same for arrays, without them)."""
+    (:func:`_disagg_results_many` does the same for arrays, without them). ``slot``: the wait for
+    a decode slot (:func:`slot_wait_ms`), in TPOT."""
     batch_cap, per_step, batch_ms = ps.cap, ps.per_step, ps.batch_ms
     service_batch = batch_ms(k_steady)
-    tpot = (out_steps * step + transfer_ms) / max(osl - 1, 1)  # 0 with one output token (both 0 above)
+    tpot = (out_steps * step + transfer_ms + slot) / max(osl - 1, 1)  # 0 with one output token (all 0 above)
     # first wave: C prompts at once over the prefill workers
     per_worker = C / servers
     kf = min(batch_cap, max(per_step, math.ceil(per_worker)))
@@ -343,6 +364,7 @@ def _disagg_result(ps: _PrefillService, C: float, osl: int, servers: int, out_st
         kv_transfer_ms=transfer_ms,
         prefill_batch=int(k_steady),
         arrival_rate_per_s=lam * 1e3,
+        decode_slot_wait_ms=slot,
         # a first-wave prompt waits for the batches ahead of it on its worker: (n - 1) / 2 on average
         ttft_parts=blend_parts(
             (ttft_parts(front, (n_batches - 1) / 2.0 * first_batch, first_batch), 1.0),
@@ -358,14 +380,14 @@ def _disagg_result(ps: _PrefillService, C: float, osl: int, servers: int, out_st
 def _disagg_results_many(C: np.ndarray, osl: int, servers: np.ndarray, out_steps: float, transfer: np.ndarray,
                          gpus: np.ndarray, ttft: np.ndarray, d: np.ndarray, step: np.ndarray, rho: np.ndarray,
                          k_steady: np.ndarray, lam: np.ndarray, front: np.ndarray, per_step: np.ndarray,
-                         batch_cap: np.ndarray, batch_ms) -> list[DisaggResult]:
+                         batch_cap: np.ndarray, batch_ms, slot: np.ndarray | float = 0.0) -> list[DisaggResult]:
     """:func:`_disagg_result` for arrays of solved steady states (each element's prefill service
     given by its ``front`` (arrival delay), ``per_step``, ``batch_cap`` and ``batch_ms(k)``, the
     wall time of a batch of ``k`` prompts on each element's prefill engine): the same operations
     element by element, so the same numbers, and the same percentiles
     (:func:`_ttft_percentiles_many`); the results keep no per-request distributions."""
     service_batch = batch_ms(k_steady)
-    tpot = (out_steps * step + transfer) / max(osl - 1, 1)
+    tpot = (out_steps * step + transfer + slot) / max(osl - 1, 1)
     per_worker = C / servers
     kf = np.minimum(batch_cap, np.maximum(per_step, np.ceil(per_worker))).astype(np.int64)
     n_batches = np.ceil(per_worker / kf).astype(np.int64)
@@ -382,15 +404,15 @@ def _disagg_results_many(C: np.ndarray, osl: int, servers: np.ndarray, out_steps
         (front, (n_batches - 1) / 2.0 * first_batch, first_batch), (front, wait_mean, ttft - front - wait_mean))]
     pct = _ttft_percentiles_many(first_batch, front, n_batches, wait_mean, 1.0 - rho, ttft - wait_mean, k)
     cols = [x.tolist() for x in (C, ttft_mean, tpot, latency, C / latency * osl * 1e3 / gpus, per_user, d, rho, transfer,
-                                 k_steady, lam * 1e3, *parts, *pct)]
+                                 k_steady, lam * 1e3, *parts, *pct, np.broadcast_to(slot, C.shape))]
     assert PERCENTILES == (50, 90, 99)  # the keywords below
     # positional fields (concurrency .. tokens_per_s_per_user, decode_batch .. arrival_rate_per_s)
     # and every keyword in one call: about half the cost of keywords and setattr
     return [DisaggResult(c, tm, tp, lat, tg, tu, db, r, tr, int(ks), ar,
                          ttft_parts={"front_end": f, "wait": w, "prefill": p},
                          ttft_p50_ms=p50, ttft_p90_ms=p90, ttft_p99_ms=p99,
-                         tpot_p50_ms=tp, tpot_p90_ms=tp, tpot_p99_ms=tp)
-            for (c, tm, tp, lat, tg, tu, db, r, tr, ks, ar, f, w, p, p50, p90, p99) in zip(*cols)]
+                         tpot_p50_ms=tp, tpot_p90_ms=tp, tpot_p99_ms=tp, decode_slot_wait_ms=sw)
+            for (c, tm, tp, lat, tg, tu, db, r, tr, ks, ar, f, w, p, p50, p90, p99, sw) in zip(*cols)]
 
 
 def _decode_step_many(engine, params: SchedulerParams, d: np.ndarray, kv: float) -> np.ndarray:
@@ -466,6 +488,7 @@ def solve_disagg_many(
     ranks = np.maximum(dw * decode_dp, 1).astype(float)
     c_rank = C / ranks
     kv = isl + osl / 2.0
+    cap = float(params_decode.max_batch_size)
 
     # each prefill layout's batch times by prompts per batch (NaN: not asked yet), filled as the
     # fixed point asks for them (in ascending (layout, prompts) order, as each _PrefillService memoises them)
@@ -495,7 +518,8 @@ def solve_disagg_many(
         dl, tl, Cl, sl, tr, ar = d[idx], ttft[idx], C[idx], servers[idx], transfer[idx], arrival[idx]
         ps_l, cap_l = per_step[idx], batch_cap[idx]
         step = _decode_step_many(decode_engine, params_decode, np.maximum(dl, 1.0), kv)
-        cycle = tl + out_steps * step + tr
+        slot = slot_wait_ms(c_rank[idx], out_steps * step, cap, tl, tr)
+        cycle = tl + out_steps * step + tr + slot
         lam_l = Cl / cycle
         k = ps_l.copy()
         settled = np.zeros(idx.size, dtype=bool)
@@ -508,19 +532,21 @@ def solve_disagg_many(
         sb = batch_ms(k, idx)
         service = sb / k
         rho_l = np.minimum(lam_l * service / sl, 0.999)
-        wait = _closed_loop_wait_many(Cl, service / sl, sb - service / sl, out_steps * step + tr + ar)
+        wait = _closed_loop_wait_many(Cl, service / sl, sb - service / sl, out_steps * step + tr + slot + ar)
         ttft_new = wait + sb + ar
         outside = ttft_new + tr
-        d_new = c_rank[idx] * out_steps / (out_steps + outside / step)
+        d_new = np.minimum(c_rank[idx] * out_steps / (out_steps + outside / step), cap)
         done = (np.abs(ttft_new - tl) < 1e-6 * tl) & (np.abs(d_new - dl) < 1e-6 * np.maximum(dl, 1.0))
         ttft[idx] = np.where(done, ttft_new, 0.5 * (tl + ttft_new))
         d[idx] = np.where(done, d_new, 0.5 * (dl + d_new))
         lam[idx], rho[idx], k_steady[idx] = lam_l, rho_l, k
         live[idx[done]] = False
     step = _decode_step_many(decode_engine, params_decode, np.maximum(d, 1.0), kv)
+    slot = slot_wait_ms(c_rank, out_steps * step, cap, ttft, transfer)
     if lean:
         return _disagg_results_many(C, osl, servers, out_steps, transfer, g, ttft, d, step, rho, k_steady, lam, arrival,
-                                    per_step, batch_cap, lambda k: batch_ms(k, everyone))
+                                    per_step, batch_cap, lambda k: batch_ms(k, everyone), slot)
     return [_disagg_result(services[w[i]], float(C[i]), osl, int(servers[i]), out_steps, float(transfer[i]), int(g[i]),
-                           float(ttft[i]), float(d[i]), float(step[i]), float(rho[i]), int(k_steady[i]), float(lam[i]))
+                           float(ttft[i]), float(d[i]), float(step[i]), float(rho[i]), int(k_steady[i]), float(lam[i]),
+                           float(slot[i]))
             for i in range(n)]
