@@ -43,15 +43,17 @@ def test_serve_disagg_scheduler_per_role(synth, capsys):
     assert shared["tpot_ms"] == pytest.approx(dec["tpot_ms"], rel=1e-3) and shared["ttft_ms"] > base["ttft_ms"]
 
 
-def test_serve_disagg_decode_batch_cap_noted(synth, capsys):
+def test_serve_disagg_decode_batch_cap_applied(synth, capsys):
     long = ("--concurrency", "64", "--osl", "256")
     base = _disagg(synth, capsys, *long)
     capped = _disagg(synth, capsys, *long, "--decode-scheduler", "max_batch_size=2")
     assert capped["scheduler_decode"]["max_batch_size"] == 2
-    # not a cap of the disaggregated model (docs/cli.md's audit): said in the notes, not applied silently
-    assert base["decode_batch"] > 2
-    assert any("max_batch_size 2" in n and "does not cap" in n for n in capped["notes"])
-    assert not any("does not cap" in n for n in base["notes"])
+    # the decode ranks hold at most max_batch_size requests; the rest wait for a slot, in TPOT
+    assert base["decode_batch"] > 2 and capped["decode_batch"] == 2
+    assert capped["decode_slot_wait_ms"] > 0 and base["decode_slot_wait_ms"] == 0
+    assert capped["tpot_ms"] > base["tpot_ms"]
+    assert any("max_batch_size 2" in n and "wait" in n for n in capped["notes"])
+    assert not any("decode slot" in n for n in base["notes"])
 
 
 def test_serve_disagg_role_engine_args(synth, capsys, tmp_path):
