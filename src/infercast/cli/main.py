@@ -863,24 +863,19 @@ def _refuse_unused_layout_flags(a, disagg: bool) -> None:
 def _refuse_unused_load_flags(a) -> None:
     """Flags of one kind of ``simulate`` load given with another, which would not read them."""
     open_loop = a.request_rate is not None or a.rate_schedule is not None
-    unused = []
     if a.burstiness != 1.0 and not open_loop:
-        unused.append(("--burstiness", "shapes open-loop arrivals: give it with --request-rate or --rate-schedule"))
+        raise InvalidInputError("--burstiness shapes open-loop arrivals: give it with --request-rate or --rate-schedule")
     if a.duration_s is not None and not open_loop:
-        unused.append(("--duration-s", "is how long open-loop arrivals last: give it with --request-rate or "
-                                       "--rate-schedule (a closed loop runs --num-requests, a trace its own length)"))
+        raise InvalidInputError("--duration-s is how long open-loop arrivals last: give it with --request-rate or "
+                                "--rate-schedule (a closed loop runs --num-requests, a trace its own length)")
     if a.time_scale != 1.0 and a.trace is None:
-        unused.append(("--time-scale", "speeds a trace up or down: give it with --trace"))
+        raise InvalidInputError("--time-scale speeds a trace up or down: give it with --trace")
     if a.block_tokens is not None and a.trace is None and not a.prefix:
-        unused.append(("--block-tokens", "is the tokens per prefix-hash block of a trace or of a shared --prefix: give "
-                                         "it with --trace or --prefix"))
+        raise InvalidInputError("--block-tokens is the tokens per prefix-hash block of a trace or of a shared --prefix: "
+                                "give it with --trace or --prefix")
     if a.prefix and a.trace is not None:
-        unused.append(("--prefix", "gives a synthetic load a shared prompt prefix; a trace's prefixes are its hashes"))
-    if a.prefix < 0:
-        unused.append(("--prefix", f"is cached prompt tokens per request, 0 or more; got {a.prefix}"))
-    if unused:
-        flag, why = unused[0]
-        raise InvalidInputError(f"{flag} {why}")
+        raise InvalidInputError("--prefix gives a synthetic load a shared prompt prefix; a trace's prefixes are its hashes")
+    _check_prefix(a)
 
 
 def _client_start(a) -> tuple[str, float | None]:

@@ -97,6 +97,7 @@ from .result import (
     ttft_parts,
     uniform,
 )
+from .prefix import prefixed, shared_prefix_capacity, with_prefix
 from .sim import check_prompt_fits_budget
 
 #: steps a new request waits before its first prefill chunk: it arrives while a step runs
@@ -376,7 +377,6 @@ def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacit
     together, so it holds nothing). ``prefix``: cached prompt tokens every request starts with
     (:mod:`.prefix`: attention over them in prefill and decode, held once per rank in KV blocks
     of ``tokens_per_block``, tokenised by the front end); ``isl`` counts the new tokens."""
-    from .prefix import prefixed, shared_prefix_capacity
     from .sim import DoesNotFitError, simulate
 
     # the replica's front end serves every rank's clients and tokenises each (whole) prompt
@@ -412,8 +412,6 @@ def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacit
         return out
     steady = solve_steady(engine, concurrency, isl, osl, params, kv_capacity_tokens, gpus, ranks=ranks)
     if prefix and steady.step_mix:  # the shapes as the GPU runs them (energy reads them)
-        from .prefix import with_prefix
-
         steady.step_mix = {**steady.step_mix, "steps": [(w, with_prefix(sh, prefix)) for w, sh in steady.step_mix["steps"]]}
     k = max(params.requests_per_client, 1.0)
     # the first wave's TTFT side only (TPOT and throughput are the steady state's)

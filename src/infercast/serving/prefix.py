@@ -24,33 +24,20 @@ from __future__ import annotations
 
 import numpy as np
 
-#: name endings of an engine's timing methods (as :mod:`.scaled`): one not defined here is refused
-_TIMING = ("_ms", "_scalar")
+from .wrapper import TimingWrapper
 
 
-class PrefixedEngine:
+class PrefixedEngine(TimingWrapper):
     """``engine`` with every request's ``prefix`` cached tokens added to the attention lengths of
-    its steps (module docstring); other attributes are the wrapped engine's."""
+    its steps (module docstring); a timing method not defined here is refused rather than answered
+    without the prefix (:class:`~.wrapper.TimingWrapper`)."""
 
     def __init__(self, engine, prefix: float):
-        self._engine = engine
+        super().__init__(engine)
         self.prefix = float(prefix)
 
-    def __getattr__(self, name):
-        if name.endswith(_TIMING):
-            raise AttributeError(f"{type(self).__name__} does not offset {name} by the cached prefix; use step_ms")
-        return getattr(self._engine, name)
-
     def step_ms(self, **shape):
-        p = self.prefix
-        if "ctx_batch" in shape:
-            shape["ctx_prefix"] = np.asarray(shape.get("ctx_prefix", 0.0), dtype=float) + p
-            if np.ndim(shape["ctx_prefix"]) == 0:
-                shape["ctx_prefix"] = float(shape["ctx_prefix"])
-        if "dec_batch" in shape:
-            kv = np.asarray(shape.get("dec_kv", 1.0), dtype=float) + p
-            shape["dec_kv"] = float(kv) if np.ndim(kv) == 0 else kv
-        return self._engine.step_ms(**shape)
+        return self._engine.step_ms(**with_prefix(shape, self.prefix))
 
     def mixed_step_ms(self, ctx_batch, ctx_isl, ctx_prefix, dec_batch: float, dec_kv: float) -> float:
         prefixes = [float(x) + self.prefix for x in np.atleast_1d(np.asarray(ctx_prefix, dtype=float))]

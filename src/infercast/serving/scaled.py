@@ -14,30 +14,20 @@ from __future__ import annotations
 import numpy as np
 
 
-#: name endings of an engine's timing methods: a wrapper that does not define one of them must not
-#: hand out the wrapped engine's, whose times are unscaled
-_TIMING = ("_ms", "_scalar")
+from .wrapper import TimingWrapper
 
 
-class PhaseScaledEngine:
+class PhaseScaledEngine(TimingWrapper):
     """``engine`` (a :class:`~infercast.engine.compiled.CompiledEngine` or anything with its step
     methods) with its prefill and decode GPU times multiplied by ``prefill`` and ``decode``.
 
-    The timing methods the serving models call are defined here, scaled; any other timing method
-    of the wrapped engine (a name ending in ``_ms`` or ``_scalar``) is refused with AttributeError
-    rather than answered unscaled, so callers that look a fast path up with ``getattr(engine,
-    name, None)`` fall back to the scaled :meth:`step_ms`. Every other attribute is the wrapped
-    engine's."""
+    The timing methods the serving models call are defined here, scaled; any other is refused
+    rather than answered unscaled (:class:`~.wrapper.TimingWrapper`)."""
 
     def __init__(self, engine, prefill: float, decode: float):
-        self._engine = engine
+        super().__init__(engine)
         self._p = float(prefill)
         self._d = float(decode)
-
-    def __getattr__(self, name):
-        if name.endswith(_TIMING):
-            raise AttributeError(f"{type(self).__name__} does not scale {name}; use step_ms")
-        return getattr(self._engine, name)
 
     def _decode_part(self, dec_batch, dec_kv, dec_pad=0.0):
         b = np.asarray(dec_batch, dtype=float)
