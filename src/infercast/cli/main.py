@@ -401,6 +401,8 @@ def cmd_search(a) -> int:
         for m, fn in (("agg", search_agg), ("disagg", search_disagg), ("fixed", search_fixed)):
             if mode in (m, "both") and not (m == "fixed" and mode == "both"):
                 mkw = kw if m == "disagg" else {k: v for k, v in kw.items() if k != "scheduler_roles"}
+                if m != "fixed":
+                    mkw = {**mkw, "jobs": a.jobs}
                 if backends is None:
                     res = results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, **mkw)
                 else:
@@ -1144,6 +1146,9 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--save-dir", default=None,
                     help="write the search's results (CSV, JSON), Pareto plot, HTML report and the top deployments' "
                          "launch and benchmark files here (created if missing)")
+    se.add_argument("--jobs", type=int, default=None, metavar="N",
+                    help="evaluate the layouts on N worker processes forked from this one (default: the CPUs this "
+                         "process may use, at most 4; 1: in this process; the same answer with any N; Linux)")
     se.add_argument("--json", action="store_true", help="print one JSON object")
     _add_role_settings(se, engine_files=False)
     se.set_defaults(func=cmd_search)

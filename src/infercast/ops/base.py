@@ -197,15 +197,29 @@ def sites_and_curves(table: Table, mask: np.ndarray, site_cols: tuple[str, ...],
     site_arr = np.stack([keys[c] for c in site_cols], axis=1) if site_cols else np.zeros((len(lat), 0))
     uniq, inv = np.unique(site_arr, axis=0, return_inverse=True)
     inv = inv.reshape(-1)
+    n = len(uniq)
     curves = {}
     order = np.argsort(inv, kind="stable")
-    bounds = np.searchsorted(inv[order], np.arange(len(uniq) + 1))
-    for s in range(len(uniq)):
+    bounds = np.searchsorted(inv[order], np.arange(n + 1))
+    # per curve column, every site's distinct values at once (rows sorted by site, then value) and
+    # each row's index among its site's values: what np.unique / searchsorted per site would give
+    distinct, starts, rank = [], [], []
+    for c in curve_cols:
+        o = np.lexsort((keys[c], inv))
+        kc, sc = keys[c][o], inv[o]
+        new = np.ones(len(o), dtype=bool)
+        new[1:] = (sc[1:] != sc[:-1]) | (kc[1:] != kc[:-1])
+        st = np.searchsorted(sc[new], np.arange(n + 1))
+        r = np.empty(len(o), dtype=np.int64)
+        r[o] = np.cumsum(new) - 1 - st[sc]
+        distinct.append(kc[new])
+        starts.append(st.tolist())
+        rank.append(r)
+    for s in range(n):
         idx = order[bounds[s]:bounds[s + 1]]
-        axes = tuple(np.unique(keys[c][idx]) for c in curve_cols)
+        axes = tuple(d[st[s]:st[s + 1]].copy() for d, st in zip(distinct, starts))
         vals = np.full(tuple(len(a) for a in axes), np.nan)
-        pos = tuple(np.searchsorted(a, keys[c][idx]) for a, c in zip(axes, curve_cols))
-        vals[pos] = lat[idx]
+        vals[tuple(r[idx] for r in rank)] = lat[idx]
         curves[s] = (axes, despike(vals))
     return uniq, curves
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from functools import partial
 from dataclasses import dataclass, field, fields
 from itertools import pairwise
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from ..errors import InfercastError, InvalidConfigError, InvalidInputError
 from ..report.layout import plural
+from .parallel import check_jobs, run_parts
 from .pareto import meets, pareto_front, recommend
 from .space import Layout, layouts, powers_of_two
 
@@ -203,10 +205,13 @@ def search_agg(
     refine: bool | None = None,
     cps=None,
     prefix: int = 0,
+    jobs: int | None = 1,
     **estimator_kw,
 ) -> SearchResult:
     """Evaluate every layout of at most ``max_gpus`` GPUs (default: one node) at each concurrency.
     ``prefix``: cached prompt tokens every request starts with (:mod:`infercast.serving.prefix`).
+    ``jobs``: worker processes for the layouts (:func:`~infercast.search.parallel.run_parts`; 1:
+    this process, None: the usable CPUs); the result is the same with any.
     ``cps``: the context-parallel degrees to search (default: 1 only; :func:`~infercast.search.space.layouts`).
 
     ``estimator_kw`` goes to every :class:`~infercast.Estimator` (quant overrides, ``nextn``,
@@ -222,6 +227,7 @@ def search_agg(
 
     from ..serving.backends import scheduler_params
 
+    jobs = check_jobs(jobs)
     conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
                              systems_path, estimator_kw, prefix=prefix)
     node = base.data.system.node
@@ -234,8 +240,8 @@ def search_agg(
         (lay.label, est.plan.parallel.attention_dp * rank_capacity(est, res.isl, res.osl, params, res.prefix))
         for lay, est in ests.items()))
     refine = concurrencies is None if refine is None else refine
-    for lay, est in ests.items():
-        _evaluate(res, est, lay, conc, params, refine)
+    run_parts(res, [partial(_evaluate_part, est, lay, conc, params, refine) for lay, est in ests.items()],
+              jobs, cost=[len(conc)] * len(ests))
     return _finish(res)
 
 
@@ -531,6 +537,11 @@ def with_energy(cand: Candidate, est, r, osl: int) -> Candidate:
     return cand
 
 
+def _evaluate_part(est, lay: Layout, conc: list[int], params, refine: bool, res: SearchResult) -> None:
+    """:func:`_evaluate` as a part of :func:`~infercast.search.parallel.run_parts` (the result last)."""
+    _evaluate(res, est, lay, conc, params, refine)
+
+
 def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refine: bool = False) -> None:
     """Add ``lay`` (estimator ``est``) at each concurrency of ``conc`` to ``res`` (with ``refine``,
     then at the concurrencies :func:`refine_concurrency` probes)."""
@@ -619,6 +630,7 @@ def search_disagg(
     cps=None,
     scheduler_roles: dict | None = None,
     prefix: int = 0,
+    jobs: int | None = 1,
     **estimator_kw,
 ) -> SearchResult:
     """Disaggregated deployments of at most ``max_gpus`` GPUs in all (default: two nodes): a
@@ -635,13 +647,14 @@ def search_disagg(
     decode workers run on this system (prefill on ``system``; the same model, backend and data
     version), the KV cache moving over the slower of the two systems' node-to-node links. The deployments of one decode layout are solved together, as arrays
     (:func:`evaluate_disagg`). ``cps``: the context-parallel degrees of the prefill workers
-    (default: 1 only); decode workers are searched without context parallelism. ``prefix``: as
-    :func:`search_agg`'s."""
+    (default: 1 only); decode workers are searched without context parallelism. ``prefix``,
+    ``jobs`` (one part per decode layout): as :func:`search_agg`'s."""
     from dataclasses import replace
 
     from ..serving.backends import scheduler_params
 
     max_workers = None if max_workers is None else _positive("max_workers", max_workers, int, required=True)
+    jobs = check_jobs(jobs)
     conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
                              systems_path, estimator_kw, prefix=prefix)
     node = base.data.system.node
@@ -675,17 +688,29 @@ def search_disagg(
         res, roles, total, max_workers, params_d or scheduler_params(backend, dbase.data.system, dbase.spec)))
     refine = concurrencies is None if refine is None else refine
     prefills = list(roles["prefill"].items())
-    for dl, de in roles["decode"].items():
-        counts = []
-        for pl, pe in prefills:
-            _count(res, "disagg layout pair")
-            counts.append(_worker_counts(pe.gpus, de.gpus, total, max_workers))
-            if not counts[-1]:
-                refuse(res, f"P {pl.label} D {dl.label}", "disagg layout pair",
-                       f"one prefill worker ({plural(pe.gpus, 'GPU')}) and one decode worker ({de.gpus}) exceed "
-                       f"{plural(total, 'GPU')}", "exceeds the GPU budget")
-        evaluate_disagg(res, prefills, dl, de, counts, conc, params, refine, params_decode=params_d)
+    decodes = list(roles["decode"].items())
+    # a part's work grows with its deployments (worker counts of every prefill layout) x concurrencies
+    cost = [len(conc) * sum(len(_worker_counts(pe.gpus, de.gpus, total, max_workers)) for _, pe in prefills)
+            for _, de in decodes]
+    run_parts(res, [partial(_decode_layout_part, prefills, dl, de, total, max_workers, conc, params, refine, params_d)
+                    for dl, de in decodes], jobs, cost=cost)
     return _finish(res)
+
+
+def _decode_layout_part(prefills: list, dl: Layout, de, total: int, max_workers: int | None, conc: list[int], params,
+                        refine: bool, params_decode, res: SearchResult) -> None:
+    """Every deployment of decode layout ``dl`` (estimator ``de``) with the prefill layouts of
+    ``prefills`` in ``total`` GPUs, added to ``res`` (:func:`evaluate_disagg`): one part of
+    :func:`~infercast.search.parallel.run_parts`."""
+    counts = []
+    for pl, pe in prefills:
+        _count(res, "disagg layout pair")
+        counts.append(_worker_counts(pe.gpus, de.gpus, total, max_workers))
+        if not counts[-1]:
+            refuse(res, f"P {pl.label} D {dl.label}", "disagg layout pair",
+                   f"one prefill worker ({plural(pe.gpus, 'GPU')}) and one decode worker ({de.gpus}) exceed "
+                   f"{plural(total, 'GPU')}", "exceeds the GPU budget")
+    evaluate_disagg(res, prefills, dl, de, counts, conc, params, refine, params_decode=params_decode)
 
 
 def decode_holders(res: SearchResult, roles: dict, gpus: int, max_workers: int, params) -> list[tuple[str, int]]:

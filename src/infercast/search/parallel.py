@@ -1,0 +1,137 @@
+"""A search's independent parts run on several local processes: ``search --jobs N``.
+
+A search is a list of *parts* that do not depend on each other: an aggregated search evaluates
+each layout at its concurrencies (one part per layout), a disaggregated search solves the
+deployments of each decode layout together (one part per decode layout). Each part adds
+candidates, refusals and counts to a :class:`~infercast.search.run.SearchResult`.
+:func:`run_parts` runs them either in this process one after another, adding to the result
+directly, or on ``jobs`` worker processes *forked* from this one, so that the workers start with
+everything this process has built (the parsed tables, the layouts' estimators and their compiled
+op lattices) instead of building it again. Each part then fills an empty copy of the result, and
+the copies are merged into the result in the parts' order: the candidates in the same order, the
+refusals and counts in the same order of first appearance. A part's numbers depend only on its
+inputs (the estimators' memos only hold what they compute), so a search gives the same result,
+bit for bit, with any number of jobs (tested).
+
+Forking is the one way to start workers that already hold the estimators, so parallel parts need
+the ``fork`` start method on Linux (the platform where forking a process that has imported numpy
+is well supported). Elsewhere, and with ``jobs`` 1, the parts run in this process. ``jobs``
+``None`` (the command line's default) uses the CPUs this process may run on, at most
+:data:`AUTO_MAX_JOBS`, and only when there are at least two parts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from copy import copy
+from dataclasses import fields
+
+from ..errors import InvalidInputError
+
+#: the most worker processes ``jobs=None`` starts (a search has tens of parts; beyond a few
+#: workers the forks and the merging cost more than they save)
+AUTO_MAX_JOBS = 4
+
+Part = Callable[[object], None]
+
+#: the parts of the :func:`run_parts` call in progress, read by the forked workers
+_PARTS: Sequence[Part] = ()
+_RESULT = None
+
+
+def fork_available() -> bool:
+    """Whether parts can run on forked workers here (Linux with the ``fork`` start method)."""
+    import multiprocessing
+
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_jobs(jobs: int | None) -> int | None:
+    """``jobs`` checked: None (automatic) or a positive integer; more than one needs forked workers."""
+    if jobs is None:
+        return None
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise InvalidInputError(f"jobs must be a positive integer, got {jobs!r}", "1 runs the search in this process")
+    if jobs > 1 and not fork_available():
+        raise InvalidInputError(f"jobs {jobs}: a search runs its parts on forked worker processes, which this platform "
+                                f"({sys.platform}) does not offer", "use jobs 1")
+    return jobs
+
+
+def workers_for(jobs: int | None, parts: int) -> int:
+    """How many worker processes run ``parts`` parts (1: in this process)."""
+    if parts < 2:
+        return 1
+    if jobs is None:
+        if not fork_available():
+            return 1
+        jobs = min(usable_cpus(), AUTO_MAX_JOBS)
+    return max(1, min(jobs, parts))
+
+
+def run_parts(res, parts: Sequence[Part], jobs: int | None = None, cost: Sequence[float] | None = None) -> None:
+    """Run every part on ``res`` (see the module docstring). ``cost``: each part's relative
+    expected work; the workers take the parts in decreasing cost, so that the longest do not
+    start last (the merge still follows the parts' order)."""
+    global _PARTS, _RESULT
+
+    n = workers_for(jobs, len(parts))
+    if n == 1:
+        for part in parts:
+            part(res)
+        return
+    import multiprocessing
+
+    order = sorted(range(len(parts)), key=lambda i: -cost[i]) if cost is not None else list(range(len(parts)))
+    _PARTS, _RESULT = parts, res
+    try:
+        with multiprocessing.get_context("fork").Pool(n) as pool:
+            done = dict(pool.imap_unordered(_run_one, order))
+    finally:
+        _PARTS, _RESULT = (), None
+    for i in range(len(parts)):
+        _merge(res, done[i])
+
+
+def _empty_copy(res):
+    sub = copy(res)
+    sub.candidates, sub.skipped, sub.evaluated, sub.refused = [], {}, {}, {}
+    return sub
+
+
+def _run_one(i: int):
+    """In a worker: part ``i`` on an empty copy of the result; its additions as plain data (the
+    candidates as their field values: far cheaper to send back than the objects)."""
+    sub = _empty_copy(_RESULT)
+    _PARTS[i](sub)
+    cands = [(type(c), tuple(getattr(c, f) for f in _names(type(c)))) for c in sub.candidates]
+    return i, (cands, sub.skipped, sub.evaluated, sub.refused)
+
+
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    if cls not in _NAMES:
+        _NAMES[cls] = tuple(f.name for f in fields(cls))
+    return _NAMES[cls]
+
+
+def _merge(res, got) -> None:
+    cands, skipped, evaluated, refused = got
+    res.candidates.extend(cls(*values) for cls, values in cands)
+    res.skipped.update(skipped)
+    for kind, n in evaluated.items():
+        res.evaluated[kind] = res.evaluated.get(kind, 0) + n
+    for why, n in refused.items():
+        res.refused[why] = res.refused.get(why, 0) + n

@@ -1,0 +1,99 @@
+"""A search's parts on forked worker processes (``search --jobs N``, :mod:`infercast.search.parallel`):
+the same result as in one process, bit for bit, in the same order; bad ``jobs`` refused."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import astuple
+
+import pytest
+
+import synthpack as sp
+from infercast.cli.main import main
+from infercast.errors import InvalidInputError
+from infercast.search import search_agg, search_disagg
+from infercast.search import parallel
+from infercast.search.run import SearchResult
+
+needs_fork = pytest.mark.skipif(not parallel.fork_available(), reason="parallel parts need fork (Linux)")
+
+
+def _same(a: SearchResult, b: SearchResult) -> None:
+    """Equal field by field, candidates in the same order and of the same classes, dictionaries in
+    the same order of keys (what JSON output shows)."""
+    assert [type(c) for c in a.candidates] == [type(c) for c in b.candidates]
+    assert [astuple(c) for c in a.candidates] == [astuple(c) for c in b.candidates]
+    for name in ("skipped", "evaluated", "refused"):
+        assert list(getattr(a, name).items()) == list(getattr(b, name).items())
+    assert (a.frontier, a.best, a.concurrencies, a.reason) == (b.frontier, b.best, b.concurrencies, b.reason)
+
+
+@needs_fork
+@pytest.mark.parametrize("jobs", [2, 3])
+def test_agg_search_on_workers_equals_one_process(synth, jobs):
+    # default concurrencies: refinement runs too; a TPOT target some layouts miss
+    kw = dict(systems_path=synth.systems_dir, max_gpus=8, tpot_max_ms=2.0)
+    one = search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, jobs=1, **kw)
+    many = search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, jobs=jobs, **kw)
+    assert len(one.candidates) > 20 and one.skipped  # refusals (layouts that do not shard) merged too
+    _same(one, many)
+
+
+@needs_fork
+def test_disagg_search_on_workers_equals_one_process(synth):
+    kw = dict(systems_path=synth.systems_dir, max_gpus=8, max_workers=4, tpot_max_ms=2.0)
+    one = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, jobs=1, **kw)
+    many = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, jobs=2, **kw)
+    assert len({c.decode_layout for c in one.candidates}) >= 3  # several parts
+    _same(one, many)
+
+
+def test_serial_path_is_the_plain_loop(synth, monkeypatch):
+    """One worker (or one part) never forks: the parts run on the result itself."""
+    def no_pool(*a, **k):
+        raise AssertionError("forked for one job")
+
+    import multiprocessing
+
+    monkeypatch.setattr(multiprocessing, "get_context", no_pool)
+    r = search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, systems_path=synth.systems_dir, concurrencies=[1, 4], jobs=1)
+    assert len(r.candidates) == 14
+    seen = []
+    parallel.run_parts(r, [seen.append], jobs=4)  # a single part: in this process
+    assert seen == [r]
+
+
+def test_workers_for():
+    assert parallel.workers_for(1, 10) == 1
+    assert parallel.workers_for(8, 3) == 3  # no more workers than parts
+    assert parallel.workers_for(4, 1) == 1
+    auto = parallel.workers_for(None, 100)
+    assert 1 <= auto <= parallel.AUTO_MAX_JOBS
+    assert auto == (min(parallel.usable_cpus(), parallel.AUTO_MAX_JOBS) if parallel.fork_available() else 1)
+
+
+@pytest.mark.parametrize("jobs", [0, -2, 1.5, "2", True])
+def test_bad_jobs_refused(synth, jobs):
+    with pytest.raises(InvalidInputError, match="jobs must be a positive integer"):
+        search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, systems_path=synth.systems_dir, jobs=jobs)
+
+
+def test_jobs_without_fork_refused(monkeypatch):
+    monkeypatch.setattr(parallel, "fork_available", lambda: False)
+    with pytest.raises(InvalidInputError, match="forked worker processes"):
+        parallel.check_jobs(2)
+    assert parallel.check_jobs(1) == 1 and parallel.workers_for(None, 50) == 1
+
+
+@needs_fork
+def test_search_cli_jobs(synth, capsys):
+    argv = ["search", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm", "--systems-path",
+            str(synth.systems_dir), "--isl", "128", "--osl", "8", "--mode", "both", "--max-gpus", "4", "--json", "--all"]
+    assert main([*argv, "--jobs", "1"]) == 0
+    one = capsys.readouterr().out
+    assert main([*argv, "--jobs", "2"]) == 0
+    assert capsys.readouterr().out == one
+    assert json.loads(one)["disagg"]["candidates"]
+    assert main([*argv, "--jobs", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "jobs must be a positive integer, got 0" in err and "Traceback" not in err
