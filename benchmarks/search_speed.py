@@ -4,13 +4,15 @@ For each case (model, system, backend, GPUs; 4000 input / 500 output tokens; mea
 mean TPOT <= 30 ms) it runs, as whole processes timed by the wall clock, one after the other
 (paired, so both see the same machine load):
 
-* infercast: ``python -m infercast search --mode both --max-gpus N --json`` (this tree's sources);
+* infercast: ``python -m infercast search --mode both --max-gpus N --json`` (this tree's sources;
+  its default ``--jobs``, the usable CPUs up to 4, unless ``--jobs`` is given here);
 * the reference, NVIDIA's AIConfigurator 0.12.0, as a black box in its own Python environment:
   ``aiconfigurator cli default --model-path ... --system ... --backend ... --total-gpus N --isl
   --osl --ttft --tpot``, its printed top configurations parsed from stdout. Nothing of the
   reference is imported here.
 
-Printed per case: both wall times and their ratio (infercast / reference; the goal is at most
+Printed per case: both wall times, the CPU time of each run (user + sys, infercast's worker
+processes included), the wall-time ratio (infercast / reference; the goal is at most
 1/20), the candidates infercast evaluated and refused, and both top-3s per mode side by side.
 infercast's sources are byte-compiled once before the runs (``compileall``; ``--no-compile`` skips
 it), as an installed package's are, so neither program compiles its sources at start-up when the
@@ -27,6 +29,7 @@ import compileall
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -61,10 +64,11 @@ CASES = (
 )
 
 
-def infercast_argv(c: Case) -> list[str]:
+def infercast_argv(c: Case, jobs: int | None = None) -> list[str]:
     return [sys.executable, "-m", "infercast", "search", "--model", c.model, "--system", c.system, "--backend", c.backend,
             "--mode", "both", "--max-gpus", str(c.gpus), "--isl", str(c.isl), "--osl", str(c.osl),
-            "--ttft-ms", f"{c.ttft_ms:g}", "--tpot-ms", f"{c.tpot_ms:g}", "--top", "3", "--json"]
+            "--ttft-ms", f"{c.ttft_ms:g}", "--tpot-ms", f"{c.tpot_ms:g}", "--top", "3", "--json",
+            *(["--jobs", str(jobs)] if jobs is not None else [])]
 
 
 def reference_argv(cmd: list[str], c: Case) -> list[str]:
@@ -73,17 +77,23 @@ def reference_argv(cmd: list[str], c: Case) -> list[str]:
             "--tpot", f"{c.tpot_ms:g}", "--no-color"]
 
 
-def timed(argv: list[str], env: dict | None = None, timeout: float = 1800.0) -> tuple[float, subprocess.CompletedProcess | None, str]:
-    """(wall seconds, the finished process or None, an error message or "")."""
-    t0 = time.perf_counter()
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def timed(argv: list[str], env: dict | None = None, timeout: float = 1800.0) -> tuple[float, float, subprocess.CompletedProcess | None, str]:
+    """(wall seconds, CPU seconds (user + sys of the process and every process it waited for, its
+    workers included), the finished process or None, an error message or "")."""
+    t0, c0 = time.perf_counter(), _children_cpu()
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, check=False)
     except subprocess.TimeoutExpired:
-        return time.perf_counter() - t0, None, f"timed out after {timeout:.0f} s"
-    wall = time.perf_counter() - t0
+        return time.perf_counter() - t0, _children_cpu() - c0, None, f"timed out after {timeout:.0f} s"
+    wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
     if p.returncode != 0:
-        return wall, p, f"exit {p.returncode}: {(p.stderr or p.stdout).strip().splitlines()[-1:]}"
-    return wall, p, ""
+        return wall, cpu, p, f"exit {p.returncode}: {(p.stderr or p.stdout).strip().splitlines()[-1:]}"
+    return wall, cpu, p, ""
 
 
 def parse_reference_top(text: str, n: int = 3) -> dict[str, list[dict]]:
@@ -129,19 +139,22 @@ def setup_reference(target: Path) -> list[str]:
     return [str(target / "bin" / "aiconfigurator")]
 
 
-def run_case(c: Case, ref: list[str] | None, repeat: int) -> dict:
+def run_case(c: Case, ref: list[str] | None, repeat: int, jobs: int | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    row: dict = {"case": c.label, "infercast_s": [], "reference_s": [], "errors": []}
+    row: dict = {"case": c.label, "infercast_s": [], "reference_s": [], "infercast_cpu_s": [], "reference_cpu_s": [],
+                 "errors": []}
     for _ in range(repeat):
         if ref:
-            wall, p, err = timed(reference_argv(ref, c))
+            wall, cpu, p, err = timed(reference_argv(ref, c))
             row["reference_s"].append(wall)
+            row["reference_cpu_s"].append(cpu)
             if err:
                 row["errors"].append(f"reference: {err}")
             elif p is not None:
                 row["reference_top"] = parse_reference_top(p.stdout + p.stderr)
-        wall, p, err = timed(infercast_argv(c), env)
+        wall, cpu, p, err = timed(infercast_argv(c, jobs), env)
         row["infercast_s"].append(wall)
+        row["infercast_cpu_s"].append(cpu)
         if err:
             row["errors"].append(f"infercast: {err}")
         elif p is not None:
@@ -152,18 +165,25 @@ def run_case(c: Case, ref: list[str] | None, repeat: int) -> dict:
     # the least-disturbed run of each
     row["infercast_best_s"] = min(row["infercast_s"]) if row["infercast_s"] else None
     row["reference_best_s"] = min(row["reference_s"]) if row["reference_s"] else None
+    for who in ("infercast", "reference"):  # the CPU time of that fastest run
+        walls = row[f"{who}_s"]
+        row[f"{who}_best_cpu_s"] = row[f"{who}_cpu_s"][walls.index(min(walls))] if walls else None
     if row["infercast_best_s"] and row["reference_best_s"]:
         row["ratio"] = row["infercast_best_s"] / row["reference_best_s"]
     return row
 
 
-def print_rows(rows: list[dict]) -> None:
-    print(f"{'case':<46} {'infercast s':>11} {'reference s':>11} {'ratio':>7}")
+def print_rows(rows: list[dict], jobs: int | None = None) -> None:
+    print(f"{'case':<46} {'infercast s':>11} {'(CPU s)':>8} {'reference s':>11} {'(CPU s)':>8} {'ratio':>7}")
     for r in rows:
         ref = f"{r['reference_best_s']:.2f}" if r.get("reference_best_s") else "-"
+        ref_cpu = f"{r['reference_best_cpu_s']:.2f}" if r.get("reference_best_cpu_s") is not None else "-"
         ratio = f"{r['ratio']:.3f}" if r.get("ratio") else "-"
-        print(f"{r['case']:<46} {r['infercast_best_s']:>11.2f} {ref:>11} {ratio:>7}")
-    print("(goal: ratio <= 0.05; wall time of whole processes, the fastest of the paired runs)")
+        print(f"{r['case']:<46} {r['infercast_best_s']:>11.2f} {r['infercast_best_cpu_s']:>8.2f} {ref:>11} {ref_cpu:>8} "
+              f"{ratio:>7}")
+    print("(goal: ratio <= 0.05; wall time of whole processes, the fastest of the paired runs; CPU: user + sys of that "
+          f"run, workers included; infercast --jobs {'default' if jobs is None else jobs}, "
+          f"{os.cpu_count()} CPUs here)")
     for r in rows:
         print(f"\n== {r['case']}")
         for e in r["errors"]:
@@ -193,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-reference", action="store_true", help="time infercast only")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--no-compile", action="store_true", help="do not byte-compile infercast's sources first")
+    ap.add_argument("--jobs", type=int, default=None, help="infercast search --jobs (default: its own default)")
     a = ap.parse_args(argv)
     ref = None
     if not a.no_reference:
@@ -203,11 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     cases = [CASES[i - 1] for i in a.case] if a.case else list(CASES)
     if not a.no_compile:  # written even under PYTHONDONTWRITEBYTECODE, and read by the timed runs
         compileall.compile_dir(str(ROOT / "src"), quiet=1)
-    rows = [run_case(c, ref, a.repeat) for c in cases]
+    rows = [run_case(c, ref, a.repeat, a.jobs) for c in cases]
     if a.json:
         print(json.dumps(rows, indent=1))
     else:
-        print_rows(rows)
+        print_rows(rows, a.jobs)
     return 0
 
 

@@ -857,3 +857,44 @@ def test_scalar_inside_a_2d_grid_equals_the_general_path(scales):
     qs += [(float(b), float(s)) for b, s in zip(rng.uniform(1, 32, 200), rng.uniform(16, 8192, 200))]
     for b, s in qs:
         assert g.scalar(b, s) == g._scalar((b, s), False)
+
+
+def _table(cols: dict, latency) -> "object":
+    from pathlib import Path
+
+    from infercast.data.tables import Table
+
+    keys = {k: np.asarray(v) for k, v in cols.items()}
+    return Table("gemm", Path("synthetic"), keys, {"latency": np.asarray(latency, dtype=float)}, len(latency))
+
+
+def test_merge_kernels_by_hand():
+    """Per (n, k, m) shape the first row of the kernel with the most rows (the backend's default),
+    then the next kernel's rows where the default has no point; a repeated shape of one kernel
+    keeps its first row; a NaN shape equals nothing (each such row kept); rows outside the mask
+    stay out."""
+    from infercast.ops.base import merge_kernels, sites_and_curves
+
+    nan = float("nan")
+    cols = {
+        "kernel_source": ["a", "a", "a", "b", "b", "a", "b", "b", "c"],
+        "n": [1, 1, 1, 1, 1, 2, 2, nan, 9],
+        "k": [1, 1, 1, 1, 1, 1, 1, 1, 9],
+        "m": [1, 2, 1, 2, 4, 1, 1, 1, 9],
+    }
+    t = _table(cols, range(9))
+    mask = np.array([True] * 8 + [False])
+    out, order = merge_kernels(t, mask, ("n", "k", "m"), "vllm")
+    assert order == ["a", "b"]  # four rows of a, four of b: ties go by name
+    # rows: 0 (1,1,1) a; 1 (1,1,2) a; 2 repeats 0; 3 repeats 1 in b; 4 (1,1,4) only b; 5 (2,1,1) a;
+    # 6 repeats 5 in b; 7 a NaN shape; 8 outside the mask
+    assert np.flatnonzero(out).tolist() == [0, 1, 4, 5, 7]
+    one, order1 = merge_kernels(t, np.array([True, True] + [False] * 7), ("n", "k", "m"), "vllm")
+    assert order1 == ["a"] and one.tolist() == [True, True] + [False] * 7
+    # one site (n, k) = (1, 1) with its m axis; the masked rows' latencies on it
+    sites, curves = sites_and_curves(t, np.array([True, True, False, False, True, True, False, False, False]), ("n", "k"), ("m",))
+    assert sites.tolist() == [[1.0, 1.0], [2.0, 1.0]]
+    (axis,), vals = curves[0]
+    assert axis.tolist() == [1.0, 2.0, 4.0] and vals.tolist() == [0.0, 1.0, 4.0]
+    (axis,), vals = curves[1]
+    assert axis.tolist() == [1.0] and vals.tolist() == [5.0]

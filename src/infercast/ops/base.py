@@ -72,16 +72,22 @@ def merge_kernels(table: Table, mask: np.ndarray, key_cols: tuple[str, ...], bac
         remaining &= table.keys["kernel_source"] != k
     if len(order) <= 1:
         return mask, order
-    keys = np.stack([table.keys[c].astype(float) for c in key_cols], axis=1)
-    seen: set = set()
+    # per shape, the first row (in table order) of the first kernel in ``order`` that has it
+    rows = np.flatnonzero(mask)
+    ks = table.keys["kernel_source"][rows]
+    prio = np.full(len(rows), len(order), dtype=np.int64)
+    for i, k in enumerate(order):
+        prio[(ks == k) & (prio == len(order))] = i
+    cols = [table.keys[c][rows].astype(float) for c in key_cols]
+    o = np.lexsort((rows, prio, *reversed(cols)))
+    first = np.ones(len(o), dtype=bool)
+    for c in cols:
+        cs = c[o]
+        with np.errstate(invalid="ignore"):
+            first[1:] &= cs[1:] == cs[:-1]
+    first[1:] = ~first[1:]  # a new shape where any key column differs from the row before (NaN: always)
     out = np.zeros_like(mask)
-    for k in order:
-        rows = np.flatnonzero(mask & (table.keys["kernel_source"] == k))
-        for r in rows:
-            t = tuple(keys[r])
-            if t not in seen:
-                seen.add(t)
-                out[r] = True
+    out[rows[o[first]]] = True
     return out, order
 
 
