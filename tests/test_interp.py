@@ -898,3 +898,17 @@ def test_merge_kernels_by_hand():
     assert axis.tolist() == [1.0, 2.0, 4.0] and vals.tolist() == [0.0, 1.0, 4.0]
     (axis,), vals = curves[1]
     assert axis.tolist() == [1.0] and vals.tolist() == [5.0]
+
+
+def test_unique_rows_is_numpys():
+    from infercast.ops.base import unique_rows
+
+    rng = np.random.default_rng(7)
+    for _ in range(100):
+        a = rng.integers(-3, 4, size=(int(rng.integers(1, 40)), int(rng.integers(1, 4)))).astype(float)
+        u, i = np.unique(a, axis=0, return_inverse=True)
+        u2, i2 = unique_rows(a)
+        assert np.array_equal(u, u2) and np.array_equal(i.reshape(-1), i2)
+    u, i = unique_rows(np.array([[2.0, 1.0], [1.0, 5.0], [2.0, 1.0], [1.0, 0.5]]))
+    assert u.tolist() == [[1.0, 0.5], [1.0, 5.0], [2.0, 1.0]] and i.tolist() == [2, 1, 2, 0]
+    assert unique_rows(np.zeros((3, 0)))[1].tolist() == [0, 0, 0]
