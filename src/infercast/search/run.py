@@ -788,11 +788,19 @@ class DisaggGroup:
                                  kv_transfer_ms(pe.memory.kv_per_token, res.isl, pe.gpus, bw, lat)))
         self.decode_engine = prefixed(phase_scaled(de.engine, self.pd), res.prefix)
 
-    def solve(self, which, pw, dw, c, vectorised: bool = True) -> list:
-        """:class:`~infercast.serving.disagg.DisaggResult` per element of the equal-length
-        sequences ``which`` (index of the prefill layout), ``pw`` (prefill workers), ``dw``
-        (decode workers), ``c`` (clients), with ``decode_kv_capacity`` set; ``vectorised=False``:
-        one scalar solve each (the reference the array path is tested against)."""
+    #: the values of each deployment :meth:`solve` answers, in order (what a candidate reads)
+    ROW = ("ttft_ms", "tpot_ms", "ttft_p90_ms", "tpot_p90_ms", "request_latency_ms", "tokens_per_s_per_gpu",
+           "tokens_per_s_per_user", "prefill_utilisation", "decode_batch", "decode_kv_capacity")
+
+    def solve(self, which, pw, dw, c, vectorised: bool = True) -> list[tuple]:
+        """For each element of the equal-length sequences ``which`` (index of the prefill layout),
+        ``pw`` (prefill workers), ``dw`` (decode workers), ``c`` (clients), the values of
+        :attr:`ROW` of its :class:`~infercast.serving.disagg.DisaggResult` (``decode_kv_capacity``:
+        the requests of ``isl + osl`` tokens one decode rank's KV cache holds beside its batch's
+        fixed-size state and the shared prefix). ``vectorised``: one array solve for all
+        (:func:`~infercast.serving.disagg.solve_disagg_many`, its answer as columns rather than
+        result objects); ``False``: one scalar solve each (the reference the array path is tested
+        against)."""
         from ..serving.disagg import solve_disagg, solve_disagg_many
         from ..serving.prefix import shared_prefix_capacity
 
@@ -802,18 +810,20 @@ class DisaggGroup:
         gpus = pw * gp[which] + dw * de.gpus
         ddp = de.plan.parallel.attention_dp
         if vectorised:
-            out = solve_disagg_many(self.solvers, self.decode_engine, c.astype(float), res.isl, res.osl, pw, dw, ddp, 1, self.pd,
-                                    gpus, which)
+            cols = solve_disagg_many(self.solvers, self.decode_engine, c.astype(float), res.isl, res.osl, pw, dw, ddp, 1,
+                                     self.pd, gpus, which, columns=True)
+            cols["tpot_p90_ms"] = cols["tpot_ms"]  # a lean result's TPOT percentiles are its mean
         else:
             out = []
             for i, ci, p, d, g in zip(which, c, pw, dw, gpus):
                 eng, pp, pdp, transfer = self.solvers[i]
                 out.append(solve_disagg(eng, self.decode_engine, float(ci), res.isl, res.osl, int(p), int(d), ddp, 1, pp, self.pd,
                                         transfer, int(g), prefill_dp=pdp))
-        for r in out:
-            r.decode_kv_capacity = shared_prefix_capacity(de.memory.capacity_for(r.decode_batch), res.prefix,
-                                                          de.memory.tokens_per_block) / (res.isl + res.osl)
-        return out
+            cols = {name: [getattr(r, name) for r in out] for name in self.ROW[:-1]}
+        mem, tokens = de.memory, res.isl + res.osl
+        cols["decode_kv_capacity"] = [shared_prefix_capacity(mem.capacity_for(d), res.prefix, mem.tokens_per_block) / tokens
+                                      for d in cols["decode_batch"]]
+        return list(zip(*(cols[name] for name in self.ROW)))
 
     def _deployment(self, i: int, pw: int, dw: int) -> tuple[str, int, str]:
         """(label, GPUs, the deployment in words) of prefill layout ``i`` x ``pw`` and the decode
@@ -832,29 +842,29 @@ class DisaggGroup:
             hit = self._deployments[key] = (f"P{pw}x{pl.label} D{dw}x{self.dl.label}", gpus, words)
         return hit
 
-    def add(self, i: int, pw: int, dw: int, c: int, r) -> bool | None:
-        """Add deployment (prefill layout ``i``, ``pw``, ``dw``) at ``c`` clients with result
-        ``r`` to the search result: whether it meets the targets, or None when the decode ranks'
-        KV cache cannot hold their batch (refused; more clients would not fit either). A decode
-        batch held at the scheduler's ``max_batch_size`` is modelled (requests wait for a slot:
-        :func:`infercast.serving.disagg.slot_wait_ms`), not refused."""
+    def add(self, i: int, pw: int, dw: int, c: int, row: tuple) -> bool | None:
+        """Add deployment (prefill layout ``i``, ``pw``, ``dw``) at ``c`` clients with
+        :meth:`solve`'s ``row`` to the search result: whether it meets the targets, or None when
+        the decode ranks' KV cache cannot hold their batch (refused; more clients would not fit
+        either). A decode batch held at the scheduler's ``max_batch_size`` is modelled (requests
+        wait for a slot: :func:`infercast.serving.disagg.slot_wait_ms`), not refused."""
         res = self.res
+        ttft, tpot, ttft90, tpot90, latency, per_gpu, per_user, util, batch, kv_cap = row
         label, gpus, words = self._deployment(i, pw, dw)
         _count(res, "disagg candidate")
-        if r.decode_kv_capacity is not None and r.decode_batch > r.decode_kv_capacity:
+        if kv_cap is not None and batch > kv_cap:
             refuse(res, f"{label}@c{c}", "disagg candidate",
-                   f"a decode rank would run {r.decode_batch:.0f} requests; its KV cache holds "
-                   f"{r.decode_kv_capacity:.0f} of {res.isl}+{res.osl} tokens", "decode KV cache overflows")
+                   f"a decode rank would run {batch:.0f} requests; its KV cache holds "
+                   f"{kv_cap:.0f} of {res.isl}+{res.osl} tokens", "decode KV cache overflows")
             return None
         # the fields of _fields, with the decode layout's degrees and labels read once per group
         tp, pp, adp, etp, ep, backend, dlabel = self._decode_fields
-        ok = meets(r.ttft_ms, r.tpot_ms, res.ttft_max_ms, res.tpot_max_ms)
+        ok = meets(ttft, tpot, res.ttft_max_ms, res.tpot_max_ms)
         res.candidates.append(DisaggCandidate(
-            label, tp, pp, adp, etp, ep, gpus, c, r.ttft_ms, r.tpot_ms, r.ttft_p90_ms, r.tpot_p90_ms,
-            r.request_latency_ms, r.tokens_per_s_per_gpu, r.tokens_per_s_per_user,
-            f"prefill util {r.prefill_utilisation:.2f}", ok, words, backend,
+            label, tp, pp, adp, etp, ep, gpus, c, ttft, tpot, ttft90, tpot90, latency, per_gpu, per_user,
+            f"prefill util {util:.2f}", ok, words, backend,
             prefill_layout=self._prefill_labels[i], prefill_workers=pw, decode_layout=dlabel, decode_workers=dw,
-            prefill_utilisation=r.prefill_utilisation, cp=self._decode_cp, prefill_cp=self._prefill_cps[i],
+            prefill_utilisation=util, cp=self._decode_cp, prefill_cp=self._prefill_cps[i],
         ))
         return ok
 

@@ -377,15 +377,27 @@ def _disagg_result(ps: _PrefillService, C: float, osl: int, servers: int, out_st
     return res
 
 
+#: the values of :func:`_disagg_results_many`'s ``columns`` answer, in order: the
+#: :class:`DisaggResult` fields, ``ttft_front_end`` / ``ttft_wait`` / ``ttft_prefill`` its
+#: ``ttft_parts``, ``ttft_p50_ms`` .. ``ttft_p99_ms`` its TTFT percentiles (TPOT's are ``tpot_ms``)
+DISAGG_COLUMNS = ("concurrency", "ttft_ms", "tpot_ms", "request_latency_ms", "tokens_per_s_per_gpu",
+                  "tokens_per_s_per_user", "decode_batch", "prefill_utilisation", "kv_transfer_ms", "prefill_batch",
+                  "arrival_rate_per_s", "ttft_front_end", "ttft_wait", "ttft_prefill", "ttft_p50_ms", "ttft_p90_ms",
+                  "ttft_p99_ms", "decode_slot_wait_ms")
+
+
 def _disagg_results_many(C: np.ndarray, osl: int, servers: np.ndarray, out_steps: float, transfer: np.ndarray,
                          gpus: np.ndarray, ttft: np.ndarray, d: np.ndarray, step: np.ndarray, rho: np.ndarray,
                          k_steady: np.ndarray, lam: np.ndarray, front: np.ndarray, per_step: np.ndarray,
-                         batch_cap: np.ndarray, batch_ms, slot: np.ndarray | float = 0.0) -> list[DisaggResult]:
+                         batch_cap: np.ndarray, batch_ms, slot: np.ndarray | float = 0.0,
+                         columns: bool = False) -> list[DisaggResult] | dict[str, list]:
     """:func:`_disagg_result` for arrays of solved steady states (each element's prefill service
     given by its ``front`` (arrival delay), ``per_step``, ``batch_cap`` and ``batch_ms(k)``, the
     wall time of a batch of ``k`` prompts on each element's prefill engine): the same operations
     element by element, so the same numbers, and the same percentiles
-    (:func:`_ttft_percentiles_many`); the results keep no per-request distributions."""
+    (:func:`_ttft_percentiles_many`); the results keep no per-request distributions.
+    ``columns``: instead of the results, {name in :data:`DISAGG_COLUMNS`: the list of their values}
+    (for callers that read a few fields of very many results)."""
     service_batch = batch_ms(k_steady)
     tpot = (out_steps * step + transfer + slot) / max(osl - 1, 1)
     per_worker = C / servers
@@ -405,6 +417,8 @@ def _disagg_results_many(C: np.ndarray, osl: int, servers: np.ndarray, out_steps
     pct = _ttft_percentiles_many(first_batch, front, n_batches, wait_mean, 1.0 - rho, ttft - wait_mean, k)
     cols = [x.tolist() for x in (C, ttft_mean, tpot, latency, C / latency * osl * 1e3 / gpus, per_user, d, rho, transfer,
                                  k_steady, lam * 1e3, *parts, *pct, np.broadcast_to(slot, C.shape))]
+    if columns:
+        return dict(zip(DISAGG_COLUMNS, cols))
     assert PERCENTILES == (50, 90, 99)  # the keywords below
     # positional fields (concurrency .. tokens_per_s_per_user, decode_batch .. arrival_rate_per_s)
     # and every keyword in one call: about half the cost of keywords and setattr
@@ -461,7 +475,8 @@ def solve_disagg_many(
     which=0,
     iterations: int = 30,
     lean: bool = True,
-) -> list[DisaggResult]:
+    columns: bool = False,
+) -> list[DisaggResult] | dict[str, list]:
     """:func:`solve_disagg` for arrays of clients, prefill and decode worker counts and GPUs
     (broadcast together) of one decode layout and one or more prefill layouts: ``prefills`` is a
     sequence of (prefill engine, its scheduler, its attention-DP ranks, the KV transfer ms) and
@@ -469,13 +484,15 @@ def solve_disagg_many(
     (each stops iterating where the scalar solver would), then each result is assembled as the
     scalar solver does. The same results as one :func:`solve_disagg` call per element, to rounding
     (the engine's array path and its scalar twins agree to rounding). ``lean`` (default): the
-    results keep their percentiles but not the per-request distributions behind them."""
+    results keep their percentiles but not the per-request distributions behind them.
+    ``columns`` (with ``lean``): the same numbers as lists, by field (:data:`DISAGG_COLUMNS`),
+    instead of one result object per element."""
     C, pw, dw, g, w = (np.asarray(x).ravel() for x in np.broadcast_arrays(
         np.asarray(concurrency, dtype=float), np.asarray(prefill_workers), np.asarray(decode_workers), np.asarray(gpus),
         np.asarray(which)))
     n = C.size
     if n == 0:
-        return []
+        return {name: [] for name in DISAGG_COLUMNS} if columns and lean else []
     services = [_PrefillService(eng, isl, prefill_batch, params) for eng, params, _, _ in prefills]
     pick = np.array  # per-element values of a per-prefill list
     arrival = pick([ps.params.arrival_delay_ms for ps in services])[w]
@@ -545,7 +562,7 @@ def solve_disagg_many(
     slot = slot_wait_ms(c_rank, out_steps * step, cap, ttft, transfer)
     if lean:
         return _disagg_results_many(C, osl, servers, out_steps, transfer, g, ttft, d, step, rho, k_steady, lam, arrival,
-                                    per_step, batch_cap, lambda k: batch_ms(k, everyone), slot)
+                                    per_step, batch_cap, lambda k: batch_ms(k, everyone), slot, columns=columns)
     return [_disagg_result(services[w[i]], float(C[i]), osl, int(servers[i]), out_steps, float(transfer[i]), int(g[i]),
                            float(ttft[i]), float(d[i]), float(step[i]), float(rho[i]), int(k_steady[i]), float(lam[i]),
                            float(slot[i]))
