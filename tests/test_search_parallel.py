@@ -18,6 +18,29 @@ from infercast.search.run import SearchResult
 needs_fork = pytest.mark.skipif(not parallel.fork_available(), reason="parallel parts need fork (Linux)")
 
 
+@pytest.fixture
+def forks(monkeypatch):
+    """The worker counts of the pools :func:`run_parts` opened (proof that the parts did run on
+    forked workers, not quietly in this process)."""
+    import multiprocessing
+
+    seen: list[int] = []
+    real = multiprocessing.get_context
+
+    def spy(method=None):
+        ctx = real(method)
+
+        class Ctx:
+            def Pool(self, n):
+                seen.append(n)
+                return ctx.Pool(n)
+
+        return Ctx()
+
+    monkeypatch.setattr(multiprocessing, "get_context", spy)
+    return seen
+
+
 def _same(a: SearchResult, b: SearchResult) -> None:
     """Equal field by field, candidates in the same order and of the same classes, dictionaries in
     the same order of keys (what JSON output shows)."""
@@ -30,20 +53,23 @@ def _same(a: SearchResult, b: SearchResult) -> None:
 
 @needs_fork
 @pytest.mark.parametrize("jobs", [2, 3])
-def test_agg_search_on_workers_equals_one_process(synth, jobs):
+def test_agg_search_on_workers_equals_one_process(synth, jobs, forks):
     # default concurrencies: refinement runs too; a TPOT target some layouts miss
     kw = dict(systems_path=synth.systems_dir, max_gpus=8, tpot_max_ms=2.0)
     one = search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, jobs=1, **kw)
+    assert forks == []
     many = search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, jobs=jobs, **kw)
+    assert forks == [jobs]
     assert len(one.candidates) > 20 and one.skipped  # refusals (layouts that do not shard) merged too
     _same(one, many)
 
 
 @needs_fork
-def test_disagg_search_on_workers_equals_one_process(synth):
+def test_disagg_search_on_workers_equals_one_process(synth, forks):
     kw = dict(systems_path=synth.systems_dir, max_gpus=8, max_workers=4, tpot_max_ms=2.0)
     one = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, jobs=1, **kw)
     many = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, jobs=2, **kw)
+    assert forks == [2]
     assert len({c.decode_layout for c in one.candidates}) >= 3  # several parts
     _same(one, many)
 
@@ -86,14 +112,40 @@ def test_jobs_without_fork_refused(monkeypatch):
 
 
 @needs_fork
-def test_search_cli_jobs(synth, capsys):
+def test_search_cli_jobs(synth, capsys, forks):
     argv = ["search", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm", "--systems-path",
             str(synth.systems_dir), "--isl", "128", "--osl", "8", "--mode", "both", "--max-gpus", "4", "--json", "--all"]
     assert main([*argv, "--jobs", "1"]) == 0
     one = capsys.readouterr().out
     assert main([*argv, "--jobs", "2"]) == 0
-    assert capsys.readouterr().out == one
+    assert capsys.readouterr().out == one and forks == [2, 2]  # the agg search, then the disagg one
     assert json.loads(one)["disagg"]["candidates"]
     assert main([*argv, "--jobs", "0"]) == 2
     err = capsys.readouterr().err
     assert "jobs must be a positive integer, got 0" in err and "Traceback" not in err
+
+
+def test_a_process_with_other_threads_is_not_forked():
+    import threading
+
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert parallel.workers_for(2, 10) == 1 and parallel.workers_for(None, 10) == 1
+    finally:
+        stop.set()
+        t.join()
+    assert parallel.workers_for(2, 10) == (2 if parallel.fork_available() else 1)
+
+
+@needs_fork
+def test_recommend_cli_jobs(synth, capsys, forks):
+    argv = ["recommend", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm", "--systems-path",
+            str(synth.systems_dir), "--isl", "128", "--osl", "8", "--max-gpus", "4", "--rate", "50", "--json"]
+    assert main([*argv, "--jobs", "1"]) == 0
+    one = capsys.readouterr().out
+    assert main([*argv, "--jobs", "2"]) == 0
+    assert capsys.readouterr().out == one and json.loads(one)["recommendations"] and forks == [2, 2]
+    assert main([*argv, "--jobs", "-1"]) == 2
+    assert "jobs must be a positive integer" in capsys.readouterr().err

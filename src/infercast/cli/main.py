@@ -834,6 +834,9 @@ def cmd_compile(a) -> int:
         print(f"wrote {out}: {surf.size():,} numbers, {len(surf.curves)} curves, {len(surf.sheets)} sheets, "
               f"tolerance {surf.tol:g} against the op-by-op path")
 
+#: ``--jobs`` of search and recommend (infercast.search.parallel)
+SEARCH_JOBS_HELP = ("evaluate the layouts on N worker processes forked from this one (default: the CPUs this process may "
+                    "use, at most 4; 1: in this process; the same answer with any N; Linux)")
 #: ``--prefix`` of serve, serve-disagg, search and recommend (``estimate`` has its own wording)
 PREFIX_HELP = ("cached prompt tokens every request starts with (a shared prefix, e.g. a system prompt, kept warm in "
                "the engine's prefix cache): attended to, not prefilled, held once per rank; --isl counts the new "
@@ -1146,9 +1149,7 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--save-dir", default=None,
                     help="write the search's results (CSV, JSON), Pareto plot, HTML report and the top deployments' "
                          "launch and benchmark files here (created if missing)")
-    se.add_argument("--jobs", type=int, default=None, metavar="N",
-                    help="evaluate the layouts on N worker processes forked from this one (default: the CPUs this "
-                         "process may use, at most 4; 1: in this process; the same answer with any N; Linux)")
+    se.add_argument("--jobs", type=int, default=None, metavar="N", help=SEARCH_JOBS_HELP)
     se.add_argument("--json", action="store_true", help="print one JSON object")
     _add_role_settings(se, engine_files=False)
     se.set_defaults(func=cmd_search)

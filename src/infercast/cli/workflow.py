@@ -10,8 +10,10 @@ from ..errors import InvalidInputError
 from ..search.run import DEFAULT_TPOT_MS, DEFAULT_TTFT_MS
 
 
-def _progress(quiet: bool):
-    """A rich progress display on stderr (JSON on stdout stays clean); off with ``--quiet``."""
+def _progress(quiet: bool, refresh: bool = True):
+    """A rich progress display on stderr (JSON on stdout stays clean); off with ``--quiet``.
+    ``refresh=False``: redrawn only when it advances, with no refresh thread (a search that forks
+    its workers needs a process without other threads: :mod:`infercast.search.parallel`)."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -22,11 +24,12 @@ def _progress(quiet: bool):
     )
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=Console(stderr=True), disable=quiet, transient=True)
+                    console=Console(stderr=True), disable=quiet, transient=True, auto_refresh=refresh)
 
 
 def cmd_recommend(a) -> int:
     from ..search import search_agg, search_disagg
+    from ..search.run import sharing_estimators
     from ..search.sizing import recommend_deployment
 
     if (a.rate is None) == (a.clients is None):
@@ -61,14 +64,18 @@ def cmd_recommend(a) -> int:
                                 f"--mode disagg, not {a.mode}")
     results = {}
     modes = [m for m in ("agg", "disagg") if a.mode in (m, "both")]
-    with _progress(a.quiet) as prog:
+    # both modes share each layout's estimator (sharing_estimators); no refresh thread, so the
+    # searches may fork their workers (--jobs)
+    with _progress(a.quiet, refresh=False) as prog, sharing_estimators():
         task = prog.add_task("searching", total=len(modes))
+        prog.refresh()
         for m in modes:
             fn = search_agg if m == "agg" else search_disagg
             extra = {"decode_system": a.decode_system} if m == "disagg" and a.decode_system else {}
             results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, max_gpus=a.max_gpus, cap_concurrency=True,
-                            **kw, **extra)
+                            jobs=a.jobs, **kw, **extra)
             prog.advance(task)
+            prog.refresh()
     recs = recommend_deployment(results, rate=a.rate, clients=a.clients, top=a.top)
     first = next(iter(results.values()))
     out = {"model": first.model, "system": a.system, "decode_system": first.decode_system, "backend": a.backend,
@@ -163,7 +170,7 @@ def add_parsers(sub, add_model_args) -> None:
     add_model_args(r, parallel=False)
     r.add_argument("--isl", type=int, required=True, help="prompt tokens per request")
     r.add_argument("--osl", type=int, required=True, help="output tokens per request")
-    from .main import PREFIX_HELP
+    from .main import PREFIX_HELP, SEARCH_JOBS_HELP
 
     r.add_argument("--prefix", type=int, default=0, help=PREFIX_HELP)
     load = r.add_mutually_exclusive_group()
@@ -183,6 +190,7 @@ def add_parsers(sub, add_model_args) -> None:
                    help="with --mode disagg: run the decode workers on this system (the prefill workers on --system); "
                         "the KV cache moves over the slower of the two systems' node-to-node links")
     r.add_argument("--save-dir", default=None, help="write the searches' results, plots, report and launch files here")
+    r.add_argument("--jobs", type=int, default=None, metavar="N", help=SEARCH_JOBS_HELP)
     r.add_argument("--quiet", action="store_true", help="no progress display on stderr")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=cmd_recommend)

@@ -15,7 +15,8 @@ bit for bit, with any number of jobs (tested).
 
 Forking is the one way to start workers that already hold the estimators, so parallel parts need
 the ``fork`` start method on Linux (the platform where forking a process that has imported numpy
-is well supported). Elsewhere, and with ``jobs`` 1, the parts run in this process. ``jobs``
+is well supported), from a process that runs no other thread (:func:`workers_for`). Otherwise, and
+with ``jobs`` 1, the parts run in this process. ``jobs``
 ``None`` (the command line's default) uses the CPUs this process may run on, at most
 :data:`AUTO_MAX_JOBS`, and only when there are at least two parts.
 """
@@ -69,8 +70,13 @@ def check_jobs(jobs: int | None) -> int | None:
 
 
 def workers_for(jobs: int | None, parts: int) -> int:
-    """How many worker processes run ``parts`` parts (1: in this process)."""
-    if parts < 2:
+    """How many worker processes run ``parts`` parts (1: in this process). A process that runs
+    other threads (a caller's progress display that refreshes itself, a library's pool) is not
+    forked: a lock one of them held at the fork would stay locked in the workers forever, so its
+    parts run here (the same answer, on one CPU)."""
+    import threading
+
+    if parts < 2 or threading.active_count() > 1:
         return 1
     if jobs is None:
         if not fork_available():
