@@ -149,3 +149,22 @@ def test_recommend_cli_jobs(synth, capsys, forks):
     assert capsys.readouterr().out == one and json.loads(one)["recommendations"] and forks == [2, 2]
     assert main([*argv, "--jobs", "-1"]) == 2
     assert "jobs must be a positive integer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_search_progress_on_stderr(synth, capsys, jobs):
+    """``--progress`` off a terminal: plain lines on stderr per tenth of the layouts, in both modes;
+    stdout stays one JSON object; ``--quiet``: nothing on stderr."""
+    argv = ["search", "--model", sp.MODEL_ID, "--system", sp.SYSTEM, "--backend", "trtllm", "--systems-path",
+            str(synth.systems_dir), "--isl", "128", "--osl", "8", "--mode", "both", "--max-gpus", "4", "--json",
+            "--jobs", jobs]
+    assert main([*argv, "--progress"]) == 0
+    out, err = capsys.readouterr()
+    json.loads(out)
+    lines = err.splitlines()
+    assert any(x.startswith("infercast search: ") and "[aggregated layouts]" in x for x in lines)
+    assert any("[decode layouts (disaggregated)]" in x for x in lines)
+    assert lines[-1].startswith("infercast search: 2/2 layouts (100%) in ") and lines[-1].endswith("[decode layouts (disaggregated)]")
+    assert any(x.startswith("infercast search: 5/5 layouts (100%) in ") and x.endswith("[aggregated layouts]") for x in lines)
+    assert main([*argv, "--quiet"]) == 0
+    assert capsys.readouterr().err == ""

@@ -261,7 +261,7 @@ def test_bounded_estimator_cache_predicts_the_same(synth, tmp_path):
 def test_row_progress_modes_on_a_non_terminal(mode, capsys):
     import io
 
-    from infercast.validate.progress import RowProgress
+    from infercast.report.progress import RowProgress
 
     buf = io.StringIO()
     with RowProgress(mode, stream=buf) as bar:

@@ -20,6 +20,14 @@ from .scheduler_args import add_scheduler_flags, add_shortcut_flags, role_overri
 EXIT_USAGE = 2
 
 
+def _add_progress_args(p) -> None:
+    """``--progress`` / ``--quiet`` (:mod:`infercast.report.progress`; default ``auto``)."""
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--progress", dest="progress", action="store_const", const="on", default="auto",
+                       help="show progress on stderr (default: a bar on a terminal, once the run takes a few seconds)")
+    shown.add_argument("--quiet", dest="progress", action="store_const", const="off", help="no progress on stderr")
+
+
 def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--systems-path", help="a pack's systems/ directory (default: $INFERCAST_SYSTEMS_PATH, then the installed aiconfigurator-core data)")
 
@@ -397,12 +405,17 @@ def cmd_search(a) -> int:
                                     f"--mode disagg, not {mode}")
         kw["decode_system"] = a.decode_system
     outs, results, per_backend = {}, {}, {}
-    with sharing_estimators():  # --mode both: each layout compiled once for both searches
+    from ..report.progress import RowProgress
+
+    # --mode both: each layout compiled once for both searches; the bar draws without a refresh
+    # thread, so that the searches may fork their workers (--jobs)
+    with sharing_estimators(), RowProgress(a.progress, command="search", unit="layouts", refresh=False) as bar:
         for m, fn in (("agg", search_agg), ("disagg", search_disagg), ("fixed", search_fixed)):
             if mode in (m, "both") and not (m == "fixed" and mode == "both"):
                 mkw = kw if m == "disagg" else {k: v for k, v in kw.items() if k != "scheduler_roles"}
                 if m != "fixed":
-                    mkw = {**mkw, "jobs": a.jobs}
+                    words = "aggregated layouts" if m == "agg" else "decode layouts (disaggregated)"
+                    mkw = {**mkw, "jobs": a.jobs, "progress": lambda done, total, w=words: bar.update(done, total, w)}
                 if backends is None:
                     res = results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, **mkw)
                 else:
@@ -1150,6 +1163,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write the search's results (CSV, JSON), Pareto plot, HTML report and the top deployments' "
                          "launch and benchmark files here (created if missing)")
     se.add_argument("--jobs", type=int, default=None, metavar="N", help=SEARCH_JOBS_HELP)
+    _add_progress_args(se)
     se.add_argument("--json", action="store_true", help="print one JSON object")
     _add_role_settings(se, engine_files=False)
     se.set_defaults(func=cmd_search)
@@ -1244,10 +1258,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "with the family's learned utilisation), EMPIRICAL (speed of light with learned "
                         "utilisation everywhere) or SOL (speed of light only)")
     v.add_argument("--worst", type=int, default=10, metavar="N", help="list the N rows with the largest TTFT error (default 10; 0: none)")
-    shown = v.add_mutually_exclusive_group()
-    shown.add_argument("--progress", dest="progress", action="store_const", const="on", default="auto",
-                       help="show progress on stderr (default: a bar on a terminal, once the run takes a few seconds)")
-    shown.add_argument("--quiet", dest="progress", action="store_const", const="off", help="no progress on stderr")
+    _add_progress_args(v)
     _add_data_args(v)
     v.set_defaults(func=cmd_validate)
 

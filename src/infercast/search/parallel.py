@@ -85,24 +85,32 @@ def workers_for(jobs: int | None, parts: int) -> int:
     return max(1, min(jobs, parts))
 
 
-def run_parts(res, parts: Sequence[Part], jobs: int | None = None, cost: Sequence[float] | None = None) -> None:
+def run_parts(res, parts: Sequence[Part], jobs: int | None = None, cost: Sequence[float] | None = None,
+              on_done: Callable[[int, int], None] | None = None) -> None:
     """Run every part on ``res`` (see the module docstring). ``cost``: each part's relative
     expected work; the workers take the parts in decreasing cost, so that the longest do not
-    start last (the merge still follows the parts' order)."""
+    start last (the merge still follows the parts' order). ``on_done(done, total)``: called in
+    this process as each part finishes (progress)."""
     global _PARTS, _RESULT
 
     n = workers_for(jobs, len(parts))
     if n == 1:
-        for part in parts:
+        for i, part in enumerate(parts):
             part(res)
+            if on_done is not None:
+                on_done(i + 1, len(parts))
         return
     import multiprocessing
 
     order = sorted(range(len(parts)), key=lambda i: -cost[i]) if cost is not None else list(range(len(parts)))
     _PARTS, _RESULT = parts, res
+    done: dict = {}
     try:
         with multiprocessing.get_context("fork").Pool(n) as pool:
-            done = dict(pool.imap_unordered(_run_one, order))
+            for i, got in pool.imap_unordered(_run_one, order):
+                done[i] = got
+                if on_done is not None:
+                    on_done(len(done), len(parts))
     finally:
         _PARTS, _RESULT = (), None
     for i in range(len(parts)):

@@ -206,12 +206,14 @@ def search_agg(
     cps=None,
     prefix: int = 0,
     jobs: int | None = 1,
+    progress=None,
     **estimator_kw,
 ) -> SearchResult:
     """Evaluate every layout of at most ``max_gpus`` GPUs (default: one node) at each concurrency.
     ``prefix``: cached prompt tokens every request starts with (:mod:`infercast.serving.prefix`).
     ``jobs``: worker processes for the layouts (:func:`~infercast.search.parallel.run_parts`; 1:
-    this process, None: the usable CPUs); the result is the same with any.
+    this process, None: the usable CPUs); the result is the same with any. ``progress(done, total)``:
+    called as each layout's evaluation finishes.
     ``cps``: the context-parallel degrees to search (default: 1 only; :func:`~infercast.search.space.layouts`).
 
     ``estimator_kw`` goes to every :class:`~infercast.Estimator` (quant overrides, ``nextn``,
@@ -241,7 +243,7 @@ def search_agg(
         for lay, est in ests.items()))
     refine = concurrencies is None if refine is None else refine
     run_parts(res, [partial(_evaluate_part, est, lay, conc, params, refine) for lay, est in ests.items()],
-              jobs, cost=[len(conc)] * len(ests))
+              jobs, cost=[len(conc)] * len(ests), on_done=progress)
     return _finish(res)
 
 
@@ -631,6 +633,7 @@ def search_disagg(
     scheduler_roles: dict | None = None,
     prefix: int = 0,
     jobs: int | None = 1,
+    progress=None,
     **estimator_kw,
 ) -> SearchResult:
     """Disaggregated deployments of at most ``max_gpus`` GPUs in all (default: two nodes): a
@@ -648,7 +651,7 @@ def search_disagg(
     version), the KV cache moving over the slower of the two systems' node-to-node links. The deployments of one decode layout are solved together, as arrays
     (:func:`evaluate_disagg`). ``cps``: the context-parallel degrees of the prefill workers
     (default: 1 only); decode workers are searched without context parallelism. ``prefix``,
-    ``jobs`` (one part per decode layout): as :func:`search_agg`'s."""
+    ``jobs``, ``progress`` (one part per decode layout): as :func:`search_agg`'s."""
     from dataclasses import replace
 
     from ..serving.backends import scheduler_params
@@ -693,7 +696,7 @@ def search_disagg(
     cost = [len(conc) * sum(len(_worker_counts(pe.gpus, de.gpus, total, max_workers)) for _, pe in prefills)
             for _, de in decodes]
     run_parts(res, [partial(_decode_layout_part, prefills, dl, de, total, max_workers, conc, params, refine, params_d)
-                    for dl, de in decodes], jobs, cost=cost)
+                    for dl, de in decodes], jobs, cost=cost, on_done=progress)
     return _finish(res)
 
 

@@ -15,7 +15,7 @@ from ..errors import DataFileError, InvalidInputError
 from ..ops.base import DatabaseMode
 from .metrics import DEFAULT_GROUPS, check_groupings, summarize
 from .predict import EstimatorCache, static_predictor
-from .progress import RowProgress
+from ..report.progress import RowProgress
 from .recipes import RecipeBook
 from .report import WORST_CONSOLE_N, prepare_out_dir, render_console, write_all
 from .runner import run_grouped
