@@ -20,7 +20,7 @@ needs_fork = pytest.mark.skipif(not parallel.fork_available(), reason="parallel 
 
 @pytest.fixture
 def forks(monkeypatch):
-    """The worker counts of the pools :func:`run_parts` opened (proof that the parts did run on
+    """The workers forked by each pool :func:`run_parts` opened (proof that the parts did run on
     forked workers, not quietly in this process)."""
     import multiprocessing
 
@@ -29,11 +29,17 @@ def forks(monkeypatch):
 
     def spy(method=None):
         ctx = real(method)
+        seen.append(0)
 
         class Ctx:
-            def Pool(self, n):
-                seen.append(n)
-                return ctx.Pool(n)
+            """The fork context, noting each pool's worker count as the pool forks them."""
+
+            def __getattr__(self, name):
+                return getattr(ctx, name)
+
+            def Process(self, *a, **k):
+                seen[-1] += 1
+                return ctx.Process(*a, **k)
 
         return Ctx()
 
@@ -168,3 +174,23 @@ def test_search_progress_on_stderr(synth, capsys, jobs):
     assert any(x.startswith("infercast search: 5/5 layouts (100%) in ") and x.endswith("[aggregated layouts]") for x in lines)
     assert main([*argv, "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+@needs_fork
+def test_a_worker_that_dies_is_an_error_not_a_hang(forks):
+    """A worker killed mid-part (here it exits; in life the OOM killer) ends the run with a
+    WorkerError saying what to do, instead of waiting for its answer forever."""
+    import os
+
+    from infercast.errors import WorkerError
+
+    res = SearchResult("m", "s", "b", None, 1, 1, 1, None, None)
+
+    def ok(r):
+        r.evaluated["part"] = r.evaluated.get("part", 0) + 1
+
+    with pytest.raises(WorkerError, match="--jobs 1"):
+        parallel.run_parts(res, [ok, lambda r: os._exit(3), ok], jobs=2)
+    assert forks == [2] and res.evaluated == {}  # nothing merged from a broken run
+    parallel.run_parts(res, [ok, ok, ok], jobs=2)
+    assert res.evaluated == {"part": 3}

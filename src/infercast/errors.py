@@ -76,3 +76,9 @@ class DataPackNotFoundError(InfercastError):
 class ConfigFileError(InfercastError, ValueError):
     """A user's file (an experiments YAML) with a syntax error, an unknown key or a bad value; the
     message names the key's path and line."""
+
+
+class WorkerError(InfercastError):
+    """A worker process of a parallel run (``search --jobs``) died before answering (killed by the
+    operating system, e.g. out of memory): the run has no result; the same run in one process
+    (``--jobs 1``) needs no worker."""

@@ -18,7 +18,9 @@ the ``fork`` start method on Linux (the platform where forking a process that ha
 is well supported), from a process that runs no other thread (:func:`workers_for`). Otherwise, and
 with ``jobs`` 1, the parts run in this process. ``jobs``
 ``None`` (the command line's default) uses the CPUs this process may run on, at most
-:data:`AUTO_MAX_JOBS`, and only when there are at least two parts.
+:data:`AUTO_MAX_JOBS`, and only when there are at least two parts. A worker that dies before
+answering (the operating system's out-of-memory killer) ends the run with
+:class:`~infercast.errors.WorkerError`, never a wait for an answer that cannot come.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Callable, Sequence
 from copy import copy
 from dataclasses import fields
 
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, WorkerError
 
 #: the most worker processes ``jobs=None`` starts (a search has tens of parts; beyond a few
 #: workers the forks and the merging cost more than they save)
@@ -101,16 +103,23 @@ def run_parts(res, parts: Sequence[Part], jobs: int | None = None, cost: Sequenc
                 on_done(i + 1, len(parts))
         return
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
 
     order = sorted(range(len(parts)), key=lambda i: -cost[i]) if cost is not None else list(range(len(parts)))
     _PARTS, _RESULT = parts, res
     done: dict = {}
     try:
-        with multiprocessing.get_context("fork").Pool(n) as pool:
-            for i, got in pool.imap_unordered(_run_one, order):
+        # a pool that says so when a worker dies (multiprocessing.Pool would wait for its answer forever)
+        with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork")) as pool:
+            for fut in as_completed([pool.submit(_run_one, i) for i in order]):
+                i, got = fut.result()
                 done[i] = got
                 if on_done is not None:
                     on_done(len(done), len(parts))
+    except BrokenProcessPool as exc:
+        raise WorkerError(f"a search worker process died before answering ({len(done)} of {len(parts)} parts done): "
+                          "killed by the operating system? (out of memory)", "run it in one process: --jobs 1") from exc
     finally:
         _PARTS, _RESULT = (), None
     for i in range(len(parts)):

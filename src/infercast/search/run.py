@@ -27,7 +27,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from ..errors import InfercastError, InvalidConfigError, InvalidInputError
+from ..errors import InfercastError, InvalidConfigError, InvalidInputError, WorkerError
 from ..report.layout import plural
 from .parallel import check_jobs, run_parts
 from .pareto import meets, pareto_front, recommend
@@ -263,8 +263,8 @@ def search_backends(search, model: str, system: str, backends: list[str], isl: i
     for b in backends:
         try:
             per[b] = search(model, system, b, isl, osl, **kw)
-        except InvalidInputError:
-            raise  # the same bad input for every backend
+        except (InvalidInputError, WorkerError):
+            raise  # the same bad input for every backend; a worker process that died
         except InfercastError as exc:
             errors[b] = exc
     if not per:
