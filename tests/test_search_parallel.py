@@ -194,3 +194,16 @@ def test_a_worker_that_dies_is_an_error_not_a_hang(forks):
     assert forks == [2] and res.evaluated == {}  # nothing merged from a broken run
     parallel.run_parts(res, [ok, ok, ok], jobs=2)
     assert res.evaluated == {"part": 3}
+
+
+@needs_fork
+def test_fixed_gpu_search_on_workers_equals_one_process(synth, forks):
+    from infercast.search import search_fixed
+
+    kw = dict(systems_path=synth.systems_dir, gpus=4, tpot_max_ms=2.0)
+    one = search_fixed(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, jobs=1, **kw)
+    many = search_fixed(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, jobs=2, **kw)
+    assert forks == [2]
+    kinds = {type(c).__name__ for c in one.candidates}
+    assert kinds == {"Candidate", "DisaggCandidate"}  # both kinds of part
+    _same(one, many)

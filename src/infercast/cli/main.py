@@ -413,9 +413,9 @@ def cmd_search(a) -> int:
         for m, fn in (("agg", search_agg), ("disagg", search_disagg), ("fixed", search_fixed)):
             if mode in (m, "both") and not (m == "fixed" and mode == "both"):
                 mkw = kw if m == "disagg" else {k: v for k, v in kw.items() if k != "scheduler_roles"}
-                if m != "fixed":
-                    words = "aggregated layouts" if m == "agg" else "decode layouts (disaggregated)"
-                    mkw = {**mkw, "jobs": a.jobs, "progress": lambda done, total, w=words: bar.update(done, total, w)}
+                words = {"agg": "aggregated layouts", "disagg": "decode layouts (disaggregated)",
+                         "fixed": "aggregated and decode layouts"}[m]
+                mkw = {**mkw, "jobs": a.jobs, "progress": lambda done, total, w=words: bar.update(done, total, w)}
                 if backends is None:
                     res = results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, **mkw)
                 else:

@@ -14,9 +14,11 @@ for.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from ..errors import InfercastError
 from ..report.layout import plural
+from .parallel import check_jobs, run_parts
 from .run import (
     Candidate,
     SearchResult,
@@ -59,6 +61,8 @@ def search_fixed(
     cap_concurrency: bool = False,
     refine: bool | None = None,
     prefix: int = 0,
+    jobs: int | None = 1,
+    progress=None,
     **estimator_kw,
 ) -> SearchResult:
     """Aggregated replicas and disaggregated worker splits that use exactly ``gpus`` GPUs, each at
@@ -67,12 +71,13 @@ def search_fixed(
     request latency). At most ``max_workers`` workers of each role (None: as many as fit). ``params``: the backend's
     scheduler (default: its own, with ``scheduler``'s {SchedulerParams field: value} applied). ``make_estimator(layout)`` builds each layout's estimator
     (default: an :class:`~infercast.Estimator` with ``estimator_kw``), so a caller that asks many
-    times can reuse them. ``cap_concurrency``, ``refine``, ``prefix``: as
-    :func:`~infercast.search.run.search_agg`'s."""
+    times can reuse them. ``cap_concurrency``, ``refine``, ``prefix``, ``jobs``, ``progress`` (one part
+    per aggregated layout, then one per decode layout): as :func:`~infercast.search.run.search_agg`'s."""
     from ..api import serve_agg_replica
     from ..serving.backends import scheduler_params
 
     n = int(_positive("gpus", gpus, int))
+    jobs = check_jobs(jobs)
     max_workers = None if max_workers is None else int(_positive("max_workers", max_workers, int))
     conc, base, res = _start(model, system, backend, isl, osl, concurrencies, ttft_max_ms, tpot_max_ms, backend_version,
                              systems_path, estimator_kw, make_estimator, prefix=prefix)
@@ -98,14 +103,13 @@ def search_fixed(
     holders += decode_holders(res, roles, n, max_workers, agg_params)
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, holders)
     refine = concurrencies is None if refine is None else refine
-    for lay, est in ests.items():
-        if n % lay.gpus:
-            continue
+    def agg_part(lay: Layout, est, res: SearchResult) -> None:
+        """``n / lay.gpus`` replicas of ``lay`` at each concurrency (with ``refine``, then the probes)."""
         replicas = n // lay.gpus
         label = lay.label if replicas == 1 else f"{replicas}x{lay.label}"
         words = est.layout_words if replicas == 1 else f"{plural(n, 'GPU')}: {replicas} replicas x ({est.layout_words})"
 
-        def one(c: int, est=est, label=label, words=words, replicas=replicas) -> bool | None:
+        def one(c: int) -> bool | None:
             _count(res, "agg candidate")
             per_replica = -(-c // replicas)
             try:
@@ -121,15 +125,32 @@ def search_fixed(
         ok = {c: one(c) for c in conc}
         if refine:
             refine_concurrency(one, conc, ok.get)
+
     prefills = list(roles["prefill"].items())
-    for dl, de in roles["decode"].items():
+
+    def worker_counts(de) -> list[list[tuple[int, int]]]:
+        """Per prefill layout, the (prefill, decode) worker counts with decode layout ``de`` that
+        use exactly ``n`` GPUs."""
         counts = []
-        for pl, pe in prefills:
+        for _, pe in prefills:
             counts.append([])
             for pw in range(1, (n - de.gpus) // pe.gpus + 1):
                 rest = n - pw * pe.gpus
                 if rest % de.gpus == 0 and (max_workers is None or max(pw, rest // de.gpus) <= max_workers):
                     counts[-1].append((pw, rest // de.gpus))
+        return counts
+
+    def disagg_part(dl: Layout, de, res: SearchResult) -> None:
+        """Every split of the ``n`` GPUs between the prefill layouts and decode layout ``dl``."""
+        counts = worker_counts(de)
+        for _ in prefills:
             _count(res, "disagg layout pair")
         evaluate_disagg(res, prefills, dl, de, counts, conc, params, refine)
+
+    # one part per aggregated layout and per decode layout, in this order (infercast.search.parallel)
+    aggs = [(lay, est) for lay, est in ests.items() if n % lay.gpus == 0]
+    decodes = list(roles["decode"].items())
+    parts = [partial(agg_part, lay, est) for lay, est in aggs] + [partial(disagg_part, dl, de) for dl, de in decodes]
+    cost = [len(conc)] * len(aggs) + [len(conc) * sum(map(len, worker_counts(de))) for _, de in decodes]
+    run_parts(res, parts, jobs, cost=cost, on_done=progress)
     return _finish(res)
