@@ -207,3 +207,33 @@ def test_fixed_gpu_search_on_workers_equals_one_process(synth, forks):
     kinds = {type(c).__name__ for c in one.candidates}
     assert kinds == {"Candidate", "DisaggCandidate"}  # both kinds of part
     _same(one, many)
+
+
+@needs_fork
+def test_exp_searches_fork_their_workers_when_run_here(synth, forks, tmp_path, capsys):
+    """``exp`` run in this process: each search forks its workers (its progress display runs no
+    thread); the same outcome as one process per search."""
+    from infercast.exp import parse_experiments
+    from infercast.exp.run import run_one
+
+    text = f"""\
+defaults:
+  model: {sp.MODEL_ID}
+  system: {sp.SYSTEM}
+  backend: trtllm
+  isl: 128
+  osl: 8
+experiments:
+  - name: both
+    mode: both
+    max_gpus: 4
+"""
+    f = tmp_path / "e.yaml"
+    f.write_text(text)
+    assert main(["exp", str(f), "--systems-path", str(synth.systems_dir), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["results"]
+    n = parallel.workers_for(None, 10)  # the default: the usable CPUs, at most 4
+    assert forks == ([n, n] if n > 1 else [])  # the agg search's pool, then the disagg one's
+    (exp,) = parse_experiments(text)
+    alone = run_one((exp, sp.SYSTEM, "trtllm", synth.systems_dir, 1)).to_dict()
+    assert json.loads(json.dumps(alone, default=str)) == got[0]

@@ -112,11 +112,15 @@ def cmd_exp(a) -> int:
 
     exps = load_experiments(a.file)
     total = len(work_items(exps))
-    with _progress(a.quiet) as prog:
+    # no refresh thread: run here, the experiments' searches fork their workers
+    with _progress(a.quiet, refresh=False) as prog:
         task = prog.add_task("experiments", total=total)
+
+        prog.refresh()
 
         def done(o) -> None:
             prog.update(task, advance=1, description=f"{o.experiment} {o.system} {o.backend}")
+            prog.refresh()
 
         outcomes = run_experiments(exps, a.systems_path, jobs=a.jobs, ray=a.ray, on_done=done)
     if a.save_dir:

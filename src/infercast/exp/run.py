@@ -90,11 +90,14 @@ def _metrics(r) -> dict:
             "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu, "tokens_per_s_per_user": r.tokens_per_s_per_user}
 
 
-def _search(exp: Experiment, system: str, backend: str, kw: dict) -> dict:
+def _search(exp: Experiment, system: str, backend: str, kw: dict, jobs: int | None = 1) -> dict:
+    """The experiment's searches; ``jobs``: their worker processes (:mod:`infercast.search.parallel`).
+    Both modes share each layout's estimator (:func:`~infercast.search.run.sharing_estimators`)."""
     from ..search import search_agg, search_disagg, search_fixed
+    from ..search.run import sharing_estimators
 
     common = dict(concurrencies=exp.concurrency, ttft_max_ms=exp.targets.ttft_ms, tpot_max_ms=exp.targets.tpot_ms,
-                  backend_version=exp.backend_version, prefix=exp.prefix, **kw)
+                  backend_version=exp.backend_version, prefix=exp.prefix, jobs=jobs, **kw)
     overrides = exp.scheduler.overrides()
     out = {}
     if exp.mode == "fixed":
@@ -107,22 +110,23 @@ def _search(exp: Experiment, system: str, backend: str, kw: dict) -> dict:
             params = replace(scheduler_params(backend, base.data.system, base.spec), **overrides)
         out["fixed"] = search_fixed(exp.model, system, backend, exp.isl, exp.osl, gpus=exp.gpus, params=params, **common)
         return out
-    for mode, fn in (("agg", search_agg), ("disagg", search_disagg)):
-        if exp.mode in (mode, "both"):
-            roles = {"scheduler_roles": exp.role_overrides()} if mode == "disagg" else {}
-            out[mode] = fn(exp.model, system, backend, exp.isl, exp.osl, max_gpus=exp.max_gpus,
-                           scheduler=overrides or None, **roles, **({"cps": exp.cp_list} if exp.cp_list else {}),
-                           **common)
+    with sharing_estimators():
+        for mode, fn in (("agg", search_agg), ("disagg", search_disagg)):
+            if exp.mode in (mode, "both"):
+                roles = {"scheduler_roles": exp.role_overrides()} if mode == "disagg" else {}
+                out[mode] = fn(exp.model, system, backend, exp.isl, exp.osl, max_gpus=exp.max_gpus,
+                               scheduler=overrides or None, **roles, **({"cps": exp.cp_list} if exp.cp_list else {}),
+                               **common)
     return out
 
 
-def run_one(item: tuple[Experiment, str, str, object]) -> Outcome:
-    """The outcome of one (experiment, system, backend, systems_path): a typed error becomes the
-    outcome's ``error``. A module-level function of plain data, so that local processes and Ray
-    tasks can run it (:mod:`infercast.search.executor`)."""
+def run_one(item: tuple[Experiment, str, str, object, int | None]) -> Outcome:
+    """The outcome of one (experiment, system, backend, systems_path, search jobs): a typed error
+    becomes the outcome's ``error``. A module-level function of plain data, so that local
+    processes and Ray tasks can run it (:mod:`infercast.search.executor`)."""
     from ..search.run import candidate_dict
 
-    exp, system, backend, systems_path = item
+    exp, system, backend, systems_path, search_jobs = item
     kw = {**exp.estimator_kw(), "systems_path": systems_path}
     kind = ("serve" if exp.layout is not None else "serve-disagg") if exp.concurrency and (
         exp.layout is not None or exp.disagg is not None) else exp.mode
@@ -131,7 +135,7 @@ def run_one(item: tuple[Experiment, str, str, object]) -> Outcome:
         if kind.startswith("serve"):
             o.rows = _serve(exp, system, backend, kw)
         else:
-            o.searches = _search(exp, system, backend, kw)
+            o.searches = _search(exp, system, backend, kw, search_jobs)
             for mode, res in o.searches.items():
                 if res.best is not None:  # the candidate's fields and its intervals, as search's JSON
                     o.rows.append({"mode": mode, "backend_version": res.backend_version,
@@ -144,19 +148,24 @@ def run_one(item: tuple[Experiment, str, str, object]) -> Outcome:
     return o
 
 
-def work_items(exps: list[Experiment], systems_path=None) -> list[tuple]:
-    """Every (experiment, system, backend, systems_path) of ``exps``, in the file's order."""
-    return [(e, system, backend, systems_path) for e in exps for system in e.system_list for backend in e.backend_list]
+def work_items(exps: list[Experiment], systems_path=None, search_jobs: int | None = 1) -> list[tuple]:
+    """Every (experiment, system, backend, systems_path, search_jobs) of ``exps``, in the file's order."""
+    return [(e, system, backend, systems_path, search_jobs) for e in exps for system in e.system_list
+            for backend in e.backend_list]
 
 
 def run_experiments(exps: list[Experiment], systems_path=None, *, jobs: int | None = None, ray: str | None = None,
                     on_done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
     """Every (system, backend) of every experiment, in the file's order, run in this process, over
     ``jobs`` local processes or as Ray tasks (``ray``; :func:`infercast.search.executor.executor`):
-    the same outcomes either way. ``on_done`` is called as each finishes (progress)."""
+    the same outcomes either way. ``on_done`` is called as each finishes (progress). Run in this
+    process, each search forks its own workers (``search --jobs``' default,
+    :mod:`infercast.search.parallel`; not when this process runs other threads); run over
+    processes or Ray tasks, each search stays in its process."""
     from ..search.executor import run_all
 
-    return run_all(run_one, work_items(exps, systems_path), jobs=jobs, ray=ray,
+    serial = ray is None and (jobs is None or jobs <= 1)
+    return run_all(run_one, work_items(exps, systems_path, None if serial else 1), jobs=jobs, ray=ray,
                    on_done=None if on_done is None else (lambda _i, o: on_done(o)))
 
 
