@@ -912,3 +912,22 @@ def test_unique_rows_is_numpys():
     u, i = unique_rows(np.array([[2.0, 1.0], [1.0, 5.0], [2.0, 1.0], [1.0, 0.5]]))
     assert u.tolist() == [[1.0, 0.5], [1.0, 5.0], [2.0, 1.0]] and i.tolist() == [2, 1, 2, 0]
     assert unique_rows(np.zeros((3, 0)))[1].tolist() == [0, 0, 0]
+
+
+def test_despike_flat_is_despike_per_curve():
+    """Curves laid end to end are despiked as each on its own: a point is never compared across a
+    curve boundary (a curve's last point above the next curve's first is no spike)."""
+    from infercast.ops.base import despike, despike_flat
+
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        lens = rng.integers(1, 7, size=int(rng.integers(1, 8)))
+        curves = [np.exp(rng.normal(size=k)) * np.where(rng.random(k) < 0.3, 5.0, 1.0) for k in lens]
+        for c in curves:
+            c[rng.random(len(c)) < 0.1] = np.nan
+        starts = np.concatenate([[0], np.cumsum(lens)])
+        flat = despike_flat(np.concatenate(curves), starts)
+        for s, c in enumerate(curves):
+            assert np.array_equal(flat[starts[s]:starts[s + 1]], despike(c), equal_nan=True)
+    # by hand: [1, 10, 1 | 10, 1]: the 10 inside the first curve is a spike; the second curve's 10 is its edge
+    assert despike_flat(np.array([1.0, 10.0, 1.0, 10.0, 1.0]), np.array([0, 3, 5])).tolist() == [1.0, 1.0, 1.0, 10.0, 1.0]

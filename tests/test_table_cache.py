@@ -22,8 +22,8 @@ def test_table_cache_round_trip_and_invalidation(synth, tmp_path, monkeypatch):
     tables.cached_table.cache_clear()
     fresh = tables.read_table(src, "gemm")
     first = tables.cached_table(src, "gemm")
-    files = list((tmp_path / "cache" / "tables").glob("gemm-*.npz"))
-    assert len(files) == 1
+    files = [p for p in (tmp_path / "cache" / "tables").glob("gemm-*") if p.is_dir()]
+    assert len(files) == 1 and (files[0] / "meta.json").is_file()
     tables.cached_table.cache_clear()
     again = tables.cached_table(src, "gemm")  # from the cache file
     for t in (first, again):
@@ -40,13 +40,13 @@ def test_table_cache_round_trip_and_invalidation(synth, tmp_path, monkeypatch):
     tables.cached_table.cache_clear()
     changed = tables.cached_table(src, "gemm")
     assert changed.raw_rows == tables.read_table(src, "gemm").raw_rows != fresh.raw_rows
-    assert len(list((tmp_path / "cache" / "tables").glob("gemm-*.npz"))) == 2
+    assert len([p for p in (tmp_path / "cache" / "tables").glob("gemm-*") if p.is_dir()]) == 2
     # off: nothing written
     monkeypatch.setenv("INFERCAST_CACHE_DIR", "off")
     tables.cached_table.cache_clear()
     assert tables.table_cache_dir() is None
     tables.cached_table(src, "gemm")
-    assert len(list((tmp_path / "cache" / "tables").glob("*.npz"))) == 2
+    assert len(list((tmp_path / "cache" / "tables").iterdir())) == 2
     tables.cached_table.cache_clear()
 
 
@@ -55,9 +55,38 @@ def test_a_damaged_cache_file_is_read_around(synth, tmp_path, monkeypatch):
     src = _gemm(synth)
     tables.cached_table.cache_clear()
     tables.cached_table(src, "gemm")
-    (f,) = (tmp_path / "cache" / "tables").glob("gemm-*.npz")
-    f.write_bytes(b"not a zip file")
+    (entry,) = (tmp_path / "cache" / "tables").glob("gemm-*")
+    col = sorted(entry.glob("v*.npy"))[0]
+    col.write_bytes(b"not an array")  # a damaged column
     tables.cached_table.cache_clear()
     t = tables.cached_table(src, "gemm")
-    assert t.raw_rows == tables.read_table(src, "gemm").raw_rows
+    fresh = tables.read_table(src, "gemm")
+    assert t.raw_rows == fresh.raw_rows and np.array_equal(t.latency, fresh.latency)
+    # the damaged entry was written anew: its column reads again, and the next reader takes it
+    assert len(np.load(col)) == len(fresh)
+    tables.cached_table.cache_clear()
+    monkeypatch.setattr(tables, "read_table", lambda *a: (_ for _ in ()).throw(AssertionError("parsed again")))
+    again = tables.cached_table(src, "gemm")
+    assert np.array_equal(again.latency, fresh.latency)
+    monkeypatch.undo()
+    monkeypatch.setenv("INFERCAST_CACHE_DIR", str(tmp_path / "cache"))
+    (entry / "meta.json").unlink()  # a partial entry
+    tables.cached_table.cache_clear()
+    assert np.array_equal(tables.cached_table(src, "gemm").latency, fresh.latency)
+    tables.cached_table.cache_clear()
+
+
+def test_cached_columns_are_private_copies(synth, tmp_path, monkeypatch):
+    """A column read from the cache can be written to (copy-on-write): the write reaches neither
+    the cache entry nor the next reader."""
+    monkeypatch.setenv("INFERCAST_CACHE_DIR", str(tmp_path / "cache"))
+    src = _gemm(synth)
+    tables.cached_table.cache_clear()
+    tables.cached_table(src, "gemm")
+    tables.cached_table.cache_clear()
+    t = tables.cached_table(src, "gemm")
+    keep = t.latency.copy()
+    t.latency[:] = -1.0
+    tables.cached_table.cache_clear()
+    assert np.array_equal(tables.cached_table(src, "gemm").latency, keep)
     tables.cached_table.cache_clear()

@@ -60,9 +60,14 @@ class Table:
         return col in self.keys
 
     def unique(self, col: str) -> list:
+        """The column's distinct values, sorted (a new list; worked out once per column: the
+        string columns of a large table take tens of milliseconds to sort)."""
         if col not in self.keys:
             return []
-        return sorted(np.unique(self.keys[col]).tolist())
+        key = ("unique", col)
+        if key not in self._index_cache:
+            self._index_cache[key] = sorted(np.unique(self.keys[col]).tolist())
+        return list(self._index_cache[key])
 
     def mask(self, **eq) -> np.ndarray:
         m = np.ones(len(self), dtype=bool)
@@ -235,8 +240,9 @@ def read_table(path: Path, stem: str | None = None) -> Table:
     return Table(stem, path, keys, values, raw, ndup)
 
 
-#: bump when :func:`read_table`'s normalisation changes: cached tables of another format are not read
-CACHE_FORMAT = 1
+#: bump when :func:`read_table`'s normalisation or the cache's layout changes: cached tables of
+#: another format are not read (2: a directory of ``.npy`` files, memory-mapped)
+CACHE_FORMAT = 2
 
 
 def table_cache_dir() -> Path | None:
@@ -255,8 +261,8 @@ def table_cache_dir() -> Path | None:
 
 
 def _cache_file(path: Path, stem: str) -> Path | None:
-    """The cache file of ``path`` as it is now: named by its resolved path, size and modification
-    time (a changed or replaced file gets a new name, so a stale entry is never read)."""
+    """The cache entry of ``path`` as it is now (a directory): named by its resolved path, size and
+    modification time (a changed or replaced file gets a new name, so a stale entry is never read)."""
     import hashlib
 
     root = table_cache_dir()
@@ -267,40 +273,50 @@ def _cache_file(path: Path, stem: str) -> Path | None:
     except OSError:
         return None
     tag = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{stem}|{CACHE_FORMAT}"
-    return root / f"{stem}-{hashlib.sha1(tag.encode()).hexdigest()[:20]}.npz"
+    return root / f"{stem}-{hashlib.sha1(tag.encode()).hexdigest()[:20]}"
 
 
-def _load_cached(file: Path, path: Path, stem: str) -> Table | None:
-    import zipfile
+def _load_cached(entry: Path, path: Path, stem: str) -> Table | None:
+    """The table kept in cache directory ``entry``: ``meta.json`` (row counts, column names) and one
+    ``.npy`` file per column, memory-mapped copy-on-write (the pages are read as the columns are
+    used, and nothing written to an array reaches the file); None for a partial or foreign entry."""
+    import json
 
     try:
-        with np.load(file, allow_pickle=False) as z:
-            meta = z["__meta__"]
-            keys = {n[2:]: z[n] for n in z.files if n.startswith("k:")}
-            values = {n[2:]: z[n] for n in z.files if n.startswith("v:")}
-    except (OSError, ValueError, KeyError, IndexError, zipfile.BadZipFile):  # a partial or foreign file: read the table again
+        meta = json.loads((entry / "meta.json").read_text())
+        keys = {name: np.asarray(np.load(entry / f"k{i}.npy", mmap_mode="c", allow_pickle=False))
+                for i, name in enumerate(meta["keys"])}
+        values = {name: np.asarray(np.load(entry / f"v{i}.npy", mmap_mode="c", allow_pickle=False))
+                  for i, name in enumerate(meta["values"])}
+        return Table(stem, path, keys, values, int(meta["raw_rows"]), int(meta["duplicate_keys"]))
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return Table(stem, path, keys, values, int(meta[0]), int(meta[1]))
 
 
-def _store_cached(file: Path, table: Table) -> None:
-    """Write ``table`` to ``file`` (via a temporary file and a rename, so a reader never sees
-    half a file); a cache that cannot be written is skipped."""
-    import os
+def _store_cached(entry: Path, table: Table) -> None:
+    """Write ``table`` to cache directory ``entry`` (built under a temporary name and renamed, so a
+    reader never sees half of it; another process that got there first wins); a cache that cannot
+    be written is skipped."""
+    import json
+    import shutil
     import tempfile
 
+    tmp = None
     try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=file.parent, suffix=".tmp")
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, __meta__=np.array([table.raw_rows, table.duplicate_keys], dtype=np.int64),
-                     **{f"k:{k}": v for k, v in table.keys.items()}, **{f"v:{k}": v for k, v in table.values.items()})
-        os.replace(tmp, file)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except (OSError, UnboundLocalError):
-            pass
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=entry.parent, suffix=".tmp"))
+        for prefix, cols in (("k", table.keys), ("v", table.values)):
+            for i, arr in enumerate(cols.values()):
+                np.save(tmp / f"{prefix}{i}.npy", np.ascontiguousarray(arr), allow_pickle=False)
+        (tmp / "meta.json").write_text(json.dumps({"raw_rows": table.raw_rows, "duplicate_keys": table.duplicate_keys,
+                                                   "keys": list(table.keys), "values": list(table.values)}))
+        tmp.rename(entry)
+        tmp = None
+    except (OSError, ValueError):  # ValueError: a column numpy cannot save without pickling
+        pass
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 #: the measured columns of every table this process has read (path -> column names): lets a
@@ -322,7 +338,7 @@ def cached_table(path: Path, stem: str) -> Table:
     path = Path(path)
     table = None
     file = _cache_file(path, stem)
-    if file is not None and file.exists():
+    if file is not None and file.is_dir():
         t0 = time.perf_counter()
         table = _load_cached(file, path, stem)
         if table is not None:
@@ -330,6 +346,10 @@ def cached_table(path: Path, stem: str) -> Table:
     if table is None:
         table = read_table(path, stem)
         if file is not None:
+            if file.exists():  # a damaged entry: replaced by this reading
+                import shutil
+
+                shutil.rmtree(file, ignore_errors=True)
             _store_cached(file, table)
     COLUMNS_READ[str(path)] = frozenset(table.values)
     return table

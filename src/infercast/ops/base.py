@@ -236,6 +236,14 @@ def sites_and_curves(table: Table, mask: np.ndarray, site_cols: tuple[str, ...],
         distinct.append(kc[new])
         starts.append(st.tolist())
         rank.append(r)
+    if len(curve_cols) == 1:  # every site's curve in one flat array, despiked at once
+        (d,), (st,), (r,) = distinct, starts, rank
+        flat = np.full(len(d), np.nan)
+        flat[np.asarray(st)[inv] + r] = lat  # site s's values at st[s] .. st[s + 1]
+        flat = despike_flat(flat, np.asarray(st))
+        for s in range(n):
+            curves[s] = ((d[st[s]:st[s + 1]].copy(),), flat[st[s]:st[s + 1]].copy())
+        return uniq, curves
     for s in range(n):
         idx = order[bounds[s]:bounds[s + 1]]
         axes = tuple(d[st[s]:st[s + 1]].copy() for d, st in zip(distinct, starts))
@@ -243,6 +251,24 @@ def sites_and_curves(table: Table, mask: np.ndarray, site_cols: tuple[str, ...],
         vals[tuple(r[idx] for r in rank)] = lat[idx]
         curves[s] = (axes, despike(vals))
     return uniq, curves
+
+
+def despike_flat(flat: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """:func:`despike` of many 1-D curves laid end to end in ``flat`` (curve ``s`` at
+    ``starts[s] .. starts[s + 1]``): a point is compared with its neighbours in its own curve only."""
+    out = flat.copy()
+    if len(out) < 3:
+        return out
+    mid, lo, hi = out[1:-1], out[:-2], out[2:]
+    # the three points lie in one curve unless a curve starts at the middle one or the last one
+    inside = np.ones(len(out), dtype=bool)
+    inside[starts[:-1]] = False  # a curve's first point has no left neighbour
+    inner = inside[1:-1] & inside[2:]
+    with np.errstate(invalid="ignore"):
+        spike = inner & (mid > SPIKE_RATIO * lo) & (mid > SPIKE_RATIO * hi)
+    if spike.any():
+        mid[spike] = 0.5 * (lo[spike] + hi[spike])
+    return out
 
 
 #: a measured point more than this many times above BOTH neighbours along a curve axis is a
