@@ -237,3 +237,23 @@ experiments:
     (exp,) = parse_experiments(text)
     alone = run_one((exp, sp.SYSTEM, "trtllm", synth.systems_dir, 1)).to_dict()
     assert json.loads(json.dumps(alone, default=str)) == got[0]
+
+
+def test_parts_run_with_the_collector_paused_and_restored():
+    import gc
+
+    res = SearchResult("m", "s", "b", None, 1, 1, 1, None, None)
+    seen = []
+    assert gc.isenabled()
+    parallel.run_parts(res, [lambda r: seen.append(gc.isenabled())] * 2, jobs=1)
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:
+        parallel.run_parts(res, [lambda r: seen.append(gc.isenabled())], jobs=1)
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
+    if parallel.fork_available():
+        parallel.run_parts(res, [lambda r: r.evaluated.update(enabled=gc.isenabled(), frozen=gc.get_freeze_count() > 0)] * 2,
+                           jobs=2)
+        assert res.evaluated == {"enabled": 0, "frozen": 2} and gc.get_freeze_count() == 0 and gc.isenabled()
