@@ -590,6 +590,15 @@ class DisaggCandidate(Candidate):
     prefill_cp: int = 1
 
 
+#: :class:`DisaggCandidate`'s fields in the order :meth:`DisaggGroup.add` gives them (checked here:
+#: a field added or moved must be added or moved there too)
+_DISAGG_FIELDS = ("layout", "tp", "pp", "attention_dp", "moe_tp", "moe_ep", "gpus", "concurrency", "ttft_ms", "tpot_ms",
+                  "ttft_p90_ms", "tpot_p90_ms", "request_latency_ms", "tokens_per_s_per_gpu", "tokens_per_s_per_user",
+                  "bound", "meets_targets", "description", "backend", "energy_j_per_token", "energy_coverage", "cp",
+                  "prefill_layout", "prefill_workers", "decode_layout", "decode_workers", "prefill_utilisation",
+                  "prefill_cp")
+assert tuple(f.name for f in fields(DisaggCandidate)) == _DISAGG_FIELDS, "DisaggGroup.add builds candidates by position"
+
 #: concurrencies probed inside each bracket per refinement round of a disaggregated search
 #: (:func:`evaluate_disagg`): a bracket of 512 clients resolves in three rounds
 REFINE_PROBES = 8
@@ -854,7 +863,8 @@ class DisaggGroup:
         res = self.res
         ttft, tpot, ttft90, tpot90, latency, per_gpu, per_user, util, batch, kv_cap = row
         label, gpus, words = self._deployment(i, pw, dw)
-        _count(res, "disagg candidate")
+        ev = res.evaluated  # _count, written out: called for every deployment at every concurrency
+        ev["disagg candidate"] = ev.get("disagg candidate", 0) + 1
         if kv_cap is not None and batch > kv_cap:
             refuse(res, f"{label}@c{c}", "disagg candidate",
                    f"a decode rank would run {batch:.0f} requests; its KV cache holds "
@@ -863,12 +873,11 @@ class DisaggGroup:
         # the fields of _fields, with the decode layout's degrees and labels read once per group
         tp, pp, adp, etp, ep, backend, dlabel = self._decode_fields
         ok = meets(ttft, tpot, res.ttft_max_ms, res.tpot_max_ms)
+        # every field by position (:data:`_DISAGG_FIELDS`' order; a third faster than keywords)
         res.candidates.append(DisaggCandidate(
             label, tp, pp, adp, etp, ep, gpus, c, ttft, tpot, ttft90, tpot90, latency, per_gpu, per_user,
-            f"prefill util {util:.2f}", ok, words, backend,
-            prefill_layout=self._prefill_labels[i], prefill_workers=pw, decode_layout=dlabel, decode_workers=dw,
-            prefill_utilisation=util, cp=self._decode_cp, prefill_cp=self._prefill_cps[i],
-        ))
+            f"prefill util {util:.2f}", ok, words, backend, None, None, self._decode_cp,
+            self._prefill_labels[i], pw, dlabel, dw, util, self._prefill_cps[i]))
         return ok
 
 
