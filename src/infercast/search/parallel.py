@@ -100,11 +100,11 @@ def run_parts(res, parts: Sequence[Part], jobs: int | None = None, cost: Sequenc
 
     n = workers_for(jobs, len(parts))
     if n == 1:
-        for i, part in enumerate(parts):
-            with paused_gc():
+        with paused_gc():  # once for all the parts: each resumption would pass over the candidates so far
+            for i, part in enumerate(parts):
                 part(res)
-            if on_done is not None:
-                on_done(i + 1, len(parts))
+                if on_done is not None:
+                    on_done(i + 1, len(parts))
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
