@@ -11,7 +11,8 @@ mean TPOT <= 30 ms) it runs, as whole processes timed by the wall clock, one aft
   --osl --ttft --tpot``, its printed top configurations parsed from stdout. Nothing of the
   reference is imported here.
 
-Printed per case: both wall times, the CPU time of each run (user + sys, infercast's worker
+The three cases of issue #38 run by default; ``--case 4`` adds a large wide-EP search (DeepSeek-R1
+on gb200, 64 GPUs: about a million disaggregated candidates). Printed per case: both wall times, the CPU time of each run (user + sys, infercast's worker
 processes included), the wall-time ratio (infercast / reference; the goal is at most
 1/20), the candidates infercast evaluated and refused, and both top-3s per mode side by side.
 infercast's sources are byte-compiled once before the runs (``compileall``; ``--no-compile`` skips
@@ -61,7 +62,11 @@ CASES = (
     Case("Qwen/Qwen3-32B-FP8", "h200_sxm", "trtllm", 32),
     Case("Qwen/Qwen3-32B-FP8", "h200_sxm", "vllm", 32),
     Case("Qwen/Qwen3-235B-A22B-FP8", "h200_sxm", "trtllm", 16),
+    # a large wide-EP search (~1 million disaggregated candidates), run only when asked: --case 4
+    Case("deepseek-ai/DeepSeek-R1", "gb200", "trtllm", 64),
 )
+#: the cases run when no --case is given (issue #38's three)
+DEFAULT_CASES = (1, 2, 3)
 
 
 def infercast_argv(c: Case, jobs: int | None = None) -> list[str]:
@@ -209,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                                         "/tmp/refvenv/bin/aiconfigurator)")
     ap.add_argument("--setup", type=Path, help="create a venv here and install the reference into it first")
     ap.add_argument("--repeat", type=int, default=1, help="paired runs per case (the fastest of each is reported)")
-    ap.add_argument("--case", type=int, action="append", help="only these cases (1-based; repeatable)")
+    ap.add_argument("--case", type=int, action="append",
+                    help="only these cases (1-based; repeatable; default 1, 2, 3; 4: DeepSeek-R1 gb200 64 GPUs)")
     ap.add_argument("--no-reference", action="store_true", help="time infercast only")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--no-compile", action="store_true", help="do not byte-compile infercast's sources first")
@@ -221,7 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         if ref is None:
             print("search_speed: error: no reference found: give --reference, --setup DIR or --no-reference", file=sys.stderr)
             return 2
-    cases = [CASES[i - 1] for i in a.case] if a.case else list(CASES)
+    bad = [i for i in a.case or () if not 1 <= i <= len(CASES)]
+    if bad:
+        print(f"search_speed: error: --case {bad[0]}: the cases are 1 to {len(CASES)}", file=sys.stderr)
+        return 2
+    cases = [CASES[i - 1] for i in (a.case or DEFAULT_CASES)]
     if not a.no_compile:  # written even under PYTHONDONTWRITEBYTECODE, and read by the timed runs
         compileall.compile_dir(str(ROOT / "src"), quiet=1)
     rows = [run_case(c, ref, a.repeat, a.jobs) for c in cases]

@@ -257,3 +257,21 @@ def test_parts_run_with_the_collector_paused_and_restored():
         parallel.run_parts(res, [lambda r: r.evaluated.update(enabled=gc.isenabled(), frozen=gc.get_freeze_count() > 0)] * 2,
                            jobs=2)
         assert res.evaluated == {"enabled": 0, "frozen": 2} and gc.get_freeze_count() == 0 and gc.isenabled()
+
+
+@pytest.mark.parametrize("state,prefix", [(0.0, 0), (0.0, 1000), (2048.0, 0), (2048.0, 1000), (1e9, 37)])
+def test_decode_kv_capacity_on_arrays_is_the_scalar_formula(state, prefix):
+    from types import SimpleNamespace
+
+    from infercast.search.run import DisaggGroup
+    from infercast.serving.memory import MemoryBreakdown
+    from infercast.serving.prefix import shared_prefix_capacity
+
+    mem = SimpleNamespace(kv_capacity_tokens=500_000.0, state_per_request=state, kv_per_token=4.0, tokens_per_block=32)
+    mem.capacity_for = lambda r: MemoryBreakdown.capacity_for(mem, r)
+    g = DisaggGroup.__new__(DisaggGroup)
+    g.de = SimpleNamespace(memory=mem)
+    g.res = SimpleNamespace(isl=4000, osl=500, prefix=prefix)
+    batch = [0.0, 1.0, 63.5, 250.0, 1e6]
+    want = [shared_prefix_capacity(mem.capacity_for(d), prefix, 32) / 4500 for d in batch]
+    assert g._kv_capacity(batch) == want

@@ -814,7 +814,6 @@ class DisaggGroup:
         result objects); ``False``: one scalar solve each (the reference the array path is tested
         against)."""
         from ..serving.disagg import solve_disagg, solve_disagg_many
-        from ..serving.prefix import shared_prefix_capacity
 
         res, de = self.res, self.de
         which, pw, dw, c = (np.asarray(x, dtype=np.int64) for x in (which, pw, dw, c))
@@ -832,10 +831,24 @@ class DisaggGroup:
                 out.append(solve_disagg(eng, self.decode_engine, float(ci), res.isl, res.osl, int(p), int(d), ddp, 1, pp, self.pd,
                                         transfer, int(g), prefill_dp=pdp))
             cols = {name: [getattr(r, name) for r in out] for name in self.ROW[:-1]}
-        mem, tokens = de.memory, res.isl + res.osl
-        cols["decode_kv_capacity"] = [shared_prefix_capacity(mem.capacity_for(d), res.prefix, mem.tokens_per_block) / tokens
-                                      for d in cols["decode_batch"]]
+        cols["decode_kv_capacity"] = self._kv_capacity(cols["decode_batch"])
         return list(zip(*(cols[name] for name in self.ROW)))
+
+    def _kv_capacity(self, batch: list) -> list:
+        """Requests of ``isl + osl`` tokens one decode rank's KV cache holds beside a batch of
+        ``batch`` requests' fixed-size state and the shared prefix, per element: the operations of
+        :meth:`~infercast.serving.memory.MemoryBreakdown.capacity_for` and
+        :func:`~infercast.serving.prefix.shared_prefix_capacity` on arrays, so the same values."""
+        from ..serving.prefix import prefix_tokens_held, shared_prefix_capacity
+
+        mem, res = self.de.memory, self.res
+        tokens = res.isl + res.osl
+        if mem.state_per_request <= 0 or mem.kv_per_token <= 0:  # the same capacity for every batch
+            return [shared_prefix_capacity(float(mem.kv_capacity_tokens), res.prefix, mem.tokens_per_block) / tokens] * len(batch)
+        room = np.maximum(0.0, mem.kv_capacity_tokens - np.asarray(batch, dtype=float) * mem.state_per_request / mem.kv_per_token)
+        if res.prefix:
+            room = np.maximum(room - prefix_tokens_held(res.prefix, mem.tokens_per_block), 0.0)
+        return (room / tokens).tolist()
 
     def _deployment(self, i: int, pw: int, dw: int) -> tuple[str, int, str]:
         """(label, GPUs, the deployment in words) of prefill layout ``i`` x ``pw`` and the decode

@@ -79,9 +79,13 @@ def shared_prefix_capacity(kv_capacity_tokens: float, prefix: float, tokens_per_
     rounded up to whole cache blocks) is held: at least 0."""
     if not prefix:
         return kv_capacity_tokens
+    return max(float(kv_capacity_tokens) - prefix_tokens_held(prefix, tokens_per_block), 0.0)
+
+
+def prefix_tokens_held(prefix: float, tokens_per_block: int = 1) -> int:
+    """KV tokens a rank holds for the shared prefix: ``prefix`` rounded up to whole cache blocks."""
     block = max(int(tokens_per_block), 1)
-    held = -(-int(np.ceil(prefix)) // block) * block
-    return max(float(kv_capacity_tokens) - held, 0.0)
+    return -(-int(np.ceil(prefix)) // block) * block
 
 
 def with_prefix(shape: dict, prefix: float) -> dict:
