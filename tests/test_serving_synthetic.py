@@ -998,3 +998,19 @@ def test_ttft_parts_of_disaggregated_serving():
     assert r8.ttft_parts["front_end"] == pytest.approx(2.0) and r8.ttft_parts["prefill"] == pytest.approx(10.0)
     assert r8.ttft_parts["wait"] > 3.5 * 10.0 / 4.0  # at least the first wave's share (k = 4)
     assert _parts_sum(r8) == pytest.approx(r8.ttft_ms)
+
+
+def test_disagg_fixed_point_answer_does_not_depend_on_the_iteration_cap():
+    """Full steps while they shrink reach the fixed point in a few iterations: a deployment whose
+    map has a fixed point answers the same (to the stopping tolerance) with 8 iterations as with
+    400 (the damped steps of every iteration needed ~20); and the array solver agrees."""
+    from infercast.serving.disagg import solve_disagg_many
+
+    pe, de = BatchPrefillEngine(a=40.0, b=10.0, t=5.0), BatchPrefillEngine(a=2.0, b=0.0, t=5.0)
+    p = params(max_num_tokens=8192)
+    for clients in (4, 64, 256):
+        few = solve_disagg(pe, de, clients, 1024, 101, 2, 1, 1, 1, p, p, 1.5, 3, iterations=8)
+        many = solve_disagg(pe, de, clients, 1024, 101, 2, 1, 1, 1, p, p, 1.5, 3, iterations=400)
+        assert few.ttft_ms == pytest.approx(many.ttft_ms, rel=2e-6) and few.tpot_ms == pytest.approx(many.tpot_ms, rel=2e-6)
+        (arr,) = solve_disagg_many([(pe, p, 1, 1.5)], de, [clients], 1024, 101, 2, 1, 1, 1, p, 3, iterations=8)
+        assert arr.ttft_ms == pytest.approx(few.ttft_ms, rel=1e-9) and arr.tpot_ms == pytest.approx(few.tpot_ms, rel=1e-9)

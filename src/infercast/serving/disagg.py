@@ -96,6 +96,15 @@ def kv_transfer_ms(kv_bytes_per_token_per_gpu: float, isl: int, prefill_gpus: in
     return per_gpu / bandwidth * 1e3 + latency_s * 1e3
 
 
+#: The steady state of a disaggregated deployment is the fixed point of (TTFT, decode batch) ->
+#: (the TTFT and decode batch they imply). Each element steps the whole way to the map's answer
+#: while the steps shrink, and from the first step that does not, this fraction of the way
+#: (damped: near a prefill batch size's integer step the map can have no fixed point, and full
+#: steps would jump between its two sides for ever); it stops when a step is under 1e-6 of the
+#: values, or after ``iterations``. See docs/modelling-log.md, 'Disaggregated fixed point: full
+#: steps while they shrink'.
+FIXED_POINT_DAMPING = 0.5
+
 #: share of the queue ahead that a new prompt waits for, relative to exponential service: prefill
 #: batches take a fixed time, and deterministic service halves the mean wait (the M/D/1 to M/M/1
 #: ratio, (1 + cv^2) / 2 with cv = 0). See docs/modelling-log.md, 'Disaggregated prefill queue as a
@@ -231,6 +240,7 @@ def solve_disagg(
     k_steady = per_step
     lam = 0.0
     cap = float(params_decode.max_batch_size)
+    weight, last = 1.0, math.inf  # full steps while they shrink, then half steps (FIXED_POINT_DAMPING)
     for _ in range(iterations):
         step = _decode_step(decode_engine, params_decode, max(d, 1.0), kv)
         # at most ``cap`` requests decode per rank: the cycle is at least c_rank x busy / cap
@@ -255,7 +265,11 @@ def solve_disagg(
         if abs(ttft_new - ttft) < 1e-6 * ttft and abs(d_new - d) < 1e-6 * max(d, 1.0):
             ttft, d = ttft_new, d_new
             break
-        ttft, d = 0.5 * (ttft + ttft_new), 0.5 * (d + d_new)
+        size = max(abs(ttft_new - ttft) / ttft, abs(d_new - d) / max(d, 1.0))
+        if size >= last:
+            weight = FIXED_POINT_DAMPING
+        last = size
+        ttft, d = ttft + weight * (ttft_new - ttft), d + weight * (d_new - d)
     step = _decode_step(decode_engine, params_decode, max(d, 1.0), kv)
     slot = slot_wait_ms(c_rank, out_steps * step, cap, ttft, transfer_ms)
     return _disagg_result(ps, C, osl, servers, out_steps, transfer_ms, gpus, ttft, d, step, rho, k_steady, lam, slot)
@@ -528,6 +542,7 @@ def solve_disagg_many(
     k_steady = per_step.copy()
     lam = np.zeros(n)
     live = np.ones(n, dtype=bool)  # still iterating
+    weight, last = np.ones(n), np.full(n, np.inf)  # full steps while they shrink (solve_disagg)
     for _ in range(iterations):
         if not live.any():
             break
@@ -554,8 +569,11 @@ def solve_disagg_many(
         outside = ttft_new + tr
         d_new = np.minimum(c_rank[idx] * out_steps / (out_steps + outside / step), cap)
         done = (np.abs(ttft_new - tl) < 1e-6 * tl) & (np.abs(d_new - dl) < 1e-6 * np.maximum(dl, 1.0))
-        ttft[idx] = np.where(done, ttft_new, 0.5 * (tl + ttft_new))
-        d[idx] = np.where(done, d_new, 0.5 * (dl + d_new))
+        size = np.maximum(np.abs(ttft_new - tl) / tl, np.abs(d_new - dl) / np.maximum(dl, 1.0))
+        frac = np.where(size >= last[idx], FIXED_POINT_DAMPING, weight[idx])
+        weight[idx], last[idx] = frac, size
+        ttft[idx] = np.where(done, ttft_new, tl + frac * (ttft_new - tl))
+        d[idx] = np.where(done, d_new, dl + frac * (d_new - dl))
         lam[idx], rho[idx], k_steady[idx] = lam_l, rho_l, k
         live[idx[done]] = False
     step = _decode_step_many(decode_engine, params_decode, np.maximum(d, 1.0), kv)
