@@ -607,3 +607,23 @@ def test_qk_norm_ops_in_plan(pack, synth, tmp_path, extra, arch, want):
             assert (ar.kind, ar.count, ar.params["elements_per_token"], ar.params["group"]) == ("allreduce", 2 * spec.num_layers, 2, tp)
         else:
             assert "qk_norm_allreduce" not in ops
+
+
+def test_pack_model_ids_listed_once_and_again_when_the_directory_changes(synth, tmp_path):
+    import os
+    import shutil
+
+    from infercast.data.model_configs import pack_model_ids
+    from infercast.data.pack import find_pack
+
+    root = tmp_path / "pack"
+    shutil.copytree(synth.root, root)
+    pack = find_pack(root / "systems")
+    first = pack_model_ids(pack)
+    first["x/y"] = None  # a caller's copy: changing it changes nothing kept
+    assert "x/y" not in pack_model_ids(pack)
+    src = next(iter(pack_model_ids(pack).values()))
+    shutil.copy(src, pack.model_configs_dir / "acme--new-model_config.json")
+    st = pack.model_configs_dir.stat()
+    os.utime(pack.model_configs_dir, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a new listing time, surely
+    assert "acme/new-model" in pack_model_ids(pack)

@@ -78,3 +78,15 @@ def test_nvidia_exports(real_pack_available, model, attn, shared):
     q = build_spec(resolve_model(find_pack(None), model)).quant
     assert q.gemm == "nvfp4"
     assert (q.attention_gemm, q.shared_expert_gemm) == (attn, shared)
+
+
+def test_excluded_quant_kept_by_its_arguments():
+    """The exclusion list's answer is kept per (patterns, layers): the same answer as working it
+    out, for lists, tuples, None and an unhashable entry."""
+    from infercast.models.spec import _excluded_quant, excluded_quant
+
+    pats = [f"model.layers.{i}.self_attn.q_proj" for i in range(40)] + ["lm_head"]
+    for p, n in ((pats, 61), (tuple(pats), 61), (pats, 80), (None, 4), (["mlp.shared_experts*"], 2)):
+        assert excluded_quant(p, n) == _excluded_quant(p, n)
+    assert excluded_quant(pats, 61) == (True, False) and excluded_quant(pats, 80) == (False, False)
+    assert excluded_quant([["unhashable"], "mlp.shared_experts"], 2) == (False, True)

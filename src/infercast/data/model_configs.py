@@ -77,6 +77,12 @@ def pack_model_ids(pack: Pack) -> dict[str, Path]:
            "copy it there, or pass --model a local config.json path")
     if pack.model_configs_dir is None:
         raise DataPackNotFoundError(f"model configs not found: no directory {where}", fix)
+    try:  # listed once per directory as it is (a file added or removed changes its mtime)
+        key = (str(pack.model_configs_dir), pack.model_configs_dir.stat().st_mtime_ns)
+    except OSError:
+        key = None
+    if key is not None and key in _MODEL_IDS:
+        return dict(_MODEL_IDS[key])
     out = {}
     for p in sorted(pack.model_configs_dir.glob("*_config.json")):
         if p.name.endswith("_hf_quant_config.json"):
@@ -84,7 +90,13 @@ def pack_model_ids(pack: Pack) -> dict[str, Path]:
         out[p.name.removesuffix("_config.json").replace("--", "/")] = p
     if not out:
         raise DataPackNotFoundError(f"model configs not found: {where} holds no *_config.json files", fix)
+    if key is not None:
+        _MODEL_IDS[key] = dict(out)
     return out
+
+
+#: :func:`pack_model_ids`' answers by (directory, its modification time)
+_MODEL_IDS: dict[tuple[str, int], dict[str, Path]] = {}
 
 
 def _alias_candidates(model_id: str) -> list[tuple[str, str | None, str]]:

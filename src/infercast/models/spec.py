@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from ..data.model_configs import ModelConfig
@@ -92,6 +93,20 @@ def _is_excluded_kind(pattern: str, kind: str) -> bool:
 
 
 def excluded_quant(patterns, num_layers: int) -> tuple[bool, bool]:
+    """:func:`_excluded_quant`, kept by its arguments (a search builds the same model's spec for
+    every layout; the lists run to thousands of module names)."""
+    try:
+        return _excluded_quant_kept(tuple(patterns or ()), int(num_layers))
+    except TypeError:  # an unhashable entry: worked out afresh
+        return _excluded_quant(patterns, num_layers)
+
+
+@lru_cache(maxsize=64)
+def _excluded_quant_kept(patterns: tuple, num_layers: int) -> tuple[bool, bool]:
+    return _excluded_quant(patterns, num_layers)
+
+
+def _excluded_quant(patterns, num_layers: int) -> tuple[bool, bool]:
     """(attention projections, shared experts) that a quantised export keeps unquantised, from
     its exclusion list (ModelOpt's ``exclude_modules`` / the ``ignore`` list of its
     ``quantization_config``: module names or globs, per layer or for every layer). A kind counts
