@@ -24,7 +24,7 @@ from __future__ import annotations
 import csv
 import json
 import re
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import InfercastError, InvalidInputError, NotAvailableError
@@ -100,17 +100,30 @@ def deployment_of(candidate, result, estimator_kw: dict) -> tuple[Deployment, di
     return d, {role: e for role, (e, _) in roles.items()}
 
 
-def _row(mode: str, c, res) -> dict:
+def _row(mode: str, c, res, intervals: dict | None = None) -> dict:
     """A candidate's CSV row: its mode, fields and the ends of its prediction intervals
-    (``ttft_ms_p80_lo`` ... ``tokens_per_s_per_user_p95_hi``)."""
-    from ..search.run import candidate_intervals
+    (``ttft_ms_p80_lo`` ... ``tokens_per_s_per_user_p95_hi``; ``intervals``: the candidate's
+    :func:`~infercast.search.run.candidate_intervals` when already worked out)."""
+    from ..search.run import candidate_dict, candidate_intervals
     from ..serving.intervals import flat_intervals
 
-    return {"mode": mode, **asdict(c), **flat_intervals(candidate_intervals(c, res))}
+    return {"mode": mode, **candidate_dict(c), **flat_intervals(intervals if intervals is not None else
+                                                                 candidate_intervals(c, res))}
 
 
-def _rows(results: dict) -> list[dict]:
-    return [_row(mode, c, res) for mode, res in results.items() for c in res.candidates]
+def _rows_and_dicts(results: dict) -> tuple[list[dict], dict[str, list[dict]]]:
+    """Every candidate's CSV row, and per mode its JSON record (:func:`candidate_dict`), from one
+    working-out of its prediction intervals (a search has tens of thousands of candidates)."""
+    from ..search.run import candidate_dict, candidate_intervals
+
+    rows, dicts = [], {}
+    for mode, res in results.items():
+        dicts[mode] = []
+        for c in res.candidates:
+            iv = candidate_intervals(c, res)
+            rows.append(_row(mode, c, res, iv))
+            dicts[mode].append(candidate_dict(c, res, iv))
+    return rows, dicts
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -268,12 +281,14 @@ def write_search_artifacts(save_dir, results: dict, estimator_kw: dict, top: int
     except OSError as exc:
         raise InvalidInputError(f"cannot create --save-dir {out}", exc.strerror or str(exc)) from exc
     written: list[Path] = []
-    rows = _rows(results)
+    rows, dicts = _rows_and_dicts(results)
     p = out / "results.csv"
     _write_csv(p, rows)
     written.append(p)
     p = out / "results.json"
-    p.write_text(json.dumps({mode: res.to_dict() for mode, res in results.items()}, indent=1, default=str))
+    # compact: json's C encoder writes it (an indented file of this size takes ~10x longer)
+    p.write_text(json.dumps({mode: res.to_dict(candidate_dicts=dicts[mode]) for mode, res in results.items()},
+                            default=str))
     written.append(p)
     p = out / "pareto.csv"
     _write_csv(p, [_row(m, r.candidates[i], r) for m, r in results.items() for i in r.frontier])

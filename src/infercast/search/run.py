@@ -100,16 +100,17 @@ class SearchResult:
     #: cached prompt tokens every request starts with, before the ``isl`` new ones (serving.prefix)
     prefix: int = 0
 
-    def to_dict(self, candidates: bool = True) -> dict:
+    def to_dict(self, candidates: bool = True, candidate_dicts: list[dict] | None = None) -> dict:
         """The result as plain data (what :func:`dataclasses.asdict` gives, built field by field:
         a search holds tens of thousands of flat candidates); ``frontier`` and ``best`` as the
-        candidates themselves. ``candidates=False`` leaves the full list out."""
+        candidates themselves. ``candidates=False`` leaves the full list out; ``candidate_dicts``:
+        the candidates' :func:`candidate_dict` already worked out, in order."""
         d: dict = {}
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name == "candidates":
                 if candidates:
-                    d[f.name] = [candidate_dict(c, self) for c in v]
+                    d[f.name] = candidate_dicts if candidate_dicts is not None else [candidate_dict(c, self) for c in v]
             else:
                 d[f.name] = dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v
         d["frontier"] = [candidate_dict(self.candidates[i], self) for i in self.frontier]
@@ -117,15 +118,15 @@ class SearchResult:
         return d
 
 
-def candidate_dict(c: Candidate, res: SearchResult | None = None) -> dict:
+def candidate_dict(c: Candidate, res: SearchResult | None = None, intervals: dict | None = None) -> dict:
     """A candidate's fields as a dict (they are all scalars: the same as ``asdict``, faster);
     with the search result ``res`` it was found in, also its prediction intervals
-    (``"intervals"``, :func:`candidate_intervals`)."""
+    (``"intervals"``, :func:`candidate_intervals`, or ``intervals`` when already worked out)."""
     d = {name: getattr(c, name) for name in _field_names(type(c))}
     if res is not None:
         from ..serving.intervals import intervals_dict
 
-        d["intervals"] = intervals_dict(candidate_intervals(c, res))
+        d["intervals"] = intervals_dict(intervals if intervals is not None else candidate_intervals(c, res))
     return d
 
 
