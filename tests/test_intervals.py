@@ -311,3 +311,12 @@ def test_cli_reports_a_broken_table_in_one_line(synth, capsys, monkeypatch, tmp_
             "--systems-path", str(synth.systems_dir), "--isl", "128", "--osl", "8", *command[1:]]
     rc, out, err = run_cli(capsys, argv)
     assert_one_line_error(rc, out, err, "prediction-interval table", "rebuild it with scripts/build_intervals.py")
+
+
+def test_flat_columns_from_the_json_form_are_the_same():
+    from infercast.serving.intervals import Interval, flat_from_dict, flat_intervals, intervals_dict
+
+    ivs = {"ttft_ms": Interval({0.8: (101.23456, 230.98765), 0.95: (88.888888, 412.34567)}, {"backend": "vllm"}, 42),
+           "tpot_ms": Interval({0.95: (1e-7, 3.3333333), 0.8: (2.0000004, 2.9999996)}, {}, 7)}
+    assert flat_from_dict(intervals_dict(ivs)) == flat_intervals(ivs)
+    assert list(flat_from_dict(intervals_dict(ivs))) == list(flat_intervals(ivs))  # the same column order

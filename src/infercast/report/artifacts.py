@@ -116,13 +116,15 @@ def _rows_and_dicts(results: dict) -> tuple[list[dict], dict[str, list[dict]]]:
     working-out of its prediction intervals (a search has tens of thousands of candidates)."""
     from ..search.run import candidate_dict, candidate_intervals
 
+    from ..serving.intervals import flat_from_dict
+
     rows, dicts = [], {}
     for mode, res in results.items():
         dicts[mode] = []
         for c in res.candidates:
-            iv = candidate_intervals(c, res)
-            rows.append(_row(mode, c, res, iv))
-            dicts[mode].append(candidate_dict(c, res, iv))
+            d = candidate_dict(c, res, candidate_intervals(c, res))
+            rows.append({"mode": mode, **{k: v for k, v in d.items() if k != "intervals"}, **flat_from_dict(d["intervals"])})
+            dicts[mode].append(d)
     return rows, dicts
 
 

@@ -379,6 +379,17 @@ def flat_intervals(intervals: dict[str, Interval]) -> dict[str, float]:
     return out
 
 
+def flat_from_dict(intervals: dict[str, dict]) -> dict[str, float]:
+    """:func:`flat_intervals` of intervals already in :func:`intervals_dict`'s form (its ends are
+    rounded the same way: the same columns and values)."""
+    out = {}
+    for k, v in intervals.items():
+        for level, ends in v.items():
+            if level.startswith("p") and isinstance(ends, list):
+                out[f"{k}_{level}_lo"], out[f"{k}_{level}_hi"] = ends
+    return out
+
+
 def agg_intervals(est, res, *, concurrency: float, isl: float, osl: float, table: IntervalTable | None = None) -> dict[str, Interval]:
     """:func:`serving_intervals` of an aggregated serving result ``res`` of Estimator ``est`` at
     ``concurrency`` clients of the replica (the conditions from ``est``'s backend and engine and
