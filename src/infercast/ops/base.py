@@ -220,8 +220,6 @@ def sites_and_curves(table: Table, mask: np.ndarray, site_cols: tuple[str, ...],
     uniq, inv = unique_rows(site_arr)
     n = len(uniq)
     curves = {}
-    order = np.argsort(inv, kind="stable")
-    bounds = np.searchsorted(inv[order], np.arange(n + 1))
     # per curve column, every site's distinct values at once (rows sorted by site, then value) and
     # each row's index among its site's values: what np.unique / searchsorted per site would give
     distinct, starts, rank = [], [], []
@@ -244,6 +242,8 @@ def sites_and_curves(table: Table, mask: np.ndarray, site_cols: tuple[str, ...],
         for s in range(n):
             curves[s] = ((d[st[s]:st[s + 1]].copy(),), flat[st[s]:st[s + 1]].copy())
         return uniq, curves
+    order = np.argsort(inv, kind="stable")  # each site's rows, in table order
+    bounds = np.searchsorted(inv[order], np.arange(n + 1))
     for s in range(n):
         idx = order[bounds[s]:bounds[s + 1]]
         axes = tuple(d[st[s]:st[s + 1]].copy() for d, st in zip(distinct, starts))

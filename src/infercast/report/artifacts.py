@@ -100,32 +100,21 @@ def deployment_of(candidate, result, estimator_kw: dict) -> tuple[Deployment, di
     return d, {role: e for role, (e, _) in roles.items()}
 
 
-def _row(mode: str, c, res, intervals: dict | None = None) -> dict:
-    """A candidate's CSV row: its mode, fields and the ends of its prediction intervals
-    (``ttft_ms_p80_lo`` ... ``tokens_per_s_per_user_p95_hi``; ``intervals``: the candidate's
-    :func:`~infercast.search.run.candidate_intervals` when already worked out)."""
-    from ..search.run import candidate_dict, candidate_intervals
-    from ..serving.intervals import flat_intervals
-
-    return {"mode": mode, **candidate_dict(c), **flat_intervals(intervals if intervals is not None else
-                                                                 candidate_intervals(c, res))}
-
-
-def _rows_and_dicts(results: dict) -> tuple[list[dict], dict[str, list[dict]]]:
-    """Every candidate's CSV row, and per mode its JSON record (:func:`candidate_dict`), from one
-    working-out of its prediction intervals (a search has tens of thousands of candidates)."""
-    from ..search.run import candidate_dict, candidate_intervals
-
+def _row(mode: str, record: dict) -> dict:
+    """A candidate's CSV row from its JSON record (:func:`~infercast.search.run.candidate_dict`
+    with intervals): its mode, fields and the ends of its prediction intervals (``ttft_ms_p80_lo``
+    ... ``tokens_per_s_per_user_p95_hi``)."""
     from ..serving.intervals import flat_from_dict
 
-    rows, dicts = [], {}
-    for mode, res in results.items():
-        dicts[mode] = []
-        for c in res.candidates:
-            d = candidate_dict(c, res, candidate_intervals(c, res))
-            rows.append({"mode": mode, **{k: v for k, v in d.items() if k != "intervals"}, **flat_from_dict(d["intervals"])})
-            dicts[mode].append(d)
-    return rows, dicts
+    return {"mode": mode, **{k: v for k, v in record.items() if k != "intervals"}, **flat_from_dict(record["intervals"])}
+
+
+def _records(results: dict) -> dict[str, list[dict]]:
+    """Per mode, every candidate's JSON record (:func:`~infercast.search.run.candidate_dict`, its
+    prediction intervals worked out once: a search has tens of thousands of candidates)."""
+    from ..search.run import candidate_dict
+
+    return {mode: [candidate_dict(c, res) for c in res.candidates] for mode, res in results.items()}
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -285,9 +274,9 @@ def write_search_artifacts(save_dir, results: dict, estimator_kw: dict, top: int
     except OSError as exc:
         raise InvalidInputError(f"cannot create --save-dir {out}", exc.strerror or str(exc)) from exc
     written: list[Path] = []
-    rows, dicts = _rows_and_dicts(results)
+    dicts = _records(results)
     p = out / "results.csv"
-    _write_csv(p, rows)
+    _write_csv(p, [_row(mode, d) for mode, ds in dicts.items() for d in ds])
     written.append(p)
     p = out / "results.json"
     # compact: json's C encoder writes it (an indented file of this size takes ~10x longer)
@@ -295,7 +284,7 @@ def write_search_artifacts(save_dir, results: dict, estimator_kw: dict, top: int
                             default=str))
     written.append(p)
     p = out / "pareto.csv"
-    _write_csv(p, [_row(m, r.candidates[i], r) for m, r in results.items() for i in r.frontier])
+    _write_csv(p, [_row(m, dicts[m][i]) for m, r in results.items() for i in r.frontier])
     written.append(p)
     p = out / "pareto.png"
     pareto_png(p, results)

@@ -140,17 +140,17 @@ def search_fixed(
                     counts[-1].append((pw, rest // de.gpus))
         return counts
 
-    def disagg_part(dl: Layout, de, res: SearchResult) -> None:
-        """Every split of the ``n`` GPUs between the prefill layouts and decode layout ``dl``."""
-        counts = worker_counts(de)
+    def disagg_part(dl: Layout, de, counts: list[list[tuple[int, int]]], res: SearchResult) -> None:
+        """Every split of the ``n`` GPUs between the prefill layouts and decode layout ``dl``
+        (``counts``: :func:`worker_counts`)."""
         for _ in prefills:
             _count(res, "disagg layout pair")
         evaluate_disagg(res, prefills, dl, de, counts, conc, params, refine)
 
     # one part per aggregated layout and per decode layout, in this order (infercast.search.parallel)
     aggs = [(lay, est) for lay, est in ests.items() if n % lay.gpus == 0]
-    decodes = list(roles["decode"].items())
-    parts = [partial(agg_part, lay, est) for lay, est in aggs] + [partial(disagg_part, dl, de) for dl, de in decodes]
-    cost = [len(conc)] * len(aggs) + [len(conc) * sum(map(len, worker_counts(de))) for _, de in decodes]
+    decodes = [(dl, de, worker_counts(de)) for dl, de in roles["decode"].items()]
+    parts = [partial(agg_part, lay, est) for lay, est in aggs] + [partial(disagg_part, *d) for d in decodes]
+    cost = [len(conc)] * len(aggs) + [len(conc) * sum(map(len, cs)) for _, _, cs in decodes]
     run_parts(res, parts, jobs, cost=cost, on_done=progress)
     return _finish(res)

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from copy import copy
 from dataclasses import fields
+from itertools import groupby
 from operator import attrgetter
 
 from ..errors import InvalidInputError, WorkerError
@@ -163,23 +164,11 @@ def _run_one(i: int):
     sub = _empty_copy(_RESULT)
     with paused_gc():
         _PARTS[i](sub)
-    runs, start = [], 0
-    cands = sub.candidates
-    for j in range(1, len(cands) + 1):
-        if j == len(cands) or type(cands[j]) is not type(cands[start]):
-            cls, chunk = type(cands[start]), cands[start:j]
-            runs.append((cls, [list(map(attrgetter(name), chunk)) for name in _names(cls)]))
-            start = j
+    runs = []
+    for cls, group in groupby(sub.candidates, key=type):
+        chunk = list(group)
+        runs.append((cls, [list(map(attrgetter(f.name), chunk)) for f in fields(cls)]))
     return i, (runs, sub.skipped, sub.evaluated, sub.refused)
-
-
-_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _names(cls: type) -> tuple[str, ...]:
-    if cls not in _NAMES:
-        _NAMES[cls] = tuple(f.name for f in fields(cls))
-    return _NAMES[cls]
 
 
 def _merge(res, got) -> None:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from functools import partial
 from dataclasses import dataclass, field, fields
+from functools import partial
 from itertools import pairwise
 
 import numpy as np
@@ -118,15 +118,15 @@ class SearchResult:
         return d
 
 
-def candidate_dict(c: Candidate, res: SearchResult | None = None, intervals: dict | None = None) -> dict:
+def candidate_dict(c: Candidate, res: SearchResult | None = None) -> dict:
     """A candidate's fields as a dict (they are all scalars: the same as ``asdict``, faster);
     with the search result ``res`` it was found in, also its prediction intervals
-    (``"intervals"``, :func:`candidate_intervals`, or ``intervals`` when already worked out)."""
+    (``"intervals"``, :func:`candidate_intervals`)."""
     d = {name: getattr(c, name) for name in _field_names(type(c))}
     if res is not None:
         from ..serving.intervals import intervals_dict
 
-        d["intervals"] = intervals_dict(intervals if intervals is not None else candidate_intervals(c, res))
+        d["intervals"] = intervals_dict(candidate_intervals(c, res))
     return d
 
 
@@ -702,24 +702,24 @@ def search_disagg(
     refine = concurrencies is None if refine is None else refine
     prefills = list(roles["prefill"].items())
     decodes = list(roles["decode"].items())
-    # a part's work grows with its deployments (worker counts of every prefill layout) x concurrencies
-    cost = [len(conc) * sum(len(_worker_counts(pe.gpus, de.gpus, total, max_workers)) for _, pe in prefills)
-            for _, de in decodes]
-    run_parts(res, [partial(_decode_layout_part, prefills, dl, de, total, max_workers, conc, params, refine, params_d)
-                    for dl, de in decodes], jobs, cost=cost, on_done=progress)
+    # per decode layout, the worker counts with each prefill layout; a part's work grows with its
+    # deployments x concurrencies
+    counts = [[_worker_counts(pe.gpus, de.gpus, total, max_workers) for _, pe in prefills] for _, de in decodes]
+    run_parts(res, [partial(_decode_layout_part, prefills, dl, de, cs, total, conc, params, refine, params_d)
+                    for (dl, de), cs in zip(decodes, counts)], jobs,
+              cost=[len(conc) * sum(map(len, cs)) for cs in counts], on_done=progress)
     return _finish(res)
 
 
-def _decode_layout_part(prefills: list, dl: Layout, de, total: int, max_workers: int | None, conc: list[int], params,
-                        refine: bool, params_decode, res: SearchResult) -> None:
+def _decode_layout_part(prefills: list, dl: Layout, de, counts: list[list[tuple[int, int]]], total: int,
+                        conc: list[int], params, refine: bool, params_decode, res: SearchResult) -> None:
     """Every deployment of decode layout ``dl`` (estimator ``de``) with the prefill layouts of
-    ``prefills`` in ``total`` GPUs, added to ``res`` (:func:`evaluate_disagg`): one part of
+    ``prefills``, their (prefill, decode) worker counts ``counts`` (one list per prefill layout,
+    within ``total`` GPUs), added to ``res`` (:func:`evaluate_disagg`): one part of
     :func:`~infercast.search.parallel.run_parts`."""
-    counts = []
-    for pl, pe in prefills:
+    for (pl, pe), cs in zip(prefills, counts):
         _count(res, "disagg layout pair")
-        counts.append(_worker_counts(pe.gpus, de.gpus, total, max_workers))
-        if not counts[-1]:
+        if not cs:
             refuse(res, f"P {pl.label} D {dl.label}", "disagg layout pair",
                    f"one prefill worker ({plural(pe.gpus, 'GPU')}) and one decode worker ({de.gpus}) exceed "
                    f"{plural(total, 'GPU')}", "exceeds the GPU budget")
@@ -879,7 +879,7 @@ class DisaggGroup:
         label, gpus, words = self._deployment(i, pw, dw)
         ev = res.evaluated  # _count, written out: called for every deployment at every concurrency
         ev["disagg candidate"] = ev.get("disagg candidate", 0) + 1
-        if kv_cap is not None and batch > kv_cap:
+        if batch > kv_cap:
             refuse(res, f"{label}@c{c}", "disagg candidate",
                    f"a decode rank would run {batch:.0f} requests; its KV cache holds "
                    f"{kv_cap:.0f} of {res.isl}+{res.osl} tokens", "decode KV cache overflows")
