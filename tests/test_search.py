@@ -84,6 +84,31 @@ def test_search_on_the_synthetic_pack(synth):
         search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, systems_path=synth.systems_dir, tpot_max_ms=-1)
 
 
+def test_search_stops_each_layout_at_its_saturation(synth):
+    """With ``cap_concurrency`` (the command line's setting) and the default grid, a layout's
+    concurrencies stop at the first whose steady state is held by a cap of the engine: the points
+    after it are left out and counted as refused; each of them is saturated too (the run without
+    the stop shows it), their throughput creeping towards the plateau by a few percent at most while
+    the TTFT grows with every client."""
+    from infercast.search.run import SATURATED
+    from infercast.serving.agg import SATURATED_BOUNDS
+
+    kw = dict(systems_path=synth.systems_dir, max_gpus=4, refine=False)
+    r = search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 8192, 64, cap_concurrency=True, **kw)
+    full = search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 8192, 64, concurrencies=r.concurrencies, **kw)
+    dropped = 0
+    for lay in {c.layout for c in full.candidates}:
+        got = [c for c in r.candidates if c.layout == lay]
+        every = [c for c in full.candidates if c.layout == lay]
+        assert [c.bound in SATURATED_BOUNDS for c in got] == [False] * (len(got) - 1) + [True]
+        assert every[:len(got)] == got  # the same numbers up to the stop
+        assert all(c.bound in SATURATED_BOUNDS for c in every[len(got):])
+        assert all(c.tokens_per_s_per_gpu <= got[-1].tokens_per_s_per_gpu * 1.05 for c in every[len(got):])
+        assert all(c.ttft_ms > 2 * got[-1].ttft_ms for c in every[len(got):])
+        dropped += len(every) - len(got)
+    assert dropped > 0 and r.refused[f"agg candidate: {SATURATED}"] == dropped
+
+
 @pytest.mark.parametrize("kw,needle", [
     ({"concurrencies": "1,4"}, "concurrencies must be a list of positive integers: got '1,4'"),
     ({"concurrencies": 8}, "concurrencies must be a list of positive integers: got 8"),

@@ -222,7 +222,8 @@ def search_agg(
     scheduler defaults. Targets are on the mean TTFT and mean TPOT, as benchmarks report them;
     None or ``math.inf``: no target (``infercast search`` defaults to :data:`DEFAULT_TTFT_MS` and
     :data:`DEFAULT_TPOT_MS`). ``cap_concurrency``: evaluate no concurrency beyond the most
-    requests a searched layout runs at once (refuse a given one; :func:`_fit_concurrencies`).
+    requests a searched layout runs at once (refuse a given one; :func:`_fit_concurrencies`), and
+    of the default grid, per layout, none after its first saturated one (:func:`_evaluate`).
     ``refine`` (default: when ``concurrencies`` is not given): per layout, bisect between the grid
     points where meeting the targets flips, for the largest concurrency that meets them
     (:func:`refine_concurrency`)."""
@@ -243,7 +244,8 @@ def search_agg(
         (lay.label, est.plan.parallel.attention_dp * rank_capacity(est, res.isl, res.osl, params, res.prefix))
         for lay, est in ests.items()))
     refine = concurrencies is None if refine is None else refine
-    run_parts(res, [partial(_evaluate_part, est, lay, conc, params, refine) for lay, est in ests.items()],
+    stop = cap_concurrency and concurrencies is None
+    run_parts(res, [partial(_evaluate_part, est, lay, conc, params, refine, stop) for lay, est in ests.items()],
               jobs, cost=[len(conc)] * len(ests), on_done=progress)
     return _finish(res)
 
@@ -540,39 +542,62 @@ def with_energy(cand: Candidate, est, r, osl: int) -> Candidate:
     return cand
 
 
-def _evaluate_part(est, lay: Layout, conc: list[int], params, refine: bool, res: SearchResult) -> None:
+def _evaluate_part(est, lay: Layout, conc: list[int], params, refine: bool, stop_saturated: bool,
+                   res: SearchResult) -> None:
     """:func:`_evaluate` as a part of :func:`~infercast.search.parallel.run_parts` (the result last)."""
-    _evaluate(res, est, lay, conc, params, refine)
+    _evaluate(res, est, lay, conc, params, refine, stop_saturated)
 
 
-def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refine: bool = False) -> None:
+#: the reason counted under :attr:`SearchResult.refused` for the concurrencies an aggregated
+#: layout is not evaluated at beyond its first saturated one (:func:`_evaluate`)
+SATURATED = "beyond the layout's saturation (more clients only queue)"
+
+
+def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refine: bool = False,
+              stop_saturated: bool = False) -> None:
     """Add ``lay`` (estimator ``est``) at each concurrency of ``conc`` to ``res`` (with ``refine``,
-    then at the concurrencies :func:`refine_concurrency` probes)."""
+    then at the concurrencies :func:`refine_concurrency` probes). ``stop_saturated``: the
+    concurrencies after the first whose steady state is held by a cap of the engine (its KV
+    cache, its max batch, its token budget: :data:`~infercast.serving.agg.SATURATED_BOUNDS`) are
+    not evaluated -- there more clients only queue: the decode batch stays at its cap, the TTFT
+    grows with every client and the throughput creeps towards its plateau (0.5-1.1% above the
+    saturated point's over the rest of the default grid in the three cases of
+    ``benchmarks/search_speed.py``) -- and are counted as refused
+    (:data:`SATURATED`), as a disaggregated deployment's concurrencies stop at the first whose
+    decode batch overflows its KV cache."""
     from ..api import serve_agg_replica
+    from ..serving.agg import SATURATED_BOUNDS
 
     ok: dict[int, bool | None] = {}
     # one serving run per clients-per-rank count (with attention DP several concurrencies share one)
     by_rank: dict = {}
+    bound = [None]  # the bound of the last serving result
 
     def one(c: int) -> bool | None:
         _count(res, "agg candidate")
+        bound[0] = None
         try:
             # a candidate keeps no per-op notes: not computed
             r, _ = serve_agg_replica(est, c, res.isl, res.osl, params, memo=by_rank, prefix=res.prefix, notes=False)
         except InfercastError as exc:
             refuse(res, f"{lay.label}@c{c}", "agg candidate", str(exc), exc)
             return None
+        bound[0] = r.bound
         cand = with_energy(Candidate(*_fields(res, lay.label, est, est.gpus, c, r, r.bound), cp=int(lay.cp)), est, r,
                            res.osl)
         res.candidates.append(cand)
         return cand.meets_targets
 
-    for c in conc:
+    for j, c in enumerate(conc):
         ok[c] = one(c)
         if ok[c] is None and c == conc[0]:
             return  # not even the fewest clients fit: the layout does not serve this workload
+        if stop_saturated and bound[0] in SATURATED_BOUNDS and j + 1 < len(conc):
+            why = f"agg candidate: {SATURATED}"
+            res.refused[why] = res.refused.get(why, 0) + len(conc) - j - 1
+            break
     if refine:
-        refine_concurrency(one, conc, ok.get)
+        refine_concurrency(one, list(ok), ok.get)
 
 
 # ---- disaggregated ------------------------------------------------------------------------------

@@ -205,6 +205,13 @@ def recv_poll(engine, params: SchedulerParams, lam: float, isl: int, n_chunks: i
     return (k + 1.0) / 2.0 * n_chunks * t
 
 
+#: the :attr:`ServingResult.bound` of a steady state whose decoding set is held by a cap of the
+#: engine rather than by its clients: there, more clients only wait longer in the queue (the same
+#: steps, a longer TTFT, the throughput creeping towards its plateau as the queue absorbs the
+#: fixed per-request times)
+SATURATED_BOUNDS = frozenset({"kv cache", "max requests", "token budget"})
+
+
 @dataclass
 class ServingResult(ServingMetrics):
     decode_batch: float  # mean running decodes per step
