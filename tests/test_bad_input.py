@@ -651,3 +651,22 @@ def test_plan_out_that_cannot_be_written(synth, capsys, tmp_path):
     assert_one_line_error(*run_cli(capsys, [*argv, str(tmp_path / "missing" / "plan.json")]),
                           "cannot write --plan-out")
     assert_one_line_error(*run_cli(capsys, [*argv, str(tmp_path)]), "cannot write --plan-out")
+
+
+def test_command_process_ends_cleanly(synth):
+    """``run`` (the ``infercast`` command) ends the process itself after flushing: the whole JSON
+    reaches a pipe, the exit handlers registered during the run still run, the exit code is
+    main's, and a reader that closes the pipe after one line ends it quietly with 0."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    argv = estimate_argv(synth, "--tp", "2", "--json")
+    code = ("import atexit, sys; atexit.register(lambda: print('exit handler ran', file=sys.stderr)); "
+            f"sys.argv = ['infercast', *{argv!r}]; from infercast.cli.main import run; run()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["tp"] == 2
+    assert proc.stderr.strip().splitlines()[-1] == "exit handler ran"
+    bad = subprocess.run([sys.executable, "-m", "infercast", *estimate_argv(synth, "--tp", "16")], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    head = subprocess.run(f"{sys.executable} -m infercast {' '.join(argv)} | head -n 1", shell=True, capture_output=True,
+                          text=True, env=env, timeout=60, executable="/bin/bash")
+    assert head.stdout == "{\n" and "Traceback" not in head.stderr and "Exception" not in head.stderr
