@@ -1383,7 +1383,8 @@ def run() -> None:
     ends as soon as its output is flushed and the exit handlers have run (a local Ray instance
     shut down, worker processes reaped), without the interpreter's teardown, which would free
     every parsed table, memo and candidate one object at a time (~50 ms after a search) for a
-    process about to end anyway. A reader that closed the pipe early ends it quietly, as
+    process about to end anyway (not under a profiler or a coverage tool, which write their data
+    once the program returns). A reader that closed the pipe early ends it quietly, as
     :func:`main` does."""
     import atexit
     import os
@@ -1398,7 +1399,9 @@ def run() -> None:
     except (BrokenPipeError, ValueError):
         pass
     run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
-    if run_exit_handlers is None:  # an interpreter without it: the usual exit
+    if run_exit_handlers is None or sys.getprofile() is not None or sys.gettrace() is not None:
+        # an interpreter without it, or a profiler or coverage tool that writes its data after
+        # the program returns: the usual exit
         sys.exit(code)
     run_exit_handlers()
     os._exit(code)

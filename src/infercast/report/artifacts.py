@@ -54,16 +54,25 @@ def ranked(candidates: list, top: int) -> list:
     each layout (an aggregated replica's layout, or a disaggregated deployment's prefill and
     decode layouts with their worker counts; per backend when a search ranked several) appears
     once, at its concurrency with the most tokens/s per GPU (the earliest evaluated on a tie), so
-    the top rows are different deployments rather than one layout at several client counts."""
-    ok = sorted((c for c in candidates if c.meets_targets), key=lambda c: -c.tokens_per_s_per_gpu)
+    the top rows are different deployments rather than one layout at several client counts.
+    ``candidates``: a list, or a search's :class:`~infercast.search.candidates.Candidates` (read
+    by column: only the chosen candidates are made into objects)."""
+    column = getattr(candidates, "column", None)
+    if column is None:
+        from ..search.candidates import Candidates
+
+        column = Candidates(candidates).column
+    meets, per_gpu = column("meets_targets"), column("tokens_per_s_per_gpu")
+    ok = sorted((i for i, m in enumerate(meets) if m), key=lambda i: -per_gpu[i])
     out: list = []
     seen: set = set()
-    for c in ok:
-        key = (getattr(c, "backend", ""), c.layout)
+    backends, labels = column("backend"), column("layout")
+    for i in ok:
+        key = (backends[i], labels[i])
         if key in seen:
             continue
         seen.add(key)
-        out.append(c)
+        out.append(candidates[i])
         if len(out) == top:
             break
     return out

@@ -31,9 +31,6 @@ import sys
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from copy import copy
-from dataclasses import fields
-from itertools import groupby
-from operator import attrgetter
 
 from ..errors import InvalidInputError, WorkerError
 
@@ -152,29 +149,27 @@ def paused_gc():
 
 
 def _empty_copy(res):
+    from .candidates import Candidates
+
     sub = copy(res)
-    sub.candidates, sub.skipped, sub.evaluated, sub.refused = [], {}, {}, {}
+    sub.candidates, sub.skipped, sub.evaluated, sub.refused = Candidates(), {}, {}, {}
     return sub
 
 
 def _run_one(i: int):
     """In a worker: part ``i`` on an empty copy of the result; its additions as plain data (the
-    candidates as columns of field values, one per run of candidates of one class: far cheaper
-    to send back, and to read back, than the objects)."""
+    candidates as rows of field values, a run per class: far cheaper to send back than the
+    objects, and kept as rows in this process too: :class:`~infercast.search.candidates.Candidates`)."""
     sub = _empty_copy(_RESULT)
     with paused_gc():
         _PARTS[i](sub)
-    runs = []
-    for cls, group in groupby(sub.candidates, key=type):
-        chunk = list(group)
-        runs.append((cls, [list(map(attrgetter(f.name), chunk)) for f in fields(cls)]))
-    return i, (runs, sub.skipped, sub.evaluated, sub.refused)
+    return i, (sub.candidates.runs(), sub.skipped, sub.evaluated, sub.refused)
 
 
 def _merge(res, got) -> None:
     runs, skipped, evaluated, refused = got
-    for cls, columns in runs:
-        res.candidates.extend(map(cls, *columns))
+    for cls, rows in runs:
+        res.candidates.add_rows(cls, rows)
     res.skipped.update(skipped)
     for kind, n in evaluated.items():
         res.evaluated[kind] = res.evaluated.get(kind, 0) + n

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import InfercastError, InvalidConfigError, InvalidInputError, WorkerError
 from ..report.layout import plural
+from .candidates import Candidates
 from .parallel import check_jobs, run_parts
 from .pareto import meets, pareto_front, recommend
 from .space import Layout, layouts, powers_of_two
@@ -83,7 +84,9 @@ class SearchResult:
     max_gpus: int
     ttft_max_ms: float | None
     tpot_max_ms: float | None
-    candidates: list[Candidate] = field(default_factory=list)
+    #: every candidate evaluated, in order (:class:`~infercast.search.candidates.Candidates`: a
+    #: sequence of :class:`Candidate` objects, kept as rows until one is looked at)
+    candidates: Candidates = field(default_factory=Candidates)
     frontier: list[int] = field(default_factory=list)  # indices into candidates
     best: int | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # layout (or layout@concurrency) -> why
@@ -493,10 +496,10 @@ def context_parallel_degrees(cps) -> tuple[int, ...]:
 
 
 def _finish(res: SearchResult) -> SearchResult:
-    res.frontier = [int(i) for i in pareto_front([c.tokens_per_s_per_user for c in res.candidates],
-                                                 [c.tokens_per_s_per_gpu for c in res.candidates])]
-    res.best = recommend([c.tokens_per_s_per_gpu for c in res.candidates], [c.gpus for c in res.candidates],
-                         [c.ttft_ms for c in res.candidates], [c.meets_targets for c in res.candidates])
+    col = res.candidates.column
+    per_gpu = col("tokens_per_s_per_gpu")
+    res.frontier = [int(i) for i in pareto_front(col("tokens_per_s_per_user"), per_gpu)]
+    res.best = recommend(per_gpu, col("gpus"), col("ttft_ms"), col("meets_targets"))
     if res.best is None:
         res.reason = _no_best_reason(res)
     return res
@@ -511,8 +514,8 @@ def targets_text(ttft_max_ms: float | None, tpot_max_ms: float | None) -> str:
 def _no_best_reason(res: SearchResult) -> str:
     if not res.candidates:
         return f"no deployment could serve this workload: every one was skipped ({plural(len(res.skipped), 'reason')} under 'skipped')"
-    ttft = min(c.ttft_ms for c in res.candidates)
-    tpot = min(c.tpot_ms for c in res.candidates)
+    ttft = min(res.candidates.column("ttft_ms"))
+    tpot = min(res.candidates.column("tpot_ms"))
     return (f"none of the {len(res.candidates)} deployments evaluated meets the targets "
             f"({targets_text(res.ttft_max_ms, res.tpot_max_ms)}); the lowest TTFT was {ttft:.1f} ms and the "
             f"lowest TPOT {tpot:.2f} ms: relax the targets (--ttft-ms, --tpot-ms; inf for none) or allow more GPUs")
@@ -616,14 +619,14 @@ class DisaggCandidate(Candidate):
     prefill_cp: int = 1
 
 
-#: :class:`DisaggCandidate`'s fields in the order :meth:`DisaggGroup.add` gives them (checked here:
-#: a field added or moved must be added or moved there too)
+#: :class:`DisaggCandidate`'s fields in the order of the rows :meth:`DisaggGroup.add` adds (checked
+#: here: a field added or moved must be added or moved there too)
 _DISAGG_FIELDS = ("layout", "tp", "pp", "attention_dp", "moe_tp", "moe_ep", "gpus", "concurrency", "ttft_ms", "tpot_ms",
                   "ttft_p90_ms", "tpot_p90_ms", "request_latency_ms", "tokens_per_s_per_gpu", "tokens_per_s_per_user",
                   "bound", "meets_targets", "description", "backend", "energy_j_per_token", "energy_coverage", "cp",
                   "prefill_layout", "prefill_workers", "decode_layout", "decode_workers", "prefill_utilisation",
                   "prefill_cp")
-assert tuple(f.name for f in fields(DisaggCandidate)) == _DISAGG_FIELDS, "DisaggGroup.add builds candidates by position"
+assert tuple(f.name for f in fields(DisaggCandidate)) == _DISAGG_FIELDS, "DisaggGroup.add adds candidates as rows"
 
 #: concurrencies probed inside each bracket per refinement round of a disaggregated search
 #: (:func:`evaluate_disagg`): a bracket of 512 clients resolves in three rounds
@@ -912,8 +915,8 @@ class DisaggGroup:
         # the fields of _fields, with the decode layout's degrees and labels read once per group
         tp, pp, adp, etp, ep, backend, dlabel = self._decode_fields
         ok = meets(ttft, tpot, res.ttft_max_ms, res.tpot_max_ms)
-        # every field by position (:data:`_DISAGG_FIELDS`' order; a third faster than keywords)
-        res.candidates.append(DisaggCandidate(
+        # a row of every field in :data:`_DISAGG_FIELDS`' order (the object is made only if looked at)
+        res.candidates.add_row(DisaggCandidate, (
             label, tp, pp, adp, etp, ep, gpus, c, ttft, tpot, ttft90, tpot90, latency, per_gpu, per_user,
             f"prefill util {util:.2f}", ok, words, backend, None, None, self._decode_cp,
             self._prefill_labels[i], pw, dlabel, dw, util, self._prefill_cps[i]))
