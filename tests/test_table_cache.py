@@ -33,6 +33,9 @@ def test_table_cache_round_trip_and_invalidation(synth, tmp_path, monkeypatch):
         for k in fresh.values:
             assert np.array_equal(t.values[k], fresh.values[k])
         assert (t.raw_rows, t.duplicate_keys) == (fresh.raw_rows, fresh.duplicate_keys)
+        assert all(t.unique(k) == fresh.unique(k) for k in fresh.keys)
+    # the distinct values of each key column come with the entry (not worked out again)
+    assert {k for kind, k in again._index_cache if kind == "unique"} == set(fresh.keys)
     # the pack changes: another file under the same path is read, not the stale entry
     other = next(p for p in sorted(synth.root.rglob("gemm_perf.parquet")) if p.stat().st_size != src.stat().st_size)
     shutil.copy(other, src)

@@ -241,8 +241,9 @@ def read_table(path: Path, stem: str | None = None) -> Table:
 
 
 #: bump when :func:`read_table`'s normalisation or the cache's layout changes: cached tables of
-#: another format are not read (2: a directory of ``.npy`` files, memory-mapped)
-CACHE_FORMAT = 2
+#: another format are not read (2: a directory of ``.npy`` files, memory-mapped; 3: with each key
+#: column's distinct values)
+CACHE_FORMAT = 3
 
 
 def table_cache_dir() -> Path | None:
@@ -277,9 +278,10 @@ def _cache_file(path: Path, stem: str) -> Path | None:
 
 
 def _load_cached(entry: Path, path: Path, stem: str) -> Table | None:
-    """The table kept in cache directory ``entry``: ``meta.json`` (row counts, column names) and one
-    ``.npy`` file per column, memory-mapped copy-on-write (the pages are read as the columns are
-    used, and nothing written to an array reaches the file); None for a partial or foreign entry."""
+    """The table kept in cache directory ``entry``: ``meta.json`` (row counts, column names, each
+    key column's distinct values as :meth:`Table.unique` answers them) and one ``.npy`` file per
+    column, memory-mapped copy-on-write (the pages are read as the columns are used, and nothing
+    written to an array reaches the file); None for a partial or foreign entry."""
     import json
 
     try:
@@ -288,8 +290,13 @@ def _load_cached(entry: Path, path: Path, stem: str) -> Table | None:
                 for i, name in enumerate(meta["keys"])}
         values = {name: np.asarray(np.load(entry / f"v{i}.npy", mmap_mode="c", allow_pickle=False))
                   for i, name in enumerate(meta["values"])}
-        return Table(stem, path, keys, values, int(meta["raw_rows"]), int(meta["duplicate_keys"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        table = Table(stem, path, keys, values, int(meta["raw_rows"]), int(meta["duplicate_keys"]))
+        unique = meta["unique"]
+        if set(unique) != set(keys) or not all(isinstance(v, list) for v in unique.values()):
+            return None
+        table._index_cache.update({("unique", name): vals for name, vals in unique.items()})
+        return table
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -309,7 +316,8 @@ def _store_cached(entry: Path, table: Table) -> None:
             for i, arr in enumerate(cols.values()):
                 np.save(tmp / f"{prefix}{i}.npy", np.ascontiguousarray(arr), allow_pickle=False)
         (tmp / "meta.json").write_text(json.dumps({"raw_rows": table.raw_rows, "duplicate_keys": table.duplicate_keys,
-                                                   "keys": list(table.keys), "values": list(table.values)}))
+                                                   "keys": list(table.keys), "values": list(table.values),
+                                                   "unique": {name: table.unique(name) for name in table.keys}}))
         tmp.rename(entry)
         tmp = None
     except (OSError, ValueError):  # ValueError: a column numpy cannot save without pickling

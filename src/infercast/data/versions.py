@@ -22,7 +22,7 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from ..errors import DataFileError, UnknownBackendError, UnknownVersionError
-from .pack import Pack, damaged_file_fix
+from .pack import Pack, damaged_file_fix, parse_pack_yaml
 from .system import SystemSpec, scan_systems
 
 SERVING_BACKENDS = ("trtllm", "vllm", "sglang")
@@ -74,7 +74,7 @@ def _read_yaml_mapping(path: Path) -> dict:
     """A pack YAML file that must hold a mapping (empty file: ``{}``). Any failure is one
     :class:`DataFileError` line naming the file, the cause and the fix."""
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = parse_pack_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
         cause = f"not UTF-8 text ({exc.reason} at byte {exc.start})"
     except OSError as exc:

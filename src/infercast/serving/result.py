@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 
 import numpy as np
 
@@ -93,15 +94,24 @@ class Distribution:
             # equal weights (two sets of quantile midpoints): the cumulative weights in sorted
             # order are the same array whatever the order, so the values need sorting, not their
             # order (the same numbers as the general path, several times faster)
-            cw = np.cumsum(wts)
-            idx = np.minimum(np.searchsorted(cw, (np.arange(n) + 0.5) / n * cw[-1]), len(wts) - 1)
-            q = np.sort(vals)[idx]
+            q = np.sort(vals)[_equal_weight_picks(len(wts), float(wts[0]), n)]
         else:
             o = np.argsort(vals, kind="stable")
             cw = np.cumsum(wts[o])
             idx = np.minimum(np.searchsorted(cw, (np.arange(n) + 0.5) / n * cw[-1]), len(o) - 1)
             q = vals[o][idx]
         return Distribution(q + (self.mean() + other.mean() - q.mean()), np.ones(n))
+
+
+@lru_cache(maxsize=64)
+def _equal_weight_picks(size: int, weight: float, n: int) -> np.ndarray:
+    """The positions, in sorted order, of the ``n`` quantile midpoints of ``size`` values of
+    equal ``weight`` (:meth:`Distribution.plus`): the same for every pair of distributions of
+    these sizes, so worked out once."""
+    cw = np.cumsum(np.full(size, weight))
+    idx = np.minimum(np.searchsorted(cw, (np.arange(n) + 0.5) / n * cw[-1]), size - 1)
+    idx.setflags(write=False)
+    return idx
 
 
 def mixture(*parts: tuple[Distribution, float]) -> Distribution:
