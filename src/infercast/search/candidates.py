@@ -19,7 +19,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import fields
 from functools import lru_cache
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 
 @lru_cache(maxsize=None)
@@ -73,7 +73,7 @@ class _Run:
         k = field_names(self.cls).index(name)
         if self.objs:  # an object already made may have been changed since: read it
             return [getattr(self.objs[j], name) if j in self.objs else row[k] for j, row in enumerate(self.rows)]
-        return [row[k] for row in self.rows]
+        return list(map(itemgetter(k), self.rows))
 
 
 class Candidates(Sequence):

@@ -834,11 +834,16 @@ class DisaggGroup:
            "tokens_per_s_per_user", "prefill_utilisation", "decode_batch", "decode_kv_capacity")
 
     def solve(self, which, pw, dw, c, vectorised: bool = True) -> list[tuple]:
+        """:meth:`solve_columns`'s values as one row per element, in :attr:`ROW`'s order."""
+        cols = self.solve_columns(which, pw, dw, c, vectorised)
+        return list(zip(*(cols[name] for name in self.ROW)))
+
+    def solve_columns(self, which, pw, dw, c, vectorised: bool = True) -> dict[str, list]:
         """For each element of the equal-length sequences ``which`` (index of the prefill layout),
         ``pw`` (prefill workers), ``dw`` (decode workers), ``c`` (clients), the values of
         :attr:`ROW` of its :class:`~infercast.serving.disagg.DisaggResult` (``decode_kv_capacity``:
         the requests of ``isl + osl`` tokens one decode rank's KV cache holds beside its batch's
-        fixed-size state and the shared prefix). ``vectorised``: one array solve for all
+        fixed-size state and the shared prefix), as {name: list}. ``vectorised``: one array solve for all
         (:func:`~infercast.serving.disagg.solve_disagg_many`, its answer as columns rather than
         result objects); ``False``: one scalar solve each (the reference the array path is tested
         against)."""
@@ -861,7 +866,7 @@ class DisaggGroup:
                                         transfer, int(g), prefill_dp=pdp))
             cols = {name: [getattr(r, name) for r in out] for name in self.ROW[:-1]}
         cols["decode_kv_capacity"] = self._kv_capacity(cols["decode_batch"])
-        return list(zip(*(cols[name] for name in self.ROW)))
+        return cols
 
     def _kv_capacity(self, batch: list) -> list:
         """Requests of ``isl + osl`` tokens one decode rank's KV cache holds beside a batch of
@@ -922,6 +927,57 @@ class DisaggGroup:
             self._prefill_labels[i], pw, dlabel, dw, util, self._prefill_cps[i]))
         return ok
 
+    def add_blocks(self, deployments: list[tuple[int, int, int]], counts: list[int], c: list[int], cols: dict) -> list:
+        """:meth:`add` for many elements at once, in order: ``deployments`` (prefill layout, pw, dw)
+        each standing for the next ``counts`` elements, ``c`` the clients and ``cols``
+        (:meth:`solve_columns`, one value per element) the solved values of each. The same
+        candidates, refusals and counts as one :meth:`add` per element; answers each element's
+        :meth:`add` answer (whether it meets the targets, None when refused)."""
+        from itertools import repeat
+
+        res = self.res
+        n = len(c)
+        if n == 0:
+            return []
+        ev = res.evaluated
+        ev["disagg candidate"] = ev.get("disagg candidate", 0) + n
+        batch, kv_cap = cols["decode_batch"], cols["decode_kv_capacity"]
+        over = np.asarray(batch, dtype=float) > np.asarray(kv_cap, dtype=float)
+        dep = np.repeat(np.arange(len(deployments)), counts)
+        words = [self._deployment(*d) for d in deployments]
+        for k in np.flatnonzero(over).tolist():  # refused (few: the first overflow of a deployment at most)
+            label = words[dep[k]][0]
+            refuse(res, f"{label}@c{c[k]}", "disagg candidate",
+                   f"a decode rank would run {batch[k]:.0f} requests; its KV cache holds "
+                   f"{kv_cap[k]:.0f} of {res.isl}+{res.osl} tokens", "decode KV cache overflows")
+        ttft, tpot = np.asarray(cols["ttft_ms"], dtype=float), np.asarray(cols["tpot_ms"], dtype=float)
+        ok = np.ones(n, dtype=bool)  # meets(): a value above a target fails it (NaN does not)
+        if res.ttft_max_ms is not None:
+            ok &= ~(ttft > res.ttft_max_ms)
+        if res.tpot_max_ms is not None:
+            ok &= ~(tpot > res.tpot_max_ms)
+        status = [None if o else bool(m) for o, m in zip(over.tolist(), ok.tolist())]
+        keep = None if not over.any() else np.flatnonzero(~over)
+
+        def pick(values) -> list:
+            return values if keep is None else np.asarray(values, dtype=object)[keep].tolist()
+
+        per_dep = np.asarray([(w[0], w[1], w[2], self._prefill_labels[d[0]], d[1], d[2], self._prefill_cps[d[0]])
+                              for d, w in zip(deployments, words)], dtype=object)[dep if keep is None else dep[keep]]
+        labels, gpus, desc, plabels, pws, dws, pcps = (per_dep[:, j].tolist() for j in range(7))
+        util = pick(cols["prefill_utilisation"])
+        tp, pp, adp, etp, ep, backend, dlabel = self._decode_fields
+        m = len(labels)
+        # rows in :data:`_DISAGG_FIELDS`' order, built by zip (the fields every element shares repeated)
+        res.candidates.add_rows(DisaggCandidate, list(zip(
+            labels, repeat(tp, m), repeat(pp, m), repeat(adp, m), repeat(etp, m), repeat(ep, m), gpus, pick(c),
+            pick(cols["ttft_ms"]), pick(cols["tpot_ms"]), pick(cols["ttft_p90_ms"]), pick(cols["tpot_p90_ms"]),
+            pick(cols["request_latency_ms"]), pick(cols["tokens_per_s_per_gpu"]), pick(cols["tokens_per_s_per_user"]),
+            [f"prefill util {u:.2f}" for u in util], pick(ok.tolist()),
+            desc, repeat(backend, m), repeat(None, m), repeat(None, m), repeat(self._decode_cp, m),
+            plabels, pws, repeat(dlabel, m), dws, util, pcps)))
+        return status
+
 
 def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: list[list[tuple[int, int]]],
                     conc: list[int], params=None, refine: bool = False, vectorised: bool = True,
@@ -942,40 +998,51 @@ def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: l
         return
     prefills, counts = [prefills[j] for j in keep], [counts[j] for j in keep]
     group = DisaggGroup(res, prefills, dl, de, params, params_decode)
-    grid = [(i, pw, dw, c) for i, cs in enumerate(counts) for pw, dw in cs for c in conc]
+    deployments = [(i, pw, dw) for i, cs in enumerate(counts) for pw, dw in cs]
+    L = len(conc)
+    which = np.repeat(np.array([d[0] for d in deployments], dtype=np.int64), L)
+    pws = np.repeat(np.array([d[1] for d in deployments], dtype=np.int64), L)
+    dws = np.repeat(np.array([d[2] for d in deployments], dtype=np.int64), L)
+    cs_all = np.tile(np.asarray(conc, dtype=np.int64), len(deployments))
     try:
-        out = group.solve(*zip(*grid), vectorised=vectorised)
+        cols = group.solve_columns(which, pws, dws, cs_all, vectorised=vectorised)
     except InfercastError as exc:
         # one prefill layout's prompt does not fit its token budget: solve them one by one
         if len(prefills) > 1:
             for pair in zip(prefills, counts):
                 evaluate_disagg(res, [pair[0]], dl, de, [pair[1]], conc, params, refine, vectorised, params_decode)
             return
-        _count(res, "disagg candidate", len(grid))
+        _count(res, "disagg candidate", len(cs_all))
         refuse(res, f"P {prefills[0][0].label} D {dl.label}", "disagg layout pair", str(exc), exc)
         return
-    status: dict[tuple[int, int, int], dict[int, bool | None]] = {}
-    it = iter(out)
-    for i, cs in enumerate(counts):
-        for pw, dw in cs:
-            seen = status[i, pw, dw] = {}
-            for c in conc:
-                r = next(it)
-                seen[c] = group.add(i, pw, dw, c, r)
-                if seen[c] is None:
-                    break  # more clients only grow the decode batch
-            for _ in conc[len(seen):]:
-                next(it)
+    # a deployment's concurrencies are added up to the first whose decode batch overflows the KV
+    # cache (refused: more clients only grow the decode batch), the rest left out
+    over = (np.asarray(cols["decode_batch"], dtype=float) > np.asarray(cols["decode_kv_capacity"], dtype=float)).reshape(-1, L)
+    first = np.where(over.any(axis=1), over.argmax(axis=1), L)  # the first overflow (L: none)
+    added = np.arange(L)[None, :] <= first[:, None]
+    counts_added = np.minimum(first + 1, L)
+    if added.all():
+        sub, c_added = cols, cs_all.tolist()
+    else:
+        keep = np.flatnonzero(added.ravel())
+        sub = {name: np.asarray(v, dtype=object)[keep].tolist() for name, v in cols.items()}
+        c_added = cs_all[keep].tolist()
+    status = group.add_blocks(deployments, counts_added.tolist(), c_added, sub)
     if not refine:
         return
+    # where a deployment's answers flip from meeting the targets to missing them between two
+    # neighbouring concurrencies (both added, neither refused), the first such pair is its bracket
+    ok = np.zeros((len(deployments), L), dtype=bool)
+    ok[added] = [s_ is True for s_ in status]
+    valid = np.arange(L)[None, :] < first[:, None]  # added and not refused
+    flip = ok[:, :-1] & ~ok[:, 1:] & valid[:, 1:]
     brackets = {}
-    for key, seen in status.items():
-        pts = [(c, ok) for c, ok in seen.items() if ok is not None]
-        for (lo, ok_lo), (hi, ok_hi) in pairwise(pts):
-            if ok_lo and not ok_hi:
-                if hi - lo > 1:
-                    brackets[key] = (lo, hi)
-                break
+    conc_arr = np.asarray(conc)
+    for r in np.flatnonzero(flip.any(axis=1)).tolist():
+        j = int(flip[r].argmax())
+        lo, hi = int(conc_arr[j]), int(conc_arr[j + 1])
+        if hi - lo > 1:
+            brackets[deployments[r]] = (lo, hi)
     while brackets:
         # each round probes REFINE_PROBES evenly spaced concurrencies inside every bracket, all
         # deployments at once (one array solve per round: its cost is mostly per call, not per probe)
