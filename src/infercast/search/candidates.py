@@ -70,10 +70,10 @@ class _Run:
     def column(self, name: str) -> list:
         if self.rows is None:
             return list(map(attrgetter(name), self.objs))
-        k = field_names(self.cls).index(name)
-        if self.objs:  # an object already made may have been changed since: read it
-            return [getattr(self.objs[j], name) if j in self.objs else row[k] for j, row in enumerate(self.rows)]
-        return list(map(itemgetter(k), self.rows))
+        out = list(map(itemgetter(field_names(self.cls).index(name)), self.rows))
+        for j, obj in self.objs.items():  # an object already made may have been changed since: read it
+            out[j] = getattr(obj, name)
+        return out
 
 
 class Candidates(Sequence):

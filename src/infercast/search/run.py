@@ -619,14 +619,14 @@ class DisaggCandidate(Candidate):
     prefill_cp: int = 1
 
 
-#: :class:`DisaggCandidate`'s fields in the order of the rows :meth:`DisaggGroup.add` adds (checked
-#: here: a field added or moved must be added or moved there too)
+#: :class:`DisaggCandidate`'s fields in the order of the rows :meth:`DisaggGroup.add_blocks` adds
+#: (checked here: a field added or moved must be added or moved there too)
 _DISAGG_FIELDS = ("layout", "tp", "pp", "attention_dp", "moe_tp", "moe_ep", "gpus", "concurrency", "ttft_ms", "tpot_ms",
                   "ttft_p90_ms", "tpot_p90_ms", "request_latency_ms", "tokens_per_s_per_gpu", "tokens_per_s_per_user",
                   "bound", "meets_targets", "description", "backend", "energy_j_per_token", "energy_coverage", "cp",
                   "prefill_layout", "prefill_workers", "decode_layout", "decode_workers", "prefill_utilisation",
                   "prefill_cp")
-assert tuple(f.name for f in fields(DisaggCandidate)) == _DISAGG_FIELDS, "DisaggGroup.add adds candidates as rows"
+assert tuple(f.name for f in fields(DisaggCandidate)) == _DISAGG_FIELDS, "DisaggGroup.add_blocks adds candidates as rows"
 
 #: concurrencies probed inside each bracket per refinement round of a disaggregated search
 #: (:func:`evaluate_disagg`): a bracket of 512 clients resolves in three rounds
@@ -833,12 +833,7 @@ class DisaggGroup:
     ROW = ("ttft_ms", "tpot_ms", "ttft_p90_ms", "tpot_p90_ms", "request_latency_ms", "tokens_per_s_per_gpu",
            "tokens_per_s_per_user", "prefill_utilisation", "decode_batch", "decode_kv_capacity")
 
-    def solve(self, which, pw, dw, c, vectorised: bool = True) -> list[tuple]:
-        """:meth:`solve_columns`'s values as one row per element, in :attr:`ROW`'s order."""
-        cols = self.solve_columns(which, pw, dw, c, vectorised)
-        return list(zip(*(cols[name] for name in self.ROW)))
-
-    def solve_columns(self, which, pw, dw, c, vectorised: bool = True) -> dict[str, list]:
+    def solve(self, which, pw, dw, c, vectorised: bool = True) -> dict[str, list]:
         """For each element of the equal-length sequences ``which`` (index of the prefill layout),
         ``pw`` (prefill workers), ``dw`` (decode workers), ``c`` (clients), the values of
         :attr:`ROW` of its :class:`~infercast.serving.disagg.DisaggResult` (``decode_kv_capacity``:
@@ -901,38 +896,28 @@ class DisaggGroup:
             hit = self._deployments[key] = (f"P{pw}x{pl.label} D{dw}x{self.dl.label}", gpus, words)
         return hit
 
-    def add(self, i: int, pw: int, dw: int, c: int, row: tuple) -> bool | None:
-        """Add deployment (prefill layout ``i``, ``pw``, ``dw``) at ``c`` clients with
-        :meth:`solve`'s ``row`` to the search result: whether it meets the targets, or None when
-        the decode ranks' KV cache cannot hold their batch (refused; more clients would not fit
-        either). A decode batch held at the scheduler's ``max_batch_size`` is modelled (requests
-        wait for a slot: :func:`infercast.serving.disagg.slot_wait_ms`), not refused."""
+    def verdicts(self, cols: dict) -> tuple[np.ndarray, np.ndarray]:
+        """Per element of :meth:`solve`'s answer: (its decode batch overflows the decode
+        ranks' KV cache, it meets the targets as :func:`~infercast.search.pareto.meets` says)."""
         res = self.res
-        ttft, tpot, ttft90, tpot90, latency, per_gpu, per_user, util, batch, kv_cap = row
-        label, gpus, words = self._deployment(i, pw, dw)
-        ev = res.evaluated  # _count, written out: called for every deployment at every concurrency
-        ev["disagg candidate"] = ev.get("disagg candidate", 0) + 1
-        if batch > kv_cap:
-            refuse(res, f"{label}@c{c}", "disagg candidate",
-                   f"a decode rank would run {batch:.0f} requests; its KV cache holds "
-                   f"{kv_cap:.0f} of {res.isl}+{res.osl} tokens", "decode KV cache overflows")
-            return None
-        # the fields of _fields, with the decode layout's degrees and labels read once per group
-        tp, pp, adp, etp, ep, backend, dlabel = self._decode_fields
-        ok = meets(ttft, tpot, res.ttft_max_ms, res.tpot_max_ms)
-        # a row of every field in :data:`_DISAGG_FIELDS`' order (the object is made only if looked at)
-        res.candidates.add_row(DisaggCandidate, (
-            label, tp, pp, adp, etp, ep, gpus, c, ttft, tpot, ttft90, tpot90, latency, per_gpu, per_user,
-            f"prefill util {util:.2f}", ok, words, backend, None, None, self._decode_cp,
-            self._prefill_labels[i], pw, dlabel, dw, util, self._prefill_cps[i]))
-        return ok
+        over = np.asarray(cols["decode_batch"], dtype=float) > np.asarray(cols["decode_kv_capacity"], dtype=float)
+        ok = np.ones(over.shape, dtype=bool)  # a value above a target fails it (NaN does not, as in meets)
+        if res.ttft_max_ms is not None:
+            ok &= ~(np.asarray(cols["ttft_ms"], dtype=float) > res.ttft_max_ms)
+        if res.tpot_max_ms is not None:
+            ok &= ~(np.asarray(cols["tpot_ms"], dtype=float) > res.tpot_max_ms)
+        return over, ok
 
     def add_blocks(self, deployments: list[tuple[int, int, int]], counts: list[int], c: list[int], cols: dict) -> list:
-        """:meth:`add` for many elements at once, in order: ``deployments`` (prefill layout, pw, dw)
-        each standing for the next ``counts`` elements, ``c`` the clients and ``cols``
-        (:meth:`solve_columns`, one value per element) the solved values of each. The same
-        candidates, refusals and counts as one :meth:`add` per element; answers each element's
-        :meth:`add` answer (whether it meets the targets, None when refused)."""
+        """Add deployments to the search result, in order: ``deployments`` (prefill layout, pw,
+        dw) each standing for the next ``counts`` elements, ``c`` the clients and ``cols``
+        (:meth:`solve`, one value per element) the solved values of each. An element whose
+        decode batch overflows the decode ranks' KV cache is refused (more clients would not fit
+        either); a decode batch held at the scheduler's ``max_batch_size`` is modelled (requests
+        wait for a slot: :func:`infercast.serving.disagg.slot_wait_ms`), not refused. Every other
+        element becomes a :class:`DisaggCandidate`, added as a row (rows built by ``zip``, the
+        fields every element shares repeated). Answers, per element, whether it meets the targets
+        (None: refused)."""
         from itertools import repeat
 
         res = self.res
@@ -942,7 +927,7 @@ class DisaggGroup:
         ev = res.evaluated
         ev["disagg candidate"] = ev.get("disagg candidate", 0) + n
         batch, kv_cap = cols["decode_batch"], cols["decode_kv_capacity"]
-        over = np.asarray(batch, dtype=float) > np.asarray(kv_cap, dtype=float)
+        over, ok = self.verdicts(cols)
         dep = np.repeat(np.arange(len(deployments)), counts)
         words = [self._deployment(*d) for d in deployments]
         for k in np.flatnonzero(over).tolist():  # refused (few: the first overflow of a deployment at most)
@@ -950,12 +935,6 @@ class DisaggGroup:
             refuse(res, f"{label}@c{c[k]}", "disagg candidate",
                    f"a decode rank would run {batch[k]:.0f} requests; its KV cache holds "
                    f"{kv_cap[k]:.0f} of {res.isl}+{res.osl} tokens", "decode KV cache overflows")
-        ttft, tpot = np.asarray(cols["ttft_ms"], dtype=float), np.asarray(cols["tpot_ms"], dtype=float)
-        ok = np.ones(n, dtype=bool)  # meets(): a value above a target fails it (NaN does not)
-        if res.ttft_max_ms is not None:
-            ok &= ~(ttft > res.ttft_max_ms)
-        if res.tpot_max_ms is not None:
-            ok &= ~(tpot > res.tpot_max_ms)
         status = [None if o else bool(m) for o, m in zip(over.tolist(), ok.tolist())]
         keep = None if not over.any() else np.flatnonzero(~over)
 
@@ -1005,7 +984,7 @@ def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: l
     dws = np.repeat(np.array([d[2] for d in deployments], dtype=np.int64), L)
     cs_all = np.tile(np.asarray(conc, dtype=np.int64), len(deployments))
     try:
-        cols = group.solve_columns(which, pws, dws, cs_all, vectorised=vectorised)
+        cols = group.solve(which, pws, dws, cs_all, vectorised=vectorised)
     except InfercastError as exc:
         # one prefill layout's prompt does not fit its token budget: solve them one by one
         if len(prefills) > 1:
@@ -1048,18 +1027,35 @@ def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: l
         # deployments at once (one array solve per round: its cost is mostly per call, not per probe)
         probes = {key: sorted({lo + (hi - lo) * j // (REFINE_PROBES + 1) for j in range(1, REFINE_PROBES + 1)} - {lo, hi})
                   for key, (lo, hi) in brackets.items()}
-        flat = [(key, c) for key, cs in probes.items() for c in cs]
-        out = dict(zip(flat, group.solve(*zip(*(key for key, _ in flat)), [c for _, c in flat], vectorised=vectorised)))
-        for key, cs in probes.items():
+        keys = list(probes)
+        flat_c = [c for key in keys for c in probes[key]]
+        reps = [len(probes[key]) for key in keys]
+        cols = group.solve(*(np.repeat(np.asarray([key[f] for key in keys], dtype=np.int64), reps) for f in range(3)),
+                                   np.asarray(flat_c, dtype=np.int64), vectorised=vectorised)
+        # each deployment's probes ascending, up to the first that misses the targets or overflows
+        # the KV cache (that one included): the rest are not added
+        over, ok = group.verdicts(cols)
+        stop = (over | ~ok).tolist()
+        take, start = [], 0
+        for n in reps:
+            try:
+                take.append(stop.index(True, start, start + n) - start + 1)
+            except ValueError:
+                take.append(n)
+            start += n
+        keep = np.concatenate([np.arange(b, b + t) for b, t in zip(np.cumsum([0] + reps[:-1]).tolist(), take)])
+        sub = {name: np.asarray(v, dtype=object)[keep].tolist() for name, v in cols.items()}
+        status = group.add_blocks(keys, take, np.asarray(flat_c)[keep].tolist(), sub)
+        pos = 0
+        for key, t in zip(keys, take):
             lo, hi = brackets.pop(key)
-            for c in cs:  # ascending, up to the first that misses the targets or overflows the KV cache
-                ok = group.add(*key, c, out[key, c])
-                if ok is None:
+            for c, got in zip(probes[key][:t], status[pos:pos + t]):
+                if got is None:
                     hi = lo  # no further refinement of this deployment
-                    break
-                if not ok:
+                elif not got:
                     hi = c
-                    break
-                lo = c
+                else:
+                    lo = c
+            pos += t
             if hi - lo > 1:
                 brackets[key] = (lo, hi)
