@@ -25,6 +25,28 @@ def test_pareto_front_by_hand():
         pareto_front([1, 2], [1])
 
 
+def test_pareto_front_and_recommend_match_their_definitions():
+    """On random points with ties (and a NaN now and then): the frontier is every point no other
+    beats on both axes and that equals no earlier point on both; the recommendation is the
+    lowest (-per GPU, GPUs, TTFT, index) among the points that meet the targets."""
+    rng = np.random.default_rng(5)
+    for trial in range(400):
+        n = int(rng.integers(1, 40))
+        u, g = rng.integers(0, 6, n).astype(float), rng.integers(0, 6, n).astype(float)
+        front = pareto_front(u, g).tolist()
+        want = [i for i in range(n)
+                if not any((u[j] >= u[i] and g[j] >= g[i] and (u[j] > u[i] or g[j] > g[i])) or (j < i and u[j] == u[i] and g[j] == g[i])
+                           for j in range(n))]
+        assert sorted(front) == want and front == sorted(want, key=lambda i: (u[i], -g[i]))
+        ok = rng.random(n) < 0.5
+        gpus, ttft = rng.integers(1, 4, n), rng.integers(0, 3, n).astype(float)
+        cands = [i for i in range(n) if ok[i]]
+        best = min(cands, key=lambda i: (-g[i], gpus[i], ttft[i], i)) if cands else None
+        assert recommend(g.tolist(), gpus.tolist(), ttft.tolist(), ok.tolist()) == best
+    g = np.array([3.0, np.nan, 5.0, 1.0])  # a NaN is never on the frontier nor a best so far
+    assert pareto_front([4.0, 3.0, 2.0, 1.0], g).tolist() == [2, 0]
+
+
 def test_meets_and_recommend_by_hand():
     assert meets(100, 10, 200, 20) and meets(100, 10, None, None)
     assert not meets(300, 10, 200, None) and not meets(100, 30, None, 20) and not meets(None, 10, 200, None)

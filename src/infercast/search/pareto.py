@@ -21,11 +21,11 @@ def pareto_front(per_user: Sequence[float], per_gpu: Sequence[float]) -> np.ndar
     if u.shape != g.shape:
         raise ValueError("per_user and per_gpu must have the same length")
     order = np.lexsort((-g, -u))  # per_user descending, then per_gpu descending
-    keep, best_g = [], -np.inf
-    for i in order:
-        if g[i] > best_g:
-            keep.append(i)
-            best_g = g[i]
+    # in that order, a point is kept when it has more per_gpu than every point before it (a NaN
+    # is never kept, nor does it count as a best so far)
+    gs = g[order]
+    best_before = np.fmax.accumulate(np.concatenate(([-np.inf], gs[:-1]))) if gs.size else gs
+    keep = order[gs > best_before].tolist()
     return np.array(sorted(keep, key=lambda i: (u[i], -g[i])), dtype=int)
 
 
@@ -42,7 +42,10 @@ def meets(ttft_ms: float | None, tpot_ms: float | None, ttft_max: float | None, 
 def recommend(per_gpu: Sequence[float], gpus: Sequence[int], ttft: Sequence[float], ok: Sequence[bool]) -> int | None:
     """Index of the best deployment among those with ``ok``: most tokens/s per GPU, then fewer
     GPUs, then lower TTFT; None when none meets the targets."""
-    idx = [i for i, flag in enumerate(ok) if flag]
-    if not idx:
+    idx = np.flatnonzero(np.asarray(ok, dtype=bool))
+    if not idx.size:
         return None
-    return min(idx, key=lambda i: (-per_gpu[i], gpus[i], ttft[i], i))
+    g, n, t = (np.asarray(v, dtype=float)[idx] for v in (per_gpu, gpus, ttft))
+    if np.isnan(g).any() or np.isnan(t).any():  # Python's ordering of NaN in tuples, as it stands
+        return int(min(idx.tolist(), key=lambda i: (-per_gpu[i], gpus[i], ttft[i], i)))
+    return int(idx[np.lexsort((idx, t, n, -g))[0]])
