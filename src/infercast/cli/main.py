@@ -289,9 +289,13 @@ def _misfit(head: dict, exc: InfercastError) -> dict:
 
 
 def _emit(a, out: dict, printer: str) -> int:
-    """``out`` as JSON with ``--json``, else through ``report.console.<printer>``."""
+    """``out`` as JSON with ``--json`` (:func:`~infercast.report.json_text.json_text`: a long list
+    of records, such as ``search --all``'s candidates, one record per line), else through
+    ``report.console.<printer>``."""
     if a.json:
-        print(json.dumps(out, indent=1, default=str))
+        from ..report.json_text import json_text
+
+        print(json_text(out))
         return 0
     from ..report import console
 

@@ -119,11 +119,12 @@ def _row(mode: str, record: dict) -> dict:
 
 
 def _records(results: dict) -> dict[str, list[dict]]:
-    """Per mode, every candidate's JSON record (:func:`~infercast.search.run.candidate_dict`, its
-    prediction intervals worked out once: a search has tens of thousands of candidates)."""
-    from ..search.run import candidate_dict
+    """Per mode, every candidate's JSON record (:func:`~infercast.search.run.candidate_records`: the
+    :func:`~infercast.search.run.candidate_dict` of each, built in bulk, its prediction intervals
+    worked out once: a search has tens of thousands of candidates)."""
+    from ..search.run import candidate_records
 
-    return {mode: [candidate_dict(c, res) for c in res.candidates] for mode, res in results.items()}
+    return {mode: candidate_records(res) for mode, res in results.items()}
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:

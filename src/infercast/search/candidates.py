@@ -157,10 +157,15 @@ class Candidates(Sequence):
         """The candidates as (class, rows) runs, in order (what a worker process sends back)."""
         out = []
         for run in self._runs:
-            if run.rows is not None and not run.objs:
+            if run.rows is None:  # objects: their rows now
+                out.append((run.cls, list(map(_row_getter(run.cls), run.objs))))
+            elif run.objs:  # rows, some made into objects (perhaps changed since): those read again
+                rows, getter = list(run.rows), _row_getter(run.cls)
+                for j, obj in run.objs.items():
+                    rows[j] = getter(obj)
+                out.append((run.cls, rows))
+            else:
                 out.append((run.cls, run.rows))
-            else:  # objects (some perhaps changed since they were made): their rows now
-                out.append((run.cls, list(map(_row_getter(run.cls), run.materialise()))))
         return out
 
     def __eq__(self, other) -> bool:

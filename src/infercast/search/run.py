@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import InfercastError, InvalidConfigError, InvalidInputError, WorkerError
 from ..report.layout import plural
-from .candidates import Candidates
+from .candidates import Candidates, field_names
 from .parallel import check_jobs, run_parts
 from .pareto import meets, pareto_front, recommend
 from .space import Layout, layouts, powers_of_two
@@ -113,7 +113,7 @@ class SearchResult:
             v = getattr(self, f.name)
             if f.name == "candidates":
                 if candidates:
-                    d[f.name] = candidate_dicts if candidate_dicts is not None else [candidate_dict(c, self) for c in v]
+                    d[f.name] = candidate_dicts if candidate_dicts is not None else candidate_records(self)
             else:
                 d[f.name] = dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v
         d["frontier"] = [candidate_dict(self.candidates[i], self) for i in self.frontier]
@@ -131,6 +131,58 @@ def candidate_dict(c: Candidate, res: SearchResult | None = None) -> dict:
 
         d["intervals"] = intervals_dict(candidate_intervals(c, res))
     return d
+
+
+def candidate_records(res: SearchResult) -> list[dict]:
+    """``[candidate_dict(c, res) for c in res.candidates]``: the same dicts, built from the
+    candidates' rows (:meth:`~infercast.search.candidates.Candidates.runs`) with each interval
+    cell's factors, its words and its row count looked up once per (backend, mode, concurrency
+    band) rather than per candidate and figure (a search's ``--all`` and ``--save-dir`` write tens
+    of thousands to a million of them). The same numbers: each end is the predicted value times
+    the cell's factor, rounded as :class:`~infercast.serving.intervals.Interval` rounds it."""
+    from ..serving.intervals import FIGURES, band_of, condition, default_intervals, level_key, round_end
+
+    table = default_intervals()
+    out: list[dict] = []
+    templates: dict = {}  # (backend, mode, band) -> [(field, its position, ((level key, a, b), ...), cell, n)]
+    for cls, rows in res.candidates.runs():
+        names = field_names(cls)
+        at = {name: k for k, name in enumerate(names)}
+        disagg_at = at.get("prefill_layout")
+        k_conc, k_gpus, k_tp, k_pp, k_adp, k_backend = (at[n] for n in ("concurrency", "gpus", "tp", "pp", "attention_dp",
+                                                                           "backend"))
+        for row in rows:
+            disagg = disagg_at is not None and bool(row[disagg_at])
+            conc = float(row[k_conc])
+            if not disagg:  # candidate_intervals: an agg candidate's clients of one replica
+                replicas = max(1, row[k_gpus] // max(1, row[k_tp] * row[k_pp] * row[k_adp]))
+                conc = float(-(-row[k_conc] // replicas))
+            backend, mode = row[k_backend] or res.backend, "disagg" if disagg else "agg"
+            key = (backend, mode, band_of(conc), id(cls))
+            tmpl = templates.get(key)
+            if tmpl is None:
+                cond = condition(backend, mode, conc, None)
+                tmpl = templates[key] = []
+                for field_name, metric, invert in FIGURES:
+                    if (metric == "tpot" and res.osl <= 1) or field_name not in at:
+                        continue
+                    factors, used, n = table.factors("serving", metric, cond, invert)
+                    tmpl.append((field_name, at[field_name],
+                                 tuple((level_key(lv), a, b) for lv, (a, b) in sorted(factors.items())),
+                                 ", ".join(f"{k}={v}" for k, v in used.items()) or "all", n))
+            d = dict(zip(names, row))
+            ints = {}
+            for field_name, k, levels, cell, n in tmpl:
+                v = row[k]
+                if v is None or isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                    continue
+                v = float(v)
+                one = {lk: [round_end(v * a), round_end(v * b)] for lk, a, b in levels}
+                one["cell"], one["n"] = cell, n
+                ints[field_name] = one
+            d["intervals"] = ints
+            out.append(d)
+    return out
 
 
 def candidate_intervals(c: Candidate, res: SearchResult) -> dict:

@@ -174,13 +174,14 @@ class Interval:
         return Interval({lv: (value * of / hi, value * of / lo) for lv, (lo, hi) in self.ranges.items()}, self.cell, self.n)
 
     def to_dict(self) -> dict:
-        out = {f"p{round(100 * lv)}": [_round(lo), _round(hi)] for lv, (lo, hi) in sorted(self.ranges.items())}
+        out = {f"p{round(100 * lv)}": [round_end(lo), round_end(hi)] for lv, (lo, hi) in sorted(self.ranges.items())}
         out["cell"] = ", ".join(f"{k}={v}" for k, v in self.cell.items()) or "all"
         out["n"] = self.n
         return out
 
 
-def _round(x: float) -> float:
+def round_end(x: float) -> float:
+    """An interval's end as reports give it: four significant digits."""
     return float(f"{x:.4g}")
 
 
@@ -239,13 +240,14 @@ class IntervalTable:
             entry, used = self.lookup(model, metric, cond)
             f = {}
             for lv in LEVELS:
-                lo, hi = entry[_level_key(lv)]
+                lo, hi = entry[level_key(lv)]
                 f[lv] = (math.exp(-hi), math.exp(-lo)) if invert else (math.exp(lo), math.exp(hi))
             hit = self._found[key] = (f, used, int(entry["n"]))
         return hit
 
 
-def _level_key(level: float) -> str:
+def level_key(level: float) -> str:
+    """A level's key in the table and in reports: 0.8 -> ``"p80"``."""
     return f"p{round(100 * level)}"
 
 
@@ -274,11 +276,11 @@ def _check_table(doc, source: str) -> IntervalTable:
                 if not isinstance(entry, dict) or not isinstance(entry.get("n"), int) or entry["n"] < 1:
                     raise bad(f"{model} {metric} cell {key!r} has no row count 'n'")
                 for lv in LEVELS:
-                    pair = entry.get(_level_key(lv))
+                    pair = entry.get(level_key(lv))
                     if (not isinstance(pair, list) or len(pair) != 2
                             or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in pair)
                             or not all(math.isfinite(x) for x in pair) or pair[0] > pair[1]):
-                        raise bad(f"{model} {metric} cell {key!r}: {_level_key(lv)} is not a [low, high] pair of log ratios")
+                        raise bad(f"{model} {metric} cell {key!r}: {level_key(lv)} is not a [low, high] pair of log ratios")
         cells[model] = table
     return IntervalTable(cells, {k: v for k, v in doc.items() if k != "models"}, source)
 
@@ -336,7 +338,7 @@ def quantile_cells(log_ratios: np.ndarray, conds: list[dict[str, str]], min_rows
                 continue
             entry: dict = {"n": len(idx)}
             for lv in LEVELS:
-                entry[_level_key(lv)] = list(_quantile_pair(r[idx], lv))
+                entry[level_key(lv)] = list(_quantile_pair(r[idx], lv))
             out[key] = entry
     return out
 
@@ -374,8 +376,8 @@ def flat_intervals(intervals: dict[str, Interval]) -> dict[str, float]:
     out = {}
     for k, v in intervals.items():
         for lv, (lo, hi) in sorted(v.ranges.items()):
-            out[f"{k}_{_level_key(lv)}_lo"] = _round(lo)
-            out[f"{k}_{_level_key(lv)}_hi"] = _round(hi)
+            out[f"{k}_{level_key(lv)}_lo"] = round_end(lo)
+            out[f"{k}_{level_key(lv)}_hi"] = round_end(hi)
     return out
 
 
