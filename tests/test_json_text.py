@@ -34,3 +34,30 @@ def test_long_record_lists_one_per_line():
     assert '  {\n   "a": 1\n  }' in text  # a list that is not all records stays indented
     with pytest.raises(TypeError, match="keys must be"):
         json_text({(1, 2): 3})
+
+
+def test_records_are_written_as_they_are_made():
+    """A Records list is iterated once and written one record per line, each record made only
+    when the one before it has been written (a long one): the same text as the list it stands
+    for (a short one written as json.dumps would)."""
+    import io
+
+    from infercast.report.json_text import Records, write_json
+
+    made, written = [], io.StringIO()
+
+    def make(n):
+        for i in range(n):
+            if n > RECORDS_INLINE:  # the record before this one is already in the output
+                assert i == 0 or f'"i": {i - 1}' in written.getvalue()
+            made.append(i)
+            yield {"i": i, "v": [i, i / 7]}
+
+    for n in (0, 3, RECORDS_INLINE + 5):
+        made.clear()
+        written.seek(0)
+        written.truncate()
+        doc = {"candidates": Records(n, lambda n=n: make(n)), "n": n}
+        write_json(doc, written)
+        plain = {"candidates": [{"i": i, "v": [i, i / 7]} for i in range(n)], "n": n}
+        assert written.getvalue() == json_text(plain) and made == list(range(n))

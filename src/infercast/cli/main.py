@@ -289,13 +289,15 @@ def _misfit(head: dict, exc: InfercastError) -> dict:
 
 
 def _emit(a, out: dict, printer: str) -> int:
-    """``out`` as JSON with ``--json`` (:func:`~infercast.report.json_text.json_text`: a long list
-    of records, such as ``search --all``'s candidates, one record per line), else through
+    """``out`` as JSON with ``--json`` (:func:`~infercast.report.json_text.write_json`: a long
+    list of records, such as ``search --all``'s candidates, one record per line, written as made),
+    else through
     ``report.console.<printer>``."""
     if a.json:
-        from ..report.json_text import json_text
+        from ..report.json_text import write_json
 
-        print(json_text(out))
+        write_json(out, sys.stdout)
+        sys.stdout.write("\n")
         return 0
     from ..report import console
 
@@ -357,7 +359,10 @@ def cmd_serve_disagg(a) -> int:
 def cmd_search(a) -> int:
     from ..report.artifacts import ranked
     from ..search import search_agg, search_backends, search_disagg, search_fixed
-    from ..search.run import candidate_dict, sharing_estimators
+    from functools import partial
+
+    from ..report.json_text import Records
+    from ..search.run import candidate_dict, iter_candidate_records, sharing_estimators
 
     conc = None
     if a.concurrency:
@@ -425,7 +430,9 @@ def cmd_search(a) -> int:
                 else:
                     res, per_backend[m] = search_backends(fn, a.model, a.system, backends, a.isl, a.osl, **mkw)
                     results[m] = res
-                out = res.to_dict(candidates=a.all)
+                # --all: every candidate's record made as it is written (a search may have a million)
+                out = res.to_dict(candidates=a.all, candidate_dicts=Records(
+                    len(res.candidates), partial(iter_candidate_records, res)) if a.all else None)
                 out["mode"] = m
                 out["targets"] = targets
                 if cal is not None:

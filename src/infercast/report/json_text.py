@@ -11,7 +11,10 @@ about as fast as compact JSON.
 
 from __future__ import annotations
 
+import io
 import json
+from collections.abc import Callable, Iterator, Sequence
+from typing import TextIO
 
 #: lists of dicts longer than this are written one dict per line
 RECORDS_INLINE = 20
@@ -27,21 +30,62 @@ def _key(k, flat: json.JSONEncoder) -> str:
     raise TypeError(f"keys must be str, int, float, bool or None, not {type(k).__name__}")
 
 
+class Records(Sequence):
+    """A list of ``n`` dicts made one at a time as it is iterated (``make()`` gives a fresh
+    iterator of them): :func:`write_json` writes each and lets it go, so a million search
+    candidates are never all held as dicts at once."""
+
+    def __init__(self, n: int, make: Callable[[], Iterator[dict]]):
+        self._n, self._make = int(n), make
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[dict]:
+        return self._make()
+
+    def __getitem__(self, i):
+        return list(self)[i]
+
+
+def write_json(obj, out: TextIO, indent: int = 1, default=str) -> None:
+    """Write ``obj`` to ``out`` as :func:`json_text` gives it, piece by piece (a :class:`Records`
+    list one record at a time)."""
+    flat = json.JSONEncoder(default=default, separators=(", ", ": "))
+    write = out.write
+
+    def emit(o, level: int) -> None:
+        pad, end = " " * (indent * (level + 1)), " " * (indent * level)
+        if isinstance(o, dict) and o:
+            write("{\n")
+            for j, (k, v) in enumerate(o.items()):
+                write(f"{',' if j else ''}{'' if not j else chr(10)}{pad}{_key(k, flat)}: ")
+                emit(v, level + 1)
+            write("\n" + end + "}")
+            return
+        if isinstance(o, Records) and len(o) <= RECORDS_INLINE:
+            o = list(o)
+        if isinstance(o, (list, tuple, Records)) and len(o):
+            write("[\n")
+            if isinstance(o, Records) or (len(o) > RECORDS_INLINE and all(isinstance(x, dict) for x in o)):
+                for j, x in enumerate(o):
+                    write((",\n" if j else "") + pad + flat.encode(x))
+            else:
+                for j, x in enumerate(o):
+                    write((",\n" if j else "") + pad)
+                    emit(x, level + 1)
+            write("\n" + end + "]")
+            return
+        write(flat.encode(list(o) if isinstance(o, Records) else o))
+
+    emit(obj, 0)
+
+
 def json_text(obj, indent: int = 1, default=str) -> str:
     """``obj`` as JSON text: ``json.dumps(obj, indent=indent, default=default)``'s layout, except
-    that a list of more than :data:`RECORDS_INLINE` dicts is written one dict per line (module
-    docstring). ``json.loads`` of the text equals ``json.loads`` of ``json.dumps``'s."""
-    flat = json.JSONEncoder(default=default, separators=(", ", ": "))
-
-    def write(o, level: int) -> str:
-        if isinstance(o, dict) and o:
-            pad, end = " " * (indent * (level + 1)), " " * (indent * level)
-            return "{\n" + ",\n".join(f"{pad}{_key(k, flat)}: {write(v, level + 1)}" for k, v in o.items()) + "\n" + end + "}"
-        if isinstance(o, (list, tuple)) and o:
-            pad, end = " " * (indent * (level + 1)), " " * (indent * level)
-            if len(o) > RECORDS_INLINE and all(isinstance(x, dict) for x in o):
-                return "[\n" + ",\n".join(pad + flat.encode(x) for x in o) + "\n" + end + "]"
-            return "[\n" + ",\n".join(pad + write(x, level + 1) for x in o) + "\n" + end + "]"
-        return flat.encode(o)
-
-    return write(obj, 0)
+    that a list of more than :data:`RECORDS_INLINE` dicts (or a :class:`Records`) is written one
+    dict per line (module docstring). ``json.loads`` of the text equals ``json.loads`` of
+    ``json.dumps``'s."""
+    buf = io.StringIO()
+    write_json(obj, buf, indent, default)
+    return buf.getvalue()

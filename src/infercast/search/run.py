@@ -20,6 +20,7 @@ refused, by kind and reason.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from functools import partial
@@ -106,7 +107,8 @@ class SearchResult:
     def to_dict(self, candidates: bool = True, candidate_dicts: list[dict] | None = None) -> dict:
         """The result as plain data (what :func:`dataclasses.asdict` gives, built field by field:
         a search holds tens of thousands of flat candidates); ``frontier`` and ``best`` as the
-        candidates themselves. ``candidates=False`` leaves the full list out; ``candidate_dicts``:
+        candidates themselves. ``candidates=False`` leaves the full list out; ``candidate_dicts``
+        (a list, or a :class:`~infercast.report.json_text.Records` made as it is written):
         the candidates' :func:`candidate_dict` already worked out, in order."""
         d: dict = {}
         for f in fields(self):
@@ -133,8 +135,8 @@ def candidate_dict(c: Candidate, res: SearchResult | None = None) -> dict:
     return d
 
 
-def candidate_records(res: SearchResult) -> list[dict]:
-    """``[candidate_dict(c, res) for c in res.candidates]``: the same dicts, built from the
+def iter_candidate_records(res: SearchResult) -> Iterator[dict]:
+    """``candidate_dict(c, res)`` of each candidate in turn: the same dicts, built from the
     candidates' rows (:meth:`~infercast.search.candidates.Candidates.runs`) with each interval
     cell's factors, its words and its row count looked up once per (backend, mode, concurrency
     band) rather than per candidate and figure (a search's ``--all`` and ``--save-dir`` write tens
@@ -143,7 +145,6 @@ def candidate_records(res: SearchResult) -> list[dict]:
     from ..serving.intervals import FIGURES, band_of, condition, default_intervals, level_key, round_end
 
     table = default_intervals()
-    out: list[dict] = []
     templates: dict = {}  # (backend, mode, band) -> [(field, its position, ((level key, a, b), ...), cell, n)]
     for cls, rows in res.candidates.runs():
         names = field_names(cls)
@@ -181,8 +182,12 @@ def candidate_records(res: SearchResult) -> list[dict]:
                 one["cell"], one["n"] = cell, n
                 ints[field_name] = one
             d["intervals"] = ints
-            out.append(d)
-    return out
+            yield d
+
+
+def candidate_records(res: SearchResult) -> list[dict]:
+    """``[candidate_dict(c, res) for c in res.candidates]``, built by :func:`iter_candidate_records`."""
+    return list(iter_candidate_records(res))
 
 
 def candidate_intervals(c: Candidate, res: SearchResult) -> dict:
