@@ -317,8 +317,6 @@ def search_backends(search, model: str, system: str, backends: list[str], isl: i
     ``backend`` -- with its own frontier and best, {backend: its own result}). A backend whose
     search cannot start (no data for the model's quant, ...) is refused with the reason; when
     every backend is, the first one's error is raised."""
-    from dataclasses import replace
-
     if not backends:
         raise InvalidInputError(f"no serving backend has data for {system}")
     per: dict[str, SearchResult] = {}
@@ -339,7 +337,9 @@ def search_backends(search, model: str, system: str, backends: list[str], isl: i
     for b, exc in errors.items():
         refuse(merged, b, "backend", str(exc), exc)
     for b, r in per.items():
-        merged.candidates.extend(replace(c, description=f"{b}: {c.description}") for c in r.candidates)
+        for cls, rows in r.candidates.runs():  # each candidate as it is, its description naming the backend
+            k = field_names(cls).index("description")
+            merged.candidates.add_rows(cls, [(*row[:k], f"{b}: {row[k]}", *row[k + 1:]) for row in rows])
         merged.skipped.update({f"{b} {k}": v for k, v in r.skipped.items()})
         for kind, n in r.evaluated.items():
             _count(merged, kind, n)
