@@ -164,6 +164,16 @@ def test_every_backend_ranked_together(synth):
     assert best.tokens_per_s_per_gpu == max(r.candidates[r.best].tokens_per_s_per_gpu for r in per.values() if r.best is not None)
     assert best.description.startswith(f"{best.backend}: ")
     assert merged.evaluated["backend"] == 2
+    # disaggregated candidates (kept as rows) come through the same: each as it was, its
+    # description naming its backend
+    from dataclasses import replace
+
+    from infercast.search import search_disagg
+
+    merged, per = search_backends(search_disagg, sp.MODEL_ID, sp.SYSTEM, ["trtllm", "vllm"], 128, 8,
+                                  systems_path=synth.systems_dir, concurrencies=[1, 4], max_gpus=4)
+    want = [replace(c, description=f"{b}: {c.description}") for b, r in per.items() for c in r.candidates]
+    assert want and list(merged.candidates) == want
 
 
 def test_reference_winners_worker_counts_are_in_the_space():
