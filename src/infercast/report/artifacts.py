@@ -27,6 +27,8 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import InfercastError, InvalidInputError, NotAvailableError
 from .launch import Deployment, launch_files, worker_spec
 
@@ -155,8 +157,7 @@ def pareto_png(path: Path, results: dict) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     for mode, res in results.items():
-        xs = [getattr(c, X_AXIS[0]) for c in res.candidates]
-        ys = [getattr(c, Y_AXIS[0]) for c in res.candidates]
+        xs, ys = _column(res.candidates, X_AXIS[0]), _column(res.candidates, Y_AXIS[0])
         pts = ax.scatter(xs, ys, s=10, alpha=0.25, label=f"{mode}: candidates")
         front = sorted((res.candidates[i] for i in res.frontier), key=lambda c: getattr(c, X_AXIS[0]))
         ax.plot([getattr(c, X_AXIS[0]) for c in front], [getattr(c, Y_AXIS[0]) for c in front], "-o", ms=4,
@@ -170,6 +171,24 @@ def pareto_png(path: Path, results: dict) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _column(candidates, name: str) -> np.ndarray:
+    """Field ``name`` of every candidate as a float array (read by column: no candidate object made)."""
+    column = getattr(candidates, "column", None)
+    return np.asarray(column(name) if column is not None else [getattr(c, name) for c in candidates], dtype=float)
+
+
+def _hovers(candidates) -> list[str]:
+    """:func:`_hover` of every candidate (without intervals), from the candidates' columns."""
+    column = getattr(candidates, "column", None)
+    if column is None:
+        return [_hover(c) for c in candidates]
+    names = ("layout", "gpus", "concurrency", "ttft_ms", "tpot_ms", "tokens_per_s_per_gpu", "tokens_per_s_per_user",
+             "meets_targets")
+    return [f"{layout}<br>{gpus} GPUs, {conc} clients<br>TTFT {ttft:.0f} ms, TPOT {tpot:.2f} ms<br>{gpu:.0f} tok/s/GPU, "
+            f"{user:.1f} tok/s/user" + ("" if ok else "<br>misses the targets")
+            for layout, gpus, conc, ttft, tpot, gpu, user, ok in zip(*(column(n) for n in names))]
 
 
 def _range(intervals: dict, key: str, level: float = 0.80) -> str:
@@ -219,10 +238,9 @@ def report_html(path: Path, results: dict, breakdowns: dict) -> None:
     fig = make_subplots(rows=1 + n, cols=1, row_heights=[0.5] + [0.5 / max(n, 1)] * n, vertical_spacing=0.08,
                         subplot_titles=["Pareto frontier: throughput per GPU against per user", *breakdowns])
     for mode, res in results.items():
-        fig.add_trace(go.Scatter(x=[getattr(c, X_AXIS[0]) for c in res.candidates],
-                                 y=[getattr(c, Y_AXIS[0]) for c in res.candidates], mode="markers", name=f"{mode} candidates",
-                                 opacity=0.35, marker={"size": 6}, hovertext=[_hover(c) for c in res.candidates],
-                                 hoverinfo="text"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=_column(res.candidates, X_AXIS[0]), y=_column(res.candidates, Y_AXIS[0]),
+                                 mode="markers", name=f"{mode} candidates", opacity=0.35, marker={"size": 6},
+                                 hovertext=_hovers(res.candidates), hoverinfo="text"), row=1, col=1)
         front = sorted((res.candidates[i] for i in res.frontier), key=lambda c: getattr(c, X_AXIS[0]))
         # the frontier's points carry their 80% prediction intervals as error bars
         fig.add_trace(go.Scatter(x=[getattr(c, X_AXIS[0]) for c in front], y=[getattr(c, Y_AXIS[0]) for c in front],
