@@ -70,3 +70,22 @@ def test_recommend_on_the_synthetic_pack(synth):
     assert recs[0].gpus == want
     assert recs[0].capacity_requests_per_s >= rate
     assert [r.gpus for r in recs] == sorted(r.gpus for r in recs)
+
+
+@pytest.mark.parametrize("load", [{"rate": 50.0}, {"clients": 37}])
+def test_recommend_deployment_ranks_every_option_of_both_modes(synth, load):
+    """recommend_deployment picks its top options from the candidates' columns: the same
+    recommendations, in the same order, as building every option (``options``) of each mode and
+    sorting them all by (GPUs, most headroom, lowest TTFT), earlier first on a tie."""
+    from infercast.search import search_disagg
+
+    kw = dict(systems_path=synth.systems_dir, concurrencies=[1, 4, 16, 64])
+    results = {"agg": search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, **kw),
+               "disagg": search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, max_gpus=4, **kw)}
+    every = [r for mode, res in results.items() for r in options(list(res.candidates), mode, **load)]
+    head = "clients" in load
+    every.sort(key=lambda r: (r.gpus, -(r.capacity_clients if head else r.capacity_requests_per_s), r.unit["ttft_ms"]))
+    got = recommend_deployment(results, top=7, **load)
+    assert len(got) == min(7, len(every)) >= 3
+    assert [{**r.to_dict(), "intervals": None} for r in got] == [{**r.to_dict(), "intervals": None} for r in every[:7]]
+    assert all(r.intervals for r in got)

@@ -31,6 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 
+import numpy as np
+
 from ..errors import InvalidInputError
 
 
@@ -70,12 +72,7 @@ def options(candidates: list, mode: str, *, rate: float | None = None, clients: 
 
 def _options(candidates: list, mode: str, *, rate: float | None, clients: int | None) -> list[tuple[Recommendation, object]]:
     """:func:`options` unsorted, each with the candidate it was built from."""
-    if (rate is None) == (clients is None):
-        raise InvalidInputError("give exactly one load: a request rate or a number of clients")
-    if rate is not None and not (math.isfinite(rate) and rate > 0):
-        raise InvalidInputError(f"the request rate must be a positive number of requests/s, got {rate}")
-    if clients is not None and not (isinstance(clients, int) and clients > 0):
-        raise InvalidInputError(f"the number of clients must be a positive integer, got {clients}")
+    _check_load(rate, clients)
     out = []
     for c in candidates:
         if not c.meets_targets or not (c.request_latency_ms > 0):
@@ -119,7 +116,58 @@ def recommend_deployment(results: dict, *, rate: float | None = None, clients: i
     """The ``top`` best ways to serve the load across the modes of ``results`` ({mode:
     SearchResult}), fewest GPUs first, each with its prediction intervals
     (:func:`recommendation_intervals`)."""
-    merged: list[tuple] = []
+    _check_load(rate, clients)
+    # every option's ranking key from the candidates' columns; Recommendations built for the top only
+    keys, where = [], []
     for mode, res in results.items():
-        merged += [(r, c, res) for r, c in _options(res.candidates, mode, rate=rate, clients=clients)]
-    return [replace(r, intervals=recommendation_intervals(r, c, res)) for r, c, res in _ranked(merged, clients)[:top]]
+        k = _option_keys(res.candidates, rate=rate, clients=clients)
+        keys.append(k)
+        where += [(mode, res, int(i)) for i in k[3]]
+    if not where:
+        return []
+    gpus, headroom, ttft, _ = (np.concatenate([k[j] for k in keys]) for j in range(4))
+    if np.isnan(headroom).any() or np.isnan(ttft).any():  # Python's tuple order, as _ranked sorts
+        order = sorted(range(len(where)), key=lambda j: (gpus[j], headroom[j], ttft[j]))
+    else:
+        order = np.lexsort((np.arange(len(where)), ttft, headroom, gpus)).tolist()
+    out = []
+    for j in order[:top]:
+        mode, res, i = where[j]
+        r, c = _options([res.candidates[i]], mode, rate=rate, clients=clients)[0]
+        out.append(replace(r, intervals=recommendation_intervals(r, c, res)))
+    return out
+
+
+def _option_keys(candidates, *, rate: float | None, clients: int | None) -> tuple:
+    """For the candidates that meet their targets, :func:`_ranked`'s key parts as arrays (GPUs in
+    all, minus the headroom, TTFT) and their indices: the same numbers :func:`_options` works out
+    one candidate at a time, on columns (a search may have a million candidates)."""
+    column = getattr(candidates, "column", None)
+    if column is None:
+        from .candidates import Candidates
+
+        column = Candidates(candidates).column
+    ok = np.asarray(column("meets_targets"), dtype=bool)
+    lat = np.asarray(column("request_latency_ms"), dtype=float)
+    idx = np.flatnonzero(ok & (lat > 0))
+    conc = np.asarray(column("concurrency"), dtype=np.int64)[idx]
+    units = np.asarray(column("gpus"), dtype=np.int64)[idx]
+    ttft = np.asarray(column("ttft_ms"), dtype=float)[idx]
+    rps = conc.astype(float) / (lat[idx] / 1000.0)
+    if clients is not None:
+        copies = np.maximum(np.ceil(clients / conc), 1).astype(np.int64)
+        headroom = -(copies * conc).astype(float)
+    else:
+        copies = np.maximum(np.ceil(rate / rps - 1e-12), 1).astype(np.int64)
+        headroom = -(copies * rps)
+    return copies * units, headroom, ttft, idx
+
+
+def _check_load(rate: float | None, clients: int | None) -> None:
+    """Exactly one load, and a valid one (:class:`InvalidInputError` otherwise)."""
+    if (rate is None) == (clients is None):
+        raise InvalidInputError("give exactly one load: a request rate or a number of clients")
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise InvalidInputError(f"the request rate must be a positive number of requests/s, got {rate}")
+    if clients is not None and not (isinstance(clients, int) and clients > 0):
+        raise InvalidInputError(f"the number of clients must be a positive integer, got {clients}")
