@@ -108,7 +108,8 @@ def test_search_on_the_synthetic_pack(synth):
 
 def test_search_stops_each_layout_at_its_saturation(synth):
     """With ``cap_concurrency`` (the command line's setting) and the default grid, a layout's
-    concurrencies stop at the first whose steady state is held by a cap of the engine: the points
+    concurrencies (in an aggregated search, and in a fixed-GPU search's aggregated part) stop at
+    the first whose steady state is held by a cap of the engine: the points
     after it are left out and counted as refused; each of them is saturated too (the run without
     the stop shows it), their throughput creeping towards the plateau by a few percent at most while
     the TTFT grows with every client."""
@@ -127,6 +128,20 @@ def test_search_stops_each_layout_at_its_saturation(synth):
         assert all(c.bound in SATURATED_BOUNDS for c in every[len(got):])
         assert all(c.tokens_per_s_per_gpu <= got[-1].tokens_per_s_per_gpu * 1.05 for c in every[len(got):])
         assert all(c.ttft_ms > 2 * got[-1].ttft_ms for c in every[len(got):])
+        dropped += len(every) - len(got)
+    assert dropped > 0 and r.refused[f"agg candidate: {SATURATED}"] == dropped
+    # the aggregated layouts of a fixed-GPU search stop the same way
+    from infercast.search.fixed import search_fixed
+
+    kw = dict(systems_path=synth.systems_dir, gpus=4, refine=False)
+    r = search_fixed(sp.MODEL_ID, sp.SYSTEM, "trtllm", 8192, 64, cap_concurrency=True, **kw)
+    full = search_fixed(sp.MODEL_ID, sp.SYSTEM, "trtllm", 8192, 64, concurrencies=r.concurrencies, **kw)
+    agg = [c for c in r.candidates if not getattr(c, "prefill_layout", "")]
+    agg_full = [c for c in full.candidates if not getattr(c, "prefill_layout", "")]
+    dropped = 0
+    for lay in {c.layout for c in agg_full}:
+        got, every = [c for c in agg if c.layout == lay], [c for c in agg_full if c.layout == lay]
+        assert [c.bound in SATURATED_BOUNDS for c in got] == [False] * (len(got) - 1) + [True] and every[:len(got)] == got
         dropped += len(every) - len(got)
     assert dropped > 0 and r.refused[f"agg candidate: {SATURATED}"] == dropped
 

@@ -20,6 +20,7 @@ from ..errors import InfercastError
 from ..report.layout import plural
 from .parallel import check_jobs, run_parts
 from .run import (
+    SATURATED,
     Candidate,
     SearchResult,
     _count,
@@ -74,6 +75,7 @@ def search_fixed(
     times can reuse them. ``cap_concurrency``, ``refine``, ``prefix``, ``jobs``, ``progress`` (one part
     per aggregated layout, then one per decode layout): as :func:`~infercast.search.run.search_agg`'s."""
     from ..api import serve_agg_replica
+    from ..serving.agg import SATURATED_BOUNDS
     from ..serving.backends import scheduler_params
 
     n = int(_positive("gpus", gpus, int))
@@ -103,28 +105,40 @@ def search_fixed(
     holders += decode_holders(res, roles, n, max_workers, agg_params)
     conc = res.concurrencies = _fit_concurrencies(res, conc, concurrencies is not None, cap_concurrency, holders)
     refine = concurrencies is None if refine is None else refine
+    stop = cap_concurrency and concurrencies is None  # no default concurrency after a layout saturates
+
     def agg_part(lay: Layout, est, res: SearchResult) -> None:
         """``n / lay.gpus`` replicas of ``lay`` at each concurrency (with ``refine``, then the probes)."""
         replicas = n // lay.gpus
         label = lay.label if replicas == 1 else f"{replicas}x{lay.label}"
         words = est.layout_words if replicas == 1 else f"{plural(n, 'GPU')}: {replicas} replicas x ({est.layout_words})"
 
+        bound = [None]  # the bound of the last serving result
+
         def one(c: int) -> bool | None:
             _count(res, "agg candidate")
             per_replica = -(-c // replicas)
+            bound[0] = None
             try:
                 r, _ = serve_agg_replica(est, per_replica, res.isl, res.osl, agg_params, prefix=res.prefix)
             except InfercastError as exc:
                 refuse(res, f"{label}@c{c}", "agg candidate", str(exc), exc)
                 return None
+            bound[0] = r.bound
             r.tokens_per_s_per_gpu *= c / (per_replica * replicas)  # idle clients' share: replicas hold fewer
             cand = with_energy(Candidate(*_fields(res, label, est, n, c, r, r.bound, words)), est, r, res.osl)
             res.candidates.append(cand)
             return cand.meets_targets
 
-        ok = {c: one(c) for c in conc}
+        ok: dict[int, bool | None] = {}
+        for j, c in enumerate(conc):
+            ok[c] = one(c)
+            if stop and bound[0] in SATURATED_BOUNDS and j + 1 < len(conc):  # as search_agg's layouts
+                why = f"agg candidate: {SATURATED}"
+                res.refused[why] = res.refused.get(why, 0) + len(conc) - j - 1
+                break
         if refine:
-            refine_concurrency(one, conc, ok.get)
+            refine_concurrency(one, list(ok), ok.get)
 
     prefills = list(roles["prefill"].items())
 
