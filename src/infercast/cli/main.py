@@ -1405,6 +1405,8 @@ def run() -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except ValueError:  # stdout closed: nothing left to write
+        pass
     try:
         sys.stderr.flush()
     except (BrokenPipeError, ValueError):
