@@ -59,11 +59,9 @@ def ranked(candidates: list, top: int) -> list:
     the top rows are different deployments rather than one layout at several client counts.
     ``candidates``: a list, or a search's :class:`~infercast.search.candidates.Candidates` (read
     by column: only the chosen candidates are made into objects)."""
-    column = getattr(candidates, "column", None)
-    if column is None:
-        from ..search.candidates import Candidates
+    from ..search.candidates import column_reader
 
-        column = Candidates(candidates).column
+    column = column_reader(candidates)
     meets, per_gpu = column("meets_targets"), column("tokens_per_s_per_gpu")
     ok = sorted((i for i, m in enumerate(meets) if m), key=lambda i: -per_gpu[i])
     out: list = []
@@ -175,15 +173,16 @@ def pareto_png(path: Path, results: dict) -> None:
 
 def _column(candidates, name: str) -> np.ndarray:
     """Field ``name`` of every candidate as a float array (read by column: no candidate object made)."""
-    column = getattr(candidates, "column", None)
-    return np.asarray(column(name) if column is not None else [getattr(c, name) for c in candidates], dtype=float)
+    from ..search.candidates import column_reader
+
+    return np.asarray(column_reader(candidates)(name), dtype=float)
 
 
 def _hovers(candidates) -> list[str]:
     """:func:`_hover` of every candidate (without intervals), from the candidates' columns."""
-    column = getattr(candidates, "column", None)
-    if column is None:
-        return [_hover(c) for c in candidates]
+    from ..search.candidates import column_reader
+
+    column = column_reader(candidates)
     names = ("layout", "gpus", "concurrency", "ttft_ms", "tpot_ms", "tokens_per_s_per_gpu", "tokens_per_s_per_user",
              "meets_targets")
     return [f"{layout}<br>{gpus} GPUs, {conc} clients<br>TTFT {ttft:.0f} ms, TPOT {tpot:.2f} ms<br>{gpu:.0f} tok/s/GPU, "

@@ -16,7 +16,7 @@ list of objects it stands for.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import fields
 from functools import lru_cache
 from operator import attrgetter, itemgetter
@@ -177,3 +177,10 @@ class Candidates(Sequence):
 
     def __repr__(self) -> str:
         return f"Candidates({len(self)} candidates in {len(self._runs)} runs)"
+
+
+def column_reader(candidates) -> Callable[[str], list]:
+    """``candidates.column`` for a :class:`Candidates`; for any other sequence of candidate
+    objects, the same reader over them (a field of every candidate, in order)."""
+    column = getattr(candidates, "column", None)
+    return column if column is not None else Candidates(candidates).column

@@ -20,7 +20,6 @@ from ..errors import InfercastError
 from ..report.layout import plural
 from .parallel import check_jobs, run_parts
 from .run import (
-    SATURATED,
     Candidate,
     SearchResult,
     _count,
@@ -37,6 +36,7 @@ from .run import (
     rank_capacity,
     refine_concurrency,
     refuse,
+    stop_at_saturation,
     with_energy,
 )
 from .space import Layout, layouts
@@ -75,7 +75,6 @@ def search_fixed(
     times can reuse them. ``cap_concurrency``, ``refine``, ``prefix``, ``jobs``, ``progress`` (one part
     per aggregated layout, then one per decode layout): as :func:`~infercast.search.run.search_agg`'s."""
     from ..api import serve_agg_replica
-    from ..serving.agg import SATURATED_BOUNDS
     from ..serving.backends import scheduler_params
 
     n = int(_positive("gpus", gpus, int))
@@ -133,9 +132,7 @@ def search_fixed(
         ok: dict[int, bool | None] = {}
         for j, c in enumerate(conc):
             ok[c] = one(c)
-            if stop and bound[0] in SATURATED_BOUNDS and j + 1 < len(conc):  # as search_agg's layouts
-                why = f"agg candidate: {SATURATED}"
-                res.refused[why] = res.refused.get(why, 0) + len(conc) - j - 1
+            if stop and stop_at_saturation(res, bound[0], j, conc):  # as search_agg's layouts
                 break
         if refine:
             refine_concurrency(one, list(ok), ok.get)

@@ -142,7 +142,7 @@ def iter_candidate_records(res: SearchResult) -> Iterator[dict]:
     band) rather than per candidate and figure (a search's ``--all`` and ``--save-dir`` write tens
     of thousands to a million of them). The same numbers: each end is the predicted value times
     the cell's factor, rounded as :class:`~infercast.serving.intervals.Interval` rounds it."""
-    from ..serving.intervals import FIGURES, band_of, condition, default_intervals, level_key, round_end
+    from ..serving.intervals import FIGURES, band_of, cell_words, condition, default_intervals, level_key, round_end
 
     table = default_intervals()
     templates: dict = {}  # (backend, mode, band) -> [(field, its position, ((level key, a, b), ...), cell, n)]
@@ -154,10 +154,7 @@ def iter_candidate_records(res: SearchResult) -> Iterator[dict]:
                                                                            "backend"))
         for row in rows:
             disagg = disagg_at is not None and bool(row[disagg_at])
-            conc = float(row[k_conc])
-            if not disagg:  # candidate_intervals: an agg candidate's clients of one replica
-                replicas = max(1, row[k_gpus] // max(1, row[k_tp] * row[k_pp] * row[k_adp]))
-                conc = float(-(-row[k_conc] // replicas))
+            conc = _interval_clients(disagg, row[k_conc], row[k_gpus], row[k_tp] * row[k_pp] * row[k_adp])
             backend, mode = row[k_backend] or res.backend, "disagg" if disagg else "agg"
             key = (backend, mode, band_of(conc), id(cls))
             tmpl = templates.get(key)
@@ -170,7 +167,7 @@ def iter_candidate_records(res: SearchResult) -> Iterator[dict]:
                     factors, used, n = table.factors("serving", metric, cond, invert)
                     tmpl.append((field_name, at[field_name],
                                  tuple((level_key(lv), a, b) for lv, (a, b) in sorted(factors.items())),
-                                 ", ".join(f"{k}={v}" for k, v in used.items()) or "all", n))
+                                 cell_words(used), n))
             d = dict(zip(names, row))
             ints = {}
             for field_name, k, levels, cell, n in tmpl:
@@ -190,6 +187,15 @@ def candidate_records(res: SearchResult) -> list[dict]:
     return list(iter_candidate_records(res))
 
 
+def _interval_clients(disagg: bool, concurrency: int, gpus: int, replica_gpus: int) -> float:
+    """The clients an interval cell is looked up by: a disaggregated deployment's, or one
+    replica's of an aggregated candidate of ``gpus`` GPUs in replicas of ``replica_gpus``."""
+    if disagg:
+        return float(concurrency)
+    replicas = max(1, gpus // max(1, replica_gpus))
+    return float(-(-concurrency // replicas))
+
+
 def candidate_intervals(c: Candidate, res: SearchResult) -> dict:
     """The 80% / 95% ranges of a candidate's figures (:func:`infercast.serving.intervals.serving_intervals`):
     its backend, agg or disagg, and the clients of one replica (an agg candidate of several
@@ -199,10 +205,7 @@ def candidate_intervals(c: Candidate, res: SearchResult) -> dict:
     from ..serving.intervals import default_intervals, serving_intervals
 
     disagg = bool(getattr(c, "prefill_layout", ""))
-    conc = float(c.concurrency)
-    if not disagg:
-        replicas = max(1, c.gpus // max(1, c.tp * c.pp * c.attention_dp))
-        conc = float(-(-c.concurrency // replicas))
+    conc = _interval_clients(disagg, c.concurrency, c.gpus, c.tp * c.pp * c.attention_dp)
     return serving_intervals(default_intervals(), c, backend=c.backend or res.backend, mode="disagg" if disagg else "agg",
                              concurrency=conc, osl=res.osl, share=None)
 
@@ -613,6 +616,19 @@ def _evaluate_part(est, lay: Layout, conc: list[int], params, refine: bool, stop
 SATURATED = "beyond the layout's saturation (more clients only queue)"
 
 
+def stop_at_saturation(res: SearchResult, bound: str | None, j: int, conc: list[int]) -> bool:
+    """Whether an aggregated layout's grid ``conc`` stops after its ``j``-th concurrency, whose
+    serving result is held by ``bound`` (:data:`~infercast.serving.agg.SATURATED_BOUNDS`: the
+    engine's caps); if so, the concurrencies left are counted as refused (:data:`SATURATED`)."""
+    from ..serving.agg import SATURATED_BOUNDS
+
+    if bound not in SATURATED_BOUNDS or j + 1 >= len(conc):
+        return False
+    why = f"agg candidate: {SATURATED}"
+    res.refused[why] = res.refused.get(why, 0) + len(conc) - j - 1
+    return True
+
+
 def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refine: bool = False,
               stop_saturated: bool = False) -> None:
     """Add ``lay`` (estimator ``est``) at each concurrency of ``conc`` to ``res`` (with ``refine``,
@@ -626,7 +642,6 @@ def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refi
     (:data:`SATURATED`), as a disaggregated deployment's concurrencies stop at the first whose
     decode batch overflows its KV cache."""
     from ..api import serve_agg_replica
-    from ..serving.agg import SATURATED_BOUNDS
 
     ok: dict[int, bool | None] = {}
     # one serving run per clients-per-rank count (with attention DP several concurrencies share one)
@@ -652,9 +667,7 @@ def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refi
         ok[c] = one(c)
         if ok[c] is None and c == conc[0]:
             return  # not even the fewest clients fit: the layout does not serve this workload
-        if stop_saturated and bound[0] in SATURATED_BOUNDS and j + 1 < len(conc):
-            why = f"agg candidate: {SATURATED}"
-            res.refused[why] = res.refused.get(why, 0) + len(conc) - j - 1
+        if stop_saturated and stop_at_saturation(res, bound[0], j, conc):
             break
     if refine:
         refine_concurrency(one, list(ok), ok.get)
@@ -994,9 +1007,7 @@ class DisaggGroup:
                    f"{kv_cap[k]:.0f} of {res.isl}+{res.osl} tokens", "decode KV cache overflows")
         status = [None if o else bool(m) for o, m in zip(over.tolist(), ok.tolist())]
         keep = None if not over.any() else np.flatnonzero(~over)
-
-        def pick(values) -> list:
-            return values if keep is None else np.asarray(values, dtype=object)[keep].tolist()
+        pick = partial(_take, keep=keep)
 
         per_dep = np.asarray([(w[0], w[1], w[2], self._prefill_labels[d[0]], d[1], d[2], self._prefill_cps[d[0]])
                               for d, w in zip(deployments, words)], dtype=object)[dep if keep is None else dep[keep]]
@@ -1013,6 +1024,11 @@ class DisaggGroup:
             desc, repeat(backend, m), repeat(None, m), repeat(None, m), repeat(self._decode_cp, m),
             plabels, pws, repeat(dlabel, m), dws, util, pcps)))
         return status
+
+
+def _take(values: list, keep: np.ndarray | None) -> list:
+    """The elements of list ``values`` at the positions ``keep`` (None: all of them, as they are)."""
+    return values if keep is None else np.asarray(values, dtype=object)[keep].tolist()
 
 
 def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: list[list[tuple[int, int]]],
@@ -1053,17 +1069,13 @@ def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: l
         return
     # a deployment's concurrencies are added up to the first whose decode batch overflows the KV
     # cache (refused: more clients only grow the decode batch), the rest left out
-    over = (np.asarray(cols["decode_batch"], dtype=float) > np.asarray(cols["decode_kv_capacity"], dtype=float)).reshape(-1, L)
+    over = group.verdicts(cols)[0].reshape(-1, L)
     first = np.where(over.any(axis=1), over.argmax(axis=1), L)  # the first overflow (L: none)
     added = np.arange(L)[None, :] <= first[:, None]
     counts_added = np.minimum(first + 1, L)
-    if added.all():
-        sub, c_added = cols, cs_all.tolist()
-    else:
-        keep = np.flatnonzero(added.ravel())
-        sub = {name: np.asarray(v, dtype=object)[keep].tolist() for name, v in cols.items()}
-        c_added = cs_all[keep].tolist()
-    status = group.add_blocks(deployments, counts_added.tolist(), c_added, sub)
+    keep = None if added.all() else np.flatnonzero(added.ravel())
+    status = group.add_blocks(deployments, counts_added.tolist(), _take(cs_all.tolist(), keep),
+                              {name: _take(v, keep) for name, v in cols.items()})
     if not refine:
         return
     # where a deployment's answers flip from meeting the targets to missing them between two
@@ -1101,8 +1113,7 @@ def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: l
                 take.append(n)
             start += n
         keep = np.concatenate([np.arange(b, b + t) for b, t in zip(np.cumsum([0] + reps[:-1]).tolist(), take)])
-        sub = {name: np.asarray(v, dtype=object)[keep].tolist() for name, v in cols.items()}
-        status = group.add_blocks(keys, take, np.asarray(flat_c)[keep].tolist(), sub)
+        status = group.add_blocks(keys, take, _take(flat_c, keep), {name: _take(v, keep) for name, v in cols.items()})
         pos = 0
         for key, t in zip(keys, take):
             lo, hi = brackets.pop(key)

@@ -142,11 +142,9 @@ def _option_keys(candidates, *, rate: float | None, clients: int | None) -> tupl
     """For the candidates that meet their targets, :func:`_ranked`'s key parts as arrays (GPUs in
     all, minus the headroom, TTFT) and their indices: the same numbers :func:`_options` works out
     one candidate at a time, on columns (a search may have a million candidates)."""
-    column = getattr(candidates, "column", None)
-    if column is None:
-        from .candidates import Candidates
+    from .candidates import column_reader
 
-        column = Candidates(candidates).column
+    column = column_reader(candidates)
     ok = np.asarray(column("meets_targets"), dtype=bool)
     lat = np.asarray(column("request_latency_ms"), dtype=float)
     idx = np.flatnonzero(ok & (lat > 0))

@@ -174,10 +174,15 @@ class Interval:
         return Interval({lv: (value * of / hi, value * of / lo) for lv, (lo, hi) in self.ranges.items()}, self.cell, self.n)
 
     def to_dict(self) -> dict:
-        out = {f"p{round(100 * lv)}": [round_end(lo), round_end(hi)] for lv, (lo, hi) in sorted(self.ranges.items())}
-        out["cell"] = ", ".join(f"{k}={v}" for k, v in self.cell.items()) or "all"
+        out = {level_key(lv): [round_end(lo), round_end(hi)] for lv, (lo, hi) in sorted(self.ranges.items())}
+        out["cell"] = cell_words(self.cell)
         out["n"] = self.n
         return out
+
+
+def cell_words(cell: dict[str, str]) -> str:
+    """A cell's keys as reports name it (``"backend=vllm, mode=agg"``; ``"all"`` for none)."""
+    return ", ".join(f"{k}={v}" for k, v in cell.items()) or "all"
 
 
 def round_end(x: float) -> float:
