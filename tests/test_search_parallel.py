@@ -80,6 +80,45 @@ def test_disagg_search_on_workers_equals_one_process(synth, forks):
     _same(one, many)
 
 
+@needs_fork
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_search_both_shares_one_pool_and_equals_two_searches(synth, jobs, forks):
+    """search_both (search --mode both): the aggregated and disaggregated searches' parts on one
+    pool (one fork of the workers, not one per search), each result equal to its own search's."""
+    from infercast.search.run import search_both, sharing_estimators
+
+    kw = dict(systems_path=synth.systems_dir, max_gpus=8, tpot_max_ms=2.0)
+    agg = search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, jobs=1, **kw)
+    dis = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, jobs=1, max_workers=4, **kw)
+    assert forks == []
+    seen = []
+    with sharing_estimators():
+        both = search_both(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, jobs=jobs, disagg_kw={"max_workers": 4},
+                           progress=lambda done, total: seen.append((done, total)), **kw)
+    assert forks == ([] if jobs == 1 else [2])  # one pool for both searches
+    assert list(both) == ["agg", "disagg"]
+    _same(agg, both["agg"])
+    _same(dis, both["disagg"])
+    parts = seen[-1][1]
+    assert seen[-1] == (parts, parts) and [d for d, _ in seen] == list(range(1, parts + 1))
+
+
+def test_run_groups_merges_each_group_in_its_parts_order():
+    """Parts of several groups, taken longest first over all groups: each group's additions
+    merged in its own parts' order, whatever order they ran in."""
+    a, b = SearchResult("m", "s", "x", "v", 1, 1, 1, None, None), SearchResult("m", "s", "x", "v", 1, 1, 1, None, None)
+
+    def part(tag):
+        return lambda res: res.skipped.update({tag: tag})
+
+    parallel.run_groups([(a, [part("a0"), part("a1")], [1.0, 9.0]), (b, [part("b0")], [5.0])], jobs=1)
+    assert list(a.skipped) == ["a0", "a1"] and list(b.skipped) == ["b0"]
+    if parallel.fork_available():
+        a2, b2 = (SearchResult("m", "s", "x", "v", 1, 1, 1, None, None) for _ in range(2))
+        parallel.run_groups([(a2, [part("a0"), part("a1")], [1.0, 9.0]), (b2, [part("b0")], [5.0])], jobs=2)
+        assert list(a2.skipped) == ["a0", "a1"] and list(b2.skipped) == ["b0"]
+
+
 def test_serial_path_is_the_plain_loop(synth, monkeypatch):
     """One worker (or one part) never forks: the parts run on the result itself."""
     def no_pool(*a, **k):
@@ -124,7 +163,7 @@ def test_search_cli_jobs(synth, capsys, forks):
     assert main([*argv, "--jobs", "1"]) == 0
     one = capsys.readouterr().out
     assert main([*argv, "--jobs", "2"]) == 0
-    assert capsys.readouterr().out == one and forks == [2, 2]  # the agg search, then the disagg one
+    assert capsys.readouterr().out == one and forks == [2]  # both searches' parts on one pool
     assert json.loads(one)["disagg"]["candidates"]
     assert main([*argv, "--jobs", "0"]) == 2
     err = capsys.readouterr().err
@@ -152,7 +191,7 @@ def test_recommend_cli_jobs(synth, capsys, forks):
     assert main([*argv, "--jobs", "1"]) == 0
     one = capsys.readouterr().out
     assert main([*argv, "--jobs", "2"]) == 0
-    assert capsys.readouterr().out == one and json.loads(one)["recommendations"] and forks == [2, 2]
+    assert capsys.readouterr().out == one and json.loads(one)["recommendations"] and forks == [2]  # one pool, both modes
     assert main([*argv, "--jobs", "-1"]) == 2
     assert "jobs must be a positive integer" in capsys.readouterr().err
 
@@ -168,10 +207,11 @@ def test_search_progress_on_stderr(synth, capsys, jobs):
     out, err = capsys.readouterr()
     json.loads(out)
     lines = err.splitlines()
-    assert any(x.startswith("infercast search: ") and "[aggregated layouts]" in x for x in lines)
-    assert any("[decode layouts (disaggregated)]" in x for x in lines)
-    assert lines[-1].startswith("infercast search: 2/2 layouts (100%) in ") and lines[-1].endswith("[decode layouts (disaggregated)]")
-    assert any(x.startswith("infercast search: 5/5 layouts (100%) in ") and x.endswith("[aggregated layouts]") for x in lines)
+    # both searches' parts together (one pool): 5 aggregated layouts and 2 decode layouts
+    assert lines[0].startswith("infercast search: ") and lines[0].endswith("[aggregated and decode layouts]")
+    assert lines[-1].startswith("infercast search: 7/7 layouts (100%) in ") and lines[-1].endswith("[aggregated and decode layouts]")
+    assert main([*argv[:argv.index("both")], "agg", *argv[argv.index("both") + 1:], "--progress"]) == 0
+    assert capsys.readouterr().err.splitlines()[-1].startswith("infercast search: 5/5 layouts (100%) in ")
     assert main([*argv, "--quiet"]) == 0
     assert capsys.readouterr().err == ""
 
@@ -211,8 +251,8 @@ def test_fixed_gpu_search_on_workers_equals_one_process(synth, forks):
 
 @needs_fork
 def test_exp_searches_fork_their_workers_when_run_here(synth, forks, tmp_path, capsys):
-    """``exp`` run in this process: each search forks its workers (its progress display runs no
-    thread); the same outcome as one process per search."""
+    """``exp`` run in this process: the searches fork their workers (one pool for both modes; its
+    progress display runs no thread); the same outcome as one process per search."""
     from infercast.exp import parse_experiments
     from infercast.exp.run import run_one
 
@@ -233,7 +273,7 @@ experiments:
     assert main(["exp", str(f), "--systems-path", str(synth.systems_dir), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)["results"]
     n = parallel.workers_for(None, 10)  # the default: the usable CPUs, at most 4
-    assert forks == ([n, n] if n > 1 else [])  # the agg search's pool, then the disagg one's
+    assert forks == ([n] if n > 1 else [])  # one pool for both searches' parts
     (exp,) = parse_experiments(text)
     alone = run_one((exp, sp.SYSTEM, "trtllm", synth.systems_dir, 1)).to_dict()
     assert json.loads(json.dumps(alone, default=str)) == got[0]

@@ -362,7 +362,7 @@ def cmd_search(a) -> int:
     from functools import partial
 
     from ..report.json_text import Records
-    from ..search.run import candidate_dict, iter_candidate_records, sharing_estimators
+    from ..search.run import candidate_dict, iter_candidate_records, search_both, sharing_estimators
 
     conc = None
     if a.concurrency:
@@ -419,13 +419,22 @@ def cmd_search(a) -> int:
     # --mode both: each layout compiled once for both searches; the bar draws without a refresh
     # thread, so that the searches may fork their workers (--jobs)
     with sharing_estimators(), RowProgress(a.progress, command="search", unit="layouts", refresh=False) as bar:
+        if mode == "both" and backends is None:
+            # one set of worker processes for both searches (search_both): the same results
+            roles = {"scheduler_roles": kw["scheduler_roles"]} if "scheduler_roles" in kw else {}
+            results.update(search_both(a.model, a.system, a.backend, a.isl, a.osl, jobs=a.jobs, disagg_kw=roles,
+                                       progress=lambda done, total: bar.update(
+                                           done, total, "aggregated and decode layouts"),
+                                       **{k: v for k, v in kw.items() if k != "scheduler_roles"}))
         for m, fn in (("agg", search_agg), ("disagg", search_disagg), ("fixed", search_fixed)):
             if mode in (m, "both") and not (m == "fixed" and mode == "both"):
                 mkw = kw if m == "disagg" else {k: v for k, v in kw.items() if k != "scheduler_roles"}
                 words = {"agg": "aggregated layouts", "disagg": "decode layouts (disaggregated)",
                          "fixed": "aggregated and decode layouts"}[m]
                 mkw = {**mkw, "jobs": a.jobs, "progress": lambda done, total, w=words: bar.update(done, total, w)}
-                if backends is None:
+                if m in results:  # searched above
+                    res = results[m]
+                elif backends is None:
                     res = results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, **mkw)
                 else:
                     res, per_backend[m] = search_backends(fn, a.model, a.system, backends, a.isl, a.osl, **mkw)

@@ -29,7 +29,7 @@ def _progress(quiet: bool, refresh: bool = True):
 
 def cmd_recommend(a) -> int:
     from ..search import search_agg, search_disagg
-    from ..search.run import sharing_estimators
+    from ..search.run import search_both, sharing_estimators
     from ..search.sizing import recommend_deployment
 
     if (a.rate is None) == (a.clients is None):
@@ -69,7 +69,14 @@ def cmd_recommend(a) -> int:
     with _progress(a.quiet, refresh=False) as prog, sharing_estimators():
         task = prog.add_task("searching", total=len(modes))
         prog.refresh()
+        if len(modes) == 2:  # both searches' parts on one set of workers (search_both)
+            results.update(search_both(a.model, a.system, a.backend, a.isl, a.osl, max_gpus=a.max_gpus,
+                                       cap_concurrency=True, jobs=a.jobs, **kw))
+            prog.advance(task, 2)
+            prog.refresh()
         for m in modes:
+            if m in results:
+                continue
             fn = search_agg if m == "agg" else search_disagg
             extra = {"decode_system": a.decode_system} if m == "disagg" and a.decode_system else {}
             results[m] = fn(a.model, a.system, a.backend, a.isl, a.osl, max_gpus=a.max_gpus, cap_concurrency=True,

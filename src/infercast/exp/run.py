@@ -94,7 +94,7 @@ def _search(exp: Experiment, system: str, backend: str, kw: dict, jobs: int | No
     """The experiment's searches; ``jobs``: their worker processes (:mod:`infercast.search.parallel`).
     Both modes share each layout's estimator (:func:`~infercast.search.run.sharing_estimators`)."""
     from ..search import search_agg, search_disagg, search_fixed
-    from ..search.run import sharing_estimators
+    from ..search.run import search_both, sharing_estimators
 
     common = dict(concurrencies=exp.concurrency, ttft_max_ms=exp.targets.ttft_ms, tpot_max_ms=exp.targets.tpot_ms,
                   backend_version=exp.backend_version, prefix=exp.prefix, jobs=jobs, **kw)
@@ -110,13 +110,16 @@ def _search(exp: Experiment, system: str, backend: str, kw: dict, jobs: int | No
             params = replace(scheduler_params(backend, base.data.system, base.spec), **overrides)
         out["fixed"] = search_fixed(exp.model, system, backend, exp.isl, exp.osl, gpus=exp.gpus, params=params, **common)
         return out
+    mode_kw = dict(max_gpus=exp.max_gpus, scheduler=overrides or None, **({"cps": exp.cp_list} if exp.cp_list else {}),
+                   **common)
     with sharing_estimators():
+        if exp.mode == "both":  # both searches' parts on one set of workers
+            return search_both(exp.model, system, backend, exp.isl, exp.osl,
+                               disagg_kw={"scheduler_roles": exp.role_overrides()}, **mode_kw)
         for mode, fn in (("agg", search_agg), ("disagg", search_disagg)):
-            if exp.mode in (mode, "both"):
+            if exp.mode == mode:
                 roles = {"scheduler_roles": exp.role_overrides()} if mode == "disagg" else {}
-                out[mode] = fn(exp.model, system, backend, exp.isl, exp.osl, max_gpus=exp.max_gpus,
-                               scheduler=overrides or None, **roles, **({"cps": exp.cp_list} if exp.cp_list else {}),
-                               **common)
+                out[mode] = fn(exp.model, system, backend, exp.isl, exp.osl, **roles, **mode_kw)
     return out
 
 

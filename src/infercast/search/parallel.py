@@ -3,7 +3,9 @@
 A search is a list of *parts* that do not depend on each other: an aggregated search evaluates
 each layout at its concurrencies (one part per layout), a disaggregated search solves the
 deployments of each decode layout together (one part per decode layout). Each part adds
-candidates, refusals and counts to a :class:`~infercast.search.run.SearchResult`.
+candidates, refusals and counts to a :class:`~infercast.search.run.SearchResult`. Several
+searches' parts can share one set of workers (:func:`run_groups`: ``search --mode both`` runs the
+aggregated and disaggregated searches' parts together, the longest of either first).
 :func:`run_parts` runs them either in this process one after another, adding to the result
 directly, or on ``jobs`` worker processes *forked* from this one, so that the workers start with
 everything this process has built (the parsed tables, the layouts' estimators and their compiled
@@ -42,7 +44,8 @@ Part = Callable[[object], None]
 
 #: the parts of the :func:`run_parts` call in progress, read by the forked workers
 _PARTS: Sequence[Part] = ()
-_RESULT = None
+#: the result each part of :data:`_PARTS` fills (an empty copy of it, in a worker)
+_RESULT: Sequence = ()
 
 
 def fork_available() -> bool:
@@ -94,22 +97,34 @@ def run_parts(res, parts: Sequence[Part], jobs: int | None = None, cost: Sequenc
     expected work; the workers take the parts in decreasing cost, so that the longest do not
     start last (the merge still follows the parts' order). ``on_done(done, total)``: called in
     this process as each part finishes (progress)."""
+    run_groups([(res, parts, cost)], jobs, on_done)
+
+
+def run_groups(groups: Sequence[tuple], jobs: int | None = None, on_done: Callable[[int, int], None] | None = None) -> None:
+    """:func:`run_parts` of several searches at once: ``groups`` is a sequence of ``(res, parts,
+    cost)``, each part filling its own group's ``res``. All the groups' parts share one set of
+    workers, taken in decreasing cost over every group (the costs of all groups in one unit), so
+    one search's long parts overlap another's short ones; each group's result is merged in its
+    parts' order, as :func:`run_parts` would. ``on_done(done, total)`` counts every group's parts."""
     global _PARTS, _RESULT
 
-    n = workers_for(jobs, len(parts))
+    flat = [(res, part) for res, parts, _ in groups for part in parts]
+    costs = [c for _, parts, cost in groups for c in (cost if cost is not None else [0.0] * len(parts))]
+    n = workers_for(jobs, len(flat))
     if n == 1:
         with paused_gc():  # once for all the parts: each resumption would pass over the candidates so far
-            for i, part in enumerate(parts):
+            for i, (res, part) in enumerate(flat):
                 part(res)
                 if on_done is not None:
-                    on_done(i + 1, len(parts))
+                    on_done(i + 1, len(flat))
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
-    order = sorted(range(len(parts)), key=lambda i: -cost[i]) if cost is not None else list(range(len(parts)))
-    _PARTS, _RESULT = parts, res
+    # decreasing cost, ties in the parts' order (sorted is stable)
+    order = sorted(range(len(flat)), key=lambda i: -costs[i])
+    _PARTS, _RESULT = [part for _, part in flat], [res for res, _ in flat]
     done: dict = {}
     # the objects built so far are never garbage the workers collect: frozen, the workers' collector
     # neither scans them nor writes to their pages (which the workers share with this process)
@@ -121,15 +136,15 @@ def run_parts(res, parts: Sequence[Part], jobs: int | None = None, cost: Sequenc
                 i, got = fut.result()
                 done[i] = got
                 if on_done is not None:
-                    on_done(len(done), len(parts))
+                    on_done(len(done), len(flat))
     except BrokenProcessPool as exc:
-        raise WorkerError(f"a search worker process died before answering ({len(done)} of {len(parts)} parts done): "
+        raise WorkerError(f"a search worker process died before answering ({len(done)} of {len(flat)} parts done): "
                           "killed by the operating system? (out of memory)", "run it in one process: --jobs 1") from exc
     finally:
-        _PARTS, _RESULT = (), None
+        _PARTS, _RESULT = (), ()
         gc.unfreeze()
     with paused_gc():
-        for i in range(len(parts)):
+        for i, (res, _) in enumerate(flat):
             _merge(res, done[i])
 
 
@@ -160,7 +175,7 @@ def _run_one(i: int):
     """In a worker: part ``i`` on an empty copy of the result; its additions as plain data (the
     candidates as rows of field values, a run per class: far cheaper to send back than the
     objects, and kept as rows in this process too: :class:`~infercast.search.candidates.Candidates`)."""
-    sub = _empty_copy(_RESULT)
+    sub = _empty_copy(_RESULT[i])
     with paused_gc():
         _PARTS[i](sub)
     return i, (sub.candidates.runs(), sub.skipped, sub.evaluated, sub.refused)

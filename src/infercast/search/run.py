@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import InfercastError, InvalidConfigError, InvalidInputError, WorkerError
 from ..report.layout import plural
 from .candidates import Candidates, field_names
-from .parallel import check_jobs, run_parts
+from .parallel import check_jobs, run_groups, run_parts
 from .pareto import meets, pareto_front, recommend
 from .space import Layout, layouts, powers_of_two
 
@@ -271,6 +271,7 @@ def search_agg(
     prefix: int = 0,
     jobs: int | None = 1,
     progress=None,
+    _defer: list | None = None,
     **estimator_kw,
 ) -> SearchResult:
     """Evaluate every layout of at most ``max_gpus`` GPUs (default: one node) at each concurrency.
@@ -308,9 +309,33 @@ def search_agg(
         for lay, est in ests.items()))
     refine = concurrencies is None if refine is None else refine
     stop = cap_concurrency and concurrencies is None
-    run_parts(res, [partial(_evaluate_part, est, lay, conc, params, refine, stop) for lay, est in ests.items()],
-              jobs, cost=[len(conc)] * len(ests), on_done=progress)
+    return _run_or_defer(res, [partial(_evaluate_part, est, lay, conc, params, refine, stop) for lay, est in ests.items()],
+                         [len(conc)] * len(ests), jobs, progress, _defer)
+
+
+def _run_or_defer(res: SearchResult, parts: list, cost: list, jobs, progress, defer: list | None) -> SearchResult:
+    """Run a search's parts and finish it (its frontier and best), or, with ``defer`` (a list,
+    :func:`search_both`), leave them there as ``(res, parts, cost)`` and answer the unfinished result."""
+    if defer is not None:
+        defer.append((res, parts, cost))
+        return res
+    run_parts(res, parts, jobs, cost=cost, on_done=progress)
     return _finish(res)
+
+
+def search_both(model: str, system: str, backend: str, isl: int, osl: int, *, jobs: int | None = 1, progress=None,
+                disagg_kw: dict | None = None, **kw) -> dict[str, SearchResult]:
+    """{"agg": :func:`search_agg`, "disagg": :func:`search_disagg`} with the same arguments
+    (``disagg_kw``: more for the disaggregated search alone), their parts run together on one set of
+    worker processes (:func:`~infercast.search.parallel.run_groups`): the longest parts of either
+    search start first, and no worker waits for the other search to begin. The same results as the
+    two calls one after the other; ``progress(done, total)`` counts both searches' parts."""
+    jobs = check_jobs(jobs)
+    groups: list = []
+    agg = search_agg(model, system, backend, isl, osl, _defer=groups, **kw)
+    dis = search_disagg(model, system, backend, isl, osl, _defer=groups, **kw, **(disagg_kw or {}))
+    run_groups(groups, jobs, on_done=progress)
+    return {"agg": _finish(agg), "disagg": _finish(dis)}
 
 
 def search_backends(search, model: str, system: str, backends: list[str], isl: int, osl: int, **kw) -> tuple[SearchResult, dict]:
@@ -742,6 +767,7 @@ def search_disagg(
     prefix: int = 0,
     jobs: int | None = 1,
     progress=None,
+    _defer: list | None = None,
     **estimator_kw,
 ) -> SearchResult:
     """Disaggregated deployments of at most ``max_gpus`` GPUs in all (default: two nodes): a
@@ -803,10 +829,9 @@ def search_disagg(
     # per decode layout, the worker counts with each prefill layout; a part's work grows with its
     # deployments x concurrencies
     counts = [[_worker_counts(pe.gpus, de.gpus, total, max_workers) for _, pe in prefills] for _, de in decodes]
-    run_parts(res, [partial(_decode_layout_part, prefills, dl, de, cs, total, conc, params, refine, params_d)
-                    for (dl, de), cs in zip(decodes, counts)], jobs,
-              cost=[len(conc) * sum(map(len, cs)) for cs in counts], on_done=progress)
-    return _finish(res)
+    return _run_or_defer(res, [partial(_decode_layout_part, prefills, dl, de, cs, total, conc, params, refine, params_d)
+                               for (dl, de), cs in zip(decodes, counts)],
+                         [len(conc) * sum(map(len, cs)) for cs in counts], jobs, progress, _defer)
 
 
 def _decode_layout_part(prefills: list, dl: Layout, de, counts: list[list[tuple[int, int]]], total: int,
