@@ -322,19 +322,20 @@ def _edge_exponents(axes, values, sol, borrow: bool, scales: tuple = ()) -> tupl
 
 
 def _locate(axis: np.ndarray, q: np.ndarray, scale: str):
-    """Index of the left neighbour and the weight of the right one (q clamped)."""
+    """Index of the left neighbour and the weight of the right one (q clamped). The axis is sorted
+    and its last two points differ (:class:`Grid` checks it), so the neighbours found (the last
+    of equal points on the left, the last interval at the top end) differ and the clamped query
+    lies in ``[x0, x1]``: the weight is exactly 0 on ``x0`` and exactly 1 on ``x1`` (``(x - x0) /
+    (x1 - x0)`` and its log twin), without a division by zero (a log axis is positive)."""
     qc = _clip(q, axis[0], axis[-1])
     if len(axis) == 1:
         return np.zeros(q.shape, dtype=np.intp), np.zeros(q.shape), qc
     i = _clip(axis.searchsorted(qc, side="right") - 1, 0, len(axis) - 2)
     x0, x1 = axis[i], axis[i + 1]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if scale == LOG:
-            inner = np.log(qc / x0) / np.log(x1 / x0)
-        else:
-            inner = (qc - x0) / (x1 - x0)
-        t = np.where(qc <= x0, 0.0, np.where(qc >= x1, 1.0, inner))
-    return i, t, qc
+    if scale == LOG:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return i, np.log(qc / x0) / np.log(x1 / x0), qc
+    return i, (qc - x0) / (x1 - x0), qc
 
 
 def _blend(v0, v1, t, scale: str):
@@ -393,7 +394,7 @@ def latency_rows(stack: tuple, q: np.ndarray) -> np.ndarray | None:
     i, t, qc = _locate(axis, q, scale)
     if (q != qc).any():
         return None
-    i1 = np.minimum(i + 1, len(axis) - 1)
+    i1 = i + 1 if len(axis) > 1 else i  # (_locate keeps i below the last point)
     if scale == TILE:
         return np.where(t == 0.0, V[:, i], np.where(t == 1.0, V[:, i1], _blend(K[:, i], K[:, i1], t, scale)))
     return _blend(V[:, i], V[:, i1], t, scale)
@@ -436,6 +437,9 @@ class Grid:
             x, self.values, self.prov = fill_pair_holes(self.axes[0], self.values, self.prov)
             self.axes = (x,)
             self._knots = robust_knots(self.values)
+        for a in self.axes:  # what _locate relies on
+            if a.ndim != 1 or (a.size > 1 and not ((a[1:] >= a[:-1]).all() and a[-1] > a[-2])):
+                raise ValueError(f"a grid axis must be a sorted 1-D array whose last two points differ, got {a!r}")
         self._py = (
             tuple(a.tolist() for a in self.axes),
             self.values.tolist(),
@@ -467,7 +471,7 @@ class Grid:
             sc = self.scales[0]
             n = len(self.axes[0])
             i, t, qc = _locate(self.axes[0], coords[0], sc)
-            i1 = np.minimum(i + 1, n - 1)
+            i1 = i + 1 if n > 1 else i  # (_locate keeps i below the last point)
             if sc == TILE:  # robust knots between grid points, the stored value on them
                 v = np.where(t == 0.0, self.values[i], np.where(t == 1.0, self.values[i1], _blend(self._knots[i], self._knots[i1], t, sc)))
             else:
@@ -480,7 +484,7 @@ class Grid:
             sa, sb = self.scales
             (i, ti, qa), (j, tj, qb) = _locate(self.axes[0], coords[0], sa), _locate(self.axes[1], coords[1], sb)
             ni, nj = len(self.axes[0]), len(self.axes[1])
-            i1, j1 = np.minimum(i + 1, ni - 1), np.minimum(j + 1, nj - 1)
+            i1, j1 = (i + 1 if ni > 1 else i), (j + 1 if nj > 1 else j)  # (_locate keeps them below the last points)
             V = self.values
             top = _blend(V[i, j], V[i1, j], ti, sa)
             bot = _blend(V[i, j1], V[i1, j1], ti, sa)

@@ -98,14 +98,22 @@ def donor_values(vals: np.ndarray) -> np.ndarray:
     return np.where(np.abs(vals / k - 1.0) > DONOR_CLIP, k, vals)
 
 
+def _measured_m(curves) -> np.ndarray:
+    """Every m any site of a lattice measured (its curves' points with a value), in one array."""
+    m = np.concatenate([ax[0] for ax, _ in curves.values()])
+    return m[~np.isnan(np.concatenate([v for _, v in curves.values()]))]
+
+
 def lattice_reach(curves) -> float:
     """The largest m any site of a lattice measured."""
-    return max(float(np.nanmax(np.where(np.isnan(v), -np.inf, ax[0]))) for ax, v in curves.values())
+    m = _measured_m(curves)
+    return float(m.max()) if m.size else -np.inf
 
 
 def lattice_floor(curves) -> float:
     """The smallest m any site of a lattice measured."""
-    return min(float(np.nanmin(np.where(np.isnan(v), np.inf, ax[0]))) for ax, v in curves.values())
+    m = _measured_m(curves)
+    return float(m.min()) if m.size else np.inf
 
 
 def lattice_siblings(sites, curves, i: int, sol_for, dropped: int | None = None):
