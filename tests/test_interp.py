@@ -931,3 +931,15 @@ def test_despike_flat_is_despike_per_curve():
             assert np.array_equal(flat[starts[s]:starts[s + 1]], despike(c), equal_nan=True)
     # by hand: [1, 10, 1 | 10, 1]: the 10 inside the first curve is a spike; the second curve's 10 is its edge
     assert despike_flat(np.array([1.0, 10.0, 1.0, 10.0, 1.0]), np.array([0, 3, 5])).tolist() == [1.0, 1.0, 1.0, 10.0, 1.0]
+
+
+def test_grid_axis_must_be_sorted_with_distinct_last_points():
+    """_locate relies on it: the weight of the right neighbour is (x - x0) / (x1 - x0) with x1 > x0."""
+    for bad in ([1.0, 4.0, 2.0], [1.0, 2.0, 2.0], [1.0, float("nan"), 4.0]):
+        with pytest.raises(ValueError, match="sorted 1-D array whose last two points differ"):
+            Grid((np.array(bad),), np.ones(3), np.zeros(3, np.int8))
+    # a repeated point inside the axis is never an interval's left end: the same values as without it
+    g = Grid((np.array([1.0, 2.0, 2.0, 4.0]),), np.array([1.0, 3.0, 3.0, 7.0]), np.zeros(4, np.int8))
+    h = Grid((np.array([1.0, 2.0, 4.0]),), np.array([1.0, 3.0, 7.0]), np.zeros(3, np.int8))
+    q = np.array([1.0, 1.5, 2.0, 3.0, 4.0])
+    assert np.array_equal(g.latency(q), h.latency(q)) and np.array_equal(h.latency(q), [1.0, 2.0, 3.0, 5.0, 7.0])
