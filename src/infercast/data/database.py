@@ -30,6 +30,7 @@ See docs/modelling-log.md, 'Composite tables from a peer backend'.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,6 +116,33 @@ def median_slowdown(mine: Table, theirs: Table, ignore: tuple[str, ...] = ()) ->
     return float(np.median([a[k] / b[k] for k in shared])), len(shared)
 
 
+#: the open records of table reads (innermost last; :func:`recording_reads`)
+_READ_RECORDS: list[list] = []
+
+
+@contextmanager
+def recording_reads():
+    """Within the block, every table a :class:`PerfData` serves is noted in the list the block
+    yields, as ``(system, backend, version, stem, location, path, measured columns)``: what a
+    compile read, so that :mod:`infercast.engine.compile_cache` can replay a kept compile's side
+    effects (:attr:`PerfData.served`, the provenance an estimate reports, and
+    :data:`~infercast.data.tables.COLUMNS_READ`). Blocks nest: an inner block's reads are noted in
+    the outer ones too."""
+    record: list = []
+    _READ_RECORDS.append(record)
+    try:
+        yield record
+    finally:
+        _READ_RECORDS.remove(record)
+
+
+def _note_read(data: PerfData, stem: str, loc: TableLocation, table: Table) -> None:
+    if _READ_RECORDS:
+        entry = (data.system.name, data.backend, data.version, stem, loc, str(table.path), frozenset(table.values))
+        for record in _READ_RECORDS:
+            record.append(entry)
+
+
 @dataclass
 class PerfData:
     """Tables for one system, serving backend and data version (lazily loaded, cached per process)."""
@@ -184,6 +212,7 @@ class PerfData:
             if sib is not None:
                 loc, table = sib
         self.served[stem] = loc
+        _note_read(self, stem, loc, table)
         return table
 
     def _consistent_sibling(self, stem: str, loc: TableLocation, table: Table) -> tuple[TableLocation, Table] | None:
@@ -273,8 +302,10 @@ class PerfData:
                 continue
             path = self.system.data_dir / "comm" / lib / ver / f"{lib}_perf.parquet"
             if path.exists():
-                self.served[lib] = TableLocation(lib, path, ver, "system-spec")
-                return cached_table(path, lib)
+                loc = self.served[lib] = TableLocation(lib, path, ver, "system-spec")
+                table = cached_table(path, lib)
+                _note_read(self, lib, loc, table)
+                return table
         raise NotAvailableError(
             f"no NCCL/oneCCL table for {self.system.name}",
             f"misc.nccl_version={self.system.nccl_version!r} has no comm/nccl/<version>/ directory",

@@ -146,15 +146,18 @@ class CompiledEngine:
         """:meth:`_compile_backfilled`, kept in the database's memo (:meth:`OpDB.memo`) under
         everything the resolution reads (the op's kind, phase and parameters, and for an MoE op
         how tokens reach the experts): the layouts of a search share most of their op shapes, and
-        each is resolved once per process. The op's own name and count are put back on the
+        each is resolved once per process, and kept between processes
+        (:mod:`~infercast.engine.compile_cache`). The op's own name and count are put back on the
         answer."""
+        from .compile_cache import compiled
+
         try:
             key = ("compiled-op", op.kind, op.phase, tuple(sorted(op.params.items())),
                    self.plan.parallel.moe_comm if op.kind == "moe" else None)
             hash(key)
         except TypeError:  # a parameter that cannot be a key: resolved afresh
             return self._compile_backfilled(op)
-        c = self.db.memo(key, lambda: self._compile_backfilled(op))
+        c = self.db.memo(key, lambda: compiled(self.db, key, lambda: self._compile_backfilled(op)))
         return c if c.op is op else replace(c, op=op)
 
     def _compile_backfilled(self, op: PlanOp) -> CompiledOp:

@@ -440,12 +440,24 @@ class Grid:
         for a in self.axes:  # what _locate relies on
             if a.ndim != 1 or (a.size > 1 and not ((a[1:] >= a[:-1]).all() and a[-1] > a[-2])):
                 raise ValueError(f"a grid axis must be a sorted 1-D array whose last two points differ, got {a!r}")
-        self._py = (
-            tuple(a.tolist() for a in self.axes),
-            self.values.tolist(),
-            self.prov.tolist(),
-            self._knots.tolist(),
-        )
+        self._py = self._plain()
+
+    def _plain(self) -> tuple:
+        """The axes, values, provenance and knots as plain lists (the scalar path's twins)."""
+        return (tuple(a.tolist() for a in self.axes), self.values.tolist(), self.prov.tolist(), self._knots.tolist())
+
+    def __getstate__(self) -> dict:
+        """Pickled without what is derived from the arrays (the plain-list twins, the scalar
+        answers memoised so far): :meth:`__setstate__` makes them again."""
+        state = dict(self.__dict__)
+        state.update(_py=(), _edges_py=(), _scalar_memo={})
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._py = self._plain()
+        if self._edges:
+            self._edges_py = tuple(tuple(e.tolist() for e in axis_edges) for axis_edges in self._edges)
 
     def __call__(self, *coords, refuse: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Latency (ms) and provenance codes for arrays of coordinates (broadcast together).

@@ -60,6 +60,7 @@ docs/modelling-log.md, 'Attention off-site transfer donors').
 
 from __future__ import annotations
 
+from functools import partial
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -250,21 +251,21 @@ def consistent_donors(stem: str, choice: SiteChoice, site_grid) -> SiteChoice:
 
 
 def _ctx_sol(db: OpDB, heads, kv_heads, head_dim, kv_quant, window):
-    kvb = KV_BYTES[kv_quant]
+    """``f(batch, isl)``: context attention's speed-of-light ms (a partial: picklable)."""
+    return partial(_ctx_sol_ms, db.system, heads, kv_heads, head_dim, KV_BYTES[kv_quant], window)
 
-    def f(batch, isl):
-        return sol.context_attention(db.system, batch, isl, 0.0, heads, kv_heads, head_dim, kvb, window)[0]
 
-    return f
+def _ctx_sol_ms(system, heads, kv_heads, head_dim, kvb, window, batch, isl):
+    return sol.context_attention(system, batch, isl, 0.0, heads, kv_heads, head_dim, kvb, window)[0]
 
 
 def _gen_sol(db: OpDB, heads, kv_heads, head_dim, kv_quant, window):
-    kvb = KV_BYTES[kv_quant]
+    """``f(batch, step)``: generation attention's speed-of-light ms (a partial: picklable)."""
+    return partial(_gen_sol_ms, db.system, heads, kv_heads, head_dim, KV_BYTES[kv_quant], window)
 
-    def f(batch, step):
-        return sol.generation_attention(db.system, batch, np.asarray(step) + 1.0, heads, kv_heads, head_dim, kvb, window)[0]
 
-    return f
+def _gen_sol_ms(system, heads, kv_heads, head_dim, kvb, window, batch, step):
+    return sol.generation_attention(system, batch, np.asarray(step) + 1.0, heads, kv_heads, head_dim, kvb, window)[0]
 
 
 def _lattice(db: OpDB, stem: str, head_dim: int, kv_quant: str, attn_quant: str, window: int):

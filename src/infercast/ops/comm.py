@@ -25,6 +25,7 @@ mode (:class:`~infercast.errors.NotAvailableError`).
 
 from __future__ import annotations
 
+from functools import partial
 import numpy as np
 
 from ..errors import InvalidConfigError, NotAvailableError
@@ -39,10 +40,12 @@ ELEMENT_BYTES = 2.0
 
 
 def _sol_fn(db: OpDB, op: str, group: int):
-    def f(elements):
-        return sol.collective(db.system, op, np.asarray(elements) * ELEMENT_BYTES, group)[0]
+    """``f(elements)``: the collective's speed-of-light ms (a partial: picklable)."""
+    return partial(_collective_sol, db.system, op, group)
 
-    return f
+
+def _collective_sol(system, op: str, group: int, elements):
+    return sol.collective(system, op, np.asarray(elements) * ELEMENT_BYTES, group)[0]
 
 
 def _group_transfer(db: OpDB, table, mask, op: str, donor: int, sol_q) -> Grid:

@@ -6,6 +6,7 @@ an FFN width) is transferred through utilisation (:mod:`infercast.interp.transfe
 
 from __future__ import annotations
 
+from functools import partial
 from dataclasses import replace
 
 import numpy as np
@@ -41,14 +42,14 @@ M_SCALE = (TILE,)
 
 
 def gemm_sol_fn(db: OpDB, quant: str, n: int, k: int):
-    cdt = COMPUTE_DTYPE[quant]
-    wb = WEIGHT_BYTES[quant]
-    system = db.system
+    """``f(m)``: the speed-of-light ms of an (m, n, k) GEMM in ``quant`` on the database's system
+    (a partial of a module-level function, so that a compiled op can be pickled:
+    :mod:`infercast.engine.compile_cache`)."""
+    return partial(_gemm_sol, db.system, COMPUTE_DTYPE[quant], WEIGHT_BYTES[quant], n, k)
 
-    def f(m):
-        return sol.gemm(system, cdt, wb, m, n, k)[0]
 
-    return f
+def _gemm_sol(system, cdt: str, wb: float, n: int, k: int, m):
+    return sol.gemm(system, cdt, wb, m, n, k)[0]
 
 
 def build_site_grid(axis, vals, sol_fn, siblings=(), reach: float | None = None, floor: float | None = None) -> Grid:

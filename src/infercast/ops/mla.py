@@ -68,6 +68,7 @@ tables looked for; HYBRID / EMPIRICAL give SOL / learned utilisation; SOL mode g
 
 from __future__ import annotations
 
+from functools import partial
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,29 +158,28 @@ def mla_sol_fn(db: OpDB, phase: str, heads: int, dims: MLADims, gemm_quant: str,
     wb = WEIGHT_BYTES[gemm_quant]
     cdt = COMPUTE_DTYPE[gemm_quant]
     args = (heads, dims.hidden, dims.q_lora_rank, dims.kv_lora_rank, dims.qk_nope_head_dim, dims.qk_rope_head_dim, dims.v_head_dim, wb, kvb)
-    system = db.system
-    if phase == "context":
+    # a partial of a module-level function: picklable (infercast.engine.compile_cache)
+    return partial(_mla_context_sol if phase == "context" else _mla_generation_sol, db.system, args, cdt, projections)
 
-        def f(batch, isl):
-            return sol.mla_context(system, batch, isl, 0.0, *args, gemm_compute_dtype=cdt, projections=projections)[0]
 
-    else:
+def _mla_context_sol(system, args: tuple, cdt: str, projections: bool, batch, isl):
+    return sol.mla_context(system, batch, isl, 0.0, *args, gemm_compute_dtype=cdt, projections=projections)[0]
 
-        def f(batch, step):
-            return sol.mla_generation(system, batch, np.asarray(step, dtype=float) + 1.0, *args, gemm_compute_dtype=cdt, projections=projections)[0]
 
-    return f
+def _mla_generation_sol(system, args: tuple, cdt: str, projections: bool, batch, step):
+    return sol.mla_generation(system, batch, np.asarray(step, dtype=float) + 1.0, *args, gemm_compute_dtype=cdt,
+                              projections=projections)[0]
 
 
 def _bmm_sol_fn(db: OpDB, op: str, dims: MLADims, bmm_dtype: str, heads: int):
     wb = 2.0 if bmm_dtype == "bfloat16" else 1.0
     cdt = "bfloat16" if bmm_dtype == "bfloat16" else "fp8"
     k, n = (dims.qk_nope_head_dim, dims.kv_lora_rank) if op == "mla_gen_pre" else (dims.kv_lora_rank, dims.v_head_dim)
+    return partial(_mla_bmm_sol, db.system, cdt, wb, heads, k, n)
 
-    def f(tokens):
-        return sol.mla_bmm(db.system, cdt, wb, tokens, heads, k, n)[0]
 
-    return f
+def _mla_bmm_sol(system, cdt: str, wb: float, heads: int, k: int, n: int, tokens):
+    return sol.mla_bmm(system, cdt, wb, tokens, heads, k, n)[0]
 
 
 def _axes(phase: str):

@@ -3,6 +3,7 @@ block's speed of light, the shared axes and column names (rules: :mod:`infercast
 
 from __future__ import annotations
 
+from functools import partial
 import math
 
 import numpy as np
@@ -73,11 +74,10 @@ def quant_candidates(system, quant: str) -> tuple[str, ...]:
 
 
 def moe_sol_fn(db: OpDB, quant: str, hidden, inter, topk, experts, moe_tp, moe_ep, gated: bool = True):
-    cdt = COMPUTE_DTYPE[quant]
-    wb = WEIGHT_BYTES[quant]
-    system = db.system
+    return partial(_moe_sol, db.system, COMPUTE_DTYPE[quant], WEIGHT_BYTES[quant], hidden, inter, topk, experts, moe_tp,
+                   moe_ep, gated)
 
-    def f(tokens):
-        return sol.moe(system, cdt, wb, tokens, hidden, inter, topk, experts, moe_tp, moe_ep, gated)[0]
 
-    return f
+def _moe_sol(system, cdt, wb, hidden, inter, topk, experts, moe_tp, moe_ep, gated, tokens):
+    """:func:`moe_sol_fn`'s function (a partial of it is picklable)."""
+    return sol.moe(system, cdt, wb, tokens, hidden, inter, topk, experts, moe_tp, moe_ep, gated)[0]
