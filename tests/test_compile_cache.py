@@ -102,7 +102,7 @@ def test_a_changed_table_empties_the_store(pack, compiles):
         os.environ["INFERCAST_CACHE_DIR"] = off
 
 
-def test_a_file_added_anywhere_or_changed_code_empties_the_store(pack, compiles, monkeypatch):
+def test_a_file_added_anywhere_an_edited_yaml_or_changed_code_empties_the_store(pack, compiles, monkeypatch):
     _answers(pack)
     _new_process()
     n = len(compiles)
@@ -114,6 +114,14 @@ def test_a_file_added_anywhere_or_changed_code_empties_the_store(pack, compiles,
     _answers(pack)
     assert len(compiles) == n  # kept under the new fingerprint
     _new_process()
+    n = len(compiles)
+    yml = pack / f"{sp.SYSTEM}.yaml"  # a YAML edited in place (its directory keeps its time)
+    yml.write_text(yml.read_text() + "\n# edited\n")
+    os.utime(yml, ns=(yml.stat().st_atime_ns, yml.stat().st_mtime_ns + 10**9))
+    _answers(pack)
+    assert len(compiles) > n
+    _new_process()
+    n = len(compiles)
     monkeypatch.setattr(compile_cache, "code_fingerprint", lambda: "other code")
     _answers(pack)
     assert len(compiles) > n

@@ -18,7 +18,8 @@ was written under and is emptied when it differs:
   and Python's;
 * the pack: the modification time of every directory under ``systems/`` (a table file added,
   removed or renamed anywhere changes its directory's: another system's or version's table can
-  serve this one's), and the size and modification time of every system YAML;
+  serve this one's), and the size and modification time of every YAML file there (system specs,
+  ``query_versions.yaml``, each version's ``reuse.yaml``);
 * every table file the kept answers were built from (size and modification time, checked when
   the file is opened).
 
@@ -61,27 +62,23 @@ def compile_cache_dir() -> Path | None:
     return None if tables is None else tables.parent / "compiled"
 
 
-def _tree_stats(root: str, suffix: str | None = None, dirs: bool = False) -> list:
-    """(relative path, size, mtime) of every file under ``root`` ending in ``suffix`` (``dirs``:
-    of every directory, the root's included), in a fixed order."""
+def _files(root: str, suffix: str) -> list:
+    """(path, size, mtime) of every file under ``root`` whose name ends in ``suffix``, sorted."""
     out = []
     stack = [root]
     while stack:
         d = stack.pop()
         try:
-            if dirs:
-                st = os.stat(d)
-                out.append((os.path.relpath(d, root), 0, st.st_mtime_ns))
             with os.scandir(d) as it:
                 for e in it:
                     if e.is_dir(follow_symlinks=False):
                         if e.name != "__pycache__":
                             stack.append(e.path)
-                    elif not dirs and (suffix is None or e.name.endswith(suffix)):
+                    elif e.name.endswith(suffix):
                         st = e.stat()
-                        out.append((os.path.relpath(e.path, root), st.st_size, st.st_mtime_ns))
+                        out.append((e.path, st.st_size, st.st_mtime_ns))
         except OSError:
-            out.append((os.path.relpath(d, root), -1, -1))
+            out.append((d, -1, -1))
     return sorted(out)
 
 
@@ -93,25 +90,30 @@ def code_fingerprint() -> str:
     from .. import __version__
 
     root = str(Path(__file__).resolve().parent.parent)
-    tag = json.dumps([CACHE_FORMAT, __version__, np.__version__, list(sys.version_info[:3]), _tree_stats(root, ".py")])
+    tag = json.dumps([CACHE_FORMAT, __version__, np.__version__, list(sys.version_info[:3]), _files(root, ".py")])
     return hashlib.sha1(tag.encode()).hexdigest()
 
 
 @lru_cache(maxsize=8)
 def pack_fingerprint(systems_dir: str) -> str:
-    """Every directory's modification time under the pack's ``systems/`` and every system YAML's
-    size and modification time (see the module docstring)."""
-    yamls = []
+    """The pack's ``systems/`` tree: every directory's modification time and every YAML file's
+    size and modification time, wherever it is (see the module docstring)."""
+    out: list = []
+    stack = [systems_dir]
     try:
-        with os.scandir(systems_dir) as it:
-            for e in it:
-                if e.is_file() and e.name.endswith(".yaml"):
-                    st = e.stat()
-                    yamls.append((e.name, st.st_size, st.st_mtime_ns))
+        out.append((systems_dir, 0, os.stat(systems_dir).st_mtime_ns))
+        while stack:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                        out.append((e.path, 0, e.stat(follow_symlinks=False).st_mtime_ns))
+                    elif e.name.endswith(".yaml"):
+                        st = e.stat()
+                        out.append((e.path, st.st_size, st.st_mtime_ns))
     except OSError:
-        yamls.append(("?", -1, -1))
-    tag = json.dumps([_tree_stats(systems_dir, dirs=True), sorted(yamls)])
-    return hashlib.sha1(tag.encode()).hexdigest()
+        out.append(("?", -1, -1))
+    return hashlib.sha1(json.dumps(sorted(out)).encode()).hexdigest()
 
 
 def _file_stat(path: str) -> list:
