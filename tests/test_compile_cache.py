@@ -240,3 +240,15 @@ def test_real_pack_estimates_the_same_without_with_and_from_the_store(real_pack_
     assert run(cache) == off
     assert list((tmp_path / "cache" / "compiled").glob("*.sqlite"))
     assert run(cache) == off
+
+
+def test_a_damaged_store_is_made_anew(pack, compiles):
+    cold = _answers(pack)
+    _new_process()
+    (store,) = (pack.parent.parent / "cache" / "compiled").glob("*.sqlite")
+    store.write_bytes(b"not a database" * 100)
+    n = len(compiles)
+    assert _answers(pack) == cold and len(compiles) > n  # resolved again, the file replaced
+    _new_process()
+    n = len(compiles)
+    assert _answers(pack) == cold and len(compiles) == n  # and kept again

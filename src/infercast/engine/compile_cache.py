@@ -191,10 +191,20 @@ def _store(db) -> _Store | None:
 
         name = hashlib.sha1(json.dumps(ident).encode()).hexdigest()[:20]
         fingerprint = f"{code_fingerprint()}:{pack_fingerprint(str(data.pack.systems_dir))}"
-        try:
-            store = _Store(root / f"{data.system.name}-{data.backend}-{name}.sqlite", fingerprint)
-        except (sqlite3.Error, OSError, ValueError):
-            store = None
+        path = root / f"{data.system.name}-{data.backend}-{name}.sqlite"
+        for attempt in (1, 2):
+            try:
+                store = _Store(path, fingerprint)
+                break
+            except sqlite3.DatabaseError as exc:  # not a database (a damaged file): made anew, once
+                if attempt == 2 or isinstance(exc, sqlite3.OperationalError):  # (locked: left alone)
+                    break
+                try:
+                    path.unlink()
+                except OSError:
+                    break
+            except (sqlite3.Error, OSError, ValueError):
+                break
     if not _STORES:
         atexit.register(save_all)
     _STORES[ident] = store
