@@ -627,3 +627,22 @@ def test_pack_model_ids_listed_once_and_again_when_the_directory_changes(synth, 
     st = pack.model_configs_dir.stat()
     os.utime(pack.model_configs_dir, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a new listing time, surely
     assert "acme/new-model" in pack_model_ids(pack)
+
+
+def test_installed_pack_found_on_the_import_path_only_beside_its_dist_info(tmp_path, monkeypatch):
+    """The quick look for the installed pack (no importlib.metadata) takes a package directory on
+    the import path only when its distribution's .dist-info sits beside it; never imports it."""
+    import importlib
+    import sys
+
+    from infercast.data import pack as pack_mod
+
+    fake = tmp_path / "site" / pack_mod.PACK_PACKAGE_DIR
+    (fake / "systems").mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise RuntimeError('the pack package must never be imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    assert pack_mod._found_package_systems_dir() is None  # a same-named folder, not an installed wheel
+    (tmp_path / "site" / f"{pack_mod.PACK_PACKAGE_DIR}-0.12.0.dist-info").mkdir()
+    assert pack_mod._found_package_systems_dir() == fake / "systems"
+    assert pack_mod.PACK_PACKAGE_DIR not in sys.modules
