@@ -229,3 +229,22 @@ def test_readme_test_command_is_what_ci_runs_and_reports_a_count():
     assert cmd in [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
     opts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"].get("addopts", "")
     assert "-q" not in opts.split() and "--quiet" not in opts.split()
+
+
+def test_the_command_starts_before_numpy_with_one_blas_thread():
+    """``import infercast`` loads no numpy (its public names come on first use), and the command's
+    package (infercast.cli) sets numpy's BLAS to one thread before numpy loads, unless the
+    environment says otherwise."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, os, infercast; assert 'numpy' not in sys.modules; import infercast.cli.main; "
+            "assert 'numpy' not in sys.modules; name = infercast.Estimator.__name__; assert 'numpy' in sys.modules; "
+            "print(os.environ['OPENBLAS_NUM_THREADS'], name)")
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["1", "Estimator"]
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "OPENBLAS_NUM_THREADS": "3"}, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split() == ["3", "Estimator"]  # the user's own setting stands
