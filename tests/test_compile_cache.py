@@ -252,3 +252,21 @@ def test_a_damaged_store_is_made_anew(pack, compiles):
     _new_process()
     n = len(compiles)
     assert _answers(pack) == cold and len(compiles) == n  # and kept again
+
+
+def test_stores_of_a_pack_that_is_gone_are_pruned(pack, monkeypatch):
+    cache = pack.parent.parent / "cache" / "compiled"
+    _answers(pack)
+    _new_process()
+    (mine,) = cache.glob("*.sqlite")
+    other = pack.parent.parent / "other"
+    shutil.copytree(pack.parent, other)  # the same pack elsewhere (another virtual environment)
+    _answers(other / "systems")
+    _new_process()
+    assert len(list(cache.glob("*.sqlite"))) == 2
+    (cache / "broken.sqlite").write_bytes(b"not a database")
+    shutil.rmtree(other)
+    monkeypatch.setattr(compile_cache, "_PRUNED", set())
+    assert compile_cache.prune(cache) == 0  # looked at today already
+    assert compile_cache.prune(cache, force=True) == 2
+    assert list(cache.glob("*.sqlite")) == [mine]

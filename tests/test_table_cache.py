@@ -49,7 +49,7 @@ def test_table_cache_round_trip_and_invalidation(synth, tmp_path, monkeypatch):
     tables.cached_table.cache_clear()
     assert tables.table_cache_dir() is None
     tables.cached_table(src, "gemm")
-    assert len(list((tmp_path / "cache" / "tables").iterdir())) == 2
+    assert len([p for p in (tmp_path / "cache" / "tables").iterdir() if p.name != ".pruned"]) == 2
     tables.cached_table.cache_clear()
 
 
@@ -92,4 +92,42 @@ def test_cached_columns_are_private_copies(synth, tmp_path, monkeypatch):
     t.latency[:] = -1.0
     tables.cached_table.cache_clear()
     assert np.array_equal(tables.cached_table(src, "gemm").latency, keep)
+    tables.cached_table.cache_clear()
+
+
+def test_stale_entries_are_pruned(synth, tmp_path, monkeypatch):
+    """Entries of a table file that is gone or has changed, of an older format (a file, or an
+    entry without its source) and temporary directories of a dead writer go; live entries stay;
+    a process looks at most once, and at most once a day unless forced."""
+    import json
+    import time
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv("INFERCAST_CACHE_DIR", str(root))
+    monkeypatch.setattr(tables, "_PRUNED", set())
+    live, gone = tmp_path / "live_perf.parquet", tmp_path / "gone_perf.parquet"
+    shutil.copy(_gemm(synth), live)
+    shutil.copy(_gemm(synth), gone)
+    tables.cached_table.cache_clear()
+    tables.cached_table(live, "gemm")
+    tables.cached_table(gone, "gemm")
+    entries = lambda: sorted(p.name for p in (root / "tables").iterdir() if p.name != ".pruned")  # noqa: E731
+    assert len(entries()) == 2
+    gone.unlink()
+    (root / "tables" / "moe-0123.npz").write_bytes(b"an older format's entry")
+    old_entry = root / "tables" / "gemm-olderformat"
+    old_entry.mkdir()
+    (old_entry / "meta.json").write_text(json.dumps({"raw_rows": 1}))
+    dead = root / "tables" / "abc.tmp"
+    dead.mkdir()
+    os.utime(dead, (time.time() - 2 * tables.STALE_TMP_S,) * 2)
+    fresh_tmp = root / "tables" / "def.tmp"
+    fresh_tmp.mkdir()
+    assert tables.prune_table_cache(root / "tables") == 0  # looked at already today
+    assert tables.prune_table_cache(root / "tables", force=True) == 4
+    (kept,) = [e for e in entries() if not e.endswith(".tmp")]
+    assert "def.tmp" in entries()
+    tables.cached_table.cache_clear()
+    monkeypatch.setattr(tables, "read_table", lambda *a: (_ for _ in ()).throw(AssertionError("parsed again")))
+    tables.cached_table(live, "gemm")  # the live entry still answers
     tables.cached_table.cache_clear()

@@ -243,7 +243,7 @@ def read_table(path: Path, stem: str | None = None) -> Table:
 #: bump when :func:`read_table`'s normalisation or the cache's layout changes: cached tables of
 #: another format are not read (2: a directory of ``.npy`` files, memory-mapped; 3: with each key
 #: column's distinct values)
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
 
 
 def table_cache_dir() -> Path | None:
@@ -315,9 +315,12 @@ def _store_cached(entry: Path, table: Table) -> None:
         for prefix, cols in (("k", table.keys), ("v", table.values)):
             for i, arr in enumerate(cols.values()):
                 np.save(tmp / f"{prefix}{i}.npy", np.ascontiguousarray(arr), allow_pickle=False)
+        st = table.path.stat()
         (tmp / "meta.json").write_text(json.dumps({"raw_rows": table.raw_rows, "duplicate_keys": table.duplicate_keys,
                                                    "keys": list(table.keys), "values": list(table.values),
-                                                   "unique": {name: table.unique(name) for name in table.keys}}))
+                                                   "unique": {name: table.unique(name) for name in table.keys},
+                                                   "format": CACHE_FORMAT, "source": str(table.path.resolve()),
+                                                   "source_stat": [st.st_size, st.st_mtime_ns]}))
         tmp.rename(entry)
         tmp = None
     except (OSError, ValueError):  # ValueError: a column numpy cannot save without pickling
@@ -325,6 +328,64 @@ def _store_cached(entry: Path, table: Table) -> None:
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+    prune_table_cache(entry.parent)
+
+
+#: how often (seconds) a process that writes a cache entry looks for stale ones (a marker file
+#: in the cache directory keeps the time of the last look)
+PRUNE_EVERY_S = 24 * 3600.0
+#: a temporary entry directory older than this (seconds) was left by a writer that died
+STALE_TMP_S = 3600.0
+_PRUNED: set = set()  # the cache directories this process has looked at
+
+
+def prune_table_cache(root: Path, force: bool = False) -> int:
+    """Remove the entries of cache directory ``root`` that no reader can use again: written in
+    another format, or whose table file is gone or has changed (a reinstalled pack, a new virtual
+    environment: their tables get entries of their own), and temporary directories a dead writer
+    left. At most once per process and once per :data:`PRUNE_EVERY_S` (unless ``force``), when an
+    entry is written: a cache that only gains entries would grow with every pack ever read. Answers
+    how many entries went; a cache that cannot be read or changed is left as it is."""
+    import json
+    import shutil
+
+    if root in _PRUNED and not force:
+        return 0
+    _PRUNED.add(root)
+    marker = root / ".pruned"
+    now = time.time()
+    try:
+        if not force and marker.exists() and now - marker.stat().st_mtime < PRUNE_EVERY_S:
+            return 0
+        marker.touch()
+        entries = list(root.iterdir())
+    except OSError:
+        return 0
+    removed = 0
+    for entry in entries:
+        if entry == marker:
+            continue
+        if not entry.is_dir():  # a file: an entry of an older format (one .npz per table)
+            try:
+                entry.unlink()
+                removed += 1
+            except OSError:
+                pass
+            continue
+        try:
+            if entry.name.endswith(".tmp"):
+                stale = now - entry.stat().st_mtime > STALE_TMP_S
+            else:
+                meta = json.loads((entry / "meta.json").read_text())
+                src = Path(meta["source"])
+                st = src.stat() if src.exists() else None
+                stale = meta.get("format") != CACHE_FORMAT or st is None or [st.st_size, st.st_mtime_ns] != meta["source_stat"]
+        except (OSError, ValueError, KeyError, TypeError):
+            stale = not entry.name.endswith(".tmp")  # an entry without a readable source: of an older format
+        if stale:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 #: the measured columns of every table this process has read (path -> column names): lets a

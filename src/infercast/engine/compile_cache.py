@@ -127,7 +127,7 @@ def _file_stat(path: str) -> list:
 class _Store:
     """One perf database's kept compiles (an SQLite file), and the new ones to write at exit."""
 
-    def __init__(self, path: Path, fingerprint: str):
+    def __init__(self, path: Path, fingerprint: str, systems_dir: str = ""):
         import sqlite3
 
         self.path = path
@@ -147,6 +147,7 @@ class _Store:
             con.execute("DELETE FROM ops")
             con.execute("INSERT OR REPLACE INTO meta VALUES ('fingerprint', ?)", (fingerprint,))
             con.execute("INSERT OR REPLACE INTO meta VALUES ('files', '{}')")
+            con.execute("INSERT OR REPLACE INTO meta VALUES ('systems_dir', ?)", (systems_dir,))
             con.execute("COMMIT")
 
     def get(self, key: str):
@@ -192,9 +193,10 @@ def _store(db) -> _Store | None:
         name = hashlib.sha1(json.dumps(ident).encode()).hexdigest()[:20]
         fingerprint = f"{code_fingerprint()}:{pack_fingerprint(str(data.pack.systems_dir))}"
         path = root / f"{data.system.name}-{data.backend}-{name}.sqlite"
+        prune(root)
         for attempt in (1, 2):
             try:
-                store = _Store(path, fingerprint)
+                store = _Store(path, fingerprint, str(data.pack.systems_dir))
                 break
             except sqlite3.DatabaseError as exc:  # not a database (a damaged file): made anew, once
                 if attempt == 2 or isinstance(exc, sqlite3.OperationalError):  # (locked: left alone)
@@ -209,6 +211,53 @@ def _store(db) -> _Store | None:
         atexit.register(save_all)
     _STORES[ident] = store
     return store
+
+
+_PRUNED: set = set()  # the cache directories this process has looked at
+
+
+def prune(root: Path, force: bool = False) -> int:
+    """Remove the stores of ``root`` whose pack is gone (a removed virtual environment, a moved
+    pack) or that cannot be read, at most once per process and once per
+    :data:`~infercast.data.tables.PRUNE_EVERY_S` (unless ``force``), as
+    :func:`~infercast.data.tables.prune_table_cache` does for parsed tables. Answers how many went."""
+    import sqlite3
+    import time
+
+    from ..data.tables import PRUNE_EVERY_S
+
+    if root in _PRUNED and not force:
+        return 0
+    _PRUNED.add(root)
+    marker = root / ".pruned"
+    try:
+        if not force and marker.exists() and time.time() - marker.stat().st_mtime < PRUNE_EVERY_S:
+            return 0
+        root.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        files = sorted(root.glob("*.sqlite"))
+    except OSError:
+        return 0
+    removed = 0
+    for f in files:
+        try:
+            con = sqlite3.connect(f"file:{f}?mode=ro", uri=True, timeout=1.0)
+            try:
+                row = con.execute("SELECT value FROM meta WHERE key = 'systems_dir'").fetchone()
+            finally:
+                con.close()
+            gone = row is None or not Path(row[0]).is_dir()
+        except sqlite3.OperationalError as exc:  # locked (in use): left alone; no meta table: unusable
+            gone = "no such table" in str(exc)
+        except sqlite3.DatabaseError:
+            gone = True
+        if gone:
+            try:
+                f.unlink()
+                removed += 1
+            except OSError:
+                pass
+    return removed
 
 
 def key_text(key: tuple) -> str | None:
