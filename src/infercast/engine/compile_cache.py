@@ -30,9 +30,12 @@ checks before it resolves its ops). They are recorded while the op resolves
 (:func:`~infercast.data.database.recording_reads`).
 
 An answer that cannot be pickled (a speed-of-light function that is a closure, in the op families
-not converted) is not kept: that op resolves in every process, as without this cache. New answers
-are written when the process exits, in one transaction per file; a file that cannot be read or
-written is left alone (the cache only ever saves time: every answer is the one the op resolves to).
+not converted) is not kept: that op resolves in every process, as without this cache. A file is
+checked when a process first opens it, and its new answers are written when the process exits, in
+one transaction (a forked worker neither reads nor writes its parent's file); a damaged file is
+made anew, and one that cannot be written is left alone: the cache only ever saves time, every
+answer is the one the op resolves to. Once a day a process removes the files whose pack is gone
+(:func:`prune`).
 """
 
 from __future__ import annotations
