@@ -266,7 +266,7 @@ def test_stores_of_a_pack_that_is_gone_are_pruned(pack, monkeypatch):
     assert len(list(cache.glob("*.sqlite"))) == 2
     (cache / "broken.sqlite").write_bytes(b"not a database")
     shutil.rmtree(other)
-    monkeypatch.setattr(compile_cache, "_PRUNED", set())
+    monkeypatch.setattr(tables, "_PRUNED", set())  # (one gate for both caches: tables.prune_due)
     assert compile_cache.prune(cache) == 0  # looked at today already
     assert compile_cache.prune(cache, force=True) == 2
     assert list(cache.glob("*.sqlite")) == [mine]

@@ -291,8 +291,7 @@ def _misfit(head: dict, exc: InfercastError) -> dict:
 def _emit(a, out: dict, printer: str) -> int:
     """``out`` as JSON with ``--json`` (:func:`~infercast.report.json_text.write_json`: a long
     list of records, such as ``search --all``'s candidates, one record per line, written as made),
-    else through
-    ``report.console.<printer>``."""
+    else through ``report.console.<printer>``."""
     if a.json:
         from ..report.json_text import write_json
 

@@ -135,8 +135,8 @@ def find_pack(systems_path: str | os.PathLike[str] | None = None) -> Pack:
 
 def parse_pack_yaml(text: str):
     """A pack YAML document (system spec, version list) parsed as ``yaml.safe_load`` parses it,
-    through libyaml's safe loader when PyYAML was built with it (the same documents for every
-    YAML file of the pack, ~8x faster: checked on the 485 files of aiconfigurator-core 0.12.0);
+    through libyaml's safe loader when PyYAML was built with it (it builds the same documents as
+    the pure-Python loader for the pack's files, faster; see docs/modelling-log.md, "Fifth round");
     raises ``yaml.YAMLError`` as ``safe_load`` does."""
     import yaml
 

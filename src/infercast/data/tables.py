@@ -339,25 +339,37 @@ STALE_TMP_S = 3600.0
 _PRUNED: set = set()  # the cache directories this process has looked at
 
 
+def prune_due(root: Path, force: bool = False) -> bool:
+    """Whether cache directory ``root`` is to be looked over for stale entries now: not yet by this
+    process, and not for :data:`PRUNE_EVERY_S` by any (a marker file in it keeps the time of the
+    last look, touched here), unless ``force``. False when the directory cannot be written."""
+    if root in _PRUNED and not force:
+        return False
+    _PRUNED.add(root)
+    marker = root / ".pruned"
+    try:
+        if not force and marker.exists() and time.time() - marker.stat().st_mtime < PRUNE_EVERY_S:
+            return False
+        root.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:
+        return False
+    return True
+
+
 def prune_table_cache(root: Path, force: bool = False) -> int:
     """Remove the entries of cache directory ``root`` that no reader can use again: written in
     another format, or whose table file is gone or has changed (a reinstalled pack, a new virtual
     environment: their tables get entries of their own), and temporary directories a dead writer
-    left. At most once per process and once per :data:`PRUNE_EVERY_S` (unless ``force``), when an
-    entry is written: a cache that only gains entries would grow with every pack ever read. Answers
+    left. When :func:`prune_due` (at most once per process and once a day), when an entry is written: a cache that only gains entries would grow with every pack ever read. Answers
     how many entries went; a cache that cannot be read or changed is left as it is."""
     import json
     import shutil
 
-    if root in _PRUNED and not force:
+    if not prune_due(root, force):
         return 0
-    _PRUNED.add(root)
-    marker = root / ".pruned"
-    now = time.time()
+    marker, now = root / ".pruned", time.time()
     try:
-        if not force and marker.exists() and now - marker.stat().st_mtime < PRUNE_EVERY_S:
-            return 0
-        marker.touch()
         entries = list(root.iterdir())
     except OSError:
         return 0

@@ -30,7 +30,7 @@ checks before it resolves its ops). They are recorded while the op resolves
 (:func:`~infercast.data.database.recording_reads`).
 
 An answer that cannot be pickled (a speed-of-light function that is a closure, in the op families
-not converted) is not kept: that op resolves in every process, as without this cache. A file is
+not converted) is not stored: that op resolves in every process, as without this cache. A file is
 checked when a process first opens it, and its new answers are written when the process exits, in
 one transaction (a forked worker neither reads nor writes its parent's file); a damaged file is
 made anew, and one that cannot be written is left alone: the cache only ever saves time, every
@@ -162,8 +162,8 @@ class _Store:
             self.pending[key] = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, AttributeError, TypeError):
             return  # not picklable: resolved again by every process
-        for r in reads:
-            self.files[r[5]] = _file_stat(r[5])
+        for path in {r[5] for r in reads} - self.files.keys():  # each table file stat'ed once
+            self.files[path] = _file_stat(path)
 
     def save(self) -> None:
         if not self.pending:
@@ -216,28 +216,18 @@ def _store(db) -> _Store | None:
     return store
 
 
-_PRUNED: set = set()  # the cache directories this process has looked at
-
-
 def prune(root: Path, force: bool = False) -> int:
     """Remove the stores of ``root`` whose pack is gone (a removed virtual environment, a moved
-    pack) or that cannot be read, at most once per process and once per
-    :data:`~infercast.data.tables.PRUNE_EVERY_S` (unless ``force``), as
-    :func:`~infercast.data.tables.prune_table_cache` does for parsed tables. Answers how many went."""
+    pack) or that cannot be read, when :func:`~infercast.data.tables.prune_due` (at most once per
+    process and once a day, unless ``force``), as :func:`~infercast.data.tables.prune_table_cache`
+    does for parsed tables. Answers how many went."""
     import sqlite3
-    import time
 
-    from ..data.tables import PRUNE_EVERY_S
+    from ..data.tables import prune_due
 
-    if root in _PRUNED and not force:
+    if not prune_due(root, force):
         return 0
-    _PRUNED.add(root)
-    marker = root / ".pruned"
     try:
-        if not force and marker.exists() and time.time() - marker.stat().st_mtime < PRUNE_EVERY_S:
-            return 0
-        root.mkdir(parents=True, exist_ok=True)
-        marker.touch()
         files = sorted(root.glob("*.sqlite"))
     except OSError:
         return 0

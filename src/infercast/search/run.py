@@ -661,9 +661,8 @@ def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refi
     concurrencies after the first whose steady state is held by a cap of the engine (its KV
     cache, its max batch, its token budget: :data:`~infercast.serving.agg.SATURATED_BOUNDS`) are
     not evaluated -- there more clients only queue: the decode batch stays at its cap, the TTFT
-    grows with every client and the throughput creeps towards its plateau (0.5-1.1% above the
-    saturated point's over the rest of the default grid in the three cases of
-    ``benchmarks/search_speed.py``) -- and are counted as refused
+    grows with every client and the throughput creeps towards its plateau (docs/modelling-log.md,
+    "Fifth round": how little the points left out add) -- and are counted as refused
     (:data:`SATURATED`), as a disaggregated deployment's concurrencies stop at the first whose
     decode batch overflows its KV cache."""
     from ..api import serve_agg_replica
