@@ -47,6 +47,30 @@ def test_pareto_front_and_recommend_match_their_definitions():
     assert pareto_front([4.0, 3.0, 2.0, 1.0], g).tolist() == [2, 0]
 
 
+def test_pareto_front_and_recommend_ignore_rounding_between_scaled_copies():
+    """A deployment and its scaled copy (twice the workers at twice the clients) have the same
+    metrics up to rounding: which one stands for them (on the frontier, as the recommendation) is
+    the one with fewer GPUs, whichever way the rounding falls and in whichever order they come."""
+    u, g = 37.123456789012, 912.34567890123
+    for du, dg in ((1, 1), (-1, 1), (1, -1), (-1, -1), (0, 0)):
+        u2, g2 = u, g
+        for _ in range(abs(du)):
+            u2 = np.nextafter(u2, np.inf if du > 0 else -np.inf)
+        for _ in range(abs(dg)):
+            g2 = np.nextafter(g2, np.inf if dg > 0 else -np.inf)
+        for order in ((0, 1), (1, 0)):
+            pts = [((u, g), 8), ((u2, g2), 4)]
+            pts = [pts[i] for i in order]
+            front = pareto_front([p[0][0] for p in pts], [p[0][1] for p in pts], [p[1] for p in pts]).tolist()
+            assert [pts[i][1] for i in front] == [4]
+            best = recommend([p[0][1] for p in pts], [p[1] for p in pts], [500.0, 500.0 * (1 + 1e-15)], [True, True])
+            assert pts[best][1] == 4
+    # points a little more apart than rounding are different points
+    assert pareto_front([1.0, 1.0 + 1e-6], [5.0, 5.0], [4, 8]).tolist() == [1]
+    with pytest.raises(ValueError):
+        pareto_front([1.0, 2.0], [1.0, 2.0], [1])
+
+
 def test_meets_and_recommend_by_hand():
     assert meets(100, 10, 200, 20) and meets(100, 10, None, None)
     assert not meets(300, 10, 200, None) and not meets(100, 30, None, 20) and not meets(None, 10, 200, None)

@@ -41,7 +41,7 @@ from ..errors import NotAvailableError
 from ..interp.provenance import Prov
 from ..interp.grid import latency_rows, stack_rows
 from ..models.plan import Plan, PlanOp
-from ..ops.attention import prefixed_context, resolve_context_attention, resolve_generation_attention
+from ..ops.attention import prefixed_context, resolve_context_attention, resolve_generation_attention, with_prefix
 from .context_parallel import sharded_cached, sharded_cached_scalar, zigzag_context, zigzag_context_scalar
 from ..ops.base import OpDB, Resolved
 
@@ -55,6 +55,9 @@ CP_KINDS = ("cp_exchange", "cp_combine")
 #: decode runs of at most this many steps are summed with the scalar grid path (a numpy call costs
 #: more than a few scalar lookups)
 SCALAR_RUN = 4
+#: :meth:`CompiledEngine.mixed_steps_ms` prices at most this many steps with the scalar twins (one
+#: array call over every op costs about as much as this many scalar steps)
+SCALAR_STEPS = 16
 
 
 @dataclass
@@ -141,6 +144,7 @@ class CompiledEngine:
         self._context_memo: dict = {}
         self._mixed_memo: dict = {}
         self._decode_plan: list | None = None  # _decode_rows's answer
+        self._tokenwise_stacks: dict = {}  # _stack_plan's answers: "main", "draft"
 
     def _compile_shared(self, op: PlanOp) -> CompiledOp:
         """:meth:`_compile_backfilled`, kept in the database's memo (:meth:`OpDB.memo`) under
@@ -471,6 +475,34 @@ class CompiledEngine:
             total = total + v
         return total
 
+    def decode_batch_knots(self) -> np.ndarray | None:
+        """The decode batches (rows of a decode-only step) at which some op of :meth:`decode_steps_ms`
+        meets a grid point: each token-wise op's axis over its tokens per row (the decode width for
+        a main-model op), each attention op's batch axis. Between two of them every op is
+        interpolated within one interval of its grid, so a step's time is linear in the batch
+        there wherever the grids blend linearly (linear and tile axes; not a log axis, nor beyond a
+        grid's edge: :class:`~infercast.serving.decode_curve.DecodeCurve` checks it). None when the
+        batch does not enter the ops that way (context parallelism, a grid that is not 1-D or
+        batch-first)."""
+        if self.cp > 1:
+            return None
+        points = []
+        for unit, _ in self._decode_rows():
+            kind = unit[0]
+            if kind == "analytic":
+                continue
+            if kind == "attention":
+                grid = unit[1].resolved[1].grid
+                if len(getattr(grid, "axes", ())) != 2:
+                    return None
+                points.append(grid.axes[0])
+                continue
+            wide, (axes, xpt) = unit[1], ((unit[2][0],), unit[4]) if kind == "stack" else (getattr(unit[2], "axes", ()), unit[3])
+            if len(axes) != 1:
+                return None
+            points.append(np.asarray(axes[0], dtype=float) / (xpt * (self.decode_width if wide else 1.0)))
+        return np.unique(np.concatenate(points)) if points else np.zeros(0)
+
     def _decode_rows(self) -> list:
         """What :meth:`decode_steps_ms` sums, in op order: (unit, row) per op, a unit being the
         values of one or more ops computed together (the op's row of them; None: the unit is the
@@ -723,6 +755,115 @@ class CompiledEngine:
             return hit
         context = any(b > 0 and i > 0 for b, i, _ in groups)
         return remember(self._mixed_memo, key, self._scalar_step(groups, dec_batch, dec_kv, 0.0, context))
+
+    def mixed_steps_ms(self, group_step, ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv, dec_pad) -> np.ndarray:
+        """GPU time of each of a sequence of steps (a recorded benchmark, :mod:`infercast.serving.sim`):
+        step ``s`` carries ``dec_batch[s]`` decodes at mean KV length ``dec_kv[s]`` (plus
+        ``dec_pad[s]`` CUDA-graph padding rows for the token-wise ops) and the prefill groups ``g``
+        with ``group_step[g] == s`` (``ctx_batch`` sequences of ``ctx_isl`` new tokens after
+        ``ctx_prefix`` cached ones each; ``group_step`` ascending). Each step is what
+        :meth:`mixed_groups_ms` (or, without prefill groups, :meth:`decode_scalar`) answers, the
+        per-op values summed in the same order: through those scalar twins for a few steps or a
+        context-parallel engine, else through the array path, one grid call per op for all the
+        steps (equal to the scalar twins to rounding)."""
+        dec = np.asarray(dec_batch, dtype=float)
+        kv = np.asarray(dec_kv, dtype=float)
+        pad = np.asarray(dec_pad, dtype=float)
+        gs = np.asarray(group_step, dtype=np.int64)
+        gb, gi, gp = (np.asarray(x, dtype=float) for x in (ctx_batch, ctx_isl, ctx_prefix))
+        n = dec.size
+        if self.cp > 1 or n <= SCALAR_STEPS:
+            return self._mixed_steps_scalar(gs, gb, gi, gp, dec, kv, pad)
+        rows = dec + pad
+        tokens = np.bincount(gs, gb * gi, minlength=n) + rows * self.decode_width
+        seqs = np.bincount(gs, gb, minlength=n) + rows
+        context = np.bincount(gs, (gb > 0) & (gi > 0), minlength=n) > 0
+        # token-wise ops over all of a step's tokens (tokenwise_scalar's sums, in its order)
+        total = self._tokenwise_sum("main", self._grid_ops + self._analytic_ops, tokens, seqs, context)
+        if self._draft_grid_ops or self._draft_analytic_ops:  # MTP draft passes over the decoding rows
+            total = total + self._tokenwise_sum("draft", self._draft_grid_ops + self._draft_analytic_ops, rows, rows, False)
+        if gs.size:  # context attention per group, added group by group in each step's order
+            ctx = np.zeros(gs.size)
+            b, prefixed = np.where(gb > 0, gb, 1.0), gp > 0
+            for c in self._attn_ops:  # _context_attention's values (without the provenance)
+                grid = c.resolved[0].grid
+                if c.op.kind in STATEFUL_KINDS:
+                    v = grid.latency(b, gi, refuse=True)
+                else:  # prefixed_context: over isl + prefix, then never below the new tokens alone
+                    v = grid.latency(b, gi + gp, refuse=True)
+                    if prefixed.any():
+                        alone = v.copy()
+                        alone[prefixed] = grid.latency(b[prefixed], gi[prefixed], refuse=True)
+                        v = with_prefix(v, alone, gi, gp)
+                ctx = ctx + np.where(gb > 0, v * c.op.count, 0.0)
+            pos = np.arange(gs.size) - np.searchsorted(gs, gs)  # each group's place in its step
+            for j in range(int(pos.max()) + 1):
+                at = pos == j
+                total[gs[at]] += ctx[at]
+        active = dec > 0
+        b, step = np.where(active, dec, 1.0), np.maximum(kv - 1.0, 1.0)
+        gen = 0.0
+        for c in self._attn_ops + self._draft_attn_ops:  # _generation_attention's values
+            gen = gen + np.where(active, c.resolved[1].grid.latency(b, step, refuse=True) * c.op.count, 0.0)
+        return total + gen
+
+    def _tokenwise_sum(self, which: str, ops: list, tokens: np.ndarray, seqs: np.ndarray, context) -> np.ndarray:
+        """The sum over ``ops`` (token-wise, in order; ``which``: "main" or "draft", the name its
+        plan is kept under) of :meth:`_tokenwise`'s values, the 1-D grids
+        that share an axis, scale and token count evaluated as one stack
+        (:func:`~infercast.interp.grid.latency_rows`: the same elementwise operations)."""
+        plan = self._tokenwise_stacks.get(which)
+        if plan is None:
+            plan = self._tokenwise_stacks[which] = self._stack_plan(ops)
+        entries, stacks = plan
+        values = {}
+        for k, (every, xpt, stack, members) in stacks.items():
+            n = tokens if every else seqs
+            active = n > 0
+            x = np.where(active, n, 1.0) * xpt
+            rows = latency_rows(stack, x) if stack is not None else None
+            if rows is None:  # not stacked, or a query beyond the axis: each grid answers (or refuses)
+                rows = [c.resolved[0].grid.latency(x, refuse=True) for c in members]
+            values[k] = [np.where(active, r * c.op.count, 0.0) for r, c in zip(rows, members)]
+        total = np.zeros(np.shape(tokens))
+        for k, c in entries:
+            total = total + (values[k][c] if k is not None else self._tokenwise(c, tokens, seqs, context)[0])
+        return total
+
+    @staticmethod
+    def _stack_plan(ops: list) -> tuple:
+        """(entries, stacks) for :meth:`_tokenwise_sum`: per op in order (stack key, its row) or
+        (None, the op) for one evaluated alone (analytic, phase-split, a grid not 1-D); stacks
+        {key: (counts all tokens, x per token, :func:`stack_rows` of the members or None, members)}."""
+        entries, members = [], {}
+        for c in ops:
+            g = c.resolved[0].grid
+            if c.op.kind in ANALYTIC_KINDS or c.phase_split or len(getattr(g, "axes", ())) != 1:
+                entries.append((None, c))
+                continue
+            k = (c.op.tokens == "all", c.x_per_token, g.scales[0], g.axes[0].tobytes())
+            ms = members.setdefault(k, [])
+            entries.append((k, len(ms)))
+            ms.append(c)
+        stacks = {k: (k[0], k[1], stack_rows([c.resolved[0].grid for c in ms]) if len(ms) > 1 else None, ms)
+                  for k, ms in members.items()}
+        return entries, stacks
+
+    def _mixed_steps_scalar(self, gs, gb, gi, gp, dec, kv, pad) -> np.ndarray:
+        """:meth:`mixed_steps_ms` step by step through the scalar twins."""
+        n = dec.size
+        bounds = np.searchsorted(gs, np.arange(n + 1)).tolist()
+        groups = list(zip(gb.tolist(), gi.tolist(), gp.tolist()))
+        out = np.zeros(n)
+        for s, (d, k, p) in enumerate(zip(dec.tolist(), kv.tolist(), pad.tolist())):
+            g = tuple(groups[bounds[s]:bounds[s + 1]])
+            if g and p == 0.0:
+                out[s] = self.mixed_groups_ms(g, d, k)
+            elif g:
+                out[s] = self._scalar_step(g, d, k, p, any(b > 0 and i > 0 for b, i, _ in g))
+            elif d > 0:
+                out[s] = self.decode_scalar(d, k, p)
+        return out
 
     def describe_ops(self) -> list[dict]:
         rows = []

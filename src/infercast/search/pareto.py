@@ -1,7 +1,8 @@
 """Pareto frontier and recommendation over evaluated deployments.
 
 A deployment trades speed for one user (tokens/s/user, i.e. 1000 / TPOT) against cost (tokens/s
-per GPU). The frontier keeps every point no other point beats on both; the recommendation is the
+per GPU). The frontier keeps every point no other point beats on both (to :data:`TIE_DIGITS`
+significant digits; of equal points, the one with the fewest GPUs); the recommendation is the
 most tokens/s per GPU among the points that meet the latency targets (ties: fewer GPUs, then the
 lower TTFT).
 """
@@ -13,14 +14,35 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def pareto_front(per_user: Sequence[float], per_gpu: Sequence[float]) -> np.ndarray:
-    """Indices of the points not dominated in (per_user, per_gpu), both to maximise, sorted by
-    per_user ascending. A point equal to another on both is kept once (the first)."""
-    u = np.asarray(per_user, float)
-    g = np.asarray(per_gpu, float)
+#: significant digits to which :func:`pareto_front` compares the two metrics: deployments that
+#: are scaled copies of each other (twice the workers at twice the clients) have the same metrics
+#: up to rounding, and which of them stands on the frontier must not depend on that rounding
+TIE_DIGITS = 10
+
+
+def _snapped(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to :data:`TIE_DIGITS` significant digits (0, infinities and NaN as they are)."""
+    out = x.copy()
+    fine = np.isfinite(x) & (x != 0)
+    e = np.floor(np.log10(np.abs(x[fine])))
+    scale = 10.0 ** (TIE_DIGITS - 1 - e)
+    out[fine] = np.round(x[fine] * scale) / scale
+    return out
+
+
+def pareto_front(per_user: Sequence[float], per_gpu: Sequence[float], gpus: Sequence[int] | None = None) -> np.ndarray:
+    """Indices of the points not dominated in (per_user, per_gpu), both to maximise, compared to
+    :data:`TIE_DIGITS` significant digits, sorted by per_user ascending. Of points equal on both
+    (to those digits) one is kept: the one with the fewest ``gpus`` (when given), then the first."""
+    u = _snapped(np.asarray(per_user, float))
+    g = _snapped(np.asarray(per_gpu, float))
     if u.shape != g.shape:
         raise ValueError("per_user and per_gpu must have the same length")
-    order = np.lexsort((-g, -u))  # per_user descending, then per_gpu descending
+    n = np.zeros(u.shape) if gpus is None else np.asarray(gpus, float)
+    if n.shape != u.shape:
+        raise ValueError("gpus must have one value per point")
+    # per_user descending, then per_gpu descending, then fewer GPUs, then the first
+    order = np.lexsort((np.arange(u.size), n, -g, -u))
     # in that order, a point is kept when it has more per_gpu than every point before it (a NaN
     # is never kept, nor does it count as a best so far)
     gs = g[order]
@@ -41,11 +63,12 @@ def meets(ttft_ms: float | None, tpot_ms: float | None, ttft_max: float | None, 
 
 def recommend(per_gpu: Sequence[float], gpus: Sequence[int], ttft: Sequence[float], ok: Sequence[bool]) -> int | None:
     """Index of the best deployment among those with ``ok``: most tokens/s per GPU, then fewer
-    GPUs, then lower TTFT; None when none meets the targets."""
+    GPUs, then lower TTFT (the two metrics compared to :data:`TIE_DIGITS` significant digits, as
+    on the frontier), then the first; None when none meets the targets."""
     idx = np.flatnonzero(np.asarray(ok, dtype=bool))
     if not idx.size:
         return None
     g, n, t = (np.asarray(v, dtype=float)[idx] for v in (per_gpu, gpus, ttft))
     if np.isnan(g).any() or np.isnan(t).any():  # Python's ordering of NaN in tuples, as it stands
         return int(min(idx.tolist(), key=lambda i: (-per_gpu[i], gpus[i], ttft[i], i)))
-    return int(idx[np.lexsort((idx, t, n, -g))[0]])
+    return int(idx[np.lexsort((idx, _snapped(t), n, -_snapped(g)))[0]])

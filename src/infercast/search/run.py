@@ -583,7 +583,7 @@ def context_parallel_degrees(cps) -> tuple[int, ...]:
 def _finish(res: SearchResult) -> SearchResult:
     col = res.candidates.column
     per_gpu = col("tokens_per_s_per_gpu")
-    res.frontier = [int(i) for i in pareto_front(col("tokens_per_s_per_user"), per_gpu)]
+    res.frontier = [int(i) for i in pareto_front(col("tokens_per_s_per_user"), per_gpu, col("gpus"))]
     res.best = recommend(per_gpu, col("gpus"), col("ttft_ms"), col("meets_targets"))
     if res.best is None:
         res.reason = _no_best_reason(res)
@@ -922,6 +922,7 @@ class DisaggGroup:
             self.solvers.append((prefixed(phase_scaled(pe.engine, pp), res.prefix), pp, pe.plan.parallel.attention_dp,
                                  kv_transfer_ms(pe.memory.kv_per_token, res.isl, pe.gpus, bw, lat)))
         self.decode_engine = prefixed(phase_scaled(de.engine, self.pd), res.prefix)
+        self._curve = None  # the decode step by batch (DecodeCurve), made on the first solve
 
     #: the values of each deployment :meth:`solve` answers, in order (what a candidate reads)
     ROW = ("ttft_ms", "tpot_ms", "ttft_p90_ms", "tpot_p90_ms", "request_latency_ms", "tokens_per_s_per_gpu",
@@ -944,8 +945,12 @@ class DisaggGroup:
         gpus = pw * gp[which] + dw * de.gpus
         ddp = de.plan.parallel.attention_dp
         if vectorised:
+            if self._curve is None:  # every solve of this group asks the same decode steps
+                from ..serving.decode_curve import DecodeCurve
+
+                self._curve = DecodeCurve(self.decode_engine, self.pd, res.isl + res.osl / 2.0, self.pd.max_batch_size)
             cols = solve_disagg_many(self.solvers, self.decode_engine, c.astype(float), res.isl, res.osl, pw, dw, ddp, 1,
-                                     self.pd, gpus, which, columns=True)
+                                     self.pd, gpus, which, columns=True, decode_curve=self._curve)
             cols["tpot_p90_ms"] = cols["tpot_ms"]  # a lean result's TPOT percentiles are its mean
         else:
             out = []

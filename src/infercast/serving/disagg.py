@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backends import SchedulerParams
+from .decode_curve import DecodeCurve, decode_gpu_ms, graph_pad
 from .result import (
     PERCENTILES,
     QUANTILE_POINTS,
@@ -446,15 +447,7 @@ def _disagg_results_many(C: np.ndarray, osl: int, servers: np.ndarray, out_steps
 def _decode_step_many(engine, params: SchedulerParams, d: np.ndarray, kv: float) -> np.ndarray:
     """:func:`_decode_step` of each of an array of decode batches, through the engine's array
     path (equal to the scalar path to rounding)."""
-    sizes = np.asarray(params.graph_batch_sizes or (), dtype=float)
-    pad = np.zeros_like(d)
-    if sizes.size:
-        held = (d > 0) & (d <= sizes[-1])
-        i = np.searchsorted(sizes, d[held] - 1e-9)
-        pad[held] = sizes[i] - d[held]
-    fast = getattr(engine, "decode_steps_ms", None)  # CompiledEngine's; other engines answer step_ms
-    gpu = fast(d, kv, pad) if fast is not None else engine.step_ms(dec_batch=d, dec_kv=kv, dec_pad=pad, phase="decode")
-    return params.step_ms(gpu, d)
+    return params.step_ms(decode_gpu_ms(engine, d, kv, graph_pad(params, d)), d)
 
 
 def _closed_loop_wait_many(clients: np.ndarray, s: np.ndarray, delay: np.ndarray, think: np.ndarray,
@@ -490,6 +483,7 @@ def solve_disagg_many(
     iterations: int = 30,
     lean: bool = True,
     columns: bool = False,
+    decode_curve: DecodeCurve | None = None,
 ) -> list[DisaggResult] | dict[str, list]:
     """:func:`solve_disagg` for arrays of clients, prefill and decode worker counts and GPUs
     (broadcast together) of one decode layout and one or more prefill layouts: ``prefills`` is a
@@ -500,7 +494,10 @@ def solve_disagg_many(
     (the engine's array path and its scalar twins agree to rounding). ``lean`` (default): the
     results keep their percentiles but not the per-request distributions behind them.
     ``columns`` (with ``lean``): the same numbers as lists, by field (:data:`DISAGG_COLUMNS`),
-    instead of one result object per element."""
+    instead of one result object per element. ``decode_curve``: the decode engine's step times
+    by batch at this KV length (:class:`~infercast.serving.decode_curve.DecodeCurve`, the same
+    numbers to rounding, for a caller that solves many arrays with one decode layout); default:
+    each step priced by the engine."""
     C, pw, dw, g, w = (np.asarray(x).ravel() for x in np.broadcast_arrays(
         np.asarray(concurrency, dtype=float), np.asarray(prefill_workers), np.asarray(decode_workers), np.asarray(gpus),
         np.asarray(which)))
@@ -520,6 +517,11 @@ def solve_disagg_many(
     c_rank = C / ranks
     kv = isl + osl / 2.0
     cap = float(params_decode.max_batch_size)
+    if decode_curve is not None and (decode_curve.engine is not decode_engine or decode_curve.params != params_decode
+                                     or decode_curve.kv != kv):
+        raise ValueError("decode_curve was made for another decode engine, scheduler or KV length")
+    decode_step = decode_curve.step_ms if decode_curve is not None else (
+        lambda batch: _decode_step_many(decode_engine, params_decode, batch, kv))
 
     # each prefill layout's batch times by prompts per batch (NaN: not asked yet), filled as the
     # fixed point asks for them (in ascending (layout, prompts) order, as each _PrefillService memoises them)
@@ -549,7 +551,7 @@ def solve_disagg_many(
         idx = np.flatnonzero(live)
         dl, tl, Cl, sl, tr, ar = d[idx], ttft[idx], C[idx], servers[idx], transfer[idx], arrival[idx]
         ps_l, cap_l = per_step[idx], batch_cap[idx]
-        step = _decode_step_many(decode_engine, params_decode, np.maximum(dl, 1.0), kv)
+        step = decode_step(np.maximum(dl, 1.0))
         slot = slot_wait_ms(c_rank[idx], out_steps * step, cap, tl, tr)
         cycle = tl + out_steps * step + tr + slot
         lam_l = Cl / cycle
@@ -576,7 +578,7 @@ def solve_disagg_many(
         d[idx] = np.where(done, d_new, dl + frac * (d_new - dl))
         lam[idx], rho[idx], k_steady[idx] = lam_l, rho_l, k
         live[idx[done]] = False
-    step = _decode_step_many(decode_engine, params_decode, np.maximum(d, 1.0), kv)
+    step = decode_step(np.maximum(d, 1.0))
     slot = slot_wait_ms(c_rank, out_steps * step, cap, ttft, transfer)
     if lean:
         return _disagg_results_many(C, osl, servers, out_steps, transfer, g, ttft, d, step, rho, k_steady, lam, arrival,

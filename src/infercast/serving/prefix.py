@@ -46,6 +46,18 @@ class PrefixedEngine(TimingWrapper):
     def decode_scalar(self, batch: float, kv_len: float, pad: float = 0.0) -> float:
         return self._engine.decode_scalar(batch, kv_len + self.prefix, pad)
 
+    @property
+    def mixed_steps_ms(self):
+        """The wrapped engine's ``mixed_steps_ms`` (a recorded benchmark's steps) with the prefix
+        added to every prefill group's prefix and to the decodes' KV length; AttributeError when the
+        wrapped engine has none."""
+        priced = self._engine.mixed_steps_ms
+
+        def with_prefix_added(group_step, ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv, dec_pad):
+            return priced(group_step, ctx_batch, ctx_isl, np.asarray(ctx_prefix, dtype=float) + self.prefix, dec_batch,
+                          np.asarray(dec_kv, dtype=float) + self.prefix, dec_pad)
+        return with_prefix_added
+
     def decode_steps_ms(self, batch, kv_len, pad=0.0):
         kv = np.asarray(kv_len, dtype=float) + self.prefix
         fast = getattr(self._engine, "decode_steps_ms", None)

@@ -46,6 +46,20 @@ class PhaseScaledEngine(TimingWrapper):
         dec = float(self._engine.decode_scalar(dec_batch, dec_kv)) if dec_batch > 0 else 0.0
         return self._d * dec + self._p * (t - dec)
 
+    @property
+    def mixed_steps_ms(self):
+        """The wrapped engine's ``mixed_steps_ms`` (a recorded benchmark's steps), scaled as
+        :meth:`mixed_step_ms` scales a step carrying prefill groups and :meth:`decode_run_ms` a
+        decode-only step; AttributeError when the wrapped engine has none."""
+        priced = self._engine.mixed_steps_ms
+
+        def scaled(group_step, ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv, dec_pad):
+            t = np.asarray(priced(group_step, ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv, dec_pad), dtype=float)
+            prefill = np.bincount(np.asarray(group_step, dtype=np.int64), minlength=t.size) > 0
+            dec = self._decode_part(np.where(prefill, dec_batch, 0.0), dec_kv) if prefill.any() else 0.0
+            return np.where(prefill, self._d * dec + self._p * (t - dec), self._d * t)
+        return scaled
+
     def decode_steps_ms(self, batch, kv_len, pad=0.0):
         """Decode-only steps for arrays of batches (the wrapped engine's array path), scaled."""
         fast = getattr(self._engine, "decode_steps_ms", None)

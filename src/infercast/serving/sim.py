@@ -21,6 +21,16 @@ decode-only steps in one vectorised engine call, so one configuration costs mill
 decoding cohort gains the same tokens per step, so the decoding set is kept in the order its
 cohorts started decoding (the first to start is the first to finish) with one shared count of
 decode steps: a step costs the same however many cohorts decode.
+
+A benchmark whose clients send no request after their first (``requests_per_client`` 1, the first
+wave a search plays) has a schedule that does not depend on the step times: every request arrives
+at once, and which step carries which prompt chunks and decodes follows from token counts, the
+KV cache and the batch limit alone. Such a run is *recorded*: the scheduler plays it counting
+steps instead of milliseconds, noting each step's shape, and the engine then prices every step
+in one array call (:meth:`~infercast.engine.compiled.CompiledEngine.mixed_steps_ms`, for an
+engine that has it), the clock being their running sum. The same numbers as stepping the clock
+along, to rounding (the engine's array path and its scalar twins agree to rounding), at a
+fraction of the cost of a long wave (a thousand clients: hundreds of steps).
 """
 
 from __future__ import annotations
@@ -116,7 +126,12 @@ def simulate(
             f"one request of {isl}+{osl} tokens needs more KV cache than the worker has ({int(kv_capacity_tokens)} tokens)"
         )
 
-    waiting: list[_Cohort] = [_Cohort(C, params.arrival_delay_ms, float(isl), sent=0.0)]
+    # a run whose requests are all sent at the start is recorded (module docstring): ``t`` then
+    # counts steps from the requests' arrival, and the engine prices the noted steps at the end
+    steps_at_once = getattr(engine, "mixed_steps_ms", None) if total_requests == C else None
+    recorded = steps_at_once is not None
+    rec = _Record() if recorded else None
+    waiting: list[_Cohort] = [_Cohort(C, 0.0 if recorded else params.arrival_delay_ms, float(isl), sent=0.0)]
     # decoding cohorts in the order they started decoding: all gain ``tau`` tokens per step, so the
     # first one holds the most tokens and finishes first. ``done``: decode tokens every running
     # cohort has gained since the simulation began; a cohort's output so far is 1 + done - entry
@@ -134,8 +149,9 @@ def simulate(
         lambda b, kv, pad=0.0: engine.step_ms(dec_batch=b, dec_kv=kv, dec_pad=pad))
     issued = C
     t = 0.0
-    ttft_v, tpot_v, lat_v, w_v = [], [], [], []
-    wait_v, prefill_v = [], []  # per cohort: scheduler arrival -> first chunk, first chunk -> first token
+    # per completed cohort: when it was sent, reached the scheduler, had its first chunk's step
+    # begin, had its first token, completed (ms; step counts when recorded), and its requests
+    sent_v, arrival_v, start_v, first_v, end_v, w_v = [], [], [], [], [], []
     dec_batch_time = 0.0
     steps = 0
     events = 0
@@ -154,11 +170,11 @@ def simulate(
 
     def complete(c: _Cohort, now: float):
         nonlocal issued
-        ttft_v.append(c.first_token - c.sent)
-        wait_v.append(c.start - c.arrival)
-        prefill_v.append(c.first_token - c.start)
-        tpot_v.append((now - c.first_token) / max(osl - 1, 1))
-        lat_v.append(now - c.sent)
+        sent_v.append(c.sent)
+        arrival_v.append(c.arrival)
+        start_v.append(c.start)
+        first_v.append(c.first_token)
+        end_v.append(now)
         w_v.append(c.n)
         new = min(c.n, total_requests - issued)
         if new > 0:
@@ -181,12 +197,10 @@ def simulate(
         if (not running and t > 0 and len(waiting) == 1 and waiting[0].n == C and waiting[0].sent == t
                 and waiting[0].done_prefill == 0 and sum(w_v) == C and total_requests % C == 0):
             copies = total_requests // C - 1
-            ttft_v *= copies + 1
-            wait_v *= copies + 1
-            prefill_v *= copies + 1
-            tpot_v *= copies + 1
-            lat_v *= copies + 1
-            w_v *= copies + 1
+            # each copy's times are the first wave's shifted by a whole wave's duration: the
+            # first wave's times stand for them (every metric is a difference of two of them)
+            for v in (sent_v, arrival_v, start_v, first_v, end_v, w_v):
+                v *= copies + 1
             t *= copies + 1
             steps *= copies + 1
             dec_batch_time *= copies + 1
@@ -240,18 +254,21 @@ def simulate(
             gs = tuple([(float(take), float(chunk), float(c.done_prefill)) for c, take, chunk in groups])
             if params.mixed and running:
                 kv_mean = (in_flight * (isl + 1.0 + done) - entry_sum) / in_flight
-                gpu = mixed_groups(gs, float(in_flight), kv_mean) if mixed_groups is not None else engine.mixed_step_ms(
-                    [g[0] for g in gs], [g[1] for g in gs], [g[2] for g in gs], float(in_flight), kv_mean)
-                dt = params.step_ms(gpu, in_flight + sum([g[0] for g in gs]))
                 dec_n = in_flight
             else:
-                gpu = mixed_groups(gs, 0.0, 1.0) if mixed_groups is not None else engine.mixed_step_ms(
-                    [g[0] for g in gs], [g[1] for g in gs], [g[2] for g in gs], 0.0, 1.0)
-                dt = params.step_ms(gpu, sum([g[0] for g in gs]))
+                kv_mean = 1.0
                 dec_n = 0
+            seqs = dec_n + sum([g[0] for g in gs])
+            if recorded:
+                rec.step(gs, float(dec_n), kv_mean, 0.0, seqs)
+                dt = 1.0
+            else:
+                gpu = mixed_groups(gs, float(dec_n), kv_mean) if mixed_groups is not None else engine.mixed_step_ms(
+                    [g[0] for g in gs], [g[1] for g in gs], [g[2] for g in gs], float(dec_n), kv_mean)
+                dt = params.step_ms(gpu, seqs)
+                dec_batch_time += dec_n * dt
             t += dt
             steps += 1
-            dec_batch_time += dec_n * dt
             if dec_n:
                 done += tau
                 finish_decodes(t)
@@ -276,6 +293,13 @@ def simulate(
         # --- a run of decode-only steps until the next completion or arrival
         k = max(1, math.ceil((osl - generated(running[0])) / tau - 1e-9))
         base_kv = (in_flight * (isl + 1.0 + done) - entry_sum) / in_flight
+        if recorded:  # every request has arrived: the run ends at the next completion
+            rec.run(k, float(in_flight), base_kv, params.graph_pad(in_flight))
+            t += k
+            steps += k
+            done += k * tau
+            finish_decodes(t)
+            continue
         if k == 1 and decode_one is not None:  # the same numbers as the array path below
             dt = float(params.step_ms(decode_one(float(in_flight), base_kv, params.graph_pad(in_flight)), in_flight))
             t += dt
@@ -306,21 +330,69 @@ def simulate(
             "the benchmark is too long to play out step by step (or makes no progress); run fewer clients or "
             "fewer requests per client (--concurrency, --requests-per-client)",
         )
+    if recorded:
+        # the steps priced at once; the clock starts when the requests reach the scheduler
+        dts, dec_n = rec.priced(steps_at_once, params)
+        clock = np.cumsum(np.concatenate(([params.arrival_delay_ms], dts)))
+        at = lambda v: clock[np.asarray(v, dtype=np.int64)]  # noqa: E731  (step counts -> ms)
+        sent, arrival = np.asarray(sent_v, float), np.full(len(w_v), params.arrival_delay_ms)
+        start, first, end = at(start_v), at(first_v), at(end_v)
+        t = float(clock[-1])
+        dec_batch_time = float(np.dot(dec_n, dts))
+    else:
+        sent, arrival, start, first, end = (np.asarray(v, float) for v in (sent_v, arrival_v, start_v, first_v, end_v))
     w = np.asarray(w_v, float)
+    ttft_v, wait_v, prefill_v = first - sent, start - arrival, first - start
+    parts = ttft_parts(params.arrival_delay_ms, float(np.dot(wait_v, w) / w.sum()), float(np.dot(prefill_v, w) / w.sum()))
+    ttft_d = Distribution(ttft_v, w)
     if first_tokens_only:
-        ttft_d = Distribution(ttft_v, w)
-        return FirstTokens(ttft_d.mean(), ttft_parts(params.arrival_delay_ms, float(np.dot(wait_v, w) / w.sum()),
-                                                     float(np.dot(prefill_v, w) / w.sum())), ttft_d)
-    ttft_d, tpot_d = Distribution(ttft_v, w), Distribution(tpot_v, w)
+        return FirstTokens(ttft_d.mean(), parts, ttft_d)
+    tpot_d = Distribution((end - first) / max(osl - 1, 1), w)
     ttft, tpot = ttft_d.mean(), tpot_d.mean()
-    lat = float(np.dot(lat_v, w) / w.sum())
+    lat = float(np.dot(end - sent, w) / w.sum())
     tput = total_requests * osl / (t / 1e3) / gpus if t > 0 else 0.0
     res = SimResult(
         concurrency=C, ttft_ms=ttft, tpot_ms=tpot, request_latency_ms=lat,
         tokens_per_s_per_gpu=tput, tokens_per_s_per_user=1e3 / tpot if tpot > 0 else 0.0,
-        mean_decode_batch=dec_batch_time / t if t > 0 else 0.0, steps=steps,
-        ttft_parts=ttft_parts(params.arrival_delay_ms, float(np.dot(wait_v, w) / w.sum()),
-                              float(np.dot(prefill_v, w) / w.sum())),
+        mean_decode_batch=dec_batch_time / t if t > 0 else 0.0, steps=steps, ttft_parts=parts,
     )
     res.set_percentiles(ttft_d, tpot_d)
     return res
+
+
+class _Record:
+    """The steps of a recorded run (module docstring), in order: per step its decodes, their mean
+    KV length, CUDA-graph padding rows and the sequences it carries (host time), and its prefill
+    groups (sequences, new tokens, prefix each) flattened with the step each belongs to. A run of
+    ``k`` decode-only steps is noted as one block and spread into steps when priced."""
+
+    def __init__(self):
+        self.dec, self.kv, self.pad, self.seqs = [], [], [], []
+        self.group_step, self.groups = [], []
+        self.runs = []  # (first step, k, KV length of the first step)
+
+    def step(self, groups: tuple, dec: float, kv: float, pad: float, seqs: float) -> None:
+        s = len(self.dec)
+        self.group_step.extend([s] * len(groups))
+        self.groups.extend(groups)
+        self.dec.append(dec)
+        self.kv.append(kv)
+        self.pad.append(pad)
+        self.seqs.append(seqs)
+
+    def run(self, k: int, dec: float, kv: float, pad: float) -> None:
+        self.runs.append((len(self.dec), k, kv))
+        self.dec.extend([dec] * k)
+        self.kv.extend([kv] * k)
+        self.pad.extend([pad] * k)
+        self.seqs.extend([dec] * k)
+
+    def priced(self, steps_at_once, params: SchedulerParams) -> tuple[np.ndarray, np.ndarray]:
+        """(each step's wall time in ms, its decodes): the engine's ``steps_at_once`` prices the
+        steps' GPU time, ``params`` adds the host's."""
+        dec, kv, pad, seqs = (np.asarray(v, dtype=float) for v in (self.dec, self.kv, self.pad, self.seqs))
+        for s, k, kv0 in self.runs:  # a decode run's KV length grows by one token per step
+            kv[s:s + k] = kv0 + np.arange(k, dtype=float)
+        g = np.asarray(self.groups, dtype=float).reshape(-1, 3)
+        gpu = steps_at_once(np.asarray(self.group_step, dtype=np.int64), g[:, 0], g[:, 1], g[:, 2], dec, kv, pad)
+        return np.asarray(params.step_ms(gpu, seqs), dtype=float), dec

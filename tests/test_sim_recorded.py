@@ -1,0 +1,142 @@
+"""A benchmark whose clients send one request each is *recorded* (``serving.sim``'s module
+docstring): the scheduler plays it counting steps, and the engine prices the steps at once
+(``CompiledEngine.mixed_steps_ms``). Its numbers are the clock-stepping run's, to rounding, across
+schedulers, KV and batch limits, the wrappers (prefix, phase scales), and both pricing paths (the
+scalar twins for a few steps, the array path for many)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import synthpack as sp
+from infercast.api import Estimator
+from infercast.engine.compiled import SCALAR_STEPS
+from infercast.serving.backends import scheduler_params
+from infercast.serving.prefix import prefixed
+from infercast.serving.scaled import PhaseScaledEngine
+from infercast.serving.sim import FirstTokens, simulate
+
+
+class ClockStepping:
+    """An engine seen without ``mixed_steps_ms``: ``simulate`` then steps its clock along."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def __getattr__(self, name):
+        if name == "mixed_steps_ms":
+            raise AttributeError(name)
+        return getattr(self._engine, name)
+
+
+@pytest.fixture(scope="module")
+def est(synth):
+    return Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", systems_path=synth.systems_dir)
+
+
+def _params(est, **kw):
+    base = dataclasses.replace(scheduler_params("trtllm", est.data.system, est.spec), max_num_tokens=1024,
+                               min_prefill_chunk=64, arrival_delay_ms=1.7)
+    return dataclasses.replace(base, **kw)
+
+
+def _same(a, b, rel=1e-12):
+    assert type(a) is type(b)
+    assert a.ttft_ms == pytest.approx(b.ttft_ms, rel=rel)
+    assert a.ttft_parts == pytest.approx(b.ttft_parts, rel=rel, abs=1e-9)
+    assert np.allclose(a.ttft_dist.values, b.ttft_dist.values, rtol=rel, atol=0.0)
+    assert np.array_equal(a.ttft_dist.weights, b.ttft_dist.weights)
+    if not isinstance(a, FirstTokens):
+        for f in ("tpot_ms", "request_latency_ms", "tokens_per_s_per_gpu", "mean_decode_batch"):
+            assert getattr(a, f) == pytest.approx(getattr(b, f), rel=rel), f
+        assert a.steps == b.steps
+
+
+@pytest.mark.parametrize("kw,kv", [
+    ({}, 1e9),
+    ({}, 6000.0),  # KV-bound: later prompts wait for completions (decode runs between them)
+    ({"max_batch_size": 5}, 1e9),
+    ({"mixed": False}, 1e9),
+    ({"chunked": False}, 1e9),
+    ({"max_num_tokens": 300, "kv_reserve_full": False}, 2600.0),
+])
+@pytest.mark.parametrize("first_only", [True, False])
+def test_recorded_run_is_the_clock_stepping_runs(est, kw, kv, first_only):
+    p = _params(est, **kw)
+    eng = est.engine
+    for c in (1, 3, 12, 40, 150):
+        got = simulate(eng, c, 250, 24, p, kv, 1, requests_per_client=1, first_tokens_only=first_only)
+        ref = simulate(ClockStepping(eng), c, 250, 24, p, kv, 1, requests_per_client=1, first_tokens_only=first_only)
+        _same(got, ref)
+
+
+def test_runs_with_later_requests_step_the_clock(est):
+    """A client that sends again after its first request makes arrivals depend on the step times:
+    such a run is not recorded (the engine's pricing of recorded steps is never asked)."""
+    calls = []
+
+    class Watch(ClockStepping):
+        @property
+        def mixed_steps_ms(self):
+            calls.append(1)
+            return self._engine.mixed_steps_ms
+
+    p = _params(est)
+    simulate(Watch(est.engine), 8, 250, 24, p, 1e9, 1, requests_per_client=3)
+    assert calls == []
+    simulate(Watch(est.engine), 8, 250, 24, p, 1e9, 1, requests_per_client=1)
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("wrap", [
+    lambda e: prefixed(e, 96),
+    lambda e: PhaseScaledEngine(e, 1.3, 0.7),
+    lambda e: PhaseScaledEngine(prefixed(e, 40), 0.9, 1.2),
+])
+def test_wrapped_engines_price_recorded_steps_as_they_price_each_step(est, wrap):
+    p = _params(est)
+    w = wrap(est.engine)
+    assert callable(getattr(w, "mixed_steps_ms", None))
+    for c, kv in ((4, 1e9), (60, 1e9), (90, 5000.0)):
+        got = simulate(w, c, 250, 24, p, kv, 1, requests_per_client=1)
+        ref = simulate(ClockStepping(w), c, 250, 24, p, kv, 1, requests_per_client=1)
+        _same(got, ref, rel=1e-11)
+
+
+def test_a_wrapper_over_an_engine_without_the_pricing_has_none(est):
+    assert getattr(prefixed(ClockStepping(est.engine), 10), "mixed_steps_ms", None) is None
+    assert getattr(PhaseScaledEngine(ClockStepping(est.engine), 1.1, 1.0), "mixed_steps_ms", None) is None
+
+
+def test_steps_priced_at_once_are_each_steps_price(est):
+    """Both paths of ``mixed_steps_ms`` against the scalar twins, step by step: steps with several
+    prefill groups (with and without prefix), decode-only steps with CUDA-graph padding, prefill-only
+    steps, a step of nothing."""
+    eng = est.engine
+    rng = np.random.default_rng(7)
+    for n in (SCALAR_STEPS, 5 * SCALAR_STEPS):
+        dec = rng.integers(0, 40, n).astype(float)
+        kv = rng.uniform(10.0, 600.0, n)
+        groups, steps, pad = [], [], np.zeros(n)
+        for s in range(n):
+            k = int(rng.integers(0, 4))
+            if k == 0:
+                pad[s] = float(rng.integers(0, 3)) if dec[s] > 0 else 0.0
+            for _ in range(k):
+                groups.append((float(rng.integers(1, 3)), float(rng.integers(1, 300)), float(rng.choice([0.0, 128.0]))))
+                steps.append(s)
+        g = np.asarray(groups).reshape(-1, 3)
+        got = eng.mixed_steps_ms(np.asarray(steps), g[:, 0], g[:, 1], g[:, 2], dec, kv, pad)
+        want = []
+        for s in range(n):
+            gs = tuple(gr for gr, st in zip(groups, steps) if st == s)
+            if gs:
+                want.append(eng.mixed_groups_ms(gs, float(dec[s]), float(kv[s])))
+            else:
+                want.append(eng.decode_scalar(float(dec[s]), float(kv[s]), float(pad[s])) if dec[s] > 0 else 0.0)
+        assert np.allclose(got, want, rtol=1e-12, atol=0.0)
+        if n <= SCALAR_STEPS:  # the scalar twins themselves: the same numbers
+            assert got.tolist() == want
