@@ -140,3 +140,49 @@ def test_steps_priced_at_once_are_each_steps_price(est):
         assert np.allclose(got, want, rtol=1e-12, atol=0.0)
         if n <= SCALAR_STEPS:  # the scalar twins themselves: the same numbers
             assert got.tolist() == want
+
+
+class Priced:
+    """A synthetic engine that prices recorded steps from their shapes (irregular floats, so that
+    any difference in the steps would show) and has MTP-like step widths when asked."""
+
+    def __init__(self, tau: float = 1.0, width: float = 1.0):
+        self.tokens_per_step, self.decode_width = tau, width
+
+    def mixed_steps_ms(self, group_step, ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv, dec_pad):
+        n = len(dec_batch)
+        tok = np.bincount(group_step, np.asarray(ctx_batch) * np.asarray(ctx_isl), minlength=n)
+        pre = np.bincount(group_step, np.asarray(ctx_batch) * np.asarray(ctx_prefix), minlength=n)
+        d = np.asarray(dec_batch)
+        return 0.731 + 0.00113 * tok + 1.7e-7 * tok * pre + 0.0137 * (d + np.asarray(dec_pad)) + 1.3e-4 * d * np.asarray(dec_kv)
+
+
+def test_first_wave_player_is_the_general_loop(monkeypatch):
+    """The first-wave player (a search's hot path) decides every step as simulate's general loop
+    does: the same TTFTs, bit for bit, over random schedulers, KV caches, batch limits and MTP."""
+    from infercast.serving import sim
+    from infercast.serving.backends import SchedulerParams
+
+    rng = np.random.default_rng(11)
+    checked = 0
+    for _ in range(300):
+        isl, osl = int(rng.integers(1, 900)), int(rng.integers(1, 120))
+        p = SchedulerParams(mixed=bool(rng.random() < 0.7), chunked=bool(rng.random() < 0.7),
+                            max_num_tokens=int(rng.integers(64, 3000)), max_batch_size=int(rng.integers(1, 80)),
+                            step_overhead_ms=0.1, arrival_delay_ms=float(rng.uniform(0, 3)), requests_per_client=1.0,
+                            kv_reserve_full=bool(rng.random() < 0.5), min_prefill_chunk=int(rng.integers(1, 200)),
+                            graph_batch_sizes=(1, 2, 4, 8, 16, 32) if rng.random() < 0.5 else ())
+        if not p.chunked and isl > p.max_num_tokens:
+            continue
+        kv = float(rng.choice([1e12, (isl + osl) * rng.uniform(1.0, 40.0)]))
+        eng = Priced(*((1.6, 2.0) if rng.random() < 0.3 else (1.0, 1.0)))
+        c = int(rng.integers(1, 200))
+        fast = simulate(eng, c, isl, osl, p, kv, 1, requests_per_client=1, first_tokens_only=True)
+        monkeypatch.setattr(sim, "FIRST_WAVE_PLAYER", False)
+        loop = simulate(eng, c, isl, osl, p, kv, 1, requests_per_client=1, first_tokens_only=True)
+        monkeypatch.setattr(sim, "FIRST_WAVE_PLAYER", True)
+        assert fast.ttft_ms == loop.ttft_ms and fast.ttft_parts == loop.ttft_parts
+        assert np.array_equal(fast.ttft_dist.values, loop.ttft_dist.values)
+        assert np.array_equal(fast.ttft_dist.weights, loop.ttft_dist.weights)
+        checked += 1
+    assert checked > 200

@@ -57,7 +57,7 @@ CP_KINDS = ("cp_exchange", "cp_combine")
 SCALAR_RUN = 4
 #: :meth:`CompiledEngine.mixed_steps_ms` prices at most this many steps with the scalar twins (one
 #: array call over every op costs about as much as this many scalar steps)
-SCALAR_STEPS = 16
+SCALAR_STEPS = 32
 
 
 @dataclass

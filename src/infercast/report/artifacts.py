@@ -63,7 +63,12 @@ def ranked(candidates: list, top: int) -> list:
 
     column = column_reader(candidates)
     meets, per_gpu = column("meets_targets"), column("tokens_per_s_per_gpu")
-    ok = sorted((i for i, m in enumerate(meets) if m), key=lambda i: -per_gpu[i])
+    idx = np.flatnonzero(np.asarray(meets, dtype=bool))
+    g = np.asarray(per_gpu, dtype=float)[idx]
+    if np.isnan(g).any():  # Python's ordering of NaN keys, as it stands
+        ok = sorted((i for i, m in enumerate(meets) if m), key=lambda i: -per_gpu[i])
+    else:  # the same order as sorted() by -per_gpu (stable: ties in the candidates' order)
+        ok = idx[np.argsort(-g, kind="stable")].tolist()
     out: list = []
     seen: set = set()
     backends, labels = column("backend"), column("layout")

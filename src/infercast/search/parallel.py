@@ -46,6 +46,8 @@ Part = Callable[[object], None]
 _PARTS: Sequence[Part] = ()
 #: the result each part of :data:`_PARTS` fills (an empty copy of it, in a worker)
 _RESULT: Sequence = ()
+#: the order in which the workers take the parts (the most costly first)
+_ORDER: Sequence[int] = ()
 
 
 def fork_available() -> bool:
@@ -106,7 +108,7 @@ def run_groups(groups: Sequence[tuple], jobs: int | None = None, on_done: Callab
     workers, taken in decreasing cost over every group (the costs of all groups in one unit), so
     one search's long parts overlap another's short ones; each group's result is merged in its
     parts' order, as :func:`run_parts` would. ``on_done(done, total)`` counts every group's parts."""
-    global _PARTS, _RESULT
+    global _PARTS, _RESULT, _ORDER
 
     flat = [(res, part) for res, parts, _ in groups for part in parts]
     costs = [c for _, parts, cost in groups for c in (cost if cost is not None else [0.0] * len(parts))]
@@ -119,33 +121,79 @@ def run_groups(groups: Sequence[tuple], jobs: int | None = None, on_done: Callab
                     on_done(i + 1, len(flat))
         return
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from concurrent.futures.process import BrokenProcessPool
+    from multiprocessing.connection import wait
 
     # decreasing cost, ties in the parts' order (sorted is stable)
     order = sorted(range(len(flat)), key=lambda i: -costs[i])
-    _PARTS, _RESULT = [part for _, part in flat], [res for res, _ in flat]
+    _PARTS, _RESULT, _ORDER = [part for _, part in flat], [res for res, _ in flat], order
     done: dict = {}
+    ctx = multiprocessing.get_context("fork")
+    taken = ctx.Value("i", 0)  # how many of ``order`` the workers have taken
+    workers: dict = {}  # the reading end of each worker's pipe -> the worker
     # the objects built so far are never garbage the workers collect: frozen, the workers' collector
     # neither scans them nor writes to their pages (which the workers share with this process)
     gc.freeze()
     try:
-        # a pool that says so when a worker dies (multiprocessing.Pool would wait for its answer forever)
-        with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork")) as pool:
-            for fut in as_completed([pool.submit(_run_one, i) for i in order]):
-                i, got = fut.result()
+        for _ in range(n):
+            reader, writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_work, args=(taken, writer), daemon=True)
+            proc.start()
+            writer.close()  # this process's copy: the pipe ends when the worker's does
+            workers[reader] = proc
+        while workers:
+            for reader in wait(list(workers)):
+                try:
+                    kind, i, got = reader.recv()
+                except EOFError:  # the worker has ended: after its last part, or killed before
+                    proc = workers.pop(reader)
+                    proc.join()
+                    if proc.exitcode != 0:
+                        raise WorkerError(
+                            f"a search worker process died before answering ({len(done)} of {len(flat)} parts done, "
+                            f"exit code {proc.exitcode}): killed by the operating system? (out of memory)",
+                            "run it in one process: --jobs 1") from None
+                    continue
+                if kind == "error":
+                    raise got
                 done[i] = got
                 if on_done is not None:
                     on_done(len(done), len(flat))
-    except BrokenProcessPool as exc:
-        raise WorkerError(f"a search worker process died before answering ({len(done)} of {len(flat)} parts done): "
-                          "killed by the operating system? (out of memory)", "run it in one process: --jobs 1") from exc
+        if len(done) < len(flat):  # (a worker cannot end cleanly with a part taken and not answered)
+            raise WorkerError(f"the search workers answered {len(done)} of {len(flat)} parts", "run it in one process: --jobs 1")
     finally:
-        _PARTS, _RESULT = (), ()
+        for proc in workers.values():
+            proc.terminate()
+        for proc in workers.values():
+            proc.join()
+        _PARTS, _RESULT, _ORDER = (), (), ()
         gc.unfreeze()
     with paused_gc():
         for i, (res, _) in enumerate(flat):
             _merge(res, done[i])
+
+
+def _work(taken, conn) -> None:
+    """A worker's loop: take the next part of :data:`_ORDER` (``taken`` counts the parts the
+    workers have taken, under its lock), run it and send ``("done", i, answer)`` back, until none
+    is left; a part that raises sends ``("error", i, exception)`` and ends the loop."""
+    try:
+        while True:
+            with taken.get_lock():
+                k = taken.value
+                if k >= len(_ORDER):
+                    return
+                taken.value = k + 1
+            i = _ORDER[k]
+            try:
+                conn.send(("done", *_run_one(i)))
+            except Exception as exc:  # noqa: BLE001 (handed to the parent, which raises it)
+                try:
+                    conn.send(("error", i, exc))
+                except Exception:  # an exception that does not pickle: its words
+                    conn.send(("error", i, RuntimeError(f"search part {i} failed: {exc!r}")))
+                return
+    finally:
+        conn.close()
 
 
 @contextmanager

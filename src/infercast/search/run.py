@@ -1007,7 +1007,8 @@ class DisaggGroup:
             ok &= ~(np.asarray(cols["tpot_ms"], dtype=float) > res.tpot_max_ms)
         return over, ok
 
-    def add_blocks(self, deployments: list[tuple[int, int, int]], counts: list[int], c: list[int], cols: dict) -> list:
+    def add_blocks(self, deployments: list[tuple[int, int, int]], counts: list[int], c: list[int], cols: dict,
+                   verdicts: tuple[np.ndarray, np.ndarray] | None = None) -> list:
         """Add deployments to the search result, in order: ``deployments`` (prefill layout, pw,
         dw) each standing for the next ``counts`` elements, ``c`` the clients and ``cols``
         (:meth:`solve`, one value per element) the solved values of each. An element whose
@@ -1016,7 +1017,7 @@ class DisaggGroup:
         wait for a slot: :func:`infercast.serving.disagg.slot_wait_ms`), not refused. Every other
         element becomes a :class:`DisaggCandidate`, added as a row (rows built by ``zip``, the
         fields every element shares repeated). Answers, per element, whether it meets the targets
-        (None: refused)."""
+        (None: refused). ``verdicts``: :meth:`verdicts` of ``cols`` if already worked out."""
         from itertools import repeat
 
         res = self.res
@@ -1026,7 +1027,7 @@ class DisaggGroup:
         ev = res.evaluated
         ev["disagg candidate"] = ev.get("disagg candidate", 0) + n
         batch, kv_cap = cols["decode_batch"], cols["decode_kv_capacity"]
-        over, ok = self.verdicts(cols)
+        over, ok = verdicts if verdicts is not None else self.verdicts(cols)
         dep = np.repeat(np.arange(len(deployments)), counts)
         words = [self._deployment(*d) for d in deployments]
         for k in np.flatnonzero(over).tolist():  # refused (few: the first overflow of a deployment at most)
@@ -1098,13 +1099,15 @@ def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: l
         return
     # a deployment's concurrencies are added up to the first whose decode batch overflows the KV
     # cache (refused: more clients only grow the decode batch), the rest left out
-    over = group.verdicts(cols)[0].reshape(-1, L)
+    over_all, ok_all = group.verdicts(cols)
+    over = over_all.reshape(-1, L)
     first = np.where(over.any(axis=1), over.argmax(axis=1), L)  # the first overflow (L: none)
     added = np.arange(L)[None, :] <= first[:, None]
     counts_added = np.minimum(first + 1, L)
     keep = None if added.all() else np.flatnonzero(added.ravel())
     status = group.add_blocks(deployments, counts_added.tolist(), _take(cs_all.tolist(), keep),
-                              {name: _take(v, keep) for name, v in cols.items()})
+                              {name: _take(v, keep) for name, v in cols.items()},
+                              (over_all, ok_all) if keep is None else (over_all[keep], ok_all[keep]))
     if not refine:
         return
     # where a deployment's answers flip from meeting the targets to missing them between two
@@ -1142,7 +1145,8 @@ def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: l
                 take.append(n)
             start += n
         keep = np.concatenate([np.arange(b, b + t) for b, t in zip(np.cumsum([0] + reps[:-1]).tolist(), take)])
-        status = group.add_blocks(keys, take, _take(flat_c, keep), {name: _take(v, keep) for name, v in cols.items()})
+        status = group.add_blocks(keys, take, _take(flat_c, keep), {name: _take(v, keep) for name, v in cols.items()},
+                                  (over[keep], ok[keep]))
         pos = 0
         for key, t in zip(keys, take):
             lo, hi = brackets.pop(key)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from itertools import chain
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,7 +62,7 @@ def check_prompt_fits_budget(isl: int, params: SchedulerParams) -> None:
         )
 
 
-@dataclass
+@dataclass(slots=True)
 class _Cohort:
     n: int
     arrival: float  # ms, when the engine's scheduler sees the requests
@@ -131,6 +132,9 @@ def simulate(
     steps_at_once = getattr(engine, "mixed_steps_ms", None) if total_requests == C else None
     recorded = steps_at_once is not None
     rec = _Record() if recorded else None
+    if recorded and first_tokens_only and FIRST_WAVE_PLAYER:
+        start_v, first_v, w_v, steps = _first_wave(rec, C, isl, osl, params, kv_slots, per_req_kv, tau, width, max_events)
+        return _first_tokens(rec, steps_at_once, params, start_v, first_v, w_v)
     waiting: list[_Cohort] = [_Cohort(C, 0.0 if recorded else params.arrival_delay_ms, float(isl), sent=0.0)]
     # decoding cohorts in the order they started decoding: all gain ``tau`` tokens per step, so the
     # first one holds the most tokens and finishes first. ``done``: decode tokens every running
@@ -147,6 +151,8 @@ def simulate(
     mixed_groups = getattr(engine, "mixed_groups_ms", None)
     decode_run = getattr(engine, "decode_run_ms", None) or (
         lambda b, kv, pad=0.0: engine.step_ms(dec_batch=b, dec_kv=kv, dec_pad=pad))
+    mixed, chunked, max_batch = params.mixed, params.chunked, params.max_batch_size
+    min_chunk = float(params.min_prefill_chunk)
     issued = C
     t = 0.0
     # per completed cohort: when it was sent, reached the scheduler, had its first chunk's step
@@ -162,7 +168,7 @@ def simulate(
     def finish_decodes(now: float):
         """Complete the cohorts that have generated all ``osl`` tokens (the oldest first)."""
         nonlocal n_running, entry_sum
-        while running and generated(running[0]) >= osl - 1e-9:
+        while running and 1.0 + done - running[0].entry >= osl - 1e-9:  # generated(running[0])
             c = running.popleft()
             n_running -= c.n
             entry_sum -= c.n * c.entry
@@ -187,8 +193,15 @@ def simulate(
 
     while (waiting or running) and events < max_events:
         if first_tokens_only and not waiting and issued >= total_requests:
-            while running:  # in completion order; their decode times are not needed
-                complete(running.popleft(), t)
+            # the rest complete in the order they would (their decode times are not needed), and
+            # none of them sends another request
+            sent_v.extend([c.sent for c in running])
+            arrival_v.extend([c.arrival for c in running])
+            start_v.extend([c.start for c in running])
+            first_v.extend([c.first_token for c in running])
+            end_v.extend([t] * len(running))
+            w_v.extend([c.n for c in running])
+            running.clear()
             break
         # The benchmark repeats itself: once the whole first wave has completed at one instant and
         # its C successors are all that waits, the state is the start state shifted by ``t``, so
@@ -214,9 +227,9 @@ def simulate(
         # a split-off rest right after its cohort), so the arrived ones are a prefix of it.
         groups = []  # (n, chunk tokens, prefix)
         if waiting and waiting[0].arrival <= t + 1e-9:
-            room = budget - (in_flight * width if params.mixed else 0.0)
-            if params.chunked:  # the least prefill work a step takes when decodes fill the budget
-                room = max(room, float(params.min_prefill_chunk))
+            room = budget - (in_flight * width if mixed else 0.0)
+            if chunked:  # the least prefill work a step takes when decodes fill the budget
+                room = max(room, min_chunk)
             admitted = 0  # sequences newly admitted in this step
             i = 0
             while i < len(waiting):  # live: a rest split off below is next, and may take a chunk
@@ -225,16 +238,14 @@ def simulate(
                 if c.arrival > t + 1e-9 or room <= 0:
                     break
                 started = c.done_prefill > 0
-                # requests not yet holding KV must be admissible
-                free_seq = params.max_batch_size - in_flight - admitted
-                free_kv = (kv_slots - kv_used) // per_req_kv if not started else c.n
-                can = int(min(c.n, free_kv if not started else c.n, free_seq if not started else c.n))
+                # requests not yet holding KV must be admissible (free KV slots and sequences)
+                can = c.n if started else int(min(c.n, (kv_slots - kv_used) // per_req_kv, max_batch - in_flight - admitted))
                 if can <= 0:
                     break
                 whole = int(min(can, room // c.remaining))
                 if whole >= 1:
                     take, chunk = whole, c.remaining
-                elif params.chunked:
+                elif chunked:
                     take, chunk = 1, room
                 else:
                     break
@@ -252,7 +263,7 @@ def simulate(
         if groups:
             # plain floats: the step's few groups cost less as Python floats than as numpy arrays
             gs = tuple([(float(take), float(chunk), float(c.done_prefill)) for c, take, chunk in groups])
-            if params.mixed and running:
+            if mixed and running:
                 kv_mean = (in_flight * (isl + 1.0 + done) - entry_sum) / in_flight
                 dec_n = in_flight
             else:
@@ -360,6 +371,134 @@ def simulate(
     return res
 
 
+#: a recorded first wave whose TTFTs alone are asked (what a search asks) is played by
+#: :func:`_first_wave` rather than by :func:`simulate`'s general loop (tests turn it off to compare)
+FIRST_WAVE_PLAYER = True
+
+
+def _first_wave(rec: _Record, C: int, isl: int, osl: int, params: SchedulerParams, kv_slots: float, per_req_kv: float,
+                tau: float, width: float, max_events: int) -> tuple[list, list, list, int]:
+    """:func:`simulate`'s loop for a recorded first wave played until every request has its first
+    token: the same decisions in the same arithmetic, so the same steps (noted in ``rec``) and the
+    same TTFTs, on the state such a wave has. Every request arrives at once and none is sent
+    later, so what waits is at most one request part-way through its prompt (chunked, it is
+    always the one request the last step ran out of room for) and the requests not yet started,
+    all alike: two numbers and a count instead of a queue of cohorts; a cohort is made only when
+    its requests get their first token. Answers (the step each cohort's first chunk began, the
+    step it got its first token, its requests) in the order the general loop records them (the
+    order of first tokens, which is the order of completions), and the steps played."""
+    budget = float(params.max_num_tokens)
+    mixed, chunked, max_batch = params.mixed, params.chunked, params.max_batch_size
+    min_chunk = float(params.min_prefill_chunk)
+    fisl = float(isl)
+    fresh = C  # requests not started
+    part = None  # [prefill tokens left, tokens done, start step] of the request part-way through its prompt
+    running: deque = deque()  # (requests, entry) of the decoding cohorts, oldest first
+    n_running, entry_sum, done = 0, 0.0, 0.0
+    start_v, first_v, w_v = [], [], []
+    t, events = 0.0, 0
+    step_note, run_note = rec.step, rec.run
+    while fresh or part is not None:
+        if events >= max_events:
+            raise InvalidConfigError(
+                f"the benchmark of {C} clients x 1 requests did not finish in {max_events} scheduler events",
+                "the benchmark is too long to play out step by step (or makes no progress); run fewer clients or "
+                "fewer requests per client (--concurrency, --requests-per-client)")
+        events += 1
+        in_flight = n_running
+        kv_used = in_flight * per_req_kv
+        room = budget - (in_flight * width if mixed else 0.0)
+        if chunked:
+            room = max(room, min_chunk)
+        gs = []  # the step's groups (sequences, chunk, prefix), as simulate's loop notes them
+        finishing = []  # (requests, start step) of the groups whose prompt this step completes
+        new_part = None
+        if room > 0 and part is not None:  # the request part-way through its prompt holds its KV already
+            rem, pdone, pstart = part
+            chunk = rem if int(min(1, room // rem)) >= 1 else room if chunked else None
+            if chunk is not None:
+                gs.append((1.0, float(chunk), float(pdone)))
+                room -= 1 * chunk
+                part = [rem - chunk, pdone + chunk, pstart]
+                if part[0] <= 1e-9:
+                    finishing.append((1, pstart))
+                    part = None
+        admitted = 0
+        while fresh and room > 0:  # the requests not started: whole prompts, then a chunk of the next
+            can = int(min(fresh, (kv_slots - kv_used) // per_req_kv, max_batch - in_flight - admitted))
+            if can <= 0:
+                break
+            whole = int(min(can, room // fisl))
+            if whole >= 1:
+                take, chunk = whole, fisl
+            elif chunked:
+                take, chunk = 1, room
+            else:
+                break
+            gs.append((float(take), float(chunk), 0.0))
+            room -= take * chunk
+            kv_used += take * per_req_kv
+            admitted += take
+            fresh -= take
+            if fisl - chunk <= 1e-9:
+                finishing.append((take, t))
+            else:
+                new_part = [fisl - chunk, 0.0 + chunk, t]
+        if gs:
+            if mixed and running:
+                kv_mean = (in_flight * (isl + 1.0 + done) - entry_sum) / in_flight
+                dec_n = in_flight
+            else:
+                kv_mean, dec_n = 1.0, 0
+            step_note(tuple(gs), float(dec_n), kv_mean, 0.0, dec_n + sum([g[0] for g in gs]))
+            t += 1.0
+            if dec_n:
+                done += tau
+                while running and 1.0 + done - running[0][1] >= osl - 1e-9:
+                    n, entry = running.popleft()
+                    n_running -= n
+                    entry_sum -= n * entry
+            for n, started in finishing:  # their first token comes with this step
+                start_v.append(started)
+                first_v.append(t)
+                w_v.append(n)
+                if osl > 1:
+                    running.append((n, done))
+                    n_running += n
+                    entry_sum += n * done
+            if new_part is not None:
+                part = new_part
+            continue
+        # nothing admissible (the KV cache or the batch is full): decode to the next completion
+        if not running:  # (simulate's loop would wait for an arrival that never comes)
+            events = max_events
+            continue
+        k = max(1, math.ceil((osl - (1.0 + done - running[0][1])) / tau - 1e-9))
+        base_kv = (in_flight * (isl + 1.0 + done) - entry_sum) / in_flight
+        run_note(k, float(in_flight), base_kv, params.graph_pad(in_flight))
+        t += k
+        done += k * tau
+        while running and 1.0 + done - running[0][1] >= osl - 1e-9:
+            n, entry = running.popleft()
+            n_running -= n
+            entry_sum -= n * entry
+    return start_v, first_v, w_v, int(t)
+
+
+def _first_tokens(rec: _Record, steps_at_once, params: SchedulerParams, start_v: list, first_v: list,
+                  w_v: list) -> FirstTokens:
+    """The :class:`FirstTokens` of a recorded first wave (:func:`_first_wave`): the steps priced at
+    once, the clock starting when the requests reach the scheduler (all sent at 0)."""
+    dts, _ = rec.priced(steps_at_once, params)
+    clock = np.cumsum(np.concatenate(([params.arrival_delay_ms], dts)))
+    start, first = clock[np.asarray(start_v, dtype=np.int64)], clock[np.asarray(first_v, dtype=np.int64)]
+    w = np.asarray(w_v, float)
+    ttft_v, wait_v, prefill_v = first - 0.0, start - params.arrival_delay_ms, first - start
+    parts = ttft_parts(params.arrival_delay_ms, float(np.dot(wait_v, w) / w.sum()), float(np.dot(prefill_v, w) / w.sum()))
+    ttft_d = Distribution(ttft_v, w)
+    return FirstTokens(ttft_d.mean(), parts, ttft_d)
+
+
 class _Record:
     """The steps of a recorded run (module docstring), in order: per step its decodes, their mean
     KV length, CUDA-graph padding rows and the sequences it carries (host time), and its prefill
@@ -393,6 +532,6 @@ class _Record:
         dec, kv, pad, seqs = (np.asarray(v, dtype=float) for v in (self.dec, self.kv, self.pad, self.seqs))
         for s, k, kv0 in self.runs:  # a decode run's KV length grows by one token per step
             kv[s:s + k] = kv0 + np.arange(k, dtype=float)
-        g = np.asarray(self.groups, dtype=float).reshape(-1, 3)
+        g = np.fromiter(chain.from_iterable(self.groups), dtype=float, count=3 * len(self.groups)).reshape(-1, 3)
         gpu = steps_at_once(np.asarray(self.group_step, dtype=np.int64), g[:, 0], g[:, 1], g[:, 2], dec, kv, pad)
         return np.asarray(params.step_ms(gpu, seqs), dtype=float), dec
