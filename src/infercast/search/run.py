@@ -927,6 +927,8 @@ class DisaggGroup:
     #: the values of each deployment :meth:`solve` answers, in order (what a candidate reads)
     ROW = ("ttft_ms", "tpot_ms", "ttft_p90_ms", "tpot_p90_ms", "request_latency_ms", "tokens_per_s_per_gpu",
            "tokens_per_s_per_user", "prefill_utilisation", "decode_batch", "decode_kv_capacity")
+    #: the columns of :func:`~infercast.serving.disagg.solve_disagg_many` those are made of
+    SOLVED = tuple(name for name in ROW if name not in ("tpot_p90_ms", "decode_kv_capacity"))
 
     def solve(self, which, pw, dw, c, vectorised: bool = True) -> dict[str, list]:
         """For each element of the equal-length sequences ``which`` (index of the prefill layout),
@@ -949,8 +951,9 @@ class DisaggGroup:
                 from ..serving.decode_curve import DecodeCurve
 
                 self._curve = DecodeCurve(self.decode_engine, self.pd, res.isl + res.osl / 2.0, self.pd.max_batch_size)
-            cols = solve_disagg_many(self.solvers, self.decode_engine, c.astype(float), res.isl, res.osl, pw, dw, ddp, 1,
-                                     self.pd, gpus, which, columns=True, decode_curve=self._curve)
+            got = solve_disagg_many(self.solvers, self.decode_engine, c.astype(float), res.isl, res.osl, pw, dw, ddp, 1,
+                                    self.pd, gpus, which, columns=self.SOLVED, decode_curve=self._curve)
+            cols = {name: got[name].tolist() for name in self.SOLVED}
             cols["tpot_p90_ms"] = cols["tpot_ms"]  # a lean result's TPOT percentiles are its mean
         else:
             out = []

@@ -251,10 +251,13 @@ def solve_steady(
     gpus: int,
     iterations: int = 6,
     ranks: int = 1,
+    percentiles: bool = True,
 ) -> ServingResult:
     """The steady state of ``concurrency`` clients on one rank (module docstring); ``ranks``: the
     attention-DP ranks of the replica, for the balance hold
-    (:attr:`SchedulerParams.adp_balance_timeout_steps`, :func:`adp_balance_wait_steps`)."""
+    (:attr:`SchedulerParams.adp_balance_timeout_steps`, :func:`adp_balance_wait_steps`).
+    ``percentiles=False``: the per-request distributions are kept but their percentiles are left
+    unset (a caller that mixes them with others sets them)."""
     C = float(concurrency)
     tau = float(getattr(engine, "tokens_per_step", 1.0))  # output tokens per decode step (MTP)
     width = float(getattr(engine, "decode_width", 1.0))  # budget tokens per decoding sequence (MTP drafts)
@@ -347,11 +350,13 @@ def solve_steady(
     tput_gpu = (C / latency) * osl * 1e3 / gpus if latency > 0 else 0.0
     # per-request spread (module docstring): the wait for the first step, slow steps while decoding
     first_wait = (WAIT_STEPS + poll) * t_avg
-    ttft_dist = uniform(0.0, 2.0 * first_wait).shifted(ttft - first_wait)
+    ttft_dist = uniform(0.0, 2.0 * first_wait, shift=ttft - first_wait)
     if balance > 0:  # plus the balance hold's own spread (its mean is already in ``ttft``)
         held = adp_balance_wait(hold_ranks, lam, params.adp_balance_timeout_steps).scaled(t_avg)
         ttft_dist = ttft_dist.plus(held.shifted(-held.mean()))
-    tpot_dist = binomial_share(out_steps, p_slow).scaled(t_slow - t_fast).shifted(t_fast).scaled(per_token)
+    # binomial_share(...).scaled(t_slow - t_fast).shifted(t_fast).scaled(per_token), in one step
+    share = binomial_share(out_steps, p_slow)
+    tpot_dist = Distribution((share.values * float(t_slow - t_fast) + float(t_fast)) * float(per_token), share.weights)
     res = ServingResult(
         concurrency=C,
         ttft_ms=ttft,
@@ -368,7 +373,10 @@ def solve_steady(
         ttft_parts=ttft_parts(params.arrival_delay_ms, wait_ms, own_prefill),
         step_mix={"steps": step_mix, "requests": lam},
     )
-    res.set_percentiles(ttft_dist, tpot_dist)
+    if percentiles:
+        res.set_percentiles(ttft_dist, tpot_dist)
+    else:
+        res.ttft_dist, res.tpot_dist = ttft_dist, tpot_dist
     return res
 
 
@@ -417,7 +425,8 @@ def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacit
         )
         out.set_percentiles(res.ttft_dist, res.tpot_dist)
         return out
-    steady = solve_steady(engine, concurrency, isl, osl, params, kv_capacity_tokens, gpus, ranks=ranks)
+    # (the steady state's percentiles are set below, of its mixture with the first wave's)
+    steady = solve_steady(engine, concurrency, isl, osl, params, kv_capacity_tokens, gpus, ranks=ranks, percentiles=False)
     if prefix and steady.step_mix:  # the shapes as the GPU runs them (energy reads them)
         steady.step_mix = {**steady.step_mix, "steps": [(w, with_prefix(sh, prefix)) for w, sh in steady.step_mix["steps"]]}
     k = max(params.requests_per_client, 1.0)

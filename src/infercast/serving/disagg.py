@@ -276,8 +276,9 @@ def solve_disagg(
     return _disagg_result(ps, C, osl, servers, out_steps, transfer_ms, gpus, ttft, d, step, rho, k_steady, lam, slot)
 
 
-def _ttft_percentiles_many(first_batch, front, n_batches, wait_mean, p_zero, shift, k: float) -> np.ndarray:
-    """The TTFT percentiles (:data:`~infercast.serving.result.PERCENTILES`, one row each) of
+def _ttft_percentiles_many(first_batch, front, n_batches, wait_mean, p_zero, shift, k: float,
+                           qs: tuple = PERCENTILES) -> np.ndarray:
+    """The TTFT percentiles ``qs`` (default :data:`~infercast.serving.result.PERCENTILES`, one row each) of
     :func:`_disagg_result`'s per-request mixture for arrays of deployments, without building the
     mixture: the same values as :meth:`~infercast.serving.result.Distribution.percentiles` of it
     (the smallest value with at least ``q`` % of the weight at or below it; the cumulative weights
@@ -320,8 +321,8 @@ def _ttft_percentiles_many(first_batch, front, n_batches, wait_mean, p_zero, shi
     total = 1.0 / k + steady_share
     # every percentile at once: a row per percentile, each element bisected on its own (the same
     # elementwise operations as one percentile at a time, a third of the numpy calls)
-    target = np.array([[q / 100.0 * total * (1.0 - 1e-12)] for q in PERCENTILES])
-    lo = np.zeros((len(PERCENTILES), fb.size), dtype=n_steady.dtype)
+    target = np.array([[q / 100.0 * total * (1.0 - 1e-12)] for q in qs])
+    lo = np.zeros((len(qs), fb.size), dtype=n_steady.dtype)
     hi = np.broadcast_to(n_steady, lo.shape).copy()
     while True:
         live = lo < hi
@@ -405,14 +406,15 @@ def _disagg_results_many(C: np.ndarray, osl: int, servers: np.ndarray, out_steps
                          gpus: np.ndarray, ttft: np.ndarray, d: np.ndarray, step: np.ndarray, rho: np.ndarray,
                          k_steady: np.ndarray, lam: np.ndarray, front: np.ndarray, per_step: np.ndarray,
                          batch_cap: np.ndarray, batch_ms, slot: np.ndarray | float = 0.0,
-                         columns: bool = False) -> list[DisaggResult] | dict[str, list]:
+                         columns: bool | tuple = False) -> list[DisaggResult] | dict[str, list | np.ndarray]:
     """:func:`_disagg_result` for arrays of solved steady states (each element's prefill service
     given by its ``front`` (arrival delay), ``per_step``, ``batch_cap`` and ``batch_ms(k)``, the
     wall time of a batch of ``k`` prompts on each element's prefill engine): the same operations
     element by element, so the same numbers, and the same percentiles
     (:func:`_ttft_percentiles_many`); the results keep no per-request distributions.
     ``columns``: instead of the results, {name in :data:`DISAGG_COLUMNS`: the list of their values}
-    (for callers that read a few fields of very many results)."""
+    (for callers that read a few fields of very many results); a tuple of names: those columns
+    alone, as arrays (the TTFT percentiles among them the only ones worked out)."""
     service_batch = batch_ms(k_steady)
     tpot = (out_steps * step + transfer + slot) / max(osl - 1, 1)
     per_worker = C / servers
@@ -429,9 +431,15 @@ def _disagg_results_many(C: np.ndarray, osl: int, servers: np.ndarray, out_steps
     # the mean TTFT's parts: the first wave's (weight 1) and the steady state's (weight k - 1), as blend_parts
     parts = [(p1 * 1.0 + p2 * (k - 1.0)) / (1.0 + (k - 1.0)) for p1, p2 in zip(
         (front, (n_batches - 1) / 2.0 * first_batch, first_batch), (front, wait_mean, ttft - front - wait_mean))]
-    pct = _ttft_percentiles_many(first_batch, front, n_batches, wait_mean, 1.0 - rho, ttft - wait_mean, k)
-    cols = [x.tolist() for x in (C, ttft_mean, tpot, latency, C / latency * osl * 1e3 / gpus, per_user, d, rho, transfer,
-                                 k_steady, lam * 1e3, *parts, *pct, np.broadcast_to(slot, C.shape))]
+    named = isinstance(columns, tuple)
+    qs = tuple(q for q in PERCENTILES if not named or f"ttft_p{q}_ms" in columns)
+    pct = dict(zip(qs, _ttft_percentiles_many(first_batch, front, n_batches, wait_mean, 1.0 - rho, ttft - wait_mean, k, qs)
+                   if qs else ()))
+    arrays = (C, ttft_mean, tpot, latency, C / latency * osl * 1e3 / gpus, per_user, d, rho, transfer, k_steady, lam * 1e3,
+              *parts, *(pct.get(q) for q in PERCENTILES), np.broadcast_to(slot, C.shape))
+    if named:
+        return {name: x for name, x in zip(DISAGG_COLUMNS, arrays) if name in columns}
+    cols = [x.tolist() for x in arrays]
     if columns:
         return dict(zip(DISAGG_COLUMNS, cols))
     assert PERCENTILES == (50, 90, 99)  # the keywords below
@@ -482,7 +490,7 @@ def solve_disagg_many(
     which=0,
     iterations: int = 30,
     lean: bool = True,
-    columns: bool = False,
+    columns: bool | tuple = False,
     decode_curve: DecodeCurve | None = None,
 ) -> list[DisaggResult] | dict[str, list]:
     """:func:`solve_disagg` for arrays of clients, prefill and decode worker counts and GPUs
@@ -494,7 +502,7 @@ def solve_disagg_many(
     (the engine's array path and its scalar twins agree to rounding). ``lean`` (default): the
     results keep their percentiles but not the per-request distributions behind them.
     ``columns`` (with ``lean``): the same numbers as lists, by field (:data:`DISAGG_COLUMNS`),
-    instead of one result object per element. ``decode_curve``: the decode engine's step times
+    instead of one result object per element; a tuple of names: those fields alone, as arrays. ``decode_curve``: the decode engine's step times
     by batch at this KV length (:class:`~infercast.serving.decode_curve.DecodeCurve`, the same
     numbers to rounding, for a caller that solves many arrays with one decode layout); default:
     each step priced by the engine."""
@@ -503,7 +511,10 @@ def solve_disagg_many(
         np.asarray(which)))
     n = C.size
     if n == 0:
-        return {name: [] for name in DISAGG_COLUMNS} if columns and lean else []
+        if columns and lean:
+            return {name: ([] if columns is True else np.zeros(0)) for name in DISAGG_COLUMNS
+                    if columns is True or name in columns}
+        return []
     services = [_PrefillService(eng, isl, prefill_batch, params) for eng, params, _, _ in prefills]
     pick = np.array  # per-element values of a per-prefill list
     arrival = pick([ps.params.arrival_delay_ms for ps in services])[w]

@@ -124,10 +124,12 @@ def mixture(*parts: tuple[Distribution, float]) -> Distribution:
     return Distribution(np.concatenate(vals), np.concatenate(wts))
 
 
-def uniform(lo: float, hi: float, n: int = QUANTILE_POINTS) -> Distribution:
-    """Uniform on ``[lo, hi]`` as ``n`` equal-weight quantile midpoints."""
+def uniform(lo: float, hi: float, n: int = QUANTILE_POINTS, shift: float | None = None) -> Distribution:
+    """Uniform on ``[lo, hi]`` as ``n`` equal-weight quantile midpoints (then ``shift`` ms added,
+    as :meth:`Distribution.shifted` adds it)."""
     u = (np.arange(n) + 0.5) / n
-    return Distribution(lo + (hi - lo) * u, np.ones(n))
+    v = lo + (hi - lo) * u
+    return Distribution(v if shift is None else v + float(shift), np.ones(n))
 
 
 def binomial_share(trials: float, p: float) -> Distribution:
