@@ -131,3 +131,48 @@ def test_stale_entries_are_pruned(synth, tmp_path, monkeypatch):
     monkeypatch.setattr(tables, "read_table", lambda *a: (_ for _ in ()).throw(AssertionError("parsed again")))
     tables.cached_table(live, "gemm")  # the live entry still answers
     tables.cached_table.cache_clear()
+
+
+def test_pack_yaml_kept_between_processes(tmp_path, monkeypatch):
+    """A pack YAML document is parsed once and answered from the cache while the file is
+    unchanged (without importing PyYAML: a warm command does not pay for it); a changed file is
+    parsed again; a file that does not parse is not kept; the entry is pruned with the tables'."""
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    import pytest
+
+    from infercast.data.yaml_cache import PackYamlError, read_pack_yaml
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("INFERCAST_CACHE_DIR", str(cache))
+    src = tmp_path / "spec.yaml"
+    src.write_text("gpu:\n  mem_bw: 4.8e+12\n  1: [a, b]\nnode: {num_gpus_per_node: 8}\n")
+    want = {"gpu": {"mem_bw": 4.8e12, 1: ["a", "b"]}, "node": {"num_gpus_per_node": 8}}
+    assert read_pack_yaml(src) == want
+    entries = list((cache / "tables").glob("yaml-*"))
+    assert len(entries) == 1 and (entries[0] / "meta.json").is_file()
+    code = textwrap.dedent(f"""
+        import sys
+        from infercast.data.yaml_cache import read_pack_yaml
+        doc = read_pack_yaml({str(src)!r})
+        print(doc == {want!r}, "yaml" in sys.modules)
+    """)
+    env = {**os.environ, "INFERCAST_CACHE_DIR": str(cache)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout.split()
+    assert out == ["True", "False"]  # the same document, PyYAML not imported
+    time.sleep(0.01)
+    src.write_text("gpu: {mem_bw: 1.0}\n")  # changed: parsed again
+    assert read_pack_yaml(src) == {"gpu": {"mem_bw": 1.0}}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpu: [unclosed\n")
+    for _ in range(2):
+        with pytest.raises(PackYamlError):
+            read_pack_yaml(bad)
+    assert len(list((cache / "tables").glob("yaml-*"))) == 2  # the bad file kept nothing
+    assert tables.prune_table_cache(cache / "tables", force=True) == 1  # the first version's entry
+    assert read_pack_yaml(src) == {"gpu": {"mem_bw": 1.0}}
+    monkeypatch.setenv("INFERCAST_CACHE_DIR", "off")
+    assert read_pack_yaml(src) == {"gpu": {"mem_bw": 1.0}}

@@ -8,10 +8,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
 from ..errors import DataFileError, UnknownSystemError
-from .pack import Pack, parse_pack_yaml
+from .pack import Pack
+from .yaml_cache import PackYamlError, read_pack_yaml
 
 #: YAML files in systems/ that are control files, not systems.
 CONTROL_FILES = {"query_versions", "attention_lane_defaults", "perf_data_reuse_manifest"}
@@ -202,10 +201,10 @@ def _section(raw: dict, sect: str, where: str) -> dict:
 def _load_system(systems_dir: Path, name: str) -> SystemSpec:
     path = systems_dir / f"{name}.yaml"
     try:
-        raw = parse_pack_yaml(path.read_text(encoding="utf-8"))
+        raw = read_pack_yaml(path)
     except UnicodeDecodeError as exc:
         raise DataFileError(f"cannot read system spec {path}", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, PackYamlError) as exc:
         # PyYAML's messages span lines; the CLI prints one
         raise DataFileError(f"cannot read system spec {path}", " ".join(str(exc).split())) from exc
     where = str(path)

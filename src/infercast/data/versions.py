@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
 from packaging.version import InvalidVersion, Version
 
 from ..errors import DataFileError, UnknownBackendError, UnknownVersionError
-from .pack import Pack, damaged_file_fix, parse_pack_yaml
+from .pack import Pack, damaged_file_fix
 from .system import SystemSpec, scan_systems
+from .yaml_cache import PackYamlError, read_pack_yaml
 
 SERVING_BACKENDS = ("trtllm", "vllm", "sglang")
 COMM_LIBRARIES = ("nccl", "oneccl")
@@ -74,12 +74,12 @@ def _read_yaml_mapping(path: Path) -> dict:
     """A pack YAML file that must hold a mapping (empty file: ``{}``). Any failure is one
     :class:`DataFileError` line naming the file, the cause and the fix."""
     try:
-        doc = parse_pack_yaml(path.read_text(encoding="utf-8"))
+        doc = read_pack_yaml(path)
     except UnicodeDecodeError as exc:
         cause = f"not UTF-8 text ({exc.reason} at byte {exc.start})"
     except OSError as exc:
         cause = exc.strerror or str(exc)
-    except yaml.YAMLError as exc:
+    except PackYamlError as exc:
         cause = " ".join(str(exc).split())
     else:
         if doc is None:

@@ -44,7 +44,6 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-import yaml
 
 from ..errors import InvalidInputError, NotAvailableError
 
@@ -428,6 +427,8 @@ def dynamo_manifest(d: Deployment, name: str = "infercast-deployment") -> list[d
     frontend and one service per worker kind (replicas, GPUs per replica, the backend's Dynamo
     worker with the engine settings); for TensorRT-LLM also a ConfigMap holding each worker kind's
     engine configuration, mounted at :data:`TRTLLM_CONFIG_DIR`."""
+    import yaml
+
     _check_backend(d.backend)
     services: dict = {"Frontend": {"componentType": "frontend", "replicas": 1,
                                    "extraPodSpec": {"mainContainer": {"command": ["python3", "-m", "dynamo.frontend"]}}}}
@@ -464,6 +465,8 @@ def launch_files(d: Deployment) -> dict[str, str]:
     """{file name: text}: per worker kind a shell script with the engine command (and
     TensorRT-LLM's extra-options YAML), ``k8s_dynamo.yaml``, ``benchmark.sh`` and
     ``deployment.json`` (the settings, for scripts)."""
+    import yaml
+
     _check_backend(d.backend)
     files: dict[str, str] = {}
     for w in d.workers:

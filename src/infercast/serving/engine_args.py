@@ -34,7 +34,6 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 
 from ..errors import InvalidInputError
 
@@ -597,6 +596,8 @@ def _trtllm_cmd(argv: list[str]) -> EngineSettings:
 
 def load_yaml(path, flag: str = "--engine-args") -> dict:
     """A YAML mapping from ``path`` (an engine's options file)."""
+    import yaml
+
     p = Path(path)
     try:
         data = yaml.safe_load(p.read_text())
