@@ -39,7 +39,7 @@ import numpy as np
 
 from ..errors import NotAvailableError
 from ..interp.provenance import Prov
-from ..interp.grid import latency_rows, stack_rows
+from ..interp.grid import latency_rows, sorted_unique, stack_rows
 from ..models.plan import Plan, PlanOp
 from ..ops.attention import prefixed_context, resolve_context_attention, resolve_generation_attention, with_prefix
 from .context_parallel import sharded_cached, sharded_cached_scalar, zigzag_context, zigzag_context_scalar
@@ -501,7 +501,7 @@ class CompiledEngine:
             if len(axes) != 1:
                 return None
             points.append(np.asarray(axes[0], dtype=float) / (xpt * (self.decode_width if wide else 1.0)))
-        return np.unique(np.concatenate(points)) if points else np.zeros(0)
+        return sorted_unique(np.concatenate(points)) if points else np.zeros(0)
 
     def _decode_rows(self) -> list:
         """What :meth:`decode_steps_ms` sums, in op order: (unit, row) per op, a unit being the

@@ -36,7 +36,7 @@ from .base import (
 from .empirical import empirical_resolved
 
 #: the tokens axis used for SOL / empirical grids (same span as the collected m axis)
-M_AXIS = np.unique(np.concatenate([np.arange(1, 17), 2.0 ** np.arange(4, 18)]))
+M_AXIS = np.array(sorted({*range(1, 17), *(2.0 ** k for k in range(4, 18))}), dtype=float)
 #: interpolation space of the measured m axis (infercast.interp.grid): linear, tile-step aware
 M_SCALE = (TILE,)
 

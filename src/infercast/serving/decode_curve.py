@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..interp.grid import sorted_unique
 from .backends import SchedulerParams
 
 #: the largest relative miss of an interval's straight line at its check points for the interval
@@ -73,7 +74,7 @@ class DecodeCurve:
         sizes = np.asarray(params.graph_batch_sizes or (), dtype=float)
         # the spans padded to one captured size end just above each size (graph_pad's 1e-9)
         edges = np.concatenate([sizes[:-1] + 1e-9, sizes[-1:]]) if sizes.size else sizes
-        x = np.unique(np.concatenate([[1.0, top], knots, edges]))
+        x = sorted_unique(np.concatenate([[1.0, top], knots, edges]))
         x = x[(x >= 1.0) & (x <= top)]
         # each interval's padding: that of a batch inside it (constant across the interval)
         mid = (x[:-1] + x[1:]) / 2.0
