@@ -5,7 +5,9 @@ mean TPOT <= 30 ms) it runs, as whole processes timed by the wall clock, one aft
 (paired, so both see the same machine load):
 
 * infercast: ``python -m infercast search --mode both --max-gpus N --json`` (this tree's sources;
-  its default ``--jobs``, the usable CPUs up to 4, unless ``--jobs`` is given here);
+  its default ``--jobs``, the usable CPUs up to 4, unless ``--jobs`` is given here; ``--python``
+  names the interpreter, e.g. a virtual environment's, as the reference runs from its own: a
+  Python whose site-packages run start-up hooks pays them on every run);
 * the reference, NVIDIA's AIConfigurator 0.12.0, as a black box in its own Python environment:
   ``aiconfigurator cli default --model-path ... --system ... --backend ... --total-gpus N --isl
   --osl --ttft --tpot``, its printed top configurations parsed from stdout. Nothing of the
@@ -71,8 +73,12 @@ CASES = (
 DEFAULT_CASES = (1, 2, 3)
 
 
+#: the Python that runs infercast (``--python``; default: the one running this benchmark)
+PYTHON = [sys.executable]
+
+
 def infercast_argv(c: Case, jobs: int | None = None) -> list[str]:
-    return [sys.executable, "-m", "infercast", "search", "--model", c.model, "--system", c.system, "--backend", c.backend,
+    return [*PYTHON, "-m", "infercast", "search", "--model", c.model, "--system", c.system, "--backend", c.backend,
             "--mode", "both", "--max-gpus", str(c.gpus), "--isl", str(c.isl), "--osl", str(c.osl),
             "--ttft-ms", f"{c.ttft_ms:g}", "--tpot-ms", f"{c.tpot_ms:g}", "--top", "3", "--json",
             *(["--jobs", str(jobs)] if jobs is not None else [])]
@@ -230,7 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--no-compile", action="store_true", help="do not byte-compile infercast's sources first")
     ap.add_argument("--jobs", type=int, default=None, help="infercast search --jobs (default: its own default)")
+    ap.add_argument("--python", help="the Python that runs infercast (default: this one), e.g. a virtual environment's "
+                                     "with infercast installed, as the reference runs from its own")
     a = ap.parse_args(argv)
+    if a.python:
+        PYTHON[:] = [a.python]
     ref = None
     if not a.no_reference:
         ref = setup_reference(a.setup) if a.setup else find_reference(a.reference)
