@@ -102,6 +102,10 @@ def remember(memo: dict, key, value: float, limit: int | None = None) -> float:
     return value
 
 
+#: the types :meth:`CompiledEngine.step_ms` takes for scalars without asking numpy
+_SCALARS = (float, int, np.float64)
+
+
 def _floats(x) -> list:
     """A scalar, sequence or array as a list of Python numbers."""
     return list(x) if isinstance(x, (list, tuple)) else np.atleast_1d(x).tolist()
@@ -405,7 +409,7 @@ class CompiledEngine:
         return out
 
     def step_ms(self, **shape) -> np.ndarray:
-        if shape.get("phase") is None and all(np.ndim(v) == 0 for v in shape.values()):
+        if shape.get("phase") is None and all(type(v) in _SCALARS or np.ndim(v) == 0 for v in shape.values()):
             return np.float64(self._step_scalar(**{k: float(v) for k, v in shape.items() if k != "phase"}))
         comps = self.components(**shape)
         return sum(v for v, _ in comps.values())

@@ -356,7 +356,7 @@ def solve_steady(
         ttft_dist = ttft_dist.plus(held.shifted(-held.mean()))
     # binomial_share(...).scaled(t_slow - t_fast).shifted(t_fast).scaled(per_token), in one step
     share = binomial_share(out_steps, p_slow)
-    tpot_dist = Distribution((share.values * float(t_slow - t_fast) + float(t_fast)) * float(per_token), share.weights)
+    tpot_dist = Distribution._made((share.values * float(t_slow - t_fast) + float(t_fast)) * float(per_token), share.weights)
     res = ServingResult(
         concurrency=C,
         ttft_ms=ttft,

@@ -58,9 +58,18 @@ class Distribution:
         object.__setattr__(self, "values", v)
         object.__setattr__(self, "weights", w)
 
+    @classmethod
+    def _made(cls, values: np.ndarray, weights: np.ndarray) -> Distribution:
+        """A distribution of 1-D float arrays that are already what :meth:`__post_init__` checks
+        and makes them (derived here from checked ones: shifted, scaled, mixed, quantile points)."""
+        d = object.__new__(cls)
+        object.__setattr__(d, "values", values)
+        object.__setattr__(d, "weights", weights)
+        return d
+
     @staticmethod
     def point(value: float) -> Distribution:
-        return Distribution(np.array([float(value)]), np.array([1.0]))
+        return Distribution._made(np.array([float(value)]), np.array([1.0]))
 
     def mean(self) -> float:
         return float(np.dot(self.values, self.weights) / self.weights.sum())
@@ -80,10 +89,10 @@ class Distribution:
         return [float(ordered[min(int(np.searchsorted(cw, q / 100.0 * cw[-1] * (1.0 - 1e-12))), last)]) for q in qs]
 
     def shifted(self, ms: float) -> Distribution:
-        return Distribution(self.values + float(ms), self.weights)
+        return Distribution._made(self.values + float(ms), self.weights)
 
     def scaled(self, factor: float) -> Distribution:
-        return Distribution(self.values * float(factor), self.weights)
+        return Distribution._made(self.values * float(factor), self.weights)
 
     def plus(self, other: Distribution, n: int = QUANTILE_POINTS) -> Distribution:
         """The sum of independent draws from ``self`` and ``other``, as ``n`` equal-weight quantile
@@ -100,7 +109,7 @@ class Distribution:
             cw = np.cumsum(wts[o])
             idx = np.minimum(np.searchsorted(cw, (np.arange(n) + 0.5) / n * cw[-1]), len(o) - 1)
             q = vals[o][idx]
-        return Distribution(q + (self.mean() + other.mean() - q.mean()), np.ones(n))
+        return Distribution._made(q + (self.mean() + other.mean() - q.mean()), np.ones(n))
 
 
 @lru_cache(maxsize=64)
@@ -121,7 +130,9 @@ def mixture(*parts: tuple[Distribution, float]) -> Distribution:
         if share > 0:
             vals.append(d.values)
             wts.append(d.weights / d.weights.sum() * share)
-    return Distribution(np.concatenate(vals), np.concatenate(wts))
+    if not vals:  # no part with a positive share: refused as an empty distribution
+        return Distribution(np.zeros(0), np.zeros(0))
+    return Distribution._made(np.concatenate(vals), np.concatenate(wts))
 
 
 def uniform(lo: float, hi: float, n: int = QUANTILE_POINTS, shift: float | None = None) -> Distribution:
@@ -129,7 +140,7 @@ def uniform(lo: float, hi: float, n: int = QUANTILE_POINTS, shift: float | None 
     as :meth:`Distribution.shifted` adds it)."""
     u = (np.arange(n) + 0.5) / n
     v = lo + (hi - lo) * u
-    return Distribution(v if shift is None else v + float(shift), np.ones(n))
+    return Distribution._made(v if shift is None else v + float(shift), np.ones(n))
 
 
 def binomial_share(trials: float, p: float) -> Distribution:
@@ -152,7 +163,7 @@ def binomial_share(trials: float, p: float) -> Distribution:
     logp = log_c + k * math.log(p) + (n - k) * math.log1p(-p)
     w = np.exp(logp - logp.max())
     keep = w > 1e-12 * w.sum()
-    return Distribution(k[keep] / n, w[keep])
+    return Distribution._made(k[keep] / n, w[keep])
 
 
 _UNIT_EXPONENTIAL: dict[int, tuple[np.ndarray, float]] = {}
