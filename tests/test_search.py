@@ -47,6 +47,25 @@ def test_pareto_front_and_recommend_match_their_definitions():
     assert pareto_front([4.0, 3.0, 2.0, 1.0], g).tolist() == [2, 0]
 
 
+def test_pareto_front_with_gpus_matches_its_definition():
+    """On random points with ties, NaNs on either axis and GPU counts: the frontier is the points
+    that, ordered by (per_user descending, per_gpu descending, GPUs, index), have more per_gpu
+    than every point before them (what the pre-filter of the search's tens of thousands of points
+    must not change)."""
+    rng = np.random.default_rng(9)
+    for trial in range(2000):
+        m = int(rng.integers(1, 60))
+        u, g, n = (rng.integers(0, 6, m).astype(float) for _ in range(3))
+        if trial % 7 == 0:
+            g[rng.integers(0, m)] = np.nan
+        if trial % 11 == 0:
+            u[rng.integers(0, m)] = np.nan
+        order = np.lexsort((np.arange(m), n, -g, -u))
+        gs = g[order]
+        keep = order[gs > np.fmax.accumulate(np.concatenate(([-np.inf], gs[:-1])))].tolist()
+        assert pareto_front(u, g, n).tolist() == sorted(keep, key=lambda i: (u[i], -g[i]))
+
+
 def test_pareto_front_and_recommend_ignore_rounding_between_scaled_copies():
     """A deployment and its scaled copy (twice the workers at twice the clients) have the same
     metrics up to rounding: which one stands for them (on the frontier, as the recommendation) is

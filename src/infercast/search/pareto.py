@@ -41,14 +41,32 @@ def pareto_front(per_user: Sequence[float], per_gpu: Sequence[float], gpus: Sequ
     n = np.zeros(u.shape) if gpus is None else np.asarray(gpus, float)
     if n.shape != u.shape:
         raise ValueError("gpus must have one value per point")
+    # only a point with at least the per_gpu of every point of more per_user can stand on the
+    # frontier: those few are ordered below (a search has tens of thousands of points)
+    pts = _not_beaten(u, g)
+    u, g, n = u[pts], g[pts], n[pts]
     # per_user descending, then per_gpu descending, then fewer GPUs, then the first
-    order = np.lexsort((np.arange(u.size), n, -g, -u))
+    order = np.lexsort((pts, n, -g, -u))
     # in that order, a point is kept when it has more per_gpu than every point before it (a NaN
     # is never kept, nor does it count as a best so far)
     gs = g[order]
     best_before = np.fmax.accumulate(np.concatenate(([-np.inf], gs[:-1]))) if gs.size else gs
     keep = order[gs > best_before].tolist()
-    return np.array(sorted(keep, key=lambda i: (u[i], -g[i])), dtype=int)
+    return pts[np.array(sorted(keep, key=lambda i: (u[i], -g[i])), dtype=int)]
+
+
+def _not_beaten(u: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Positions, ascending, of the points whose ``g`` is at least that of every point of
+    strictly greater ``u`` (NaN ``g``: never; NaN ``u`` comes last, as in a sort): a superset of
+    the frontier, whichever way ties of equal ``u`` are broken."""
+    order = np.argsort(-u)  # (the order within a run of equal u does not matter)
+    us, gs = u[order], g[order]
+    if not us.size:
+        return order
+    before = np.fmax.accumulate(np.concatenate(([-np.inf], gs[:-1])))  # the most g before each, in decreasing u
+    starts = np.concatenate(([True], ~(us[1:] == us[:-1])))  # where each run of equal u starts
+    own_run = np.maximum.accumulate(np.where(starts, np.arange(us.size), 0))
+    return np.sort(order[gs >= before[own_run]])
 
 
 def meets(ttft_ms: float | None, tpot_ms: float | None, ttft_max: float | None, tpot_max: float | None) -> bool:
@@ -71,4 +89,7 @@ def recommend(per_gpu: Sequence[float], gpus: Sequence[int], ttft: Sequence[floa
     g, n, t = (np.asarray(v, dtype=float)[idx] for v in (per_gpu, gpus, ttft))
     if np.isnan(g).any() or np.isnan(t).any():  # Python's ordering of NaN in tuples, as it stands
         return int(min(idx.tolist(), key=lambda i: (-per_gpu[i], gpus[i], ttft[i], i)))
-    return int(idx[np.lexsort((idx, _snapped(t), n, -_snapped(g)))[0]])
+    g = _snapped(g)
+    top = g == g.max()  # the most tokens/s per GPU; among those, fewer GPUs, lower TTFT, the first
+    idx, t, n = idx[top], t[top], n[top]
+    return int(idx[np.lexsort((idx, _snapped(t), n))[0]])

@@ -582,9 +582,10 @@ def context_parallel_degrees(cps) -> tuple[int, ...]:
 
 def _finish(res: SearchResult) -> SearchResult:
     col = res.candidates.column
-    per_gpu = col("tokens_per_s_per_gpu")
-    res.frontier = [int(i) for i in pareto_front(col("tokens_per_s_per_user"), per_gpu, col("gpus"))]
-    res.best = recommend(per_gpu, col("gpus"), col("ttft_ms"), col("meets_targets"))
+    # each column read once, as an array (a search holds tens of thousands of candidates)
+    per_gpu, gpus = np.asarray(col("tokens_per_s_per_gpu"), dtype=float), np.asarray(col("gpus"), dtype=float)
+    res.frontier = pareto_front(np.asarray(col("tokens_per_s_per_user"), dtype=float), per_gpu, gpus).tolist()
+    res.best = recommend(per_gpu, gpus, np.asarray(col("ttft_ms"), dtype=float), np.asarray(col("meets_targets"), dtype=bool))
     if res.best is None:
         res.reason = _no_best_reason(res)
     return res
