@@ -9,8 +9,10 @@ aggregated and disaggregated searches' parts together, the longest of either fir
 :func:`run_parts` runs them either in this process one after another, adding to the result
 directly, or on ``jobs`` worker processes *forked* from this one, so that the workers start with
 everything this process has built (the parsed tables, the layouts' estimators and their compiled
-op lattices) instead of building it again. Each part then fills an empty copy of the result, and
-the copies are merged into the result in the parts' order: the candidates in the same order, the
+op lattices) instead of building it again. The workers take the parts, most costly first, from a
+counter they share (under its lock), and each sends its answers back over its own pipe as they are
+made: no thread of this process stands between one part and the next. Each part fills an empty
+copy of the result, and the copies are merged into the result in the parts' order: the candidates in the same order, the
 refusals and counts in the same order of first appearance. A part's numbers depend only on its
 inputs (the estimators' memos only hold what they compute), so a search gives the same result,
 bit for bit, with any number of jobs (tested).
