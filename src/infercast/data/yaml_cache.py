@@ -12,7 +12,6 @@ A document that does not parse is not kept (each read raises :class:`PackYamlErr
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pickle
 import shutil
@@ -20,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from .pack import parse_pack_yaml
-from .tables import CACHE_FORMAT, prune_table_cache, table_cache_dir
+from .tables import CACHE_FORMAT, _cache_file, prune_table_cache
 
 
 class PackYamlError(Exception):
@@ -32,7 +31,7 @@ def read_pack_yaml(path: Path):
     parses it (module docstring). Raises OSError / UnicodeDecodeError as reading the file does, and
     :class:`PackYamlError` when it does not parse."""
     path = Path(path)
-    entry = _entry(path)
+    entry = _cache_file(path, "yaml")  # named as a table's entry is, by the file as it is now
     if entry is not None:
         try:
             with open(entry / "doc.pickle", "rb") as f:
@@ -49,20 +48,6 @@ def read_pack_yaml(path: Path):
     if entry is not None:
         _store(entry, path, doc)
     return doc
-
-
-def _entry(path: Path) -> Path | None:
-    """The cache entry of ``path`` as it is now, or None (no cache, or the file cannot be stat'ed:
-    reading it then says why)."""
-    root = table_cache_dir()
-    if root is None:
-        return None
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    tag = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|yaml|{CACHE_FORMAT}"
-    return root / f"yaml-{hashlib.sha1(tag.encode()).hexdigest()[:20]}"
 
 
 def _store(entry: Path, path: Path, doc) -> None:
