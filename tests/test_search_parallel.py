@@ -20,8 +20,8 @@ needs_fork = pytest.mark.skipif(not parallel.fork_available(), reason="parallel 
 
 @pytest.fixture
 def forks(monkeypatch):
-    """The workers forked by each pool :func:`run_parts` opened (proof that the parts did run on
-    forked workers, not quietly in this process)."""
+    """The workers forked by each pool :func:`run_parts` opened: ``jobs - 1``, this process taking
+    parts too (proof that the parts did not all run quietly in this process)."""
     import multiprocessing
 
     seen: list[int] = []
@@ -65,7 +65,7 @@ def test_agg_search_on_workers_equals_one_process(synth, jobs, forks):
     one = search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, jobs=1, **kw)
     assert forks == []
     many = search_agg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 8, jobs=jobs, **kw)
-    assert forks == [jobs]
+    assert forks == [jobs - 1]
     assert len(one.candidates) > 20 and one.skipped  # refusals (layouts that do not shard) merged too
     _same(one, many)
 
@@ -75,7 +75,7 @@ def test_disagg_search_on_workers_equals_one_process(synth, forks):
     kw = dict(systems_path=synth.systems_dir, max_gpus=8, max_workers=4, tpot_max_ms=2.0)
     one = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, jobs=1, **kw)
     many = search_disagg(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, jobs=2, **kw)
-    assert forks == [2]
+    assert forks == [1]
     assert len({c.decode_layout for c in one.candidates}) >= 3  # several parts
     _same(one, many)
 
@@ -95,7 +95,7 @@ def test_search_both_shares_one_pool_and_equals_two_searches(synth, jobs, forks)
     with sharing_estimators():
         both = search_both(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, jobs=jobs, disagg_kw={"max_workers": 4},
                            progress=lambda done, total: seen.append((done, total)), **kw)
-    assert forks == ([] if jobs == 1 else [2])  # one pool for both searches
+    assert forks == ([] if jobs == 1 else [1])  # one pool for both searches
     assert list(both) == ["agg", "disagg"]
     _same(agg, both["agg"])
     _same(dis, both["disagg"])
@@ -163,7 +163,7 @@ def test_search_cli_jobs(synth, capsys, forks):
     assert main([*argv, "--jobs", "1"]) == 0
     one = capsys.readouterr().out
     assert main([*argv, "--jobs", "2"]) == 0
-    assert capsys.readouterr().out == one and forks == [2]  # both searches' parts on one pool
+    assert capsys.readouterr().out == one and forks == [1]  # both searches' parts on one pool
     assert json.loads(one)["disagg"]["candidates"]
     assert main([*argv, "--jobs", "0"]) == 2
     err = capsys.readouterr().err
@@ -191,7 +191,7 @@ def test_recommend_cli_jobs(synth, capsys, forks):
     assert main([*argv, "--jobs", "1"]) == 0
     one = capsys.readouterr().out
     assert main([*argv, "--jobs", "2"]) == 0
-    assert capsys.readouterr().out == one and json.loads(one)["recommendations"] and forks == [2]  # one pool, both modes
+    assert capsys.readouterr().out == one and json.loads(one)["recommendations"] and forks == [1]  # one pool, both modes
     assert main([*argv, "--jobs", "-1"]) == 2
     assert "jobs must be a positive integer" in capsys.readouterr().err
 
@@ -221,19 +221,45 @@ def test_a_worker_that_dies_is_an_error_not_a_hang(forks):
     """A worker killed mid-part (here it exits; in life the OOM killer) ends the run with a
     WorkerError saying what to do, instead of waiting for its answer forever."""
     import os
+    import time
 
     from infercast.errors import WorkerError
 
     res = SearchResult("m", "s", "b", None, 1, 1, 1, None, None)
+    here = os.getpid()
 
     def ok(r):
         r.evaluated["part"] = r.evaluated.get("part", 0) + 1
 
+    def dies_in_a_worker(r):
+        if os.getpid() != here:
+            os._exit(3)
+        time.sleep(0.3)  # (this process's part lasts long enough for the worker to take one)
+        ok(r)
+
     with pytest.raises(WorkerError, match="--jobs 1"):
-        parallel.run_parts(res, [ok, lambda r: os._exit(3), ok], jobs=2)
-    assert forks == [2] and res.evaluated == {}  # nothing merged from a broken run
+        parallel.run_parts(res, [dies_in_a_worker] * 4, jobs=2)
+    assert forks == [1] and res.evaluated == {}  # nothing merged from a broken run
     parallel.run_parts(res, [ok, ok, ok], jobs=2)
     assert res.evaluated == {"part": 3}
+
+
+@needs_fork
+def test_parts_run_here_and_on_the_workers(forks):
+    """With ``jobs`` N, this process and N - 1 forked workers take the parts (the most costly
+    first) from one counter: here, each part lasting long enough, both kinds of process run some."""
+    import os
+    import time
+
+    res = SearchResult("m", "s", "b", None, 1, 1, 1, None, None)
+
+    def part(r):
+        time.sleep(0.05)
+        r.evaluated[f"pid {os.getpid()}"] = r.evaluated.get(f"pid {os.getpid()}", 0) + 1
+
+    parallel.run_parts(res, [part] * 8, jobs=2)
+    assert forks == [1] and sum(res.evaluated.values()) == 8
+    assert f"pid {os.getpid()}" in res.evaluated and len(res.evaluated) == 2
 
 
 @needs_fork
@@ -243,7 +269,7 @@ def test_fixed_gpu_search_on_workers_equals_one_process(synth, forks):
     kw = dict(systems_path=synth.systems_dir, gpus=4, tpot_max_ms=2.0)
     one = search_fixed(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, jobs=1, **kw)
     many = search_fixed(sp.MODEL_ID, sp.SYSTEM, "trtllm", 128, 64, jobs=2, **kw)
-    assert forks == [2]
+    assert forks == [1]
     kinds = {type(c).__name__ for c in one.candidates}
     assert kinds == {"Candidate", "DisaggCandidate"}  # both kinds of part
     _same(one, many)
@@ -273,7 +299,7 @@ experiments:
     assert main(["exp", str(f), "--systems-path", str(synth.systems_dir), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)["results"]
     n = parallel.workers_for(None, 10)  # the default: the usable CPUs, at most 4
-    assert forks == ([n] if n > 1 else [])  # one pool for both searches' parts
+    assert forks == ([n - 1] if n > 1 else [])  # one pool for both searches' parts
     (exp,) = parse_experiments(text)
     alone = run_one((exp, sp.SYSTEM, "trtllm", synth.systems_dir, 1)).to_dict()
     assert json.loads(json.dumps(alone, default=str)) == got[0]

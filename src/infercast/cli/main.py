@@ -876,8 +876,8 @@ def cmd_compile(a) -> int:
               f"tolerance {surf.tol:g} against the op-by-op path")
 
 #: ``--jobs`` of search and recommend (infercast.search.parallel)
-SEARCH_JOBS_HELP = ("evaluate the layouts on N worker processes forked from this one (default: the CPUs this process may "
-                    "use, at most 4; 1: in this process; the same answer with any N; Linux)")
+SEARCH_JOBS_HELP = ("evaluate the layouts on N processes, this one and N - 1 forked from it (default: the CPUs this "
+                    "process may use, at most 4; 1: in this process; the same answer with any N; Linux)")
 #: ``--prefix`` of serve, serve-disagg, search and recommend (``estimate`` has its own wording)
 PREFIX_HELP = ("cached prompt tokens every request starts with (a shared prefix, e.g. a system prompt, kept warm in "
                "the engine's prefix cache): attended to, not prefilled, held once per rank; --isl counts the new "

@@ -7,11 +7,13 @@ candidates, refusals and counts to a :class:`~infercast.search.run.SearchResult`
 searches' parts can share one set of workers (:func:`run_groups`: ``search --mode both`` runs the
 aggregated and disaggregated searches' parts together, the longest of either first).
 :func:`run_parts` runs them either in this process one after another, adding to the result
-directly, or on ``jobs`` worker processes *forked* from this one, so that the workers start with
-everything this process has built (the parsed tables, the layouts' estimators and their compiled
-op lattices) instead of building it again. The workers take the parts, most costly first, from a
-counter they share (under its lock), and each sends its answers back over its own pipe as they are
-made: no thread of this process stands between one part and the next. Each part fills an empty
+directly, or on ``jobs`` processes: this one and ``jobs - 1`` workers *forked* from it, so that the
+workers start with everything this process has built (the parsed tables, the layouts' estimators
+and their compiled op lattices) instead of building it again. All of them take the parts, most
+costly first, from a counter they share (under its lock); a worker leaves each answer in a file
+(under ``/dev/shm`` where there is one: memory) and says so over its pipe, which this process reads
+between its own parts (a pipe holds ~64 KB: an answer sent through it would keep the worker
+waiting until this process finished its part). Each part fills an empty
 copy of the result, and the copies are merged into the result in the parts' order: the candidates in the same order, the
 refusals and counts in the same order of first appearance. A part's numbers depend only on its
 inputs (the estimators' memos only hold what they compute), so a search gives the same result,
@@ -31,6 +33,8 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
@@ -38,8 +42,8 @@ from copy import copy
 
 from ..errors import InvalidInputError, WorkerError
 
-#: the most worker processes ``jobs=None`` starts (a search has tens of parts; beyond a few
-#: workers the forks and the merging cost more than they save)
+#: the most processes ``jobs=None`` runs parts on, this one included (a search has tens of parts;
+#: beyond a few workers the forks and the merging cost more than they save)
 AUTO_MAX_JOBS = 4
 
 Part = Callable[[object], None]
@@ -80,7 +84,7 @@ def check_jobs(jobs: int | None) -> int | None:
 
 
 def workers_for(jobs: int | None, parts: int) -> int:
-    """How many worker processes run ``parts`` parts (1: in this process). A process that runs
+    """How many processes run ``parts`` parts, this one included (1: this one alone). A process that runs
     other threads (a caller's progress display that refreshes itself, a library's pool) is not
     forked: a lock one of them held at the fork would stay locked in the workers forever, so its
     parts run here (the same answer, on one CPU)."""
@@ -123,6 +127,7 @@ def run_groups(groups: Sequence[tuple], jobs: int | None = None, on_done: Callab
                     on_done(i + 1, len(flat))
         return
     import multiprocessing
+    import tempfile
     from multiprocessing.connection import wait
 
     # decreasing cost, ties in the parts' order (sorted is stable)
@@ -130,36 +135,57 @@ def run_groups(groups: Sequence[tuple], jobs: int | None = None, on_done: Callab
     _PARTS, _RESULT, _ORDER = [part for _, part in flat], [res for res, _ in flat], order
     done: dict = {}
     ctx = multiprocessing.get_context("fork")
-    taken = ctx.Value("i", 0)  # how many of ``order`` the workers have taken
+    taken = ctx.Value("i", 0)  # how many of ``order`` this process and the workers have taken
     workers: dict = {}  # the reading end of each worker's pipe -> the worker
+    spool = tempfile.mkdtemp(prefix="infercast-parts-", dir=_SPOOL_DIR if os.path.isdir(_SPOOL_DIR) else None)
+
+    def answer(reader, block: bool) -> None:
+        """Take the worker's next message (if one is there, or waiting for it with ``block``)."""
+        if not block and not reader.poll(0):
+            return
+        try:
+            kind, i, got = reader.recv()
+        except EOFError:  # the worker has ended: after its last part, or killed before
+            proc = workers.pop(reader)
+            proc.join()
+            if proc.exitcode != 0:
+                raise WorkerError(
+                    f"a search worker process died before answering ({len(done)} of {len(flat)} parts done, "
+                    f"exit code {proc.exitcode}): killed by the operating system? (out of memory)",
+                    "run it in one process: --jobs 1") from None
+            return
+        if kind == "error":
+            raise got
+        with open(got, "rb") as f:
+            done[i] = pickle.load(f)
+        os.unlink(got)
+        if on_done is not None:
+            on_done(len(done), len(flat))
+
     # the objects built so far are never garbage the workers collect: frozen, the workers' collector
     # neither scans them nor writes to their pages (which the workers share with this process)
     gc.freeze()
     try:
-        for _ in range(n):
+        for _ in range(n - 1):
             reader, writer = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_work, args=(taken, writer), daemon=True)
+            proc = ctx.Process(target=_work, args=(taken, writer, spool), daemon=True)
             proc.start()
             writer.close()  # this process's copy: the pipe ends when the worker's does
             workers[reader] = proc
+        # this process takes parts too, and reads the workers' answers between its own
+        while True:
+            k = _take(taken)
+            if k is None:
+                break
+            i, got = _run_one(order[k])
+            done[i] = got
+            if on_done is not None:
+                on_done(len(done), len(flat))
+            for reader in list(workers):
+                answer(reader, False)
         while workers:
             for reader in wait(list(workers)):
-                try:
-                    kind, i, got = reader.recv()
-                except EOFError:  # the worker has ended: after its last part, or killed before
-                    proc = workers.pop(reader)
-                    proc.join()
-                    if proc.exitcode != 0:
-                        raise WorkerError(
-                            f"a search worker process died before answering ({len(done)} of {len(flat)} parts done, "
-                            f"exit code {proc.exitcode}): killed by the operating system? (out of memory)",
-                            "run it in one process: --jobs 1") from None
-                    continue
-                if kind == "error":
-                    raise got
-                done[i] = got
-                if on_done is not None:
-                    on_done(len(done), len(flat))
+                answer(reader, True)
         if len(done) < len(flat):  # (a worker cannot end cleanly with a part taken and not answered)
             raise WorkerError(f"the search workers answered {len(done)} of {len(flat)} parts", "run it in one process: --jobs 1")
     finally:
@@ -169,25 +195,44 @@ def run_groups(groups: Sequence[tuple], jobs: int | None = None, on_done: Callab
             proc.join()
         _PARTS, _RESULT, _ORDER = (), (), ()
         gc.unfreeze()
+        shutil.rmtree(spool, ignore_errors=True)
     with paused_gc():
         for i, (res, _) in enumerate(flat):
             _merge(res, done[i])
 
 
-def _work(taken, conn) -> None:
-    """A worker's loop: take the next part of :data:`_ORDER` (``taken`` counts the parts the
-    workers have taken, under its lock), run it and send ``("done", i, answer)`` back, until none
-    is left; a part that raises sends ``("error", i, exception)`` and ends the loop."""
+#: where the workers leave their answers for this process (memory-backed where the system has it)
+_SPOOL_DIR = "/dev/shm"
+
+
+def _take(taken) -> int | None:
+    """The position in :data:`_ORDER` of the next part not taken yet (``taken`` counts them, under
+    its lock), or None."""
+    with taken.get_lock():
+        k = taken.value
+        if k >= len(_ORDER):
+            return None
+        taken.value = k + 1
+    return k
+
+
+def _work(taken, conn, spool: str) -> None:
+    """A worker's loop: take the next part (:func:`_take`), run it, leave its answer in a file of
+    ``spool`` and send ``("done", i, path)``, until none is left; a part that raises sends
+    ``("error", i, exception)`` and ends the loop. The answers go through files, not the pipe: a
+    pipe holds ~64 KB, and the worker would wait, answer in hand, while this process runs a part."""
     try:
         while True:
-            with taken.get_lock():
-                k = taken.value
-                if k >= len(_ORDER):
-                    return
-                taken.value = k + 1
+            k = _take(taken)
+            if k is None:
+                return
             i = _ORDER[k]
             try:
-                conn.send(("done", *_run_one(i)))
+                i, got = _run_one(i)
+                path = os.path.join(spool, f"{i}.pickle")
+                with open(path, "wb") as f:
+                    pickle.dump(got, f, protocol=pickle.HIGHEST_PROTOCOL)
+                conn.send(("done", i, path))
             except Exception as exc:  # noqa: BLE001 (handed to the parent, which raises it)
                 try:
                     conn.send(("error", i, exc))
