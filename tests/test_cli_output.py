@@ -248,3 +248,18 @@ def test_the_command_starts_before_numpy_with_one_blas_thread():
     out = subprocess.run([sys.executable, "-c", code], env={**env, "OPENBLAS_NUM_THREADS": "3"}, capture_output=True,
                          text=True, check=True).stdout
     assert out.split() == ["3", "Estimator"]  # the user's own setting stands
+
+
+def test_a_command_line_builds_only_its_subcommand():
+    """``main`` builds only the subcommand the command line names (``build_parser(only)``): every
+    subcommand is in :data:`COMMANDS`, and each one built alone parses and describes itself as the
+    whole parser's does."""
+    from infercast.cli.main import COMMANDS, build_parser
+
+    full = dict(_subparsers(build_parser()))
+    assert {path[1] for path in full if len(path) > 1} == set(COMMANDS)
+    for name in COMMANDS:
+        alone = {path: p for path, p in _subparsers(build_parser(name)) if len(path) > 1}
+        assert set(alone) == {path for path in full if len(path) > 1 and path[1] == name}
+        for path, p in alone.items():
+            assert p.format_help() == full[path].format_help()

@@ -1085,10 +1085,40 @@ def _add_role_settings(p, engine_files: bool = True) -> None:
                            help=f"as --moe-comm, for the {r} workers only")
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: the subcommands :func:`build_parser` adds (checked against it by the tests)
+COMMANDS = ("estimate", "serve", "serve-disagg", "search", "compile", "calibrate", "systems", "models", "support", "data",
+            "validate", "simulate", "recommend", "exp")
+
+
+class _Unbuilt:
+    """The parser of a subcommand the command line did not name (:func:`build_parser`'s ``only``):
+    whatever is asked of it is accepted and nothing is built."""
+
+    _actions: tuple = ()  # (what a builder that adjusts its arguments walks)
+
+    def __getattr__(self, name):
+        return lambda *a, **k: self
+
+
+class _OnlyCommand:
+    """``argparse``'s subparsers action, building only the subcommand ``only`` (None: every one)."""
+
+    def __init__(self, sub, only: str | None):
+        self._sub, self._only = sub, only
+
+    def add_parser(self, name, **kw):
+        return self._sub.add_parser(name, **kw) if self._only in (None, name) else _Unbuilt()
+
+    def __getattr__(self, name):
+        return getattr(self._sub, name)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; ``only``: build that subcommand's arguments alone (a command
+    line naming it needs no other: building all of them is ~15 ms of the command's start)."""
     p = argparse.ArgumentParser(prog="infercast", description="Predict LLM serving performance on GPUs from measured per-operator tables.")
     p.add_argument("--version", action=_VersionAction, nargs=0, help="print the version and exit")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = _OnlyCommand(p.add_subparsers(dest="command", required=True), only)
 
     e = sub.add_parser("estimate", help="static estimate: TTFT, TPOT, throughput, memory for one configuration",
                        description="Static estimate of one batch: TTFT, TPOT, throughput and memory of one "
@@ -1381,8 +1411,9 @@ def _refuse_idle_cp_overlap(a) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    a = parser.parse_args(argv)
+    args = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(args[0] if args and args[0] in COMMANDS else None)
+    a = parser.parse_args(args)
     try:
         if hasattr(a, "engine_args"):
             from .engine_config import apply_engine_config, apply_role_engine_configs
