@@ -268,5 +268,42 @@ def test_stores_of_a_pack_that_is_gone_are_pruned(pack, monkeypatch):
     shutil.rmtree(other)
     monkeypatch.setattr(tables, "_PRUNED", set())  # (one gate for both caches: tables.prune_due)
     assert compile_cache.prune(cache) == 0  # looked at today already
-    assert compile_cache.prune(cache, force=True) == 2
+    assert len(list(cache.glob("pack-walk-*"))) == 2  # each pack's kept walk (pack_fingerprint)
+    assert compile_cache.prune(cache, force=True) == 3  # the other pack's store and walk, the broken store
     assert list(cache.glob("*.sqlite")) == [mine]
+    (walk,) = cache.glob("pack-walk-*")
+    assert str(pack) in walk.read_text()
+
+
+def test_the_pack_walk_is_kept_and_checked_entry_by_entry(pack, monkeypatch):
+    """The pack's fingerprint comes from the kept walk while every directory and YAML file stats
+    as recorded (the ~900 directories are not listed again), and from a new walk, with the same
+    value as a walk would give, as soon as anything under ``systems/`` is added, removed or
+    edited, however deep."""
+    walks = []
+    real = compile_cache._walk_pack
+
+    def counted(d):
+        walks.append(d)
+        return real(d)
+
+    monkeypatch.setattr(compile_cache, "_walk_pack", counted)
+    sd = str(pack)
+    first = compile_cache.pack_fingerprint(sd)
+    compile_cache.pack_fingerprint.cache_clear()
+    assert compile_cache.pack_fingerprint(sd) == first and len(walks) == 1  # kept
+    deep = max((p for p in pack.rglob("*") if p.is_dir()), key=lambda p: len(p.parts))
+    (deep / "added.parquet").write_bytes(b"x")
+    compile_cache.pack_fingerprint.cache_clear()
+    second = compile_cache.pack_fingerprint(sd)
+    assert second != first and len(walks) == 2
+    assert second == __import__("hashlib").sha1(__import__("json").dumps(real(sd)).encode()).hexdigest()
+    (deep / "added.parquet").unlink()
+    compile_cache.pack_fingerprint.cache_clear()
+    assert compile_cache.pack_fingerprint(sd) != second and len(walks) == 3
+    monkeypatch.setenv("INFERCAST_CACHE_DIR", "off")  # nothing kept: a walk every time
+    compile_cache.pack_fingerprint.cache_clear()
+    compile_cache.pack_fingerprint(sd)
+    compile_cache.pack_fingerprint.cache_clear()
+    compile_cache.pack_fingerprint(sd)
+    assert len(walks) == 5

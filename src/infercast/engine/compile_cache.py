@@ -19,7 +19,9 @@ was written under and is emptied when it differs:
 * the pack: the modification time of every directory under ``systems/`` (a table file added,
   removed or renamed anywhere changes its directory's: another system's or version's table can
   serve this one's), and the size and modification time of every YAML file there (system specs,
-  ``query_versions.yaml``, each version's ``reuse.yaml``);
+  ``query_versions.yaml``, each version's ``reuse.yaml``); the walk that finds them is kept beside
+  the stores and checked entry by entry, a new walk made when any entry changed
+  (:func:`pack_fingerprint`);
 * every table file the kept answers were built from (size and modification time, checked when
   the file is opened).
 
@@ -100,7 +102,24 @@ def code_fingerprint() -> str:
 @lru_cache(maxsize=8)
 def pack_fingerprint(systems_dir: str) -> str:
     """The pack's ``systems/`` tree: every directory's modification time and every YAML file's
-    size and modification time, wherever it is (see the module docstring)."""
+    size and modification time, wherever it is (see the module docstring). The walk's entries are
+    kept (:func:`_walk_record`): while every one of them stats as recorded, the tree is the one
+    the walk saw (a file or directory added, removed or renamed anywhere changes its directory's
+    time), and its fingerprint is the recorded one without listing the ~900 directories again."""
+    record = _walk_record(systems_dir)
+    kept = _read_walk(record) if record is not None else None
+    if kept is not None:
+        return kept
+    out = _walk_pack(systems_dir)
+    fingerprint = hashlib.sha1(json.dumps(out).encode()).hexdigest()
+    if record is not None and out and out[0][1] != -1:
+        _write_walk(record, out, fingerprint)
+    return fingerprint
+
+
+def _walk_pack(systems_dir: str) -> list:
+    """(path, size, modification time) of ``systems_dir``, every directory under it (size 0) and
+    every YAML file there, sorted; one ``("?", -1, -1)`` entry when it cannot be walked."""
     out: list = []
     stack = [systems_dir]
     try:
@@ -116,7 +135,42 @@ def pack_fingerprint(systems_dir: str) -> str:
                         out.append((e.path, st.st_size, st.st_mtime_ns))
     except OSError:
         out.append(("?", -1, -1))
-    return hashlib.sha1(json.dumps(sorted(out)).encode()).hexdigest()
+    return sorted(out)
+
+
+def _walk_record(systems_dir: str) -> Path | None:
+    """Where the walk of ``systems_dir`` is kept (None: caching is off)."""
+    root = compile_cache_dir()
+    if root is None:
+        return None
+    return root / f"pack-walk-{hashlib.sha1(systems_dir.encode()).hexdigest()[:20]}.json"
+
+
+def _read_walk(record: Path) -> str | None:
+    """The fingerprint kept in ``record`` if every entry of its walk stats as recorded, else None."""
+    try:
+        kept = json.loads(record.read_text())
+        for path, size, mtime in kept["entries"]:
+            st = os.stat(path)
+            if st.st_mtime_ns != mtime or (size and st.st_size != size):
+                return None
+        return kept["fingerprint"] if kept.get("format") == CACHE_FORMAT else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_walk(record: Path, entries: list, fingerprint: str) -> None:
+    """Keep a walk (written under a temporary name and renamed; one that cannot be written is skipped)."""
+    tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"format": CACHE_FORMAT, "fingerprint": fingerprint, "entries": entries}))
+        tmp.replace(record)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
 
 
 def _file_stat(path: str) -> list:
@@ -218,7 +272,7 @@ def _store(db) -> _Store | None:
 
 def prune(root: Path, force: bool = False) -> int:
     """Remove the stores of ``root`` whose pack is gone (a removed virtual environment, a moved
-    pack) or that cannot be read, when :func:`~infercast.data.tables.prune_due` (at most once per
+    pack) or that cannot be read, and the kept walks of such packs, when :func:`~infercast.data.tables.prune_due` (at most once per
     process and once a day, unless ``force``), as :func:`~infercast.data.tables.prune_table_cache`
     does for parsed tables. Answers how many went."""
     import sqlite3
@@ -243,6 +297,17 @@ def prune(root: Path, force: bool = False) -> int:
         except sqlite3.OperationalError as exc:  # locked (in use): left alone; no meta table: unusable
             gone = "no such table" in str(exc)
         except sqlite3.DatabaseError:
+            gone = True
+        if gone:
+            try:
+                f.unlink()
+                removed += 1
+            except OSError:
+                pass
+    for f in sorted(root.glob("pack-walk-*")):  # kept walks (pack_fingerprint) of packs that are gone
+        try:
+            gone = f.name.endswith(".tmp") or not Path(json.loads(f.read_text())["entries"][0][0]).is_dir()
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
             gone = True
         if gone:
             try:
