@@ -36,13 +36,18 @@ def test_long_record_lists_one_per_line():
         json_text({(1, 2): 3})
 
 
-def test_records_are_written_as_they_are_made():
+def test_records_are_written_as_they_are_made(monkeypatch):
     """A Records list is iterated once and written one record per line, each record made only
-    when the one before it has been written (a long one): the same text as the list it stands
-    for (a short one written as json.dumps would)."""
+    when the one before it has been written (a long one; here the text goes to the stream as soon
+    as it is made, ``FLUSH_CHARS`` 0: by default in pieces of about a megabyte, so that no more
+    than that is held): the same text as the list it stands for (a short one written as
+    json.dumps would)."""
     import io
 
+    from infercast.report import json_text as jt
     from infercast.report.json_text import Records, write_json
+
+    monkeypatch.setattr(jt, "FLUSH_CHARS", 0)
 
     made, written = [], io.StringIO()
 

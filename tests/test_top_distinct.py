@@ -19,6 +19,39 @@ def _cand(layout: str, conc: int, tps: float, ok: bool = True, backend: str = ""
                      backend=backend)
 
 
+def test_ranked_is_the_plain_sort_however_far_it_must_look():
+    """ranked orders only as many candidates as it needs (the best few hundred, more when they
+    hold fewer distinct deployments than asked): the same answer as sorting every candidate,
+    with ties, many candidates of one layout ahead of the others, and a Candidates store."""
+    import numpy as np
+
+    from infercast.search.candidates import Candidates
+
+    def plain(cands, top):
+        out, seen = [], set()
+        for c in sorted((c for c in cands if c.meets_targets), key=lambda c: -c.tokens_per_s_per_gpu):
+            if (c.backend, c.layout) not in seen:
+                seen.add((c.backend, c.layout))
+                out.append(c)
+                if len(out) == top:
+                    break
+        return out
+
+    rng = np.random.default_rng(4)
+    for trial in range(60):
+        n = int(rng.integers(1, 3000))
+        layouts = int(rng.integers(1, 40))
+        tps = rng.integers(0, 50, n).astype(float) if trial % 2 else rng.uniform(0, 1000, n)
+        lay = rng.integers(0, layouts, n)
+        if trial % 3 == 0:  # one layout's many concurrencies ahead of every other
+            tps[lay == 0] += 2000.0
+        cands = [_cand(f"tp{int(x)}", j, float(t), ok=bool(rng.random() < 0.7)) for j, (x, t) in enumerate(zip(lay, tps))]
+        for top in (1, 3, 10):
+            want = [(c.layout, c.concurrency) for c in plain(cands, top)]
+            assert [(c.layout, c.concurrency) for c in ranked(cands, top)] == want
+            assert [(c.layout, c.concurrency) for c in ranked(Candidates(cands), top)] == want
+
+
 def test_ranked_keeps_each_layout_once_at_its_best_concurrency():
     cands = [_cand("tp1", 1, 100.0), _cand("tp1", 8, 300.0), _cand("tp1", 16, 350.0, ok=False),
              _cand("tp2", 4, 250.0), _cand("tp2", 8, 280.0), _cand("tp4", 8, 120.0), _cand("tp1", 4, 200.0),

@@ -18,6 +18,8 @@ from typing import TextIO
 
 #: lists of dicts longer than this are written one dict per line
 RECORDS_INLINE = 20
+#: :func:`write_json` hands its text to the stream in pieces of about this many characters
+FLUSH_CHARS = 1 << 20
 
 
 def _key(k, flat: json.JSONEncoder) -> str:
@@ -52,7 +54,16 @@ def write_json(obj, out: TextIO, indent: int = 1, default=str) -> None:
     """Write ``obj`` to ``out`` as :func:`json_text` gives it, piece by piece (a :class:`Records`
     list one record at a time)."""
     flat = json.JSONEncoder(default=default, separators=(", ", ": "))
-    write = out.write
+    pieces: list[str] = []  # written to ``out`` a megabyte at a time (one call per piece costs more)
+    size = [0]
+
+    def write(text: str) -> None:
+        pieces.append(text)
+        size[0] += len(text)
+        if size[0] >= FLUSH_CHARS:
+            out.write("".join(pieces))
+            pieces.clear()
+            size[0] = 0
 
     def emit(o, level: int) -> None:
         pad, end = " " * (indent * (level + 1)), " " * (indent * level)
@@ -79,6 +90,7 @@ def write_json(obj, out: TextIO, indent: int = 1, default=str) -> None:
         write(flat.encode(list(o) if isinstance(o, Records) else o))
 
     emit(obj, 0)
+    out.write("".join(pieces))
 
 
 def json_text(obj, indent: int = 1, default=str) -> str:
