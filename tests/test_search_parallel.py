@@ -22,28 +22,26 @@ needs_fork = pytest.mark.skipif(not parallel.fork_available(), reason="parallel 
 def forks(monkeypatch):
     """The workers forked by each pool :func:`run_parts` opened: ``jobs - 1``, this process taking
     parts too (proof that the parts did not all run quietly in this process)."""
-    import multiprocessing
-
     seen: list[int] = []
-    real = multiprocessing.get_context
+    real_fork, real_groups = parallel._fork, parallel.run_groups
 
-    def spy(method=None):
-        ctx = real(method)
+    def groups(*a, **k):
         seen.append(0)
+        try:
+            return real_groups(*a, **k)
+        finally:
+            if not seen[-1]:
+                seen.pop()  # this one forked nothing
 
-        class Ctx:
-            """The fork context, noting each pool's worker count as the pool forks them."""
+    def fork():
+        seen[-1] += 1
+        return real_fork()
 
-            def __getattr__(self, name):
-                return getattr(ctx, name)
+    monkeypatch.setattr(parallel, "_fork", fork)
+    monkeypatch.setattr(parallel, "run_groups", groups)
+    import infercast.search.run as run
 
-            def Process(self, *a, **k):
-                seen[-1] += 1
-                return ctx.Process(*a, **k)
-
-        return Ctx()
-
-    monkeypatch.setattr(multiprocessing, "get_context", spy)
+    monkeypatch.setattr(run, "run_groups", groups)
     return seen
 
 

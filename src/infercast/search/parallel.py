@@ -35,6 +35,7 @@ import gc
 import os
 import pickle
 import shutil
+import struct
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
@@ -57,10 +58,9 @@ _ORDER: Sequence[int] = ()
 
 
 def fork_available() -> bool:
-    """Whether parts can run on forked workers here (Linux with the ``fork`` start method)."""
-    import multiprocessing
-
-    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+    """Whether parts can run on forked workers here (Linux, where ``os.fork`` of a process that has
+    imported numpy is well supported)."""
+    return sys.platform.startswith("linux") and hasattr(os, "fork")
 
 
 def usable_cpus() -> int:
@@ -126,73 +126,91 @@ def run_groups(groups: Sequence[tuple], jobs: int | None = None, on_done: Callab
                 if on_done is not None:
                     on_done(i + 1, len(flat))
         return
-    import multiprocessing
-    import tempfile
-    from multiprocessing.connection import wait
+    import select
 
     # decreasing cost, ties in the parts' order (sorted is stable)
     order = sorted(range(len(flat)), key=lambda i: -costs[i])
+    tokens = _tokens(len(order))
+    if tokens is None:  # more parts than a pipe holds tokens for: one process
+        with paused_gc():
+            for i, (res, part) in enumerate(flat):
+                part(res)
+                if on_done is not None:
+                    on_done(i + 1, len(flat))
+        return
     _PARTS, _RESULT, _ORDER = [part for _, part in flat], [res for res, _ in flat], order
     done: dict = {}
-    ctx = multiprocessing.get_context("fork")
-    taken = ctx.Value("i", 0)  # how many of ``order`` this process and the workers have taken
-    workers: dict = {}  # the reading end of each worker's pipe -> the worker
-    spool = tempfile.mkdtemp(prefix="infercast-parts-", dir=_SPOOL_DIR if os.path.isdir(_SPOOL_DIR) else None)
+    workers: dict = {}  # the reading end of each worker's pipe -> (its process id, bytes not yet read)
+    spool = _spool()
 
-    def answer(reader, block: bool) -> None:
-        """Take the worker's next message (if one is there, or waiting for it with ``block``)."""
-        if not block and not reader.poll(0):
-            return
+    def answers(fd: int) -> None:
+        """Take what the worker of ``fd`` has said so far: ``(part, 0)`` when part's answer is in
+        its file, ``(part, 1)`` when the part raised (the exception in its file)."""
+        pid, pending = workers[fd]
         try:
-            kind, i, got = reader.recv()
-        except EOFError:  # the worker has ended: after its last part, or killed before
-            proc = workers.pop(reader)
-            proc.join()
-            if proc.exitcode != 0:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        if not chunk:  # the worker has ended: after its last part, or killed before
+            del workers[fd]
+            os.close(fd)
+            code = _reap(pid)
+            if code != 0:
                 raise WorkerError(
                     f"a search worker process died before answering ({len(done)} of {len(flat)} parts done, "
-                    f"exit code {proc.exitcode}): killed by the operating system? (out of memory)",
-                    "run it in one process: --jobs 1") from None
+                    f"exit code {code}): killed by the operating system? (out of memory)",
+                    "run it in one process: --jobs 1")
             return
-        if kind == "error":
-            raise got
-        with open(got, "rb") as f:
-            done[i] = pickle.load(f)
-        os.unlink(got)
-        if on_done is not None:
-            on_done(len(done), len(flat))
+        pending += chunk
+        while len(pending) >= _SAID.size:
+            i, failed = _SAID.unpack_from(pending)
+            pending = pending[_SAID.size:]
+            path = os.path.join(spool, f"{i}.pickle")
+            with open(path, "rb") as f:
+                got = pickle.load(f)
+            os.unlink(path)
+            if failed:
+                raise got
+            done[i] = got
+            if on_done is not None:
+                on_done(len(done), len(flat))
+        workers[fd] = (pid, pending)
 
     # the objects built so far are never garbage the workers collect: frozen, the workers' collector
     # neither scans them nor writes to their pages (which the workers share with this process)
     gc.freeze()
     try:
         for _ in range(n - 1):
-            reader, writer = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_work, args=(taken, writer, spool), daemon=True)
-            proc.start()
-            writer.close()  # this process's copy: the pipe ends when the worker's does
-            workers[reader] = proc
+            reader, writer = os.pipe()
+            pid = _fork()
+            if pid == 0:  # the worker
+                os.close(reader)
+                _work(tokens, writer, spool)  # (ends the process)
+            os.close(writer)
+            os.set_blocking(reader, False)
+            workers[reader] = (pid, b"")
         # this process takes parts too, and reads the workers' answers between its own
         while True:
-            k = _take(taken)
+            k = _next(tokens)
             if k is None:
                 break
             i, got = _run_one(order[k])
             done[i] = got
             if on_done is not None:
                 on_done(len(done), len(flat))
-            for reader in list(workers):
-                answer(reader, False)
+            for fd in list(workers):
+                answers(fd)
         while workers:
-            for reader in wait(list(workers)):
-                answer(reader, True)
+            ready, _, _ = select.select(list(workers), [], [])
+            for fd in ready:
+                answers(fd)
         if len(done) < len(flat):  # (a worker cannot end cleanly with a part taken and not answered)
             raise WorkerError(f"the search workers answered {len(done)} of {len(flat)} parts", "run it in one process: --jobs 1")
     finally:
-        for proc in workers.values():
-            proc.terminate()
-        for proc in workers.values():
-            proc.join()
+        for fd, (pid, _) in workers.items():
+            os.close(fd)
+            _stop(pid)
+        os.close(tokens)
         _PARTS, _RESULT, _ORDER = (), (), ()
         gc.unfreeze()
         shutil.rmtree(spool, ignore_errors=True)
@@ -203,44 +221,123 @@ def run_groups(groups: Sequence[tuple], jobs: int | None = None, on_done: Callab
 
 #: where the workers leave their answers for this process (memory-backed where the system has it)
 _SPOOL_DIR = "/dev/shm"
+#: a part's position in :data:`_ORDER`, as taken from the token pipe (:func:`_tokens`)
+_TOKEN = struct.Struct("<I")
+#: what a worker says of a part: its index, and 1 if it raised (the answer or the exception is in its file)
+_SAID = struct.Struct("<IB")
 
 
-def _take(taken) -> int | None:
-    """The position in :data:`_ORDER` of the next part not taken yet (``taken`` counts them, under
-    its lock), or None."""
-    with taken.get_lock():
-        k = taken.value
-        if k >= len(_ORDER):
-            return None
-        taken.value = k + 1
-    return k
+def _spool() -> str:
+    """A new directory for the workers' answers (under :data:`_SPOOL_DIR` where there is one)."""
+    import time
+
+    base = _SPOOL_DIR if os.path.isdir(_SPOOL_DIR) and os.access(_SPOOL_DIR, os.W_OK) else os.environ.get("TMPDIR", "/tmp")
+    for attempt in range(100):
+        path = os.path.join(base, f"infercast-parts-{os.getpid()}-{time.monotonic_ns()}-{attempt}")
+        try:
+            os.mkdir(path, 0o700)
+            return path
+        except FileExistsError:
+            continue
+    raise OSError(f"cannot make a directory for the search workers' answers under {base}")
 
 
-def _work(taken, conn, spool: str) -> None:
-    """A worker's loop: take the next part (:func:`_take`), run it, leave its answer in a file of
-    ``spool`` and send ``("done", i, path)``, until none is left; a part that raises sends
-    ``("error", i, exception)`` and ends the loop. The answers go through files, not the pipe: a
-    pipe holds ~64 KB, and the worker would wait, answer in hand, while this process runs a part."""
+def _tokens(n: int) -> int | None:
+    """The reading end of a pipe holding the positions ``0 .. n - 1`` (one :data:`_TOKEN` each,
+    the write end closed): every process takes the next part by reading one (a read of a few
+    bytes from a pipe is atomic), and an empty pipe means none is left. None when ``n`` tokens do
+    not fit the pipe (Linux lets a pipe grow to ``/proc/sys/fs/pipe-max-size``, 1 MB by default)."""
+    reader, writer = os.pipe()
+    need = n * _TOKEN.size
+    try:
+        if need > 65536:
+            import fcntl
+
+            fcntl.fcntl(writer, getattr(fcntl, "F_SETPIPE_SZ", 1031), need)
+        os.set_blocking(writer, False)
+        data = b"".join(_TOKEN.pack(k) for k in range(n))
+        if os.write(writer, data) != len(data):
+            raise OSError("short write")
+    except OSError:
+        os.close(reader)
+        return None
+    finally:
+        os.close(writer)
+    return reader
+
+
+def _next(tokens: int) -> int | None:
+    """The next part's position from the token pipe, or None when none is left."""
+    got = os.read(tokens, _TOKEN.size)
+    return _TOKEN.unpack(got)[0] if len(got) == _TOKEN.size else None
+
+
+def _fork() -> int:
+    """``os.fork()``, this process's buffered output written out first (a child that inherited it
+    must not write it again)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    return os.fork()
+
+
+def _reap(pid: int) -> int:
+    """The exit code of ended worker ``pid`` (a signal's number, negated, if one ended it)."""
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _stop(pid: int) -> None:
+    """End worker ``pid`` if it still runs (this process is leaving on an error) and reap it."""
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _work(tokens: int, conn: int, spool: str) -> None:
+    """A worker's loop, in the forked process: take the next part (:func:`_next`), run it, leave its
+    answer in ``spool/<part>.pickle`` and say so on ``conn`` (:data:`_SAID`), until none is left;
+    a part that raises leaves the exception instead and ends the loop. The answers go through
+    files, not the pipe: a pipe holds ~64 KB, and the worker would wait, answer in hand, while this
+    process runs a part. The process ends here (``os._exit``: none of the parent's exit handlers,
+    none of its buffered output)."""
+    code = 0
     try:
         while True:
-            k = _take(taken)
+            k = _next(tokens)
             if k is None:
-                return
+                break
             i = _ORDER[k]
             try:
                 i, got = _run_one(i)
-                path = os.path.join(spool, f"{i}.pickle")
-                with open(path, "wb") as f:
-                    pickle.dump(got, f, protocol=pickle.HIGHEST_PROTOCOL)
-                conn.send(("done", i, path))
+                failed = 0
             except Exception as exc:  # noqa: BLE001 (handed to the parent, which raises it)
+                got, failed = exc, 1
+            path = os.path.join(spool, f"{i}.pickle")
+            with open(path, "wb") as f:
                 try:
-                    conn.send(("error", i, exc))
-                except Exception:  # an exception that does not pickle: its words
-                    conn.send(("error", i, RuntimeError(f"search part {i} failed: {exc!r}")))
-                return
+                    pickle.dump(got, f, protocol=pickle.HIGHEST_PROTOCOL)
+                except Exception as exc:  # noqa: BLE001 (an exception that does not pickle: its words)
+                    f.seek(0)
+                    f.truncate()
+                    pickle.dump(RuntimeError(f"search part {i} failed: {got!r} ({exc})"), f)
+                    failed = 1
+            os.write(conn, _SAID.pack(i, failed))
+            if failed:
+                break
+    except BaseException:  # noqa: BLE001 (whatever happens, the worker ends here)
+        code = 1
     finally:
-        conn.close()
+        os._exit(code)
 
 
 @contextmanager
