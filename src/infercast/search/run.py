@@ -829,24 +829,55 @@ def search_disagg(
     # per decode layout, the worker counts with each prefill layout; a part's work grows with its
     # deployments x concurrencies
     counts = [[_worker_counts(pe.gpus, de.gpus, total, max_workers) for _, pe in prefills] for _, de in decodes]
-    return _run_or_defer(res, [partial(_decode_layout_part, prefills, dl, de, cs, total, conc, params, refine, params_d)
-                               for (dl, de), cs in zip(decodes, counts)],
-                         [len(conc) * sum(map(len, cs)) for cs in counts], jobs, progress, _defer)
+    costs = [len(conc) * sum(map(len, cs)) for cs in counts]
+    chunks = decode_chunks(costs)
+    return _run_or_defer(res, [partial(_decode_layouts_part, prefills, [(*decodes[j], counts[j]) for j in chunk], total,
+                                       conc, params, refine, params_d) for chunk in chunks],
+                         [sum(costs[j] for j in chunk) for chunk in chunks], jobs, progress, _defer)
 
 
-def _decode_layout_part(prefills: list, dl: Layout, de, counts: list[list[tuple[int, int]]], total: int,
-                        conc: list[int], params, refine: bool, params_decode, res: SearchResult) -> None:
-    """Every deployment of decode layout ``dl`` (estimator ``de``) with the prefill layouts of
-    ``prefills``, their (prefill, decode) worker counts ``counts`` (one list per prefill layout,
-    within ``total`` GPUs), added to ``res`` (:func:`evaluate_disagg`): one part of
-    :func:`~infercast.search.parallel.run_parts`."""
-    for (pl, pe), cs in zip(prefills, counts):
-        _count(res, "disagg layout pair")
-        if not cs:
-            refuse(res, f"P {pl.label} D {dl.label}", "disagg layout pair",
-                   f"one prefill worker ({plural(pe.gpus, 'GPU')}) and one decode worker ({de.gpus}) exceed "
-                   f"{plural(total, 'GPU')}", "exceeds the GPU budget")
-    evaluate_disagg(res, prefills, dl, de, counts, conc, params, refine, params_decode=params_decode)
+#: a disaggregated search's part holds consecutive decode layouts whose deployments x
+#: concurrencies add up to at most the largest one's or this share of all of them, whichever is
+#: more (:func:`decode_chunks`): small layouts share their array solves, large searches still
+#: spread over many parts
+DECODE_CHUNK_SHARE = 1 / 16
+
+
+def decode_chunks(costs: list[float]) -> list[list[int]]:
+    """The decode layouts of a disaggregated search grouped into parts, in order: consecutive ones
+    while their costs add up to at most ``max(largest cost, DECODE_CHUNK_SHARE x total)``. The
+    layouts of one part are solved together (:func:`evaluate_disagg_together`), each array solve
+    costing about the same whatever its size."""
+    if not costs:
+        return []
+    cap = max(max(costs), DECODE_CHUNK_SHARE * sum(costs))
+    chunks, load = [[]], 0.0
+    for j, c in enumerate(costs):
+        if chunks[-1] and load + c > cap:
+            chunks.append([])
+            load = 0.0
+        chunks[-1].append(j)
+        load += c
+    return chunks
+
+
+def _decode_layouts_part(prefills: list, decodes: list[tuple], total: int, conc: list[int], params, refine: bool,
+                         params_decode, res: SearchResult) -> None:
+    """Every deployment of each decode layout of ``decodes`` ((layout, estimator, worker counts):
+    one list of (prefill, decode) worker counts per prefill layout of ``prefills``, within
+    ``total`` GPUs) added to ``res``, decode layout by decode layout, their solves made together
+    (:func:`evaluate_disagg_together`): one part of :func:`~infercast.search.parallel.run_parts`."""
+
+    def pairs(j: int) -> None:  # a decode layout's pairs counted (and refused) before its deployments
+        dl, de, counts = decodes[j]
+        for (pl, pe), cs in zip(prefills, counts):
+            _count(res, "disagg layout pair")
+            if not cs:
+                refuse(res, f"P {pl.label} D {dl.label}", "disagg layout pair",
+                       f"one prefill worker ({plural(pe.gpus, 'GPU')}) and one decode worker ({de.gpus}) exceed "
+                       f"{plural(total, 'GPU')}", "exceeds the GPU budget")
+
+    evaluate_disagg_together(res, prefills, decodes, conc, params, refine, params_decode=params_decode, before=pairs)
 
 
 def decode_holders(res: SearchResult, roles: dict, gpus: int, max_workers: int, params) -> list[tuple[str, int]]:
@@ -948,12 +979,8 @@ class DisaggGroup:
         gpus = pw * gp[which] + dw * de.gpus
         ddp = de.plan.parallel.attention_dp
         if vectorised:
-            if self._curve is None:  # every solve of this group asks the same decode steps
-                from ..serving.decode_curve import DecodeCurve
-
-                self._curve = DecodeCurve(self.decode_engine, self.pd, res.isl + res.osl / 2.0, self.pd.max_batch_size)
             got = solve_disagg_many(self.solvers, self.decode_engine, c.astype(float), res.isl, res.osl, pw, dw, ddp, 1,
-                                    self.pd, gpus, which, columns=self.SOLVED, decode_curve=self._curve)
+                                    self.pd, gpus, which, columns=self.SOLVED, decode_curve=self.curve())
             cols = {name: got[name].tolist() for name in self.SOLVED}
             cols["tpot_p90_ms"] = cols["tpot_ms"]  # a lean result's TPOT percentiles are its mean
         else:
@@ -965,6 +992,60 @@ class DisaggGroup:
             cols = {name: [getattr(r, name) for r in out] for name in self.ROW[:-1]}
         cols["decode_kv_capacity"] = self._kv_capacity(cols["decode_batch"])
         return cols
+
+    def curve(self):
+        """The decode step by batch of this group (:class:`~infercast.serving.decode_curve.DecodeCurve`,
+        made on first use: every solve of the group asks the same decode steps)."""
+        if self._curve is None:
+            from ..serving.decode_curve import DecodeCurve
+
+            self._curve = DecodeCurve(self.decode_engine, self.pd, self.res.isl + self.res.osl / 2.0, self.pd.max_batch_size)
+        return self._curve
+
+    @staticmethod
+    def solve_together(groups: list, asks: list[tuple], vectorised: bool = True) -> list[dict]:
+        """:meth:`solve` of each group's ``asks`` (``(which, pw, dw, c)``), as one array solve when
+        the groups share their search, decode scheduler and tokens per step (their prefill layouts
+        mapped onto one list: a prefill layout's solver is the same for every decode layout of a
+        search), else one solve each. Each group's answer as its own :meth:`solve` would give it,
+        element for element."""
+        from ..serving.disagg import solve_disagg_many
+
+        first = groups[0]
+        if len(groups) == 1 or not vectorised or any(
+                g.res is not first.res or g.pd != first.pd
+                or getattr(g.decode_engine, "tokens_per_step", 1.0) != getattr(first.decode_engine, "tokens_per_step", 1.0)
+                for g in groups[1:]):
+            return [g.solve(*ask, vectorised=vectorised) for g, ask in zip(groups, asks)]
+        res = first.res
+        solvers, at = [], {}  # the prefill layouts of every group, each once, and where each is
+        parts = {name: [] for name in ("which", "pw", "dw", "c", "gpus", "dwhich")}
+        for j, (g, (which, pw, dw, c)) in enumerate(zip(groups, asks)):
+            local = []
+            for (pl, _), solver in zip(g.prefills, g.solvers):
+                if pl not in at:
+                    at[pl] = len(solvers)
+                    solvers.append(solver)
+                local.append(at[pl])
+            which, pw, dw, c = (np.asarray(x, dtype=np.int64) for x in (which, pw, dw, c))
+            gp = np.array([pe.gpus for _, pe in g.prefills], dtype=np.int64)
+            for name, v in (("which", np.asarray(local, dtype=np.int64)[which]), ("pw", pw), ("dw", dw), ("c", c),
+                            ("gpus", pw * gp[which] + dw * g.de.gpus), ("dwhich", np.full(c.size, j, dtype=np.int64))):
+                parts[name].append(v)
+        cat = {name: np.concatenate(v) for name, v in parts.items()}
+        got = solve_disagg_many(solvers, [g.decode_engine for g in groups], cat["c"].astype(float), res.isl, res.osl,
+                                cat["pw"], cat["dw"], [g.de.plan.parallel.attention_dp for g in groups], 1, first.pd,
+                                cat["gpus"], cat["which"], columns=DisaggGroup.SOLVED,
+                                decode_curve=[g.curve() for g in groups], decode_which=cat["dwhich"])
+        out, a = [], 0
+        for g, (_, _, _, c) in zip(groups, asks):
+            b = a + len(c)
+            cols = {name: got[name][a:b].tolist() for name in DisaggGroup.SOLVED}
+            cols["tpot_p90_ms"] = cols["tpot_ms"]  # a lean result's TPOT percentiles are its mean
+            cols["decode_kv_capacity"] = g._kv_capacity(cols["decode_batch"])
+            out.append(cols)
+            a = b
+        return out
 
     def _kv_capacity(self, batch: list) -> list:
         """Requests of ``isl + osl`` tokens one decode rank's KV cache holds beside a batch of
@@ -1079,28 +1160,100 @@ def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: l
     (:func:`~infercast.serving.disagg.solve_disagg_many`), else one by one. ``params`` /
     ``params_decode``: the prefill / decode schedulers (default: each backend's; decode defaults
     to ``params``)."""
-    keep = [j for j, cs in enumerate(counts) if cs]
-    if not keep or not conc:
+    evaluate_disagg_together(res, prefills, [(dl, de, counts)], conc, params, refine, vectorised, params_decode)
+
+
+def evaluate_disagg_together(res: SearchResult, prefills: list, decodes: list[tuple], conc: list[int], params=None,
+                             refine: bool = False, vectorised: bool = True, params_decode=None,
+                             before=None) -> None:
+    """:func:`evaluate_disagg` of several decode layouts, ``decodes`` being (layout, estimator,
+    worker counts) each: each one's deployments added to ``res`` in its turn, as one call each
+    would add them, but their array solves made together, round by round (one solve per round
+    for all of them: a solve's iterations cost the same whatever their size, :mod:`infercast.serving.disagg`),
+    when their decode schedulers and tokens per step agree (else each its own). ``before(j)``:
+    called before the ``j``-th decode layout's deployments are added (its own bookkeeping first)."""
+    plans = []
+    for dl, de, counts in decodes:
+        keep = [j for j, cs in enumerate(counts) if cs]
+        if not keep or not conc:
+            plans.append(None)
+            continue
+        pf, cts = [prefills[j] for j in keep], [counts[j] for j in keep]
+        group = DisaggGroup(res, pf, dl, de, params, params_decode)
+        plans.append((group, pf, cts, _disagg_plan(group, [(i, pw, dw) for i, cs in enumerate(cts) for pw, dw in cs],
+                                                 conc, refine)))
+    adds: list[list] = [[] for _ in plans]
+    try:
+        _drive_plans([(pl[0], pl[3], got) for pl, got in zip(plans, adds) if pl is not None], vectorised)
+    except InfercastError as exc:
+        if len(plans) > 1:  # each decode layout on its own (its prefill layouts one by one if need be)
+            for j, (dl, de, counts) in enumerate(decodes):
+                if before is not None:
+                    before(j)
+                evaluate_disagg_together(res, prefills, [(dl, de, counts)], conc, params, refine, vectorised, params_decode)
+            return
+        # one prefill layout's prompt does not fit its token budget: solve them one by one
+        group, pf, cts, _ = plans[0]
+        if before is not None:
+            before(0)
+        if len(pf) > 1:
+            for pair in zip(pf, cts):
+                evaluate_disagg(res, [pair[0]], group.dl, group.de, [pair[1]], conc, params, refine, vectorised, params_decode)
+            return
+        _count(res, "disagg candidate", len(conc) * sum(map(len, cts)))
+        refuse(res, f"P {pf[0][0].label} D {group.dl.label}", "disagg layout pair", str(exc), exc)
         return
-    prefills, counts = [prefills[j] for j in keep], [counts[j] for j in keep]
-    group = DisaggGroup(res, prefills, dl, de, params, params_decode)
-    deployments = [(i, pw, dw) for i, cs in enumerate(counts) for pw, dw in cs]
+    for j, (pl, got) in enumerate(zip(plans, adds)):
+        if before is not None:
+            before(j)
+        for args in got:
+            pl[0].add_blocks(*args)
+
+
+def _drive_plans(plans: list[tuple], vectorised: bool) -> None:
+    """Run :func:`_disagg_plan` generators ``(group, plan, adds)`` to their end: each round, every
+    plan's asked solve made (together when the groups can be: :meth:`DisaggGroup.solve_together`),
+    and what each asks to add kept, in order, in its ``adds``."""
+    asks = {}
+    for j, (_, plan, adds) in enumerate(plans):
+        got = next(plan, None)
+        while got is not None and got[0] == "add":
+            adds.append(got[1])
+            got = next(plan, None)
+        if got is not None:
+            asks[j] = got[1]
+    while asks:
+        order = sorted(asks)
+        answers = DisaggGroup.solve_together([plans[j][0] for j in order], [asks[j] for j in order], vectorised)
+        asks = {}
+        for j, cols in zip(order, answers):
+            _, plan, adds = plans[j]
+            try:
+                got = plan.send(cols)
+            except StopIteration:
+                got = None
+            while got is not None and got[0] == "add":
+                adds.append(got[1])
+                got = next(plan, None)
+            if got is not None:
+                asks[j] = got[1]
+
+
+def _disagg_plan(group: DisaggGroup, deployments: list[tuple[int, int, int]], conc: list[int], refine: bool):
+    """What :func:`evaluate_disagg` does for one decode layout, as a generator: it yields
+    ``("solve", (which, pws, dws, clients))`` and is sent that solve's columns
+    (:meth:`DisaggGroup.solve`), and yields ``("add", args)`` for each
+    :meth:`DisaggGroup.add_blocks` call to make (in order; a block's verdicts are worked out here,
+    so the bracketing does not wait for the adding). A deployment's concurrencies are added up to
+    the first whose decode batch overflows the KV cache; with ``refine``, the brackets where its
+    answers flip from meeting the targets to missing them are probed, rounds of
+    :data:`REFINE_PROBES` evenly spaced concurrencies, all deployments at once."""
     L = len(conc)
     which = np.repeat(np.array([d[0] for d in deployments], dtype=np.int64), L)
     pws = np.repeat(np.array([d[1] for d in deployments], dtype=np.int64), L)
     dws = np.repeat(np.array([d[2] for d in deployments], dtype=np.int64), L)
     cs_all = np.tile(np.asarray(conc, dtype=np.int64), len(deployments))
-    try:
-        cols = group.solve(which, pws, dws, cs_all, vectorised=vectorised)
-    except InfercastError as exc:
-        # one prefill layout's prompt does not fit its token budget: solve them one by one
-        if len(prefills) > 1:
-            for pair in zip(prefills, counts):
-                evaluate_disagg(res, [pair[0]], dl, de, [pair[1]], conc, params, refine, vectorised, params_decode)
-            return
-        _count(res, "disagg candidate", len(cs_all))
-        refuse(res, f"P {prefills[0][0].label} D {dl.label}", "disagg layout pair", str(exc), exc)
-        return
+    cols = yield ("solve", (which, pws, dws, cs_all))
     # a deployment's concurrencies are added up to the first whose decode batch overflows the KV
     # cache (refused: more clients only grow the decode batch), the rest left out
     over_all, ok_all = group.verdicts(cols)
@@ -1109,11 +1262,12 @@ def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: l
     added = np.arange(L)[None, :] <= first[:, None]
     counts_added = np.minimum(first + 1, L)
     keep = None if added.all() else np.flatnonzero(added.ravel())
-    status = group.add_blocks(deployments, counts_added.tolist(), _take(cs_all.tolist(), keep),
-                              {name: _take(v, keep) for name, v in cols.items()},
-                              (over_all, ok_all) if keep is None else (over_all[keep], ok_all[keep]))
+    verdicts = (over_all, ok_all) if keep is None else (over_all[keep], ok_all[keep])
+    yield ("add", (deployments, counts_added.tolist(), _take(cs_all.tolist(), keep),
+                   {name: _take(v, keep) for name, v in cols.items()}, verdicts))
     if not refine:
         return
+    status = _statuses(*verdicts)
     # where a deployment's answers flip from meeting the targets to missing them between two
     # neighbouring concurrencies (both added, neither refused), the first such pair is its bracket
     ok = np.zeros((len(deployments), L), dtype=bool)
@@ -1135,8 +1289,8 @@ def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: l
         keys = list(probes)
         flat_c = [c for key in keys for c in probes[key]]
         reps = [len(probes[key]) for key in keys]
-        cols = group.solve(*(np.repeat(np.asarray([key[f] for key in keys], dtype=np.int64), reps) for f in range(3)),
-                                   np.asarray(flat_c, dtype=np.int64), vectorised=vectorised)
+        cols = yield ("solve", (*(np.repeat(np.asarray([key[f] for key in keys], dtype=np.int64), reps) for f in range(3)),
+                                np.asarray(flat_c, dtype=np.int64)))
         # each deployment's probes ascending, up to the first that misses the targets or overflows
         # the KV cache (that one included): the rest are not added
         over, ok = group.verdicts(cols)
@@ -1149,8 +1303,9 @@ def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: l
                 take.append(n)
             start += n
         keep = np.concatenate([np.arange(b, b + t) for b, t in zip(np.cumsum([0] + reps[:-1]).tolist(), take)])
-        status = group.add_blocks(keys, take, _take(flat_c, keep), {name: _take(v, keep) for name, v in cols.items()},
-                                  (over[keep], ok[keep]))
+        verdicts = (over[keep], ok[keep])
+        yield ("add", (keys, take, _take(flat_c, keep), {name: _take(v, keep) for name, v in cols.items()}, verdicts))
+        status = _statuses(*verdicts)
         pos = 0
         for key, t in zip(keys, take):
             lo, hi = brackets.pop(key)
@@ -1164,3 +1319,9 @@ def evaluate_disagg(res: SearchResult, prefills: list, dl: Layout, de, counts: l
             pos += t
             if hi - lo > 1:
                 brackets[key] = (lo, hi)
+
+
+def _statuses(over: np.ndarray, ok: np.ndarray) -> list:
+    """Per element of a block: None (refused: its decode batch overflows the KV cache), else
+    whether it meets the targets (what :meth:`DisaggGroup.add_blocks` answers)."""
+    return [None if o else bool(m) for o, m in zip(over.tolist(), ok.tolist())]

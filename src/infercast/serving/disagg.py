@@ -492,6 +492,7 @@ def solve_disagg_many(
     lean: bool = True,
     columns: bool | tuple = False,
     decode_curve: DecodeCurve | None = None,
+    decode_which=None,
 ) -> list[DisaggResult] | dict[str, list]:
     """:func:`solve_disagg` for arrays of clients, prefill and decode worker counts and GPUs
     (broadcast together) of one decode layout and one or more prefill layouts: ``prefills`` is a
@@ -505,7 +506,11 @@ def solve_disagg_many(
     instead of one result object per element; a tuple of names: those fields alone, as arrays. ``decode_curve``: the decode engine's step times
     by batch at this KV length (:class:`~infercast.serving.decode_curve.DecodeCurve`, the same
     numbers to rounding, for a caller that solves many arrays with one decode layout); default:
-    each step priced by the engine."""
+    each step priced by the engine. ``decode_which`` (ascending): several decode layouts at once,
+    ``decode_engine``, ``decode_dp`` and ``decode_curve`` then being sequences and this the index
+    into them of each element (their decode steps must yield the same tokens per step): each
+    element the same numbers as solved with its own decode layout, the iterations' fixed costs
+    paid once for all."""
     C, pw, dw, g, w = (np.asarray(x).ravel() for x in np.broadcast_arrays(
         np.asarray(concurrency, dtype=float), np.asarray(prefill_workers), np.asarray(decode_workers), np.asarray(gpus),
         np.asarray(which)))
@@ -520,19 +525,39 @@ def solve_disagg_many(
     arrival = pick([ps.params.arrival_delay_ms for ps in services])[w]
     per_step = pick([ps.per_step for ps in services], dtype=np.int64)[w]
     batch_cap = pick([ps.cap for ps in services], dtype=np.int64)[w]
-    steps_transfer = [_out_steps(decode_engine, osl, t) for _, _, _, t in prefills]
+    if decode_which is None:  # one decode layout
+        engines, dps, curves, dwh = [decode_engine], [decode_dp], [decode_curve], np.zeros(n, dtype=np.int64)
+    else:
+        engines, dps, curves = list(decode_engine), list(decode_dp), list(decode_curve or [None] * len(decode_engine))
+        dwh = np.broadcast_to(np.asarray(decode_which, dtype=np.int64), C.shape)
+        if np.any(dwh[1:] < dwh[:-1]):
+            raise ValueError("decode_which must be ascending (each decode layout's elements together)")
+    steps_transfer = [_out_steps(engines[0], osl, t) for _, _, _, t in prefills]
     out_steps = steps_transfer[0][0]
+    if any(_out_steps(e, osl, 0.0)[0] != out_steps for e in engines[1:]):
+        raise ValueError("decode layouts solved together must yield the same tokens per decode step")
     transfer = pick([t for _, t in steps_transfer])[w]
     servers = np.maximum(pw * np.maximum(pick([dp for _, _, dp, _ in prefills])[w], 1), 1).astype(float)
-    ranks = np.maximum(dw * decode_dp, 1).astype(float)
+    ranks = np.maximum(dw * pick(dps)[dwh], 1).astype(float)
     c_rank = C / ranks
     kv = isl + osl / 2.0
     cap = float(params_decode.max_batch_size)
-    if decode_curve is not None and (decode_curve.engine is not decode_engine or decode_curve.params != params_decode
-                                     or decode_curve.kv != kv):
-        raise ValueError("decode_curve was made for another decode engine, scheduler or KV length")
-    decode_step = decode_curve.step_ms if decode_curve is not None else (
-        lambda batch: _decode_step_many(decode_engine, params_decode, batch, kv))
+    for eng, curve in zip(engines, curves):
+        if curve is not None and (curve.engine is not eng or curve.params != params_decode or curve.kv != kv):
+            raise ValueError("decode_curve was made for another decode engine, scheduler or KV length")
+    steppers = [curve.step_ms if curve is not None else
+                (lambda batch, eng=eng: _decode_step_many(eng, params_decode, batch, kv)) for eng, curve in zip(engines, curves)]
+
+    def decode_step(batch: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """Decode step times of ``batch``, the decode batches of elements ``idx`` (ascending)."""
+        if len(steppers) == 1:
+            return steppers[0](batch)
+        out = np.empty(batch.shape)
+        bounds = np.searchsorted(dwh[idx], np.arange(len(steppers) + 1)).tolist()
+        for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+            if b > a:
+                out[a:b] = steppers[j](batch[a:b])
+        return out
 
     # each prefill layout's batch times by prompts per batch (NaN: not asked yet), filled as the
     # fixed point asks for them (in ascending (layout, prompts) order, as each _PrefillService memoises them)
@@ -562,7 +587,7 @@ def solve_disagg_many(
         idx = np.flatnonzero(live)
         dl, tl, Cl, sl, tr, ar = d[idx], ttft[idx], C[idx], servers[idx], transfer[idx], arrival[idx]
         ps_l, cap_l = per_step[idx], batch_cap[idx]
-        step = decode_step(np.maximum(dl, 1.0))
+        step = decode_step(np.maximum(dl, 1.0), idx)
         slot = slot_wait_ms(c_rank[idx], out_steps * step, cap, tl, tr)
         cycle = tl + out_steps * step + tr + slot
         lam_l = Cl / cycle
@@ -589,7 +614,7 @@ def solve_disagg_many(
         d[idx] = np.where(done, d_new, dl + frac * (d_new - dl))
         lam[idx], rho[idx], k_steady[idx] = lam_l, rho_l, k
         live[idx[done]] = False
-    step = decode_step(np.maximum(d, 1.0))
+    step = decode_step(np.maximum(d, 1.0), everyone)
     slot = slot_wait_ms(c_rank, out_steps * step, cap, ttft, transfer)
     if lean:
         return _disagg_results_many(C, osl, servers, out_steps, transfer, g, ttft, d, step, rho, k_steady, lam, arrival,
