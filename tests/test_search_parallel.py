@@ -339,3 +339,27 @@ def test_decode_kv_capacity_on_arrays_is_the_scalar_formula(state, prefix):
     batch = [0.0, 1.0, 63.5, 250.0, 1e6]
     want = [shared_prefix_capacity(mem.capacity_for(d), prefix, 32) / 4500 for d in batch]
     assert g._kv_capacity(batch) == want
+
+
+@needs_fork
+def test_a_process_with_many_open_files_runs_its_workers(forks):
+    """A long-lived process may hold more than 1,024 descriptors (each memory-mapped table column
+    keeps one): the workers' pipes then have numbers ``select`` refuses; they are polled."""
+    import os
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        pytest.skip(f"this process may open {soft} files")
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        res = SearchResult("m", "s", "b", None, 1, 1, 1, None, None)
+
+        def part(r):
+            r.evaluated["part"] = r.evaluated.get("part", 0) + 1
+
+        parallel.run_parts(res, [part] * 6, jobs=2)
+        assert res.evaluated == {"part": 6} and forks == [1]
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -200,9 +200,11 @@ def run_groups(groups: Sequence[tuple], jobs: int | None = None, on_done: Callab
                 on_done(len(done), len(flat))
             for fd in list(workers):
                 answers(fd)
-        while workers:
-            ready, _, _ = select.select(list(workers), [], [])
-            for fd in ready:
+        while workers:  # (poll, not select: a process with many files open has descriptors beyond select's 1024)
+            waiting = select.poll()
+            for fd in workers:
+                waiting.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+            for fd, _ in waiting.poll():
                 answers(fd)
         if len(done) < len(flat):  # (a worker cannot end cleanly with a part taken and not answered)
             raise WorkerError(f"the search workers answered {len(done)} of {len(flat)} parts", "run it in one process: --jobs 1")
@@ -284,8 +286,13 @@ def _fork() -> int:
 
 
 def _reap(pid: int) -> int:
-    """The exit code of ended worker ``pid`` (a signal's number, negated, if one ended it)."""
-    _, status = os.waitpid(pid, 0)
+    """The exit code of ended worker ``pid`` (a signal's number, negated, if one ended it); 0 when
+    the system reaped it already (``SIGCHLD`` ignored by a library): its unanswered parts, if any,
+    still end the run with :class:`WorkerError`."""
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return 0
     return os.waitstatus_to_exitcode(status)
 
 
