@@ -2,7 +2,8 @@
 
 A search is a list of *parts* that do not depend on each other: an aggregated search evaluates
 each layout at its concurrencies (one part per layout), a disaggregated search solves the
-deployments of each decode layout together (one part per decode layout). Each part adds
+deployments of a few decode layouts together (one part per group of decode layouts,
+:func:`~infercast.search.run.decode_chunks`). Each part adds
 candidates, refusals and counts to a :class:`~infercast.search.run.SearchResult`. Several
 searches' parts can share one set of workers (:func:`run_groups`: ``search --mode both`` runs the
 aggregated and disaggregated searches' parts together, the longest of either first).
@@ -10,7 +11,8 @@ aggregated and disaggregated searches' parts together, the longest of either fir
 directly, or on ``jobs`` processes: this one and ``jobs - 1`` workers *forked* from it, so that the
 workers start with everything this process has built (the parsed tables, the layouts' estimators
 and their compiled op lattices) instead of building it again. All of them take the parts, most
-costly first, from a counter they share (under its lock); a worker leaves each answer in a file
+costly first, from a pipe holding one token per part (a read of a few bytes from a pipe is
+atomic: no lock, and none of ``multiprocessing``'s machinery); a worker leaves each answer in a file
 (under ``/dev/shm`` where there is one: memory) and says so over its pipe, which this process reads
 between its own parts (a pipe holds ~64 KB: an answer sent through it would keep the worker
 waiting until this process finished its part). Each part fills an empty
