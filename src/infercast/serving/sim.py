@@ -397,7 +397,10 @@ def _first_wave(rec: _Record, C: int, isl: int, osl: int, params: SchedulerParam
     n_running, entry_sum, done = 0, 0.0, 0.0
     start_v, first_v, w_v = [], [], []
     t, events = 0.0, 0
-    step_note, run_note = rec.step, rec.run
+    run_note = rec.run
+    # rec.step's appends, bound once (a wave is hundreds of steps)
+    note_group_steps, note_groups = rec.group_step.extend, rec.groups.extend
+    note_dec, note_kv, note_pad, note_seqs = rec.dec.append, rec.kv.append, rec.pad.append, rec.seqs.append
     while fresh or part is not None:
         if events >= max_events:
             raise InvalidConfigError(
@@ -411,6 +414,7 @@ def _first_wave(rec: _Record, C: int, isl: int, osl: int, params: SchedulerParam
         if chunked:
             room = max(room, min_chunk)
         gs = []  # the step's groups (sequences, chunk, prefix), as simulate's loop notes them
+        seqs = 0  # the sequences they carry
         finishing = []  # (requests, start step) of the groups whose prompt this step completes
         new_part = None
         if room > 0 and part is not None:  # the request part-way through its prompt holds its KV already
@@ -418,6 +422,7 @@ def _first_wave(rec: _Record, C: int, isl: int, osl: int, params: SchedulerParam
             chunk = rem if int(min(1, room // rem)) >= 1 else room if chunked else None
             if chunk is not None:
                 gs.append((1.0, float(chunk), float(pdone)))
+                seqs = 1
                 room -= 1 * chunk
                 part = [rem - chunk, pdone + chunk, pstart]
                 if part[0] <= 1e-9:
@@ -436,6 +441,7 @@ def _first_wave(rec: _Record, C: int, isl: int, osl: int, params: SchedulerParam
             else:
                 break
             gs.append((float(take), float(chunk), 0.0))
+            seqs += take
             room -= take * chunk
             kv_used += take * per_req_kv
             admitted += take
@@ -450,7 +456,14 @@ def _first_wave(rec: _Record, C: int, isl: int, osl: int, params: SchedulerParam
                 dec_n = in_flight
             else:
                 kv_mean, dec_n = 1.0, 0
-            step_note(tuple(gs), float(dec_n), kv_mean, 0.0, dec_n + sum([g[0] for g in gs]))
+            # rec.step: the groups with their step, its decodes, KV length, padding, sequences (the
+            # general loop's dec_n + sum of the groups' sequences: whole numbers, the same value)
+            note_group_steps([int(t)] * len(gs))
+            note_groups(gs)
+            note_dec(float(dec_n))
+            note_kv(kv_mean)
+            note_pad(0.0)
+            note_seqs(dec_n + float(seqs))
             t += 1.0
             if dec_n:
                 done += tau
