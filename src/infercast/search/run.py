@@ -319,8 +319,15 @@ def _run_or_defer(res: SearchResult, parts: list, cost: list, jobs, progress, de
     if defer is not None:
         defer.append((res, parts, cost))
         return res
+    _import_part_modules()
     run_parts(res, parts, jobs, cost=cost, on_done=progress)
     return _finish(res)
+
+
+def _import_part_modules() -> None:
+    """Import the serving models the parts run before the workers are forked: each process would
+    otherwise import them at its first part (~12 ms, in the forked worker as well)."""
+    from ..serving import agg, decode_curve, disagg, energy, scaled, sim  # noqa: F401
 
 
 def search_both(model: str, system: str, backend: str, isl: int, osl: int, *, jobs: int | None = 1, progress=None,
@@ -334,6 +341,7 @@ def search_both(model: str, system: str, backend: str, isl: int, osl: int, *, jo
     groups: list = []
     agg = search_agg(model, system, backend, isl, osl, _defer=groups, **kw)
     dis = search_disagg(model, system, backend, isl, osl, _defer=groups, **kw, **(disagg_kw or {}))
+    _import_part_modules()
     run_groups(groups, jobs, on_done=progress)
     return {"agg": _finish(agg), "disagg": _finish(dis)}
 
