@@ -298,24 +298,23 @@ def prune(root: Path, force: bool = False) -> int:
             gone = "no such table" in str(exc)
         except sqlite3.DatabaseError:
             gone = True
-        if gone:
-            try:
-                f.unlink()
-                removed += 1
-            except OSError:
-                pass
+        removed += gone and _unlinked(f)
     for f in sorted(root.glob("pack-walk-*")):  # kept walks (pack_fingerprint) of packs that are gone
         try:
             gone = f.name.endswith(".tmp") or not Path(json.loads(f.read_text())["entries"][0][0]).is_dir()
         except (OSError, ValueError, KeyError, IndexError, TypeError):
             gone = True
-        if gone:
-            try:
-                f.unlink()
-                removed += 1
-            except OSError:
-                pass
+        removed += gone and _unlinked(f)
     return removed
+
+
+def _unlinked(f: Path) -> int:
+    """1 when file ``f`` was removed, 0 when it could not be."""
+    try:
+        f.unlink()
+        return 1
+    except OSError:
+        return 0
 
 
 def key_text(key: tuple) -> str | None:
