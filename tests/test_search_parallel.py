@@ -363,3 +363,13 @@ def test_a_process_with_many_open_files_runs_its_workers(forks):
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def test_more_parts_than_the_token_pipe_holds_run_here(forks, monkeypatch):
+    """When the parts' tokens do not fit a pipe (``_tokens`` answers None), they run in this
+    process, in order: the same result, nothing forked."""
+    res = SearchResult("m", "s", "b", None, 1, 1, 1, None, None)
+    seen = []
+    monkeypatch.setattr(parallel, "_tokens", lambda n: None)
+    parallel.run_parts(res, [lambda r, k=k: seen.append(k) for k in range(5)], jobs=2)
+    assert seen == [0, 1, 2, 3, 4] and forks == []

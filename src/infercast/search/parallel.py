@@ -121,7 +121,10 @@ def run_groups(groups: Sequence[tuple], jobs: int | None = None, on_done: Callab
     flat = [(res, part) for res, parts, _ in groups for part in parts]
     costs = [c for _, parts, cost in groups for c in (cost if cost is not None else [0.0] * len(parts))]
     n = workers_for(jobs, len(flat))
-    if n == 1:
+    # decreasing cost, ties in the parts' order (sorted is stable)
+    order = sorted(range(len(flat)), key=lambda i: -costs[i])
+    tokens = _tokens(len(order)) if n > 1 else None
+    if tokens is None:  # one process (or more parts than a pipe holds tokens for)
         with paused_gc():  # once for all the parts: each resumption would pass over the candidates so far
             for i, (res, part) in enumerate(flat):
                 part(res)
@@ -129,17 +132,6 @@ def run_groups(groups: Sequence[tuple], jobs: int | None = None, on_done: Callab
                     on_done(i + 1, len(flat))
         return
     import select
-
-    # decreasing cost, ties in the parts' order (sorted is stable)
-    order = sorted(range(len(flat)), key=lambda i: -costs[i])
-    tokens = _tokens(len(order))
-    if tokens is None:  # more parts than a pipe holds tokens for: one process
-        with paused_gc():
-            for i, (res, part) in enumerate(flat):
-                part(res)
-                if on_done is not None:
-                    on_done(i + 1, len(flat))
-        return
     _PARTS, _RESULT, _ORDER = [part for _, part in flat], [res for res, _ in flat], order
     done: dict = {}
     workers: dict = {}  # the reading end of each worker's pipe -> (its process id, bytes not yet read)
