@@ -7,7 +7,7 @@ parsed document in the parsed-table cache directory
 entry named by the file's resolved path, size and modification time (a changed file gets a new
 entry; the old one is pruned with the tables' stale entries, :func:`~infercast.data.tables.prune_table_cache`),
 and answers from it while the file is unchanged: the same document, without importing PyYAML.
-A document that does not parse is not kept (each read raises :class:`PackYamlError` again).
+A document that does not parse is not stored (each read raises :class:`PackYamlError` again).
 """
 
 from __future__ import annotations

@@ -989,8 +989,7 @@ class DisaggGroup:
         if vectorised:
             got = solve_disagg_many(self.solvers, self.decode_engine, c.astype(float), res.isl, res.osl, pw, dw, ddp, 1,
                                     self.pd, gpus, which, columns=self.SOLVED, decode_curve=self.curve())
-            cols = {name: got[name].tolist() for name in self.SOLVED}
-            cols["tpot_p90_ms"] = cols["tpot_ms"]  # a lean result's TPOT percentiles are its mean
+            return self._row_columns(got, slice(None))
         else:
             out = []
             for i, ci, p, d, g in zip(which, c, pw, dw, gpus):
@@ -998,6 +997,13 @@ class DisaggGroup:
                 out.append(solve_disagg(eng, self.decode_engine, float(ci), res.isl, res.osl, int(p), int(d), ddp, 1, pp, self.pd,
                                         transfer, int(g), prefill_dp=pdp))
             cols = {name: [getattr(r, name) for r in out] for name in self.ROW[:-1]}
+        cols["decode_kv_capacity"] = self._kv_capacity(cols["decode_batch"])
+        return cols
+
+    def _row_columns(self, got: dict, part: slice) -> dict[str, list]:
+        """:meth:`solve`'s answer from ``part`` of an array solve's :data:`SOLVED` columns."""
+        cols = {name: got[name][part].tolist() for name in self.SOLVED}
+        cols["tpot_p90_ms"] = cols["tpot_ms"]  # a lean result's TPOT percentiles are its mean
         cols["decode_kv_capacity"] = self._kv_capacity(cols["decode_batch"])
         return cols
 
@@ -1048,10 +1054,7 @@ class DisaggGroup:
         out, a = [], 0
         for g, (_, _, _, c) in zip(groups, asks):
             b = a + len(c)
-            cols = {name: got[name][a:b].tolist() for name in DisaggGroup.SOLVED}
-            cols["tpot_p90_ms"] = cols["tpot_ms"]  # a lean result's TPOT percentiles are its mean
-            cols["decode_kv_capacity"] = g._kv_capacity(cols["decode_batch"])
-            out.append(cols)
+            out.append(g._row_columns(got, slice(a, b)))
             a = b
         return out
 

@@ -342,9 +342,7 @@ def simulate(
             "fewer requests per client (--concurrency, --requests-per-client)",
         )
     if recorded:
-        # the steps priced at once; the clock starts when the requests reach the scheduler
-        dts, dec_n = rec.priced(steps_at_once, params)
-        clock = np.cumsum(np.concatenate(([params.arrival_delay_ms], dts)))
+        dts, dec_n, clock = rec.clock(steps_at_once, params)
         at = lambda v: clock[np.asarray(v, dtype=np.int64)]  # noqa: E731  (step counts -> ms)
         sent, arrival = np.asarray(sent_v, float), np.full(len(w_v), params.arrival_delay_ms)
         start, first, end = at(start_v), at(first_v), at(end_v)
@@ -353,9 +351,7 @@ def simulate(
     else:
         sent, arrival, start, first, end = (np.asarray(v, float) for v in (sent_v, arrival_v, start_v, first_v, end_v))
     w = np.asarray(w_v, float)
-    ttft_v, wait_v, prefill_v = first - sent, start - arrival, first - start
-    parts = ttft_parts(params.arrival_delay_ms, float(np.dot(wait_v, w) / w.sum()), float(np.dot(prefill_v, w) / w.sum()))
-    ttft_d = Distribution(ttft_v, w)
+    parts, ttft_d = _first_token_side(params, sent, arrival, start, first, w)
     if first_tokens_only:
         return FirstTokens(ttft_d.mean(), parts, ttft_d)
     tpot_d = Distribution((end - first) / max(osl - 1, 1), w)
@@ -502,14 +498,19 @@ def _first_tokens(rec: _Record, steps_at_once, params: SchedulerParams, start_v:
                   w_v: list) -> FirstTokens:
     """The :class:`FirstTokens` of a recorded first wave (:func:`_first_wave`): the steps priced at
     once, the clock starting when the requests reach the scheduler (all sent at 0)."""
-    dts, _ = rec.priced(steps_at_once, params)
-    clock = np.cumsum(np.concatenate(([params.arrival_delay_ms], dts)))
+    _, _, clock = rec.clock(steps_at_once, params)
     start, first = clock[np.asarray(start_v, dtype=np.int64)], clock[np.asarray(first_v, dtype=np.int64)]
-    w = np.asarray(w_v, float)
-    ttft_v, wait_v, prefill_v = first - 0.0, start - params.arrival_delay_ms, first - start
-    parts = ttft_parts(params.arrival_delay_ms, float(np.dot(wait_v, w) / w.sum()), float(np.dot(prefill_v, w) / w.sum()))
-    ttft_d = Distribution(ttft_v, w)
+    parts, ttft_d = _first_token_side(params, np.zeros(len(w_v)), np.full(len(w_v), params.arrival_delay_ms), start,
+                                      first, np.asarray(w_v, float))
     return FirstTokens(ttft_d.mean(), parts, ttft_d)
+
+
+def _first_token_side(params: SchedulerParams, sent, arrival, start, first, w) -> tuple[dict, Distribution]:
+    """(the mean TTFT's parts, the TTFT distribution) of cohorts of ``w`` requests sent, reaching
+    the scheduler, starting their first chunk and getting their first token at those times (ms)."""
+    wait, prefill = start - arrival, first - start
+    parts = ttft_parts(params.arrival_delay_ms, float(np.dot(wait, w) / w.sum()), float(np.dot(prefill, w) / w.sum()))
+    return parts, Distribution(first - sent, w)
 
 
 class _Record:
@@ -538,6 +539,12 @@ class _Record:
         self.kv.extend([kv] * k)
         self.pad.extend([pad] * k)
         self.seqs.extend([dec] * k)
+
+    def clock(self, steps_at_once, params: SchedulerParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(:meth:`priced`'s two arrays, the clock: ms at the start of each step and after the last,
+        from when the requests reach the scheduler)."""
+        dts, dec = self.priced(steps_at_once, params)
+        return dts, dec, np.cumsum(np.concatenate(([params.arrival_delay_ms], dts)))
 
     def priced(self, steps_at_once, params: SchedulerParams) -> tuple[np.ndarray, np.ndarray]:
         """(each step's wall time in ms, its decodes): the engine's ``steps_at_once`` prices the
