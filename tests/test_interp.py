@@ -943,3 +943,18 @@ def test_grid_axis_must_be_sorted_with_distinct_last_points():
     h = Grid((np.array([1.0, 2.0, 4.0]),), np.array([1.0, 3.0, 7.0]), np.zeros(3, np.int8))
     q = np.array([1.0, 1.5, 2.0, 3.0, 4.0])
     assert np.array_equal(g.latency(q), h.latency(q)) and np.array_equal(h.latency(q), [1.0, 2.0, 3.0, 5.0, 7.0])
+
+
+@HYP
+@given(st.integers(1, 9), st.integers(1, 5), st.integers(0, 2**31 - 1))
+def test_median_rows_is_numpys_median_over_the_first_axis(n, m, seed):
+    """grid.median_rows (used instead of np.median, whose first call imports numpy.ma) gives
+    np.median(a, axis=0) bit for bit, NaN and infinities included."""
+    rng = np.random.default_rng(seed)
+    a = rng.lognormal(size=(n, m)) * 10.0 ** rng.integers(-3, 3)
+    for v in (np.nan, np.inf, -np.inf):
+        if rng.random() < 0.3:
+            a[rng.integers(n), rng.integers(m)] = v
+    with np.errstate(invalid="ignore"):
+        want, got = np.median(a, axis=0), grid_mod.median_rows(a)
+    assert np.array_equal(got, want, equal_nan=True)

@@ -25,7 +25,7 @@ from itertools import combinations, product
 
 import numpy as np
 
-from .grid import Grid
+from .grid import Grid, median_rows
 from .provenance import Prov
 
 DEFAULT_GATE = 1.5  # log2 units (a factor of ~2.8 along one axis)
@@ -146,7 +146,7 @@ def consistent_subset(choice: SiteChoice, grids: Sequence, factor: float) -> Sit
     mesh = np.meshgrid(*axes, indexing="ij")
     logu = [np.log(np.asarray(g.sol(*mesh), dtype=float) / np.asarray(g(*mesh)[0], dtype=float)).ravel() for g in grids]
     limit = np.log(factor)
-    agree = [[abs(float(np.median(logu[a] - logu[b]))) <= limit for b in range(n)] for a in range(n)]
+    agree = [[abs(float(median_rows(logu[a] - logu[b]))) <= limit for b in range(n)] for a in range(n)]
     if all(all(row) for row in agree):
         return choice
     w = np.asarray(choice.weights, dtype=float)
@@ -280,12 +280,12 @@ def fill_holes_from_siblings(
                     su = np.asarray(ssol(np.array([t, r])), dtype=float).reshape(-1) / np.array([sv[it_], sv[ir]])
                     ratios.append(np.log(su[0] / su[1]))
             if ratios:
-                logs.append(np.log(ur) + float(np.median(ratios)))
+                logs.append(np.log(ur) + float(median_rows(ratios)))
         if not logs:
             out_v.append(vo)
             continue
         sol_t = float(np.asarray(sol(np.array([t])), dtype=float).reshape(-1)[0])
-        out_v.append(float(log_blend(vo, sol_t / np.exp(np.median(logs)), weight)))
+        out_v.append(float(log_blend(vo, sol_t / np.exp(median_rows(logs)), weight)))
     return holes, np.asarray(out_v)
 
 
@@ -447,9 +447,9 @@ def _sibling_trend(x, v, sol, siblings, k: int, own_points: int, low: bool) -> t
                     ratios.append(su[it_] / su[ir])
                 i += 1
             if ratios:
-                estimates.append(ur * float(np.median(ratios)))
+                estimates.append(ur * float(median_rows(ratios)))
         if estimates:
-            u_t = float(np.median(estimates))
+            u_t = float(median_rows(estimates))
             if u_t > 0:
                 add_x.append(t)
                 add_v.append(float(np.asarray(sol(np.array([t])), dtype=float).reshape(-1)[0]) / u_t)

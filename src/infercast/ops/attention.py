@@ -68,7 +68,7 @@ import numpy as np
 
 from ..errors import NotAvailableError
 from ..interp import sol
-from ..interp.grid import Grid
+from ..interp.grid import Grid, median_rows
 from ..interp.provenance import Prov
 from ..interp.transfer import SiteChoice, choose_sites, consistent_subset, transfer_grid
 from ..data.quant import KV_BYTES
@@ -201,7 +201,7 @@ def extend_low_edges(stem: str, axes, values, prov, sol, sib: Siblings):
                     estimates.append(np.log(new))
             if not estimates:
                 continue
-            rows.append(np.exp(np.median(np.stack(estimates), axis=0)))
+            rows.append(np.exp(median_rows(np.stack(estimates))))
             used.append(c)
         if not used:
             continue

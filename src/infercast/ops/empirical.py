@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..interp.grid import Grid
+from ..interp.grid import Grid, median_rows
 from ..interp.provenance import Prov
 from .base import Resolved
 
@@ -25,7 +25,7 @@ def learned_utilisation(site_grids: Sequence[Grid], axes: tuple[np.ndarray, ...]
     for g in site_grids:
         v, _ = g(*mesh)
         utils.append(g.sol(*mesh) / v)
-    return np.median(np.stack(utils), axis=0)
+    return median_rows(np.stack(utils))
 
 
 def empirical_resolved(

@@ -14,7 +14,7 @@ import numpy as np
 from ..data.quant import COMPUTE_DTYPE, WEIGHT_BYTES
 from ..errors import InfercastError, NotAvailableError
 from ..interp import sol
-from ..interp.grid import TILE, Grid, robust_knots
+from ..interp.grid import TILE, Grid, median_rows, robust_knots
 from ..interp.provenance import Prov
 from ..interp.transfer import (
     Replayable,
@@ -193,7 +193,7 @@ def _median_ratio(a: dict, b: dict) -> float | None:
     common = a.keys() & b.keys()
     if len(common) < DECODE_MIN_SHAPES:
         return None
-    return float(np.median([a[c] / b[c] for c in common]))
+    return float(median_rows([a[c] / b[c] for c in common]))
 
 
 def decode_gap(db: OpDB, table, mask, quant: str, excess: float = 0.0, floor: float = 0.0):
@@ -251,7 +251,7 @@ def median_utilisation(db: OpDB, table, mask, quant: str) -> float:
         return 0.0
     M, N, K = (table.keys[c][mask].astype(float) for c in ("m", "n", "k"))
     s = sol.gemm(db.system, COMPUTE_DTYPE[quant], WEIGHT_BYTES[quant], M, N, K)[0]
-    return float(np.median(s / table.latency[mask]))
+    return float(median_rows(s / table.latency[mask]))
 
 
 def _sibling_tables(db: OpDB, quant: str):

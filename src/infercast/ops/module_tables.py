@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from ..interp.grid import median_rows
 from .base import merge_kernels, sites_and_curves
 
 #: a decode batch row whose latency is this many times the next smaller batch's (median over the
@@ -41,7 +42,7 @@ def graph_rows(vals: np.ndarray) -> int:
     step <= 512 against 0.10-0.15 ms at batch 256."""
     for i in range(1, vals.shape[0]):
         both = ~np.isnan(vals[i]) & ~np.isnan(vals[i - 1])
-        if both.any() and np.median(vals[i][both] / vals[i - 1][both]) > EAGER_RATIO:
+        if both.any() and median_rows(vals[i][both] / vals[i - 1][both]) > EAGER_RATIO:
             return i
     return vals.shape[0]
 

@@ -11,7 +11,7 @@ import numpy as np
 from ...data.database import PEER_AGREEMENT
 from ...data.versions import SERVING_BACKENDS, version_key
 from ...errors import InfercastError
-from ...interp.grid import Grid
+from ...interp.grid import Grid, median_rows
 from ...interp.provenance import Prov
 from ..base import OpDB, Resolved
 from .kernels import kernel_family
@@ -64,7 +64,7 @@ def _peer_preferred(db: OpDB, preferred: str, fallback: str, lat: _Lattice, quer
         ok = ~np.isnan(m_vals[mi]) & ~np.isnan(p_vals[pi])
         if ok.sum() < 3:
             continue
-        r = float(np.median(m_vals[mi][ok] / p_vals[pi][ok]))
+        r = float(median_rows(m_vals[mi][ok] / p_vals[pi][ok]))
         if 1.0 / PEER_AGREEMENT <= r <= PEER_AGREEMENT:
             note = (f"{preferred} from {backend} {pdb.data.version}'s moe table: {db.backend}'s has no {preferred} "
                     f"at this site, and the two agree on {fallback} here ({db.backend}/{backend} = {r:.2f} over "
@@ -171,12 +171,12 @@ def peer_curve(query, moe_tp: int, moe_ep: int, family: str | None, own_sites: n
     steady = {t: np.asarray(v) for t, v in by_token.items() if len(v) >= PEER_MIN_SITES}
     if not steady:
         return None
-    spread = float(np.median([np.median(np.abs(v - np.median(v))) for v in steady.values()]))
+    spread = float(median_rows([median_rows(np.abs(v - median_rows(v))) for v in steady.values()]))
     if spread > PEER_RATIO_SPREAD:
         return None
-    overall = float(np.median(np.concatenate(list(by_token.values()))))
+    overall = float(median_rows(np.concatenate(list(by_token.values()))))
     (axis,), vals = peer_curves[j]
-    ratio = np.array([float(np.median(steady[float(t)])) if float(t) in steady else overall for t in axis])
+    ratio = np.array([float(median_rows(steady[float(t)])) if float(t) in steady else overall for t in axis])
     return PeerCurve(j, axis, vals * np.exp(ratio), shared, spread, float(np.exp(overall)))
 
 
