@@ -373,3 +373,30 @@ def test_serve_agg_replica_memo_answers_what_a_fresh_run_does(real_pack_availabl
         kept.notes.append("changed by the caller")
         kept.ttft_parts["wait"] = -1.0
     assert sorted(memo) == [2, 3]
+
+
+#: modules a warm ``search`` does not need: importing them would only lengthen its start-up
+#: (numpy.ma: np.median's first call; the rest: what only writing a cache, warning, saving
+#: artifacts or reading an intervals table through importlib.resources needs)
+SEARCH_NEEDS_NOT = ("numpy.ma", "yaml", "logging", "tempfile", "importlib.resources", "csv", "infercast.report.launch",
+                    "infercast.report.artifacts", "multiprocessing", "concurrent.futures", "pandas", "pyarrow")
+
+
+def test_a_warm_search_imports_only_what_it_needs(synth, tmp_path):
+    """A search whose tables and compiled ops are cached (the second run) imports none of
+    :data:`SEARCH_NEEDS_NOT`: each is start-up time a search would pay for nothing."""
+    import os
+    import subprocess
+    import sys
+
+    # (what the interpreter's start-up imported, a site hook's modules, is not the command's doing)
+    code = ("import sys, atexit; watch = set(sys.argv[1].split(',')) - set(sys.modules); atexit.register(lambda: "
+            "print(' '.join(sorted(m for m in watch if m in sys.modules)), file=sys.stderr)); "
+            "sys.argv = ['infercast', *sys.argv[2:]]; from infercast.cli.main import run; run()")
+    argv = [sys.executable, "-c", code, ",".join(SEARCH_NEEDS_NOT), *_search_argv(synth, "--json", "--mode", "both")]
+    env = {**os.environ, "INFERCAST_CACHE_DIR": str(tmp_path / "cache")}
+    first = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    assert "yaml" in first.stderr.split()  # (the first run parses the pack's YAML: the check sees imports)
+    second = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    assert second.stderr.split() == []
+    assert json.loads(second.stdout) == json.loads(first.stdout)

@@ -10,7 +10,7 @@ import json
 import synthpack as sp
 from cli_helpers import run_cli
 
-from infercast.report.artifacts import ranked
+from infercast.search.pareto import ranked
 from infercast.search.run import Candidate
 
 

@@ -356,7 +356,7 @@ def cmd_serve_disagg(a) -> int:
 
 
 def cmd_search(a) -> int:
-    from ..report.artifacts import ranked
+    from ..search.pareto import ranked
     from ..search import search_agg, search_backends, search_disagg, search_fixed
     from functools import partial
 

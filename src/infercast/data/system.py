@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -111,7 +110,6 @@ def scan_systems(pack: Pack) -> list[tuple[str, SystemSpec | None, str | None]]:
     return out
 
 
-_log = logging.getLogger("infercast")
 _warned: set[tuple[str, str]] = set()
 
 
@@ -125,7 +123,9 @@ def list_systems(pack: Pack) -> list[str]:
             names.append(name)
         elif (str(pack.systems_dir), problem) not in _warned:
             _warned.add((str(pack.systems_dir), problem))
-            _log.warning("infercast: warning: skipped system %r: %s", name, problem)
+            import logging  # (only to warn: ~3 ms to import)
+
+            logging.getLogger("infercast").warning("infercast: warning: skipped system %r: %s", name, problem)
     return names
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
-import tempfile
 from pathlib import Path
 
 from .pack import parse_pack_yaml
@@ -53,6 +52,8 @@ def read_pack_yaml(path: Path):
 def _store(entry: Path, path: Path, doc) -> None:
     """Keep ``doc`` in ``entry`` (written under a temporary name and renamed, as a table entry is,
     with the same ``meta.json`` fields for pruning); a cache that cannot be written is skipped."""
+    import tempfile  # (only to write: ~2.5 ms to import)
+
     tmp = None
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InfercastError, InvalidInputError, NotAvailableError
+from ..search.pareto import ranked
 from .launch import Deployment, launch_files, worker_spec
 
 #: the frontier's axes: (candidate field, axis title)
@@ -49,53 +50,6 @@ def _layout_kw(label: str) -> dict:
             raise InvalidInputError(f"not a layout label: {label!r}", "expected parts like tp2, pp2, dp4, etp2, ep8 joined by -")
         out[names[m.group(1)]] = int(m.group(2))
     return out
-
-
-def ranked(candidates: list, top: int) -> list:
-    """The ``top`` best *distinct deployments* that meet the targets, most tokens/s per GPU first:
-    each layout (an aggregated replica's layout, or a disaggregated deployment's prefill and
-    decode layouts with their worker counts; per backend when a search ranked several) appears
-    once, at its concurrency with the most tokens/s per GPU (the earliest evaluated on a tie), so
-    the top rows are different deployments rather than one layout at several client counts.
-    ``candidates``: a list, or a search's :class:`~infercast.search.candidates.Candidates` (read
-    by column: only the candidates looked at are made into objects)."""
-    from ..search.candidates import column_reader
-
-    column = column_reader(candidates)
-    meets, per_gpu = column("meets_targets"), column("tokens_per_s_per_gpu")
-    idx = np.flatnonzero(np.asarray(meets, dtype=bool))
-    g = np.asarray(per_gpu, dtype=float)[idx]
-    if np.isnan(g).any():  # Python's ordering of NaN keys, as it stands
-        return _distinct(candidates, sorted((i for i, m in enumerate(meets) if m), key=lambda i: -per_gpu[i]), top)[0]
-    # the order of sorted() by -per_gpu (stable: ties in the candidates' order), made only as far as
-    # needed: the best k, every point tied with the k-th included, are the order's first ones
-    k = max(64, 32 * top)
-    while True:
-        if k < idx.size:
-            sel = np.flatnonzero(-g <= np.partition(-g, k - 1)[k - 1])
-        else:
-            sel = np.arange(idx.size)
-        out, complete = _distinct(candidates, idx[sel[np.argsort(-g[sel], kind="stable")]].tolist(), top)
-        if complete or sel.size == idx.size:
-            return out
-        k *= 8
-
-
-def _distinct(candidates, order: list, top: int) -> tuple[list, bool]:
-    """(the first ``top`` candidates of ``order`` that are distinct deployments (:func:`ranked`),
-    whether ``top`` of them were found)."""
-    out: list = []
-    seen: set = set()
-    for i in order:
-        c = candidates[i]
-        key = (c.backend, c.layout)
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(c)
-        if len(out) == top:
-            return out, True
-    return out, False
 
 
 def deployment_of(candidate, result, estimator_kw: dict) -> tuple[Deployment, dict]:

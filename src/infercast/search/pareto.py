@@ -4,7 +4,8 @@ A deployment trades speed for one user (tokens/s/user, i.e. 1000 / TPOT) against
 per GPU). The frontier keeps every point no other point beats on both (to :data:`TIE_DIGITS`
 significant digits; of equal points, the one with the fewest GPUs); the recommendation is the
 most tokens/s per GPU among the points that meet the latency targets (ties: fewer GPUs, then the
-lower TTFT).
+lower TTFT); :func:`ranked` lists the best few distinct deployments that meet them (a search's top
+table and the deployments its launch files are written for).
 """
 
 from __future__ import annotations
@@ -93,3 +94,50 @@ def recommend(per_gpu: Sequence[float], gpus: Sequence[int], ttft: Sequence[floa
     top = g == g.max()  # the most tokens/s per GPU; among those, fewer GPUs, lower TTFT, the first
     idx, t, n = idx[top], t[top], n[top]
     return int(idx[np.lexsort((idx, _snapped(t), n))[0]])
+
+
+def ranked(candidates: list, top: int) -> list:
+    """The ``top`` best *distinct deployments* that meet the targets, most tokens/s per GPU first:
+    each layout (an aggregated replica's layout, or a disaggregated deployment's prefill and
+    decode layouts with their worker counts; per backend when a search ranked several) appears
+    once, at its concurrency with the most tokens/s per GPU (the earliest evaluated on a tie), so
+    the top rows are different deployments rather than one layout at several client counts.
+    ``candidates``: a list, or a search's :class:`~infercast.search.candidates.Candidates` (read
+    by column: only the candidates looked at are made into objects)."""
+    from .candidates import column_reader
+
+    column = column_reader(candidates)
+    meets, per_gpu = column("meets_targets"), column("tokens_per_s_per_gpu")
+    idx = np.flatnonzero(np.asarray(meets, dtype=bool))
+    g = np.asarray(per_gpu, dtype=float)[idx]
+    if np.isnan(g).any():  # Python's ordering of NaN keys, as it stands
+        return _distinct(candidates, sorted((i for i, m in enumerate(meets) if m), key=lambda i: -per_gpu[i]), top)[0]
+    # the order of sorted() by -per_gpu (stable: ties in the candidates' order), made only as far as
+    # needed: the best k, every point tied with the k-th included, are the order's first ones
+    k = max(64, 32 * top)
+    while True:
+        if k < idx.size:
+            sel = np.flatnonzero(-g <= np.partition(-g, k - 1)[k - 1])
+        else:
+            sel = np.arange(idx.size)
+        out, complete = _distinct(candidates, idx[sel[np.argsort(-g[sel], kind="stable")]].tolist(), top)
+        if complete or sel.size == idx.size:
+            return out
+        k *= 8
+
+
+def _distinct(candidates, order: list, top: int) -> tuple[list, bool]:
+    """(the first ``top`` candidates of ``order`` that are distinct deployments (:func:`ranked`),
+    whether ``top`` of them were found)."""
+    out: list = []
+    seen: set = set()
+    for i in order:
+        c = candidates[i]
+        key = (c.backend, c.layout)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(c)
+        if len(out) == top:
+            return out, True
+    return out, False

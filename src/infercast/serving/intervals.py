@@ -41,7 +41,6 @@ import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -307,9 +306,15 @@ def load_intervals(path: str | Path) -> IntervalTable:
 
 @lru_cache(maxsize=1)
 def default_intervals() -> IntervalTable:
-    """The table shipped with infercast (``infercast/data/intervals.json``), read once."""
-    ref = resources.files("infercast.data").joinpath(DATA_FILE)
-    with resources.as_file(ref) as p:
+    """The table shipped with infercast (``infercast/data/intervals.json``), read once: from the
+    package's directory where it is a directory on disk, else through ``importlib.resources``
+    (an installation the files of which are not plain files; that module costs ~3 ms to import)."""
+    p = Path(__file__).resolve().parent.parent / "data" / DATA_FILE
+    if p.is_file():
+        return load_intervals(p)
+    from importlib import resources
+
+    with resources.as_file(resources.files("infercast.data").joinpath(DATA_FILE)) as p:
         return load_intervals(p)
 
 
