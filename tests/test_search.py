@@ -375,11 +375,13 @@ def test_serve_agg_replica_memo_answers_what_a_fresh_run_does(real_pack_availabl
     assert sorted(memo) == [2, 3]
 
 
-#: modules a warm ``search`` does not need: importing them would only lengthen its start-up
-#: (numpy.ma: np.median's first call; the rest: what only writing a cache, warning, saving
-#: artifacts or reading an intervals table through importlib.resources needs)
+#: modules a warm ``search`` of a dense model does not need: importing them would only lengthen
+#: its start-up (numpy.ma: np.median's first call; the rest: what only writing a cache, warning,
+#: saving artifacts, reading an engine's configuration or an intervals table through
+#: importlib.resources, or an MoE model needs)
 SEARCH_NEEDS_NOT = ("numpy.ma", "yaml", "logging", "tempfile", "importlib.resources", "csv", "infercast.report.launch",
-                    "infercast.report.artifacts", "multiprocessing", "concurrent.futures", "pandas", "pyarrow")
+                    "infercast.report.artifacts", "infercast.serving.engine_args", "infercast.ops.moe",
+                    "multiprocessing", "concurrent.futures", "pandas", "pyarrow")
 
 
 def test_a_warm_search_imports_only_what_it_needs(synth, tmp_path):

@@ -36,7 +36,6 @@ from .models.plan import (
 from .models.spec import ModelSpec, build_spec
 from .models.speculative import EAGLE_METHODS, draft_parallel, eagle_head_spec, spec_decode_of, speculation_notes, with_speculation
 from .ops.base import DatabaseMode, OpDB, broadcast_named, check_positive, shown
-from .ops.moe import MOE_KERNELS, wide_ep_available
 from .serving.backends import backend_defaults
 from .serving.memory import GB, VISION_WEIGHT_BYTES, WINDOW_KV_COUNTED_FROM, MemoryBreakdown, memory_breakdown
 from .serving.speculative import draft_memory
@@ -176,6 +175,8 @@ class Estimator:
                                          "it needs an MoE model with --attention-dp > 1 and --moe-ep > 1")
             par = replace(par, moe_comm=moe_comm)
         elif par.attention_dp > 1 and par.ep > 1 and spec.moe is not None:
+            from .ops.moe import wide_ep_available  # (the MoE modules: imported for an MoE model alone)
+
             par.check(spec)
             m = spec.moe
             if wide_ep_available(self.db, quant=quant.moe or quant.gemm, hidden=spec.hidden, inter=m.inter, topk=m.topk,
@@ -192,6 +193,8 @@ class Estimator:
             dfus = engine_fusions(backend, draft, draft_parallel(sd, par), self.data.system) if sd.method == "draft_model" else None
             self.plan = with_speculation(self.plan, sd, draft, dfus)
         if moe_kernel is not None:
+            from .ops.moe import MOE_KERNELS
+
             kernel = str(moe_kernel).lower()
             if kernel not in MOE_KERNELS:
                 raise InvalidInputError(f"unknown --moe-kernel {moe_kernel!r}", "known kernel families: " + ", ".join(MOE_KERNELS))

@@ -43,11 +43,11 @@ def add_engine_args(p) -> None:
 def apply_engine_config(a) -> None:
     """Fold ``a.engine_args`` / ``a.engine_cmd`` into the parsed flags ``a`` (in place); sets
     ``a.engine_scheduler`` (SchedulerParams overrides) and ``a.engine_notes``."""
-    from ..serving.engine_args import parse_engine_cmd, parse_engine_file
-
     a.engine_scheduler, a.engine_notes = {}, []
     if getattr(a, "engine_args", None) is None and getattr(a, "engine_cmd", None) is None:
         return
+    from ..serving.engine_args import parse_engine_cmd, parse_engine_file
+
     s = parse_engine_file(a.engine_args) if a.engine_args is not None else parse_engine_cmd(a.engine_cmd)
     source = f"--engine-args {a.engine_args}" if a.engine_args is not None else "--engine-cmd"
     if s.backend != a.backend:
@@ -120,13 +120,13 @@ def apply_role_engine_configs(a) -> None:
     (:data:`ROLE_MODEL_SETTINGS`), its MTP the shared flag (a second role that sets another value
     is a conflict), its scheduler settings go to ``a.role_scheduler[role]``. A command without
     these flags is left alone."""
-    from ..serving.engine_args import parse_engine_cmd, parse_engine_file
-
     a.role_scheduler = {}
     for role in ("prefill", "decode"):
         path, cmd = getattr(a, f"{role}_engine_args", None), getattr(a, f"{role}_engine_cmd", None)
         if path is None and cmd is None:
             continue
+        from ..serving.engine_args import parse_engine_cmd, parse_engine_file
+
         s = parse_engine_file(path) if path is not None else parse_engine_cmd(cmd)
         source = f"--{role}-engine-args {path}" if path is not None else f"--{role}-engine-cmd"
         if s.backend != a.backend:
