@@ -186,3 +186,39 @@ def test_first_wave_player_is_the_general_loop(monkeypatch):
         assert np.array_equal(fast.ttft_dist.weights, loop.ttft_dist.weights)
         checked += 1
     assert checked > 200
+
+
+def test_a_first_wave_taken_over_from_a_smaller_one_is_the_same():
+    """A first wave that takes over from a smaller wave played before on the same settings
+    (``first_waves``, a search's layout playing its concurrencies in turn) gives the TTFTs of the
+    wave played from its first step, bit for bit, over random schedulers, KV caches, batch
+    limits, MTP and orders of concurrencies (the grid, then bisection probes between them)."""
+    from infercast.serving.backends import SchedulerParams
+
+    rng = np.random.default_rng(5)
+    taken_over = 0
+    for _ in range(150):
+        isl, osl = int(rng.integers(1, 900)), int(rng.integers(1, 120))
+        p = SchedulerParams(mixed=bool(rng.random() < 0.7), chunked=bool(rng.random() < 0.7),
+                            max_num_tokens=int(rng.integers(64, 3000)), max_batch_size=int(rng.integers(1, 80)),
+                            step_overhead_ms=0.1, arrival_delay_ms=float(rng.uniform(0, 3)), requests_per_client=1.0,
+                            kv_reserve_full=bool(rng.random() < 0.5), min_prefill_chunk=int(rng.integers(1, 200)),
+                            graph_batch_sizes=(1, 2, 4, 8, 16, 32) if rng.random() < 0.5 else ())
+        if not p.chunked and isl > p.max_num_tokens:
+            continue
+        kv = float(rng.choice([1e12, (isl + osl) * rng.uniform(1.0, 40.0)]))
+        eng = Priced(*((1.6, 2.0) if rng.random() < 0.3 else (1.0, 1.0)))
+        grid = [c for c in (1, 2, 4, 8, 16, 32, 64, 128, 256) if c <= int(rng.integers(4, 257))]
+        order = grid + [int(c) for c in rng.integers(1, grid[-1] + 1, size=4)]
+        waves: dict = {}
+        for c in order:
+            played_smaller = any(w for table in waves.values() for w in table if w < c)
+            kept = simulate(eng, c, isl, osl, p, kv, 1, requests_per_client=1, first_tokens_only=True, first_waves=waves)
+            alone = simulate(eng, c, isl, osl, p, kv, 1, requests_per_client=1, first_tokens_only=True)
+            assert kept.ttft_ms == alone.ttft_ms and kept.ttft_parts == alone.ttft_parts
+            assert np.array_equal(kept.ttft_dist.values, alone.ttft_dist.values)
+            assert np.array_equal(kept.ttft_dist.weights, alone.ttft_dist.weights)
+            taken_over += played_smaller
+        # the states left are mid-wave ones (a larger wave takes over after some steps)
+        assert any(w.t > 0 for table in waves.values() for w in table.values()) or grid[-1] <= 2
+    assert taken_over > 500

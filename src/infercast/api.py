@@ -591,7 +591,7 @@ def _check(batch, isl, prefix, isl_name: str = "isl"):
 
 
 def serve_agg(est: Estimator, clients_per_rank: int, isl: int, osl: int, params=None, prefix: int = 0,
-              notes: bool = True):
+              notes: bool = True, first_waves: dict | None = None):
     """Aggregated serving (:func:`infercast.serving.agg.serve_agg`) of one replica of ``est``'s
     layout under a closed-loop benchmark of ``clients_per_rank`` clients on each attention-DP rank:
     a :class:`~infercast.serving.agg.ServingResult`. The rank's KV capacity, the GPUs behind it and
@@ -600,7 +600,8 @@ def serve_agg(est: Estimator, clients_per_rank: int, isl: int, osl: int, params=
     tokens shared by every request (:mod:`infercast.serving.prefix`), before the ``isl`` new ones.
     ``notes=False``: the result's ``notes`` (which ops were read beyond their tables,
     :meth:`Estimator.serving_beyond_notes`) are left empty, for a caller that does not report them
-    (a search)."""
+    (a search). ``first_waves``: a dict kept across calls for ``est`` that speeds up the first waves
+    of larger concurrencies (:func:`infercast.serving.agg.serve_agg`; the same answers)."""
     from .serving.agg import serve_agg as serve
     from .serving.backends import scheduler_params
     from .serving.sim import DoesNotFitError
@@ -617,7 +618,7 @@ def serve_agg(est: Estimator, clients_per_rank: int, isl: int, osl: int, params=
 
     res = serve(phase_scaled(est.engine, p), clients, isl, osl, p, est.memory.capacity_for(clients),
                 est.gpus_per_rank, ranks=est.plan.parallel.attention_dp, prefix=prefix,
-                tokens_per_block=est.memory.tokens_per_block)
+                tokens_per_block=est.memory.tokens_per_block, first_waves=first_waves)
     if not notes:
         return res
     batch, chunk, before = _largest_prefill_step(p, isl, clients)
@@ -668,7 +669,7 @@ def static_energy(est: Estimator, res: StaticResult) -> dict | None:
 
 
 def serve_agg_replica(est: Estimator, concurrency: int, isl: int, osl: int, params=None, memo: dict | None = None,
-                      prefix: int = 0, notes: bool = True):
+                      prefix: int = 0, notes: bool = True, first_waves: dict | None = None):
     """:func:`serve_agg` for ``concurrency`` clients of the whole replica: ``(result, clients per
     rank)``. With attention data parallelism the clients spread over the ranks, the busiest rank
     holding ``ceil(concurrency / ranks)`` of them; its latencies stand for every client (the ranks
@@ -678,16 +679,17 @@ def serve_agg_replica(est: Estimator, concurrency: int, isl: int, osl: int, para
     ``memo``: a dict the caller keeps for one estimator, ``isl``, ``osl`` and ``params``; the
     :func:`serve_agg` result of each clients-per-rank count is kept there and a copy of it
     answered again (replica concurrencies that put as many clients on the busiest rank share it).
+    ``first_waves``: as :func:`serve_agg`'s (a dict kept with ``memo``).
     ``prefix``, ``notes``: as :func:`serve_agg`'s (one memo holds results of one setting)."""
     c = _int("concurrency", concurrency)
     dp = est.plan.parallel.attention_dp
     per_rank = -(-c // dp)
     if memo is None:
-        r = serve_agg(est, per_rank, isl, osl, params, prefix, notes)
+        r = serve_agg(est, per_rank, isl, osl, params, prefix, notes, first_waves)
     else:
         kept = memo.get(per_rank)
         if kept is None:
-            kept = memo[per_rank] = serve_agg(est, per_rank, isl, osl, params, prefix, notes)
+            kept = memo[per_rank] = serve_agg(est, per_rank, isl, osl, params, prefix, notes, first_waves)
         r = copy.copy(kept)  # the caller may change its result's fields
         r.notes = list(kept.notes)
         if kept.ttft_parts is not None:

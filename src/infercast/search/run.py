@@ -679,6 +679,7 @@ def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refi
     ok: dict[int, bool | None] = {}
     # one serving run per clients-per-rank count (with attention DP several concurrencies share one)
     by_rank: dict = {}
+    waves: dict = {}  # what each concurrency's first wave leaves for the larger ones (serving.sim)
     bound = [None]  # the bound of the last serving result
 
     def one(c: int) -> bool | None:
@@ -686,7 +687,8 @@ def _evaluate(res: SearchResult, est, lay: Layout, conc: list[int], params, refi
         bound[0] = None
         try:
             # a candidate keeps no per-op notes: not computed
-            r, _ = serve_agg_replica(est, c, res.isl, res.osl, params, memo=by_rank, prefix=res.prefix, notes=False)
+            r, _ = serve_agg_replica(est, c, res.isl, res.osl, params, memo=by_rank, prefix=res.prefix, notes=False,
+                                     first_waves=waves)
         except InfercastError as exc:
             refuse(res, f"{lay.label}@c{c}", "agg candidate", str(exc), exc)
             return None

@@ -382,7 +382,7 @@ def solve_steady(
 
 
 def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacity_tokens, gpus, ranks: int = 1,
-              prefix: int = 0, tokens_per_block: int = 1) -> ServingResult:
+              prefix: int = 0, tokens_per_block: int = 1, first_waves: dict | None = None) -> ServingResult:
     """Mean TTFT/TPOT a closed-loop benchmark client reports (first wave + steady state).
 
     ``concurrency`` is the clients of one attention-DP rank (of the replica for pure TP), with
@@ -391,7 +391,10 @@ def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacit
     attention-DP ranks (the balance hold of the steady state; the first wave starts every rank
     together, so it holds nothing). ``prefix``: cached prompt tokens every request starts with
     (:mod:`.prefix`: attention over them in prefill and decode, held once per rank in KV blocks
-    of ``tokens_per_block``, tokenised by the front end); ``isl`` counts the new tokens."""
+    of ``tokens_per_block``, tokenised by the front end); ``isl`` counts the new tokens.
+    ``first_waves``: a dict the caller keeps across calls for one engine, where the first waves
+    played leave what a larger one takes over from (:func:`~infercast.serving.sim.simulate`; the
+    same answers, faster)."""
     from .sim import DoesNotFitError, simulate
 
     # the replica's front end serves every rank's clients and tokenises each (whole) prompt
@@ -432,7 +435,7 @@ def serve_agg(engine, concurrency, isl, osl, params: SchedulerParams, kv_capacit
     k = max(params.requests_per_client, 1.0)
     # the first wave's TTFT side only (TPOT and throughput are the steady state's)
     first = simulate(engine, int(round(concurrency)), isl, osl, params, kv_capacity_tokens, gpus, requests_per_client=1,
-                     first_tokens_only=True)
+                     first_tokens_only=True, first_waves=first_waves)
     steady.ttft_ms = (first.ttft_ms + (k - 1.0) * steady.ttft_ms) / k
     steady.ttft_parts = blend_parts((first.ttft_parts, 1.0), (steady.ttft_parts, k - 1.0))
     steady.request_latency_ms = steady.ttft_ms + steady.tpot_ms * max(osl - 1, 1)

@@ -104,13 +104,16 @@ def simulate(
     requests_per_client: float | None = None,
     max_events: int = 200_000,
     first_tokens_only: bool = False,
+    first_waves: dict | None = None,
 ) -> SimResult | FirstTokens:
     """Play the closed-loop benchmark out (module docstring). With ``first_tokens_only``, stop as
     soon as every request has been sent and has its first token, and answer a
     :class:`FirstTokens`: what follows (decode steps to the completions) moves no request's TTFT,
     and the requests still decoding are recorded in the order they would complete (the order
     they started decoding, as :func:`finish_decodes` pops them), so the TTFT numbers are the
-    full run's, bit for bit."""
+    full run's, bit for bit. ``first_waves``: a dict kept across such first waves of one engine's
+    concurrencies, where each leaves the state a wave of more requests takes over from
+    (:func:`_first_wave`; the same answers)."""
     C = int(concurrency)
     osl = int(osl)
     isl = int(isl)
@@ -133,7 +136,8 @@ def simulate(
     recorded = steps_at_once is not None
     rec = _Record() if recorded else None
     if recorded and first_tokens_only and FIRST_WAVE_PLAYER:
-        start_v, first_v, w_v, steps = _first_wave(rec, C, isl, osl, params, kv_slots, per_req_kv, tau, width, max_events)
+        start_v, first_v, w_v, steps = _first_wave(rec, C, isl, osl, params, kv_slots, per_req_kv, tau, width, max_events,
+                                                first_waves)
         return _first_tokens(rec, steps_at_once, params, start_v, first_v, w_v)
     waiting: list[_Cohort] = [_Cohort(C, 0.0 if recorded else params.arrival_delay_ms, float(isl), sent=0.0)]
     # decoding cohorts in the order they started decoding: all gain ``tau`` tokens per step, so the
@@ -372,8 +376,35 @@ def simulate(
 FIRST_WAVE_PLAYER = True
 
 
+class _WaveStart:
+    """A recorded first wave of ``C`` requests as it stood at the start of the step in which it
+    started its last requests (:func:`_first_wave`). Up to that step the scheduler's decisions
+    never depended on how many requests were left to start (each step took fewer than were left),
+    so a wave of more requests, played on the same settings, makes the same decisions up to there
+    and can take over from this state with more requests left; the wave's own lists hold the
+    state's prefix (``n_*`` entries of each) and are never changed within it."""
+
+    __slots__ = ("admitted", "part", "running", "head", "n_running", "entry_sum", "done", "t", "events",
+                 "rec", "n_steps", "n_groups", "n_runs", "cohorts", "n_cohorts", "n_queue")
+
+    def __init__(self, admitted, part, running, head, n_running, entry_sum, done, t, events, rec, cohorts):
+        self.admitted, self.part, self.running, self.head = admitted, part, running, head
+        self.n_queue = len(running)
+        self.n_running, self.entry_sum, self.done, self.t, self.events = n_running, entry_sum, done, t, events
+        self.rec, self.n_steps, self.n_groups, self.n_runs = rec, len(rec.dec), len(rec.group_step), len(rec.runs)
+        self.cohorts, self.n_cohorts = cohorts, len(cohorts[0])
+
+
+def _wave_key(params: SchedulerParams, isl: int, osl: int, kv_slots: float, per_req_kv: float, tau: float,
+              width: float, max_events: int) -> tuple:
+    """What :func:`_first_wave`'s decisions read besides the number of requests: waves of the
+    same key can take over from each other's :class:`_WaveStart`."""
+    return (isl, osl, kv_slots, per_req_kv, tau, width, max_events, params.max_num_tokens, params.mixed,
+            params.chunked, params.max_batch_size, params.min_prefill_chunk, params.graph_batch_sizes)
+
+
 def _first_wave(rec: _Record, C: int, isl: int, osl: int, params: SchedulerParams, kv_slots: float, per_req_kv: float,
-                tau: float, width: float, max_events: int) -> tuple[list, list, list, int]:
+                tau: float, width: float, max_events: int, waves: dict | None = None) -> tuple[list, list, list, int]:
     """:func:`simulate`'s loop for a recorded first wave played until every request has its first
     token: the same decisions in the same arithmetic, so the same steps (noted in ``rec``) and the
     same TTFTs, on the state such a wave has. Every request arrives at once and none is sent
@@ -382,17 +413,43 @@ def _first_wave(rec: _Record, C: int, isl: int, osl: int, params: SchedulerParam
     all alike: two numbers and a count instead of a queue of cohorts; a cohort is made only when
     its requests get their first token. Answers (the step each cohort's first chunk began, the
     step it got its first token, its requests) in the order the general loop records them (the
-    order of first tokens, which is the order of completions), and the steps played."""
+    order of first tokens, which is the order of completions), and the steps played.
+
+    ``waves``: a dict the caller keeps across waves (of one layout's concurrencies). Each wave
+    played leaves there its :class:`_WaveStart` (under :func:`_wave_key`), and a wave of more
+    requests than one left there takes over from the largest such (its record, cohorts and state
+    copied, its requests not started raised to this wave's): the same decisions, steps and TTFTs
+    as played from the first step (tested), without playing the steps the two waves share (about
+    half of a wave twice the size of one played before)."""
     budget = float(params.max_num_tokens)
     mixed, chunked, max_batch = params.mixed, params.chunked, params.max_batch_size
     min_chunk = float(params.min_prefill_chunk)
     fisl = float(isl)
     fresh = C  # requests not started
     part = None  # [prefill tokens left, tokens done, start step] of the request part-way through its prompt
-    running: deque = deque()  # (requests, entry) of the decoding cohorts, oldest first
+    running: list = []  # (requests, entry) of the decoding cohorts, oldest first, from running[head] on
+    head = 0
     n_running, entry_sum, done = 0, 0.0, 0.0
     start_v, first_v, w_v = [], [], []
     t, events = 0.0, 0
+    table = None
+    if waves is not None:
+        table = waves.setdefault(_wave_key(params, isl, osl, kv_slots, per_req_kv, tau, width, max_events), {})
+        smaller = [c for c in table if c < C]
+        if smaller:  # take over from the largest wave played before
+            w = table[max(smaller)]
+            fresh, part, running = C - w.admitted, w.part, w.running[w.head:w.n_queue]
+            n_running, entry_sum, done, t, events = w.n_running, w.entry_sum, w.done, w.t, w.events
+            src = w.rec
+            rec.dec.extend(src.dec[:w.n_steps])
+            rec.kv.extend(src.kv[:w.n_steps])
+            rec.pad.extend(src.pad[:w.n_steps])
+            rec.seqs.extend(src.seqs[:w.n_steps])
+            rec.group_step.extend(src.group_step[:w.n_groups])
+            rec.groups.extend(src.groups[:w.n_groups])
+            rec.runs.extend(src.runs[:w.n_runs])
+            start_v, first_v, w_v = (list(v[:w.n_cohorts]) for v in w.cohorts)
+    took_last = None  # this wave's _WaveStart
     run_note = rec.run
     # rec.step's appends, bound once (a wave is hundreds of steps)
     note_group_steps, note_groups = rec.group_step.extend, rec.groups.extend
@@ -403,6 +460,7 @@ def _first_wave(rec: _Record, C: int, isl: int, osl: int, params: SchedulerParam
                 f"the benchmark of {C} clients x 1 requests did not finish in {max_events} scheduler events",
                 "the benchmark is too long to play out step by step (or makes no progress); run fewer clients or "
                 "fewer requests per client (--concurrency, --requests-per-client)")
+        fresh0, part0 = fresh, part  # (the step's starting state, for a _WaveStart)
         events += 1
         in_flight = n_running
         kv_used = in_flight * per_req_kv
@@ -446,8 +504,11 @@ def _first_wave(rec: _Record, C: int, isl: int, osl: int, params: SchedulerParam
                 finishing.append((take, t))
             else:
                 new_part = [fisl - chunk, 0.0 + chunk, t]
+        if not fresh and took_last is None:  # this step starts the last requests: the state before it
+            took_last = _WaveStart(C - fresh0, part0, running, head, n_running, entry_sum, done, t, events - 1, rec,
+                                   (start_v, first_v, w_v))
         if gs:
-            if mixed and running:
+            if mixed and head < len(running):
                 kv_mean = (in_flight * (isl + 1.0 + done) - entry_sum) / in_flight
                 dec_n = in_flight
             else:
@@ -463,8 +524,9 @@ def _first_wave(rec: _Record, C: int, isl: int, osl: int, params: SchedulerParam
             t += 1.0
             if dec_n:
                 done += tau
-                while running and 1.0 + done - running[0][1] >= osl - 1e-9:
-                    n, entry = running.popleft()
+                while head < len(running) and 1.0 + done - running[head][1] >= osl - 1e-9:
+                    n, entry = running[head]
+                    head += 1
                     n_running -= n
                     entry_sum -= n * entry
             for n, started in finishing:  # their first token comes with this step
@@ -479,18 +541,21 @@ def _first_wave(rec: _Record, C: int, isl: int, osl: int, params: SchedulerParam
                 part = new_part
             continue
         # nothing admissible (the KV cache or the batch is full): decode to the next completion
-        if not running:  # (simulate's loop would wait for an arrival that never comes)
+        if head == len(running):  # (simulate's loop would wait for an arrival that never comes)
             events = max_events
             continue
-        k = max(1, math.ceil((osl - (1.0 + done - running[0][1])) / tau - 1e-9))
+        k = max(1, math.ceil((osl - (1.0 + done - running[head][1])) / tau - 1e-9))
         base_kv = (in_flight * (isl + 1.0 + done) - entry_sum) / in_flight
         run_note(k, float(in_flight), base_kv, params.graph_pad(in_flight))
         t += k
         done += k * tau
-        while running and 1.0 + done - running[0][1] >= osl - 1e-9:
-            n, entry = running.popleft()
+        while head < len(running) and 1.0 + done - running[head][1] >= osl - 1e-9:
+            n, entry = running[head]
+            head += 1
             n_running -= n
             entry_sum -= n * entry
+    if table is not None and took_last is not None:
+        table.setdefault(C, took_last)
     return start_v, first_v, w_v, int(t)
 
 
