@@ -85,3 +85,35 @@ def test_serve_agg_without_notes_has_the_same_numbers(synth):
         a.pop("notes"), b.pop("notes")
         assert repr(a) == repr(b)
         assert serve_agg_replica(e, c, 300, 20, notes=False)[0].ttft_ms == full.ttft_ms
+
+
+@pytest.mark.parametrize("isl,osl,budget,chunked", [(300, 20, 1024, True), (700, 40, 1024, True), (300, 30, 1024, False)])
+def test_waves_that_take_over_reuse_the_shared_steps_prices(synth, monkeypatch, isl, osl, budget, chunked):
+    """On a compiled engine, a first wave that takes over from a smaller one (``first_waves``) prices
+    only the steps after those it shares, reusing the smaller wave's GPU times where both are
+    priced the same way (the scalar twins, or the array path): every serving result equals the
+    one computed alone, bit for bit, over a layout's grid and bisection probes."""
+    import synthpack as sp
+
+    from infercast.api import Estimator, serve_agg
+    from infercast.engine.compiled import CompiledEngine
+    from infercast.serving.backends import scheduler_params
+
+    e = Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", systems_path=synth.systems_dir)
+    p = dataclasses.replace(scheduler_params("trtllm", e.data.system, e.spec), max_num_tokens=budget, chunked=chunked)
+    priced = []  # (steps, path) of each pricing call
+    real = CompiledEngine.mixed_steps_ms
+
+    def spy(self, *a, path=None):
+        priced.append((len(a[4]), path))
+        return real(self, *a, path=path)
+
+    monkeypatch.setattr(CompiledEngine, "mixed_steps_ms", spy)
+    waves: dict = {}
+    for c in (1, 2, 4, 8, 16, 32, 64, 128, 256, 24, 20, 22, 21, 200):
+        kept = serve_agg(e, c, isl, osl, p, notes=False, first_waves=waves)
+        alone = serve_agg(e, c, isl, osl, p, notes=False)
+        assert repr(dataclasses.asdict(kept)) == repr(dataclasses.asdict(alone))
+    reused = [n for n, path in priced if path is not None]
+    assert {path for _, path in priced if path is not None} == {"scalar", "array"}  # both ways reused
+    assert sum(reused) < 0.7 * sum(n for n, path in priced if path is None)  # and fewer steps priced

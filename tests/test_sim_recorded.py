@@ -140,6 +140,18 @@ def test_steps_priced_at_once_are_each_steps_price(est):
         assert np.allclose(got, want, rtol=1e-12, atol=0.0)
         if n <= SCALAR_STEPS:  # the scalar twins themselves: the same numbers
             assert got.tolist() == want
+        assert eng.steps_path(n) == ("scalar" if n <= SCALAR_STEPS else "array")
+        other = "array" if n <= SCALAR_STEPS else "scalar"  # the other path, asked for: each step's price
+        forced = eng.mixed_steps_ms(np.asarray(steps), g[:, 0], g[:, 1], g[:, 2], dec, kv, pad, path=other)
+        assert np.allclose(forced, want, rtol=1e-12, atol=0.0)
+        # priced in two pieces by one path: each step's price depends on that step alone
+        cut = n // 2
+        first = np.asarray(steps) < cut
+        halves = [eng.mixed_steps_ms(np.asarray(steps)[sel] - lo, g[sel, 0], g[sel, 1], g[sel, 2], dec[lo:hi], kv[lo:hi],
+                                     pad[lo:hi], path=other) for sel, lo, hi in ((first, 0, cut), (~first, cut, n))]
+        assert np.concatenate(halves).tolist() == forced.tolist()
+    with pytest.raises(ValueError, match="path"):
+        eng.mixed_steps_ms(np.zeros(0, dtype=np.int64), [], [], [], [1.0], [10.0], [0.0], path="vector")
 
 
 class Priced:

@@ -760,7 +760,13 @@ class CompiledEngine:
         context = any(b > 0 and i > 0 for b, i, _ in groups)
         return remember(self._mixed_memo, key, self._scalar_step(groups, dec_batch, dec_kv, 0.0, context))
 
-    def mixed_steps_ms(self, group_step, ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv, dec_pad) -> np.ndarray:
+    def steps_path(self, n: int) -> str:
+        """How :meth:`mixed_steps_ms` prices ``n`` steps by default: ``"scalar"`` (the scalar twins:
+        a few steps, or a context-parallel engine) or ``"array"`` (one grid call per op)."""
+        return "scalar" if self.cp > 1 or n <= SCALAR_STEPS else "array"
+
+    def mixed_steps_ms(self, group_step, ctx_batch, ctx_isl, ctx_prefix, dec_batch, dec_kv, dec_pad,
+                       path: str | None = None) -> np.ndarray:
         """GPU time of each of a sequence of steps (a recorded benchmark, :mod:`infercast.serving.sim`):
         step ``s`` carries ``dec_batch[s]`` decodes at mean KV length ``dec_kv[s]`` (plus
         ``dec_pad[s]`` CUDA-graph padding rows for the token-wise ops) and the prefill groups ``g``
@@ -769,15 +775,20 @@ class CompiledEngine:
         :meth:`mixed_groups_ms` (or, without prefill groups, :meth:`decode_scalar`) answers, the
         per-op values summed in the same order: through those scalar twins for a few steps or a
         context-parallel engine, else through the array path, one grid call per op for all the
-        steps (equal to the scalar twins to rounding)."""
+        steps (equal to the scalar twins to rounding); ``path`` ("scalar" or "array") chooses
+        instead (:meth:`steps_path`: the default). Either way each step's time depends on that
+        step alone (a simulator prices a run's steps in pieces: the same numbers)."""
         dec = np.asarray(dec_batch, dtype=float)
         kv = np.asarray(dec_kv, dtype=float)
         pad = np.asarray(dec_pad, dtype=float)
         gs = np.asarray(group_step, dtype=np.int64)
         gb, gi, gp = (np.asarray(x, dtype=float) for x in (ctx_batch, ctx_isl, ctx_prefix))
         n = dec.size
-        if self.cp > 1 or n <= SCALAR_STEPS:
+        path = path or self.steps_path(n)
+        if path == "scalar":
             return self._mixed_steps_scalar(gs, gb, gi, gp, dec, kv, pad)
+        if path != "array" or self.cp > 1:
+            raise ValueError(f"mixed_steps_ms: path {path!r} (scalar, or array without context parallelism)")
         rows = dec + pad
         tokens = np.bincount(gs, gb * gi, minlength=n) + rows * self.decode_width
         seqs = np.bincount(gs, gb, minlength=n) + rows

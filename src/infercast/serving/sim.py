@@ -136,9 +136,9 @@ def simulate(
     recorded = steps_at_once is not None
     rec = _Record() if recorded else None
     if recorded and first_tokens_only and FIRST_WAVE_PLAYER:
-        start_v, first_v, w_v, steps = _first_wave(rec, C, isl, osl, params, kv_slots, per_req_kv, tau, width, max_events,
-                                                first_waves)
-        return _first_tokens(rec, steps_at_once, params, start_v, first_v, w_v)
+        start_v, first_v, w_v, _, took_from, left = _first_wave(rec, C, isl, osl, params, kv_slots, per_req_kv, tau,
+                                                                width, max_events, first_waves)
+        return _first_tokens(rec, engine, params, start_v, first_v, w_v, took_from, left)
     waiting: list[_Cohort] = [_Cohort(C, 0.0 if recorded else params.arrival_delay_ms, float(isl), sent=0.0)]
     # decoding cohorts in the order they started decoding: all gain ``tau`` tokens per step, so the
     # first one holds the most tokens and finishes first. ``done``: decode tokens every running
@@ -382,10 +382,13 @@ class _WaveStart:
     never depended on how many requests were left to start (each step took fewer than were left),
     so a wave of more requests, played on the same settings, makes the same decisions up to there
     and can take over from this state with more requests left; the wave's own lists hold the
-    state's prefix (``n_*`` entries of each) and are never changed within it."""
+    state's prefix (``n_*`` entries of each) and are never changed within it. Once the wave is
+    priced (:func:`_first_tokens`), ``gpu`` holds its steps' GPU times as ``engine`` priced them
+    by ``path`` (:meth:`~infercast.engine.compiled.CompiledEngine.steps_path`), for a wave that
+    takes over to reuse (None: not priced, or by an engine that does not say how)."""
 
     __slots__ = ("admitted", "part", "running", "head", "n_running", "entry_sum", "done", "t", "events",
-                 "rec", "n_steps", "n_groups", "n_runs", "cohorts", "n_cohorts", "n_queue")
+                 "rec", "n_steps", "n_groups", "n_runs", "cohorts", "n_cohorts", "n_queue", "gpu", "path", "engine")
 
     def __init__(self, admitted, part, running, head, n_running, entry_sum, done, t, events, rec, cohorts):
         self.admitted, self.part, self.running, self.head = admitted, part, running, head
@@ -393,6 +396,7 @@ class _WaveStart:
         self.n_running, self.entry_sum, self.done, self.t, self.events = n_running, entry_sum, done, t, events
         self.rec, self.n_steps, self.n_groups, self.n_runs = rec, len(rec.dec), len(rec.group_step), len(rec.runs)
         self.cohorts, self.n_cohorts = cohorts, len(cohorts[0])
+        self.gpu, self.path, self.engine = None, None, None
 
 
 def _wave_key(params: SchedulerParams, isl: int, osl: int, kv_slots: float, per_req_kv: float, tau: float,
@@ -404,7 +408,7 @@ def _wave_key(params: SchedulerParams, isl: int, osl: int, kv_slots: float, per_
 
 
 def _first_wave(rec: _Record, C: int, isl: int, osl: int, params: SchedulerParams, kv_slots: float, per_req_kv: float,
-                tau: float, width: float, max_events: int, waves: dict | None = None) -> tuple[list, list, list, int]:
+                tau: float, width: float, max_events: int, waves: dict | None = None) -> tuple:
     """:func:`simulate`'s loop for a recorded first wave played until every request has its first
     token: the same decisions in the same arithmetic, so the same steps (noted in ``rec``) and the
     same TTFTs, on the state such a wave has. Every request arrives at once and none is sent
@@ -413,14 +417,16 @@ def _first_wave(rec: _Record, C: int, isl: int, osl: int, params: SchedulerParam
     all alike: two numbers and a count instead of a queue of cohorts; a cohort is made only when
     its requests get their first token. Answers (the step each cohort's first chunk began, the
     step it got its first token, its requests) in the order the general loop records them (the
-    order of first tokens, which is the order of completions), and the steps played.
+    order of first tokens, which is the order of completions), the steps played, the
+    :class:`_WaveStart` it took over from (None: played from the first step) and its own.
 
     ``waves``: a dict the caller keeps across waves (of one layout's concurrencies). Each wave
     played leaves there its :class:`_WaveStart` (under :func:`_wave_key`), and a wave of more
     requests than one left there takes over from the largest such (its record, cohorts and state
     copied, its requests not started raised to this wave's): the same decisions, steps and TTFTs
     as played from the first step (tested), without playing the steps the two waves share (about
-    half of a wave twice the size of one played before)."""
+    half of a wave twice the size of one played before; :func:`_first_tokens` reuses the shared
+    steps' prices too)."""
     budget = float(params.max_num_tokens)
     mixed, chunked, max_batch = params.mixed, params.chunked, params.max_batch_size
     min_chunk = float(params.min_prefill_chunk)
@@ -432,12 +438,12 @@ def _first_wave(rec: _Record, C: int, isl: int, osl: int, params: SchedulerParam
     n_running, entry_sum, done = 0, 0.0, 0.0
     start_v, first_v, w_v = [], [], []
     t, events = 0.0, 0
-    table = None
+    table = took_from = None
     if waves is not None:
         table = waves.setdefault(_wave_key(params, isl, osl, kv_slots, per_req_kv, tau, width, max_events), {})
         smaller = [c for c in table if c < C]
         if smaller:  # take over from the largest wave played before
-            w = table[max(smaller)]
+            w = took_from = table[max(smaller)]
             fresh, part, running = C - w.admitted, w.part, w.running[w.head:w.n_queue]
             n_running, entry_sum, done, t, events = w.n_running, w.entry_sum, w.done, w.t, w.events
             src = w.rec
@@ -556,14 +562,34 @@ def _first_wave(rec: _Record, C: int, isl: int, osl: int, params: SchedulerParam
             entry_sum -= n * entry
     if table is not None and took_last is not None:
         table.setdefault(C, took_last)
-    return start_v, first_v, w_v, int(t)
+    return start_v, first_v, w_v, int(t), took_from, took_last
 
 
-def _first_tokens(rec: _Record, steps_at_once, params: SchedulerParams, start_v: list, first_v: list,
-                  w_v: list) -> FirstTokens:
+def _first_tokens(rec: _Record, engine, params: SchedulerParams, start_v: list, first_v: list, w_v: list,
+                  took_from: _WaveStart | None = None, left: _WaveStart | None = None) -> FirstTokens:
     """The :class:`FirstTokens` of a recorded first wave (:func:`_first_wave`): the steps priced at
-    once, the clock starting when the requests reach the scheduler (all sent at 0)."""
-    _, _, clock = rec.clock(steps_at_once, params)
+    once by ``engine``'s ``mixed_steps_ms``, the clock starting when the requests reach the
+    scheduler (all sent at 0). A wave that took over from ``took_from`` reuses the GPU times of
+    the steps the two share when ``took_from`` was priced by this engine (the same object) the
+    way the whole wave would be (:meth:`~infercast.engine.compiled.CompiledEngine.steps_path`: each
+    step's time depends on that step alone, so the same numbers), pricing only the steps after
+    them; ``left`` (the wave's own :class:`_WaveStart`) keeps the wave's GPU times for the next."""
+    dec, kv, pad, seqs, gs, g = rec.arrays()
+    # (the class's: an engine wrapper answers an unknown attribute with the wrapped engine's)
+    how = getattr(type(engine), "steps_path", None)
+    path = how(engine, dec.size) if how is not None else None
+    w = took_from
+    if path is not None and w is not None and w.engine is engine and w.path == path and w.gpu is not None:
+        s0, g0 = w.n_steps, w.n_groups
+        tail = engine.mixed_steps_ms(gs[g0:] - s0, g[g0:, 0], g[g0:, 1], g[g0:, 2], dec[s0:], kv[s0:], pad[s0:],
+                                     path=path)
+        gpu = np.concatenate((w.gpu[:s0], np.asarray(tail, dtype=float)))
+    else:
+        gpu = np.asarray(engine.mixed_steps_ms(gs, g[:, 0], g[:, 1], g[:, 2], dec, kv, pad), dtype=float)
+    if left is not None and path is not None:
+        left.gpu, left.path, left.engine = gpu, path, engine
+    dts = np.asarray(params.step_ms(gpu, seqs), dtype=float)
+    clock = np.cumsum(np.concatenate(([params.arrival_delay_ms], dts)))
     start, first = clock[np.asarray(start_v, dtype=np.int64)], clock[np.asarray(first_v, dtype=np.int64)]
     parts, ttft_d = _first_token_side(params, np.zeros(len(w_v)), np.full(len(w_v), params.arrival_delay_ms), start,
                                       first, np.asarray(w_v, float))
@@ -611,12 +637,18 @@ class _Record:
         dts, dec = self.priced(steps_at_once, params)
         return dts, dec, np.cumsum(np.concatenate(([params.arrival_delay_ms], dts)))
 
-    def priced(self, steps_at_once, params: SchedulerParams) -> tuple[np.ndarray, np.ndarray]:
-        """(each step's wall time in ms, its decodes): the engine's ``steps_at_once`` prices the
-        steps' GPU time, ``params`` adds the host's."""
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """The steps as arrays: (decodes, KV length, padding, sequences) per step, each prefill
+        group's step, and the groups (sequences, new tokens, prefix) as rows."""
         dec, kv, pad, seqs = (np.asarray(v, dtype=float) for v in (self.dec, self.kv, self.pad, self.seqs))
         for s, k, kv0 in self.runs:  # a decode run's KV length grows by one token per step
             kv[s:s + k] = kv0 + np.arange(k, dtype=float)
         g = np.fromiter(chain.from_iterable(self.groups), dtype=float, count=3 * len(self.groups)).reshape(-1, 3)
-        gpu = steps_at_once(np.asarray(self.group_step, dtype=np.int64), g[:, 0], g[:, 1], g[:, 2], dec, kv, pad)
+        return dec, kv, pad, seqs, np.asarray(self.group_step, dtype=np.int64), g
+
+    def priced(self, steps_at_once, params: SchedulerParams) -> tuple[np.ndarray, np.ndarray]:
+        """(each step's wall time in ms, its decodes): the engine's ``steps_at_once`` prices the
+        steps' GPU time, ``params`` adds the host's."""
+        dec, kv, pad, seqs, gs, g = self.arrays()
+        gpu = steps_at_once(gs, g[:, 0], g[:, 1], g[:, 2], dec, kv, pad)
         return np.asarray(params.step_ms(gpu, seqs), dtype=float), dec
