@@ -523,10 +523,14 @@ def sharing_estimators():
     backend, data version, layout and estimator options (:func:`estimator`): a search of both modes
     compiles each layout once for the aggregated search and the disaggregated roles together. An
     estimator is not changed by the searches (its memos only hold what it computes), so sharing it
-    gives the same numbers; outside the block every search builds its own."""
+    gives the same numbers; outside the block every search builds its own. The estimators of
+    different layouts share their perf data and model config too (:func:`infercast.api.sharing_data`)."""
+    from ..api import sharing_data
+
     _SHARED.append({})
     try:
-        yield
+        with sharing_data():
+            yield
     finally:
         _SHARED.pop()
 
