@@ -402,3 +402,30 @@ def test_a_warm_search_imports_only_what_it_needs(synth, tmp_path):
     second = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
     assert second.stderr.split() == []
     assert json.loads(second.stdout) == json.loads(first.stdout)
+
+
+def test_estimators_share_perf_data_and_model_config_within_a_search(synth, monkeypatch):
+    """Inside ``sharing_data`` (a search's ``sharing_estimators``) estimators of different layouts
+    open the system's perf data and resolve the model once; outside, each does; the numbers are
+    the same."""
+    import infercast.api as api
+    from infercast.search.run import sharing_estimators
+
+    opened, resolved = [], []
+    real_open, real_resolve = api.PerfData.open, api.resolve_model
+    monkeypatch.setattr(api.PerfData, "open", lambda *a, **k: opened.append(1) or real_open(*a, **k))
+    monkeypatch.setattr(api, "resolve_model", lambda *a: resolved.append(1) or real_resolve(*a))
+
+    def two():
+        return [api.Estimator(sp.MODEL_ID, sp.SYSTEM, "trtllm", tp=tp, systems_path=synth.systems_dir) for tp in (1, 2)]
+
+    alone = two()
+    assert (len(opened), len(resolved)) == (2, 2)
+    with api.sharing_data():
+        shared = two() + two()
+    assert (len(opened), len(resolved)) == (3, 3)
+    for a, b in zip(alone, shared):
+        assert a.spec == b.spec and a.static(4, 128, 8).ttft_ms == b.static(4, 128, 8).ttft_ms
+    with sharing_estimators():
+        two()
+    assert (len(opened), len(resolved)) == (4, 4)
