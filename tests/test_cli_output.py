@@ -263,3 +263,23 @@ def test_a_command_line_builds_only_its_subcommand():
         assert set(alone) == {path for path in full if len(path) > 1 and path[1] == name}
         for path, p in alone.items():
             assert p.format_help() == full[path].format_help()
+
+
+def test_the_command_collects_garbage_seldom():
+    """The command line (``run``) collects the garbage collector's first generation every
+    COMMAND_GC_THRESHOLD allocations (a command's objects mostly live to its end); ``main``, as a
+    library caller runs it, leaves the collector as it is."""
+    import subprocess
+    import sys
+
+    from infercast.cli.main import COMMAND_GC_THRESHOLD
+
+    code = ("import atexit, gc, sys; atexit.register(lambda: print(gc.get_threshold()[0], file=sys.stderr)); "
+            "sys.argv = ['infercast', 'models', '--json']; from infercast.cli.main import run; run()")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(p.stderr.split()[-1]) == COMMAND_GC_THRESHOLD > 700
+    code = ("import gc, io, contextlib; from infercast.cli.main import main; "
+            "contextlib.redirect_stdout(io.StringIO()).__enter__(); main(['models', '--json']); "
+            "print(gc.get_threshold()[0], file=__import__('sys').stderr)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(p.stderr.split()[-1]) == 700
