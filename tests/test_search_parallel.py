@@ -373,3 +373,39 @@ def test_more_parts_than_the_token_pipe_holds_run_here(forks, monkeypatch):
     monkeypatch.setattr(parallel, "_tokens", lambda n: None)
     parallel.run_parts(res, [lambda r, k=k: seen.append(k) for k in range(5)], jobs=2)
     assert seen == [0, 1, 2, 3, 4] and forks == []
+
+
+def test_the_frontier_and_best_of_the_parts_fronts_are_those_of_every_candidate():
+    """_finish from the parts' own frontiers and bests (what forked workers send back) gives the
+    frontier and the recommendation of ordering every candidate, index for index: random metrics
+    with many ties (equal to 10 digits, equal GPUs), parts of random sizes (empty ones too), none
+    meeting the targets in some parts; a NaN in a part makes its summary None (every candidate
+    ordered)."""
+    import numpy as np
+
+    from infercast.search.candidates import Candidates
+    from infercast.search.run import Candidate, _front_all, _front_of_parts, front_of
+
+    rng = np.random.default_rng(3)
+    for trial in range(300):
+        n = int(rng.integers(1, 400))
+        grid = rng.integers(1, 6, size=(n, 2)).astype(float)  # few distinct values: many ties
+        jitter = 1.0 + rng.choice([0.0, 1e-13, 1e-6], size=(n, 2))  # equal to 10 digits, or not
+        u, g = grid[:, 0] * 10.0 * jitter[:, 0], grid[:, 1] * 100.0 * jitter[:, 1]
+        gpus, ttft = rng.integers(1, 4, n), rng.choice([100.0, 200.0, 200.0 * (1 + 1e-13)], n)
+        ok = rng.random(n) < rng.choice([0.0, 0.3, 1.0])
+        cands = [Candidate("tp1", 1, 1, 1, 1, 1, int(gpus[i]), 1, float(ttft[i]), 10.0, None, None, 1.0, float(g[i]),
+                           float(u[i]), "clients", bool(ok[i])) for i in range(n)]
+        if trial % 10 == 0:
+            cands[int(rng.integers(n))].tokens_per_s_per_user = float("nan")
+        cuts = np.sort(rng.integers(0, n + 1, size=int(rng.integers(0, 6))))
+        bounds = [0, *cuts.tolist(), n]
+        parts = [(lo, front_of(Candidates(cands[lo:hi]))) for lo, hi in zip(bounds, bounds[1:])]
+        whole = Candidates(cands)
+        got = _front_of_parts(whole, parts)
+        if trial % 10 == 0:
+            assert got is None or all(s is not None for _, s in parts)
+            continue
+        assert got == _front_all(whole)
+        if bounds[-2] < n:  # parts that do not cover every candidate
+            assert _front_of_parts(whole, parts[:-1]) is None

@@ -153,6 +153,23 @@ class Candidates(Sequence):
             out.extend(run.column(name))
         return out
 
+    def values_at(self, indices, names: tuple[str, ...]) -> list[list]:
+        """Fields ``names`` of the candidates at ``indices``, a list per field (read from the rows:
+        no object made)."""
+        out: list[list] = [[] for _ in names]
+        for i in indices:
+            r = bisect_right(self._starts, i) - 1
+            run, j = self._runs[r], i - self._starts[r]
+            if run.rows is None or j in run.objs:  # an object made: read it (it may have been changed)
+                obj = run.get(j)
+                vals = [getattr(obj, name) for name in names]
+            else:
+                row, fn = run.rows[j], field_names(run.cls)
+                vals = [row[fn.index(name)] for name in names]
+            for column, v in zip(out, vals):
+                column.append(v)
+        return out
+
     def runs(self) -> list[tuple[type, list[tuple]]]:
         """The candidates as (class, rows) runs, in order (what a worker process sends back)."""
         out = []

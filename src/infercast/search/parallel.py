@@ -367,17 +367,26 @@ def _empty_copy(res):
 def _run_one(i: int):
     """In a worker: part ``i`` on an empty copy of the result; its additions as plain data (the
     candidates as rows of field values, a run per class: far cheaper to send back than the
-    objects, and kept as rows in this process too: :class:`~infercast.search.candidates.Candidates`)."""
+    objects, and kept as rows in this process too: :class:`~infercast.search.candidates.Candidates`),
+    and the copy's ``part_summary()`` where the result has one (a search's: the part's own frontier
+    and best, so that the merged result orders only those), handed to the result's
+    ``add_part_summary(start, summary)`` as it is merged."""
     sub = _empty_copy(_RESULT[i])
     with paused_gc():
         _PARTS[i](sub)
-    return i, (sub.candidates.runs(), sub.skipped, sub.evaluated, sub.refused)
+        summary = getattr(sub, "part_summary", None)
+        said = summary() if summary is not None else None
+    return i, (sub.candidates.runs(), sub.skipped, sub.evaluated, sub.refused, said)
 
 
 def _merge(res, got) -> None:
-    runs, skipped, evaluated, refused = got
+    runs, skipped, evaluated, refused, said = got
+    start = len(res.candidates)
     for cls, rows in runs:
         res.candidates.add_rows(cls, rows)
+    keep = getattr(res, "add_part_summary", None)
+    if keep is not None:
+        keep(start, said)
     res.skipped.update(skipped)
     for kind, n in evaluated.items():
         res.evaluated[kind] = res.evaluated.get(kind, 0) + n

@@ -122,6 +122,16 @@ class SearchResult:
         d["best"] = candidate_dict(self.candidates[self.best], self) if self.best is not None else None
         return d
 
+    def part_summary(self) -> tuple | None:
+        """What a search part's worker sends back beside its candidates (:mod:`.parallel`): the
+        frontier and the recommendation of this result's candidates alone (:func:`front_of`)."""
+        return front_of(self.candidates)
+
+    def add_part_summary(self, start: int, summary: tuple | None) -> None:
+        """Keep a part's :meth:`part_summary`, its candidates added from position ``start`` on
+        (read by :func:`_finish`)."""
+        self.__dict__.setdefault("_part_fronts", []).append((start, summary))
+
 
 def candidate_dict(c: Candidate, res: SearchResult | None = None) -> dict:
     """A candidate's fields as a dict (they are all scalars: the same as ``asdict``, faster);
@@ -592,15 +602,69 @@ def context_parallel_degrees(cps) -> tuple[int, ...]:
     return out
 
 
-def _finish(res: SearchResult) -> SearchResult:
-    col = res.candidates.column
+#: the candidate fields the frontier and the recommendation read
+FRONT_FIELDS = ("tokens_per_s_per_user", "tokens_per_s_per_gpu", "gpus", "ttft_ms", "meets_targets")
+
+
+def front_of(candidates: Candidates) -> tuple | None:
+    """(how many candidates, the positions of their frontier, the position of the best or None)
+    of ``candidates`` (:func:`~.pareto.pareto_front`, :func:`~.pareto.recommend`); None when a
+    metric the two compare is NaN (their orders are then Python's, and a part's front no longer
+    stands for it: :func:`_finish` orders every candidate)."""
+    col = candidates.column
     # each column read once, as an array (a search holds tens of thousands of candidates)
-    per_gpu, gpus = np.asarray(col("tokens_per_s_per_gpu"), dtype=float), np.asarray(col("gpus"), dtype=float)
-    res.frontier = pareto_front(np.asarray(col("tokens_per_s_per_user"), dtype=float), per_gpu, gpus).tolist()
-    res.best = recommend(per_gpu, gpus, np.asarray(col("ttft_ms"), dtype=float), np.asarray(col("meets_targets"), dtype=bool))
+    u, g, n, t = (np.asarray(col(name), dtype=float) for name in FRONT_FIELDS[:4])
+    ok = np.asarray(col("meets_targets"), dtype=bool)
+    if np.isnan(u).any() or np.isnan(g).any() or np.isnan(t[ok]).any():
+        return None
+    return len(u), pareto_front(u, g, n), recommend(g, n, t, ok)
+
+
+def _finish(res: SearchResult) -> SearchResult:
+    """The result's frontier, its recommendation (or why there is none). When the candidates came
+    from parts that each sent their own frontier and best (:meth:`SearchResult.part_summary`,
+    covering every candidate in order), only those are ordered: a point no point beats is one no
+    point of its own part beats, and the orders are total (ties: fewer GPUs, then the earlier
+    candidate), so the frontier of the parts' frontiers and the best of their bests are the
+    frontier and the best of all (the same indices; tested). Else every candidate is ordered."""
+    parts = res.__dict__.pop("_part_fronts", None)
+    front = _front_of_parts(res.candidates, parts) if parts else None
+    res.frontier, res.best = front if front is not None else _front_all(res.candidates)
     if res.best is None:
         res.reason = _no_best_reason(res)
     return res
+
+
+def _front_all(candidates: Candidates) -> tuple[list[int], int | None]:
+    """(frontier, best) ordering every candidate."""
+    col = candidates.column
+    u, g, n, t = (np.asarray(col(name), dtype=float) for name in FRONT_FIELDS[:4])
+    return pareto_front(u, g, n).tolist(), recommend(g, n, t, np.asarray(col("meets_targets"), dtype=bool))
+
+
+def _front_of_parts(candidates: Candidates, parts: list) -> tuple[list[int], int | None] | None:
+    """(frontier, best) of ``candidates`` from its parts' ``(start, front_of(part))`` when they
+    cover every candidate in order (None otherwise, or when a part's summary is None)."""
+    at, fronts, bests = 0, [], []
+    for start, summary in parts:
+        if summary is None or start != at:
+            return None
+        n, front, best = summary
+        fronts.append(np.asarray(front, dtype=np.int64) + start)
+        if best is not None:
+            bests.append(start + best)
+        at = start + n
+    if at != len(candidates):
+        return None
+    idx = np.sort(np.concatenate([*fronts, np.asarray(bests, dtype=np.int64)]))
+    idx = idx[np.concatenate(([True], idx[1:] != idx[:-1]))] if idx.size else idx
+    u, g, n, t = (np.asarray(v, dtype=float) for v in candidates.values_at(idx.tolist(), FRONT_FIELDS[:4]))
+    frontier = idx[pareto_front(u, g, n)].tolist()
+    if not bests:
+        return frontier, None
+    at_best = np.searchsorted(idx, bests)  # (bests ascending: the earlier candidate first on a tie)
+    k = recommend(g[at_best], n[at_best], t[at_best], np.ones(len(bests), dtype=bool))
+    return frontier, int(bests[k])
 
 
 def targets_text(ttft_max_ms: float | None, tpot_max_ms: float | None) -> str:
