@@ -169,25 +169,35 @@ class Priced:
         return 0.731 + 0.00113 * tok + 1.7e-7 * tok * pre + 0.0137 * (d + np.asarray(dec_pad)) + 1.3e-4 * d * np.asarray(dec_kv)
 
 
+def _random_wave_setting(rng):
+    """(isl, osl, scheduler, KV capacity, a :class:`Priced` engine) drawn at random, or None for a
+    draw a scheduler refuses (a whole prompt beyond the token budget, unchunked)."""
+    from infercast.serving.backends import SchedulerParams
+
+    isl, osl = int(rng.integers(1, 900)), int(rng.integers(1, 120))
+    p = SchedulerParams(mixed=bool(rng.random() < 0.7), chunked=bool(rng.random() < 0.7),
+                        max_num_tokens=int(rng.integers(64, 3000)), max_batch_size=int(rng.integers(1, 80)),
+                        step_overhead_ms=0.1, arrival_delay_ms=float(rng.uniform(0, 3)), requests_per_client=1.0,
+                        kv_reserve_full=bool(rng.random() < 0.5), min_prefill_chunk=int(rng.integers(1, 200)),
+                        graph_batch_sizes=(1, 2, 4, 8, 16, 32) if rng.random() < 0.5 else ())
+    if not p.chunked and isl > p.max_num_tokens:
+        return None
+    kv = float(rng.choice([1e12, (isl + osl) * rng.uniform(1.0, 40.0)]))
+    return isl, osl, p, kv, Priced(*((1.6, 2.0) if rng.random() < 0.3 else (1.0, 1.0)))
+
+
 def test_first_wave_player_is_the_general_loop(monkeypatch):
     """The first-wave player (a search's hot path) decides every step as simulate's general loop
     does: the same TTFTs, bit for bit, over random schedulers, KV caches, batch limits and MTP."""
     from infercast.serving import sim
-    from infercast.serving.backends import SchedulerParams
 
     rng = np.random.default_rng(11)
     checked = 0
     for _ in range(300):
-        isl, osl = int(rng.integers(1, 900)), int(rng.integers(1, 120))
-        p = SchedulerParams(mixed=bool(rng.random() < 0.7), chunked=bool(rng.random() < 0.7),
-                            max_num_tokens=int(rng.integers(64, 3000)), max_batch_size=int(rng.integers(1, 80)),
-                            step_overhead_ms=0.1, arrival_delay_ms=float(rng.uniform(0, 3)), requests_per_client=1.0,
-                            kv_reserve_full=bool(rng.random() < 0.5), min_prefill_chunk=int(rng.integers(1, 200)),
-                            graph_batch_sizes=(1, 2, 4, 8, 16, 32) if rng.random() < 0.5 else ())
-        if not p.chunked and isl > p.max_num_tokens:
+        setting = _random_wave_setting(rng)
+        if setting is None:
             continue
-        kv = float(rng.choice([1e12, (isl + osl) * rng.uniform(1.0, 40.0)]))
-        eng = Priced(*((1.6, 2.0) if rng.random() < 0.3 else (1.0, 1.0)))
+        isl, osl, p, kv, eng = setting
         c = int(rng.integers(1, 200))
         fast = simulate(eng, c, isl, osl, p, kv, 1, requests_per_client=1, first_tokens_only=True)
         monkeypatch.setattr(sim, "FIRST_WAVE_PLAYER", False)
@@ -205,21 +215,13 @@ def test_a_first_wave_taken_over_from_a_smaller_one_is_the_same():
     (``first_waves``, a search's layout playing its concurrencies in turn) gives the TTFTs of the
     wave played from its first step, bit for bit, over random schedulers, KV caches, batch
     limits, MTP and orders of concurrencies (the grid, then bisection probes between them)."""
-    from infercast.serving.backends import SchedulerParams
-
     rng = np.random.default_rng(5)
     taken_over = 0
     for _ in range(150):
-        isl, osl = int(rng.integers(1, 900)), int(rng.integers(1, 120))
-        p = SchedulerParams(mixed=bool(rng.random() < 0.7), chunked=bool(rng.random() < 0.7),
-                            max_num_tokens=int(rng.integers(64, 3000)), max_batch_size=int(rng.integers(1, 80)),
-                            step_overhead_ms=0.1, arrival_delay_ms=float(rng.uniform(0, 3)), requests_per_client=1.0,
-                            kv_reserve_full=bool(rng.random() < 0.5), min_prefill_chunk=int(rng.integers(1, 200)),
-                            graph_batch_sizes=(1, 2, 4, 8, 16, 32) if rng.random() < 0.5 else ())
-        if not p.chunked and isl > p.max_num_tokens:
+        setting = _random_wave_setting(rng)
+        if setting is None:
             continue
-        kv = float(rng.choice([1e12, (isl + osl) * rng.uniform(1.0, 40.0)]))
-        eng = Priced(*((1.6, 2.0) if rng.random() < 0.3 else (1.0, 1.0)))
+        isl, osl, p, kv, eng = setting
         grid = [c for c in (1, 2, 4, 8, 16, 32, 64, 128, 256) if c <= int(rng.integers(4, 257))]
         order = grid + [int(c) for c in rng.integers(1, grid[-1] + 1, size=4)]
         waves: dict = {}
