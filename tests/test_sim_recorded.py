@@ -169,9 +169,16 @@ class Priced:
         return 0.731 + 0.00113 * tok + 1.7e-7 * tok * pre + 0.0137 * (d + np.asarray(dec_pad)) + 1.3e-4 * d * np.asarray(dec_kv)
 
 
+def _random_wave_settings(rng, draws: int):
+    """(isl, osl, scheduler, KV capacity, a :class:`Priced` engine) of each of ``draws`` random
+    draws but those a scheduler refuses (a whole prompt beyond the token budget, unchunked)."""
+    for _ in range(draws):
+        setting = _random_wave_setting(rng)
+        if setting is not None:
+            yield setting
+
+
 def _random_wave_setting(rng):
-    """(isl, osl, scheduler, KV capacity, a :class:`Priced` engine) drawn at random, or None for a
-    draw a scheduler refuses (a whole prompt beyond the token budget, unchunked)."""
     from infercast.serving.backends import SchedulerParams
 
     isl, osl = int(rng.integers(1, 900)), int(rng.integers(1, 120))
@@ -193,11 +200,7 @@ def test_first_wave_player_is_the_general_loop(monkeypatch):
 
     rng = np.random.default_rng(11)
     checked = 0
-    for _ in range(300):
-        setting = _random_wave_setting(rng)
-        if setting is None:
-            continue
-        isl, osl, p, kv, eng = setting
+    for isl, osl, p, kv, eng in _random_wave_settings(rng, 300):
         c = int(rng.integers(1, 200))
         fast = simulate(eng, c, isl, osl, p, kv, 1, requests_per_client=1, first_tokens_only=True)
         monkeypatch.setattr(sim, "FIRST_WAVE_PLAYER", False)
@@ -217,11 +220,7 @@ def test_a_first_wave_taken_over_from_a_smaller_one_is_the_same():
     limits, MTP and orders of concurrencies (the grid, then bisection probes between them)."""
     rng = np.random.default_rng(5)
     taken_over = 0
-    for _ in range(150):
-        setting = _random_wave_setting(rng)
-        if setting is None:
-            continue
-        isl, osl, p, kv, eng = setting
+    for isl, osl, p, kv, eng in _random_wave_settings(rng, 150):
         grid = [c for c in (1, 2, 4, 8, 16, 32, 64, 128, 256) if c <= int(rng.integers(4, 257))]
         order = grid + [int(c) for c in rng.integers(1, grid[-1] + 1, size=4)]
         waves: dict = {}
