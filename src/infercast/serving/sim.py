@@ -30,7 +30,9 @@ steps instead of milliseconds, noting each step's shape, and the engine then pri
 in one array call (:meth:`~infercast.engine.compiled.CompiledEngine.mixed_steps_ms`, for an
 engine that has it), the clock being their running sum. The same numbers as stepping the clock
 along, to rounding (the engine's array path and its scalar twins agree to rounding), at a
-fraction of the cost of a long wave (a thousand clients: hundreds of steps).
+fraction of the cost of a long wave (a thousand clients: hundreds of steps). A search plays one
+layout's first waves at many concurrencies; a larger wave takes over from a smaller one where the
+two made the same decisions, with those steps' prices (:func:`_first_wave`, ``first_waves``).
 """
 
 from __future__ import annotations
