@@ -611,10 +611,7 @@ def front_of(candidates: Candidates) -> tuple | None:
     of ``candidates`` (:func:`~.pareto.pareto_front`, :func:`~.pareto.recommend`); None when a
     metric the two compare is NaN (their orders are then Python's, and a part's front no longer
     stands for it: :func:`_finish` orders every candidate)."""
-    col = candidates.column
-    # each column read once, as an array (a search holds tens of thousands of candidates)
-    u, g, n, t = (np.asarray(col(name), dtype=float) for name in FRONT_FIELDS[:4])
-    ok = np.asarray(col("meets_targets"), dtype=bool)
+    u, g, n, t, ok = _front_columns(candidates)
     if np.isnan(u).any() or np.isnan(g).any() or np.isnan(t[ok]).any():
         return None
     return len(u), pareto_front(u, g, n), recommend(g, n, t, ok)
@@ -635,11 +632,18 @@ def _finish(res: SearchResult) -> SearchResult:
     return res
 
 
+def _front_columns(candidates: Candidates) -> tuple[np.ndarray, ...]:
+    """:data:`FRONT_FIELDS` of every candidate, each column read once, as an array (a search
+    holds tens of thousands of candidates)."""
+    col = candidates.column
+    return (*(np.asarray(col(name), dtype=float) for name in FRONT_FIELDS[:4]),
+            np.asarray(col("meets_targets"), dtype=bool))
+
+
 def _front_all(candidates: Candidates) -> tuple[list[int], int | None]:
     """(frontier, best) ordering every candidate."""
-    col = candidates.column
-    u, g, n, t = (np.asarray(col(name), dtype=float) for name in FRONT_FIELDS[:4])
-    return pareto_front(u, g, n).tolist(), recommend(g, n, t, np.asarray(col("meets_targets"), dtype=bool))
+    u, g, n, t, ok = _front_columns(candidates)
+    return pareto_front(u, g, n).tolist(), recommend(g, n, t, ok)
 
 
 def _front_of_parts(candidates: Candidates, parts: list) -> tuple[list[int], int | None] | None:

@@ -448,14 +448,7 @@ def _first_wave(rec: _Record, C: int, isl: int, osl: int, params: SchedulerParam
             w = took_from = table[max(smaller)]
             fresh, part, running = C - w.admitted, w.part, w.running[w.head:w.n_queue]
             n_running, entry_sum, done, t, events = w.n_running, w.entry_sum, w.done, w.t, w.events
-            src = w.rec
-            rec.dec.extend(src.dec[:w.n_steps])
-            rec.kv.extend(src.kv[:w.n_steps])
-            rec.pad.extend(src.pad[:w.n_steps])
-            rec.seqs.extend(src.seqs[:w.n_steps])
-            rec.group_step.extend(src.group_step[:w.n_groups])
-            rec.groups.extend(src.groups[:w.n_groups])
-            rec.runs.extend(src.runs[:w.n_runs])
+            rec.extend_from(w.rec, w.n_steps, w.n_groups, w.n_runs)
             start_v, first_v, w_v = (list(v[:w.n_cohorts]) for v in w.cohorts)
     took_last = None  # this wave's _WaveStart
     run_note = rec.run
@@ -590,8 +583,7 @@ def _first_tokens(rec: _Record, engine, params: SchedulerParams, start_v: list, 
         gpu = np.asarray(engine.mixed_steps_ms(gs, g[:, 0], g[:, 1], g[:, 2], dec, kv, pad), dtype=float)
     if left is not None and path is not None:
         left.gpu, left.path, left.engine = gpu, path, engine
-    dts = np.asarray(params.step_ms(gpu, seqs), dtype=float)
-    clock = np.cumsum(np.concatenate(([params.arrival_delay_ms], dts)))
+    clock = _clock(params, np.asarray(params.step_ms(gpu, seqs), dtype=float))
     start, first = clock[np.asarray(start_v, dtype=np.int64)], clock[np.asarray(first_v, dtype=np.int64)]
     parts, ttft_d = _first_token_side(params, np.zeros(len(w_v)), np.full(len(w_v), params.arrival_delay_ms), start,
                                       first, np.asarray(w_v, float))
@@ -604,6 +596,12 @@ def _first_token_side(params: SchedulerParams, sent, arrival, start, first, w) -
     wait, prefill = start - arrival, first - start
     parts = ttft_parts(params.arrival_delay_ms, float(np.dot(wait, w) / w.sum()), float(np.dot(prefill, w) / w.sum()))
     return parts, Distribution(first - sent, w)
+
+
+def _clock(params: SchedulerParams, dts: np.ndarray) -> np.ndarray:
+    """ms at the start of each step of wall times ``dts`` and after the last, from when the
+    requests reach the scheduler (``arrival_delay_ms`` after they are sent at 0)."""
+    return np.cumsum(np.concatenate(([params.arrival_delay_ms], dts)))
 
 
 class _Record:
@@ -637,7 +635,15 @@ class _Record:
         """(:meth:`priced`'s two arrays, the clock: ms at the start of each step and after the last,
         from when the requests reach the scheduler)."""
         dts, dec = self.priced(steps_at_once, params)
-        return dts, dec, np.cumsum(np.concatenate(([params.arrival_delay_ms], dts)))
+        return dts, dec, _clock(params, dts)
+
+    def extend_from(self, src: _Record, n_steps: int, n_groups: int, n_runs: int) -> None:
+        """Add ``src``'s first ``n_steps`` steps (its first ``n_groups`` prefill groups and
+        ``n_runs`` decode runs: those of the steps) to this empty record."""
+        for mine, theirs, n in ((self.dec, src.dec, n_steps), (self.kv, src.kv, n_steps), (self.pad, src.pad, n_steps),
+                                (self.seqs, src.seqs, n_steps), (self.group_step, src.group_step, n_groups),
+                                (self.groups, src.groups, n_groups), (self.runs, src.runs, n_runs)):
+            mine.extend(theirs[:n])
 
     def arrays(self) -> tuple[np.ndarray, ...]:
         """The steps as arrays: (decodes, KV length, padding, sequences) per step, each prefill
